@@ -1,0 +1,29 @@
+"""bert_multi: d2l.ai's BERT in PyTorch and MXNet/Gluon behind one interface, checked against NumPy.
+
+Importing this package imports no deep-learning framework; ``load_backend("torch")`` or
+``load_backend("mxnet")`` does, when asked.
+"""
+
+from .backend import (
+    BACKEND_NAMES,
+    BackendModel,
+    BackendStatus,
+    BERTOutput,
+    backends,
+    intermediate_names,
+    load_backend,
+)
+from .config import CONFIGS, BERTConfig
+from .errors import BackendUnavailable, InputError, WeightsError
+from .inputs import ModelInputs, check_inputs, get_tokens_and_segments
+from .schema import init_weights, param_shapes, random_weights, validate_weights
+from .weights import load_weights, save_weights
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND_NAMES", "BackendModel", "BackendStatus", "BERTOutput", "backends", "intermediate_names",
+    "load_backend", "CONFIGS", "BERTConfig", "BackendUnavailable", "InputError", "WeightsError",
+    "ModelInputs", "check_inputs", "get_tokens_and_segments", "init_weights", "param_shapes",
+    "random_weights", "validate_weights", "load_weights", "save_weights",
+]

@@ -1,0 +1,173 @@
+"""The common interface every backend implements, and the registry that finds backends lazily.
+
+A backend is a module with ``NAME`` and ``build(config, weights, device, dtype) -> BackendModel``.
+``BackendModel.__call__`` runs the shared input checks before the backend's ``_forward`` sees anything,
+so bad input fails the same way, with the same message, in every framework.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import ModuleType
+from typing import NamedTuple
+
+import numpy as np
+
+from .config import BERTConfig
+from .errors import BackendUnavailable
+from .inputs import ModelInputs, check_inputs
+from .schema import normalize_dtype, param_shapes, validate_weights
+
+# name -> (module, what to install when it is missing). The NumPy oracle needs nothing extra.
+_BACKENDS: dict[str, tuple[str, str]] = {
+    "numpy": ("bert_multi.oracle", "numpy"),
+    "torch": ("bert_multi.torch", "pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)"),
+    "mxnet": ("bert_multi.mxnet", "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)"),
+}
+BACKEND_NAMES = tuple(_BACKENDS)
+
+
+@dataclass(frozen=True)
+class BERTOutput:
+    """What a model returns, as NumPy arrays: d2l's (encoded_X, mlm_Y_hat, nsp_Y_hat) plus activations."""
+
+    encoded: np.ndarray  # (B, T, H)
+    mlm: np.ndarray | None  # (B, P, V), None without pred_positions
+    nsp: np.ndarray  # (B, 2)
+    intermediates: OrderedDict[str, np.ndarray] | None = None  # see intermediate_names()
+
+
+def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]]:
+    """Each named activation, in computation order, with where a framework hook finds it.
+
+    The value is (submodule path, "input" or "output"); the paths are the d2l attribute names, the same
+    in PyTorch and Gluon. ``embedding`` is the token + segment + positional sum (the first block's
+    input); per block, ``attention`` is the multi-head attention output, ``addnorm1`` the first residual
+    + LayerNorm, ``ffn`` the feed-forward output and ``output`` the block's output; ``pooler`` is
+    tanh(dense(<cls>)), the input of the NSP head.
+    """
+    sources = OrderedDict(embedding=("encoder.blks.0", "input"))
+    for i in range(config.num_blks):
+        blk = f"encoder.blks.{i}"
+        sources[f"blks.{i}.attention"] = (f"{blk}.attention", "output")
+        sources[f"blks.{i}.addnorm1"] = (f"{blk}.addnorm1", "output")
+        sources[f"blks.{i}.ffn"] = (f"{blk}.ffn", "output")
+        sources[f"blks.{i}.output"] = (blk, "output")
+    sources["pooler"] = ("hidden", "output")
+    return sources
+
+
+def intermediate_names(config: BERTConfig) -> list[str]:
+    """Names of the activations ``model(..., intermediates=True)`` returns, in computation order."""
+    return list(intermediate_sources(config))
+
+
+class Device(NamedTuple):
+    kind: str  # "cpu" or "gpu"
+    index: int
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"gpu:{self.index}"
+
+
+def parse_device(device: str) -> Device:
+    """'cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N' (CUDA and GPU are synonyms in every backend)."""
+    match = re.fullmatch(r"(cpu|cuda|gpu)(?::(\d+))?", str(device).strip().lower())
+    if not match or (match[1] == "cpu" and match[2] is not None):
+        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N'")
+    if match[1] == "cpu":
+        return Device("cpu", 0)
+    return Device("gpu", int(match[2] or 0))
+
+
+class BackendModel(abc.ABC):
+    """A BERT model of one backend, called on NumPy arrays.
+
+    Subclasses implement ``_forward`` on checked inputs and ``export_weights``; ``module`` is the
+    framework's own model object (an ``nn.Module``, a Gluon ``Block``) for users' own code.
+    """
+
+    backend: str
+
+    def __init__(self, config: BERTConfig, dtype: str, device: Device) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+
+    def __call__(self, tokens: object, segments: object, valid_lens: object = None, pred_positions: object = None,
+                 intermediates: bool = False) -> BERTOutput:
+        inputs = check_inputs(self.config, tokens, segments, valid_lens, pred_positions)
+        return self._forward(inputs, intermediates)
+
+    @abc.abstractmethod
+    def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        """Inference (dropout off) on checked inputs."""
+
+    @abc.abstractmethod
+    def export_weights(self) -> dict[str, np.ndarray]:
+        """The model's weights as a canonical dict (schema names and order, NumPy arrays)."""
+
+    @abc.abstractmethod
+    def framework_info(self) -> dict[str, object]:
+        """The framework's version and the settings that move numbers or timings (threads, TF32)."""
+
+    def runtime_info(self) -> dict[str, object]:
+        """Everything a report needs to say how this model ran."""
+        return {"backend": self.backend, "dtype": self.dtype, "device": str(self.device), **self.framework_info()}
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"<{self.backend} BERT {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, "
+                f"vocab {c.vocab_size}; {self.dtype} on {self.device}>")
+
+
+def prepare_weights(config: BERTConfig, weights: dict[str, np.ndarray], dtype: object) -> tuple[str, dict]:
+    """Validate canonical weights and cast them, explicitly, to the dtype the model will compute in."""
+    validate_weights(config, weights)
+    dtype = normalize_dtype(dtype)
+    return dtype, {name: np.asarray(array, dtype=dtype) for name, array in weights.items()}
+
+
+def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[str, str]:
+    """Canonical name -> a framework's structural name, applying each (regex, replacement) rule in turn."""
+    names = {}
+    for name in param_shapes(config):
+        renamed = name
+        for pattern, replacement in rules:
+            renamed = re.sub(pattern, replacement, renamed)
+        names[name] = renamed
+    return names
+
+
+def load_backend(name: str) -> ModuleType:
+    """The backend module called ``name``; ``BackendUnavailable`` says what to install if it cannot load."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: expected one of {list(_BACKENDS)}")
+    module_name, install = _BACKENDS[name]
+    try:
+        return importlib.import_module(module_name)
+    except BackendUnavailable:
+        raise
+    except ImportError as error:
+        raise BackendUnavailable(f"backend {name!r} is unavailable ({error}); to install it: {install}") from error
+
+
+class BackendStatus(NamedTuple):
+    available: bool
+    reason: str | None  # why it is unavailable, with what to install
+
+
+def backends() -> dict[str, BackendStatus]:
+    """Every known backend name, with whether it loads here and, if not, why."""
+    status: dict[str, BackendStatus] = {}
+    for name in _BACKENDS:
+        try:
+            load_backend(name)
+            status[name] = BackendStatus(True, None)
+        except BackendUnavailable as error:
+            status[name] = BackendStatus(False, str(error))
+    return status

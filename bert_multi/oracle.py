@@ -1,0 +1,157 @@
+"""The NumPy oracle: d2l 1.0's BERT written as an executable specification, in float64 by default.
+
+Read it top to bottom: each function is one rule of DESIGN.md ("Semantics"), and the comments cite the
+rule. Every other backend is compared against this code, so it favours plainness over speed. Weights are
+the canonical dict; a dense layer named ``p`` uses ``p.weight`` (out, in) and ``p.bias``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from .backend import BackendModel, BERTOutput, parse_device, prepare_weights
+from .config import BERTConfig
+from .inputs import ModelInputs
+
+NAME = "numpy"
+
+MASK_VALUE = -1e6  # d2l masks scores with -1e6, not -inf: a row with no valid key becomes uniform
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm and gluon.nn.LayerNorm default
+
+
+def dense(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
+    """y = x W^T + b, with W stored (out, in) as in torch.nn.Linear and gluon.nn.Dense."""
+    return X @ weights[f"{prefix}.weight"].T + weights[f"{prefix}.bias"]
+
+
+def relu(X: np.ndarray) -> np.ndarray:
+    return np.maximum(X, 0)
+
+
+def layer_norm(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
+    """Normalise over the last axis with the biased variance, then scale by gamma and shift by beta."""
+    mean = X.mean(axis=-1, keepdims=True)
+    var = X.var(axis=-1, keepdims=True)
+    return (X - mean) / np.sqrt(var + LAYER_NORM_EPS) * weights[f"{prefix}.weight"] + weights[f"{prefix}.bias"]
+
+
+def softmax(X: np.ndarray) -> np.ndarray:
+    exp = np.exp(X - X.max(axis=-1, keepdims=True))
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def masked_softmax(scores: np.ndarray, valid_lens: np.ndarray | None) -> np.ndarray:
+    """Softmax over keys, where key positions >= valid_len get the score -1e6 first.
+
+    scores: (N, T_q, T_k). valid_lens: None (no mask), (N,) (one length for every query row of item n)
+    or (N, T_q) (a length per query row).
+    """
+    if valid_lens is None:
+        return softmax(scores)
+    lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens  # (N, T_q) either way
+    key_positions = np.arange(scores.shape[-1])
+    keep = key_positions[None, None, :] < lens[:, :, None]
+    return softmax(np.where(keep, scores, scores.dtype.type(MASK_VALUE)))
+
+
+def split_heads(X: np.ndarray, num_heads: int) -> np.ndarray:
+    """(B, T, H) -> (B, T, h, H/h) -> (B, h, T, H/h) -> (B*h, T, H/h): row b*h + j is batch b, head j."""
+    B, T, H = X.shape
+    return X.reshape(B, T, num_heads, H // num_heads).transpose(0, 2, 1, 3).reshape(B * num_heads, T, H // num_heads)
+
+
+def merge_heads(X: np.ndarray, num_heads: int) -> np.ndarray:
+    """Inverse of ``split_heads``: (B*h, T, H/h) -> (B, T, H)."""
+    BH, T, D = X.shape
+    return X.reshape(BH // num_heads, num_heads, T, D).transpose(0, 2, 1, 3).reshape(BH // num_heads, T, num_heads * D)
+
+
+def repeat_over_heads(valid_lens: np.ndarray, num_heads: int) -> np.ndarray:
+    """Interleaved repetition (b0, b0, ..., b1, b1, ...), matching the row order of ``split_heads``."""
+    return np.repeat(valid_lens, num_heads, axis=0)
+
+
+def multi_head_attention(X: np.ndarray, valid_lens: np.ndarray | None, weights: dict, prefix: str,
+                         num_heads: int) -> np.ndarray:
+    """Self-attention: W_q/W_k/W_v projections (with bias), per-head scaled dot product, then W_o."""
+    queries = split_heads(dense(X, weights, f"{prefix}.W_q"), num_heads)
+    keys = split_heads(dense(X, weights, f"{prefix}.W_k"), num_heads)
+    values = split_heads(dense(X, weights, f"{prefix}.W_v"), num_heads)
+    head_dim = queries.shape[-1]
+    scores = queries @ keys.transpose(0, 2, 1) / math.sqrt(head_dim)  # scale by the per-head width
+    if valid_lens is not None:
+        valid_lens = repeat_over_heads(valid_lens, num_heads)
+    attention = masked_softmax(scores, valid_lens)  # attention dropout: inference applies none
+    return dense(merge_heads(attention @ values, num_heads), weights, f"{prefix}.W_o")
+
+
+def position_wise_ffn(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
+    """Dense(H -> F) -> ReLU -> Dense(F -> H), no dropout inside."""
+    return dense(relu(dense(X, weights, f"{prefix}.dense1")), weights, f"{prefix}.dense2")
+
+
+def forward(config: BERTConfig, weights: dict, inputs: ModelInputs,
+            record: OrderedDict[str, np.ndarray] | None = None) -> BERTOutput:
+    """The whole model on checked inputs; named activations go into ``record`` when it is given."""
+
+    def keep(name: str, value: np.ndarray) -> np.ndarray:
+        if record is not None:
+            record[name] = value
+        return value
+
+    tokens, segments, valid_lens, pred_positions = inputs
+    T = tokens.shape[1]
+    # Input representation: token + segment + learned positional embedding; no LayerNorm, no scaling.
+    X = (weights["encoder.token_embedding.weight"][tokens] + weights["encoder.segment_embedding.weight"][segments]
+         + weights["encoder.pos_embedding"][:, :T, :])
+    keep("embedding", X)
+    # Post-LayerNorm encoder blocks: Y = LN(X + MHA(X)), out = LN(Y + FFN(Y)); dropout off.
+    for i in range(config.num_blks):
+        blk = f"encoder.blks.{i}"
+        attention = keep(f"blks.{i}.attention",
+                         multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads))
+        Y = keep(f"blks.{i}.addnorm1", layer_norm(X + attention, weights, f"{blk}.addnorm1.ln"))
+        ffn = keep(f"blks.{i}.ffn", position_wise_ffn(Y, weights, f"{blk}.ffn"))
+        X = keep(f"blks.{i}.output", layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln"))
+    encoded = X
+    # MaskLM: gather X[b, pred_positions[b, k]], then Dense(H) -> ReLU -> LayerNorm -> Dense(V).
+    mlm = None
+    if pred_positions is not None:
+        gathered = encoded[np.arange(encoded.shape[0])[:, None], pred_positions]  # (B, P, H)
+        hidden = layer_norm(relu(dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2")
+        mlm = dense(hidden, weights, "mlm.mlp.3")
+    # Pooler: Dense(H) -> tanh on the <cls> vector; NSP: Dense(2) on the pooler output.
+    pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, "hidden.0")))
+    nsp = dense(pooled, weights, "nsp.output")
+    return BERTOutput(encoded, mlm, nsp, record)
+
+
+class NumpyBERT(BackendModel):
+    """The oracle behind the common interface. CPU only; float64 unless asked otherwise."""
+
+    backend = NAME
+
+    def __init__(self, config: BERTConfig, weights: dict[str, np.ndarray], dtype: str) -> None:
+        super().__init__(config, dtype, parse_device("cpu"))
+        self.weights = weights
+
+    def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        return forward(self.config, self.weights, inputs, OrderedDict() if intermediates else None)
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        return {name: array.copy() for name, array in self.weights.items()}
+
+    def framework_info(self) -> dict[str, object]:
+        return {"framework": f"numpy {np.__version__}"}
+
+
+def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu",
+          dtype: object = "float64") -> NumpyBERT:
+    """The oracle model on canonical ``weights``, cast to ``dtype`` (float64 by default)."""
+    if parse_device(device).kind != "cpu":
+        raise ValueError(f"the numpy backend runs on the CPU only, not {device!r}")
+    dtype, weights = prepare_weights(config, weights, dtype)
+    return NumpyBERT(config, weights, dtype)

@@ -1,0 +1,152 @@
+"""The canonical parameter schema: every weight's name, shape and role, in one table.
+
+Names are the keys of d2l 1.0's PyTorch ``BERTModel.state_dict()``, in that order. Dense weights are
+(out, in), as in both ``torch.nn.Linear`` and ``gluon.nn.Dense``. Backends map these names to their
+own structural names; nothing else in the project spells them out.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, NamedTuple
+
+import numpy as np
+
+from .config import BERTConfig
+from .errors import WeightsError
+
+SUPPORTED_DTYPES = ("float32", "float64")
+
+Role = Literal["embedding", "dense_weight", "bias", "ln_gamma", "ln_beta"]
+
+
+class ParamSpec(NamedTuple):
+    shape: tuple[int, ...]
+    role: Role
+
+
+def param_specs(config: BERTConfig) -> dict[str, ParamSpec]:
+    """Ordered canonical schema with each tensor's role (what kind of initialisation it gets)."""
+    H, F, V = config.num_hiddens, config.ffn_num_hiddens, config.vocab_size
+    specs: dict[str, ParamSpec] = {}
+
+    def dense(prefix: str, n_out: int, n_in: int) -> None:
+        specs[f"{prefix}.weight"] = ParamSpec((n_out, n_in), "dense_weight")
+        specs[f"{prefix}.bias"] = ParamSpec((n_out,), "bias")
+
+    def layer_norm(prefix: str) -> None:
+        specs[f"{prefix}.weight"] = ParamSpec((H,), "ln_gamma")
+        specs[f"{prefix}.bias"] = ParamSpec((H,), "ln_beta")
+
+    # torch's state_dict lists a module's own parameters before its children's, so the encoder's
+    # positional embedding (a bare nn.Parameter) comes first.
+    specs["encoder.pos_embedding"] = ParamSpec((1, config.max_len, H), "embedding")
+    specs["encoder.token_embedding.weight"] = ParamSpec((V, H), "embedding")
+    specs["encoder.segment_embedding.weight"] = ParamSpec((2, H), "embedding")
+    for i in range(config.num_blks):
+        blk = f"encoder.blks.{i}"
+        for projection in ("W_q", "W_k", "W_v", "W_o"):
+            dense(f"{blk}.attention.{projection}", H, H)
+        layer_norm(f"{blk}.addnorm1.ln")
+        dense(f"{blk}.ffn.dense1", F, H)
+        dense(f"{blk}.ffn.dense2", H, F)
+        layer_norm(f"{blk}.addnorm2.ln")
+    dense("hidden.0", H, H)
+    dense("mlm.mlp.0", H, H)
+    layer_norm("mlm.mlp.2")
+    dense("mlm.mlp.3", V, H)
+    dense("nsp.output", 2, H)
+    return specs
+
+
+def param_shapes(config: BERTConfig) -> dict[str, tuple[int, ...]]:
+    """Ordered canonical schema: name -> shape. The one source of truth for weight names and shapes."""
+    return {name: spec.shape for name, spec in param_specs(config).items()}
+
+
+def normalize_dtype(dtype: object) -> str:
+    """'float32' or 'float64' from a string or NumPy dtype; anything else is a ``ValueError``."""
+    try:
+        name = np.dtype(dtype).name  # type: ignore[call-overload]
+    except TypeError:
+        name = repr(dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}: expected one of {SUPPORTED_DTYPES}")
+    return name
+
+
+def _draw(config: BERTConfig, seed: int, dtype: object,
+          scale: Callable[[ParamSpec, np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+    """One standard-normal draw per tensor, in schema order from one seeded generator, scaled by role."""
+    dtype = normalize_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    return {name: scale(spec, rng.standard_normal(spec.shape)).astype(dtype)
+            for name, spec in param_specs(config).items()}
+
+
+def init_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32") -> dict[str, np.ndarray]:
+    """Deterministic, framework-free initial weights, as BERT starts training.
+
+    Embeddings and dense weights are N(0, 0.02^2), biases and LayerNorm beta zero, LayerNorm gamma one.
+    Every backend loads these same numbers, so no framework initialiser is ever relied on.
+    """
+    def bert_init(spec: ParamSpec, z: np.ndarray) -> np.ndarray:
+        if spec.role in ("embedding", "dense_weight"):
+            return 0.02 * z
+        return np.full(spec.shape, 1.0 if spec.role == "ln_gamma" else 0.0)
+
+    return _draw(config, seed, dtype, bert_init)
+
+
+def random_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32") -> dict[str, np.ndarray]:
+    """Weights in which every tensor is random, for conformance testing.
+
+    With ``init_weights`` the biases are zero and the gammas one, so a backend that dropped a bias or
+    swapped LayerNorm's gamma and beta would still agree. Here biases, gammas and betas are drawn too,
+    and dense weights have std 1/sqrt(fan_in) so that activations stay of order one in every layer.
+    """
+    def all_random(spec: ParamSpec, z: np.ndarray) -> np.ndarray:
+        if spec.role == "embedding":
+            return z
+        if spec.role == "dense_weight":
+            return z / np.sqrt(spec.shape[1])
+        if spec.role == "ln_gamma":
+            return 1.0 + 0.1 * z
+        return 0.1 * z  # biases and LayerNorm betas
+
+    return _draw(config, seed, dtype, all_random)
+
+
+def validate_weights(config: BERTConfig, weights: object) -> str:
+    """Check a weight dict against the schema; return its dtype name ('float32' or 'float64').
+
+    Every tensor must be present, nothing extra, each a finite NumPy array of the schema's shape, all of
+    one supported floating dtype. A violation is a ``WeightsError`` naming the tensor.
+    """
+    if not isinstance(weights, dict):
+        raise WeightsError(f"weights must be a dict of name -> numpy array, got {type(weights).__name__}")
+    shapes = param_shapes(config)
+    missing = [name for name in shapes if name not in weights]
+    if missing:
+        raise WeightsError(f"missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                           f"({len(missing)} of {len(shapes)} in the schema)")
+    extra = [name for name in weights if name not in shapes]
+    if extra:
+        raise WeightsError(f"unexpected tensor(s) {extra[:5]} not in the canonical schema for this config")
+    common_dtype = None
+    for name, expected_shape in shapes.items():
+        array = weights[name]
+        if not isinstance(array, np.ndarray):
+            raise WeightsError(f"tensor {name!r} must be a numpy.ndarray, got {type(array).__name__}")
+        if array.dtype.name not in SUPPORTED_DTYPES:
+            raise WeightsError(f"tensor {name!r} has dtype {array.dtype}, expected one of {SUPPORTED_DTYPES}")
+        if common_dtype is None:
+            common_dtype = array.dtype.name
+        elif array.dtype.name != common_dtype:
+            raise WeightsError(f"tensor {name!r} has dtype {array.dtype}, expected {common_dtype} like the others")
+        if array.shape != expected_shape:
+            raise WeightsError(f"tensor {name!r} has shape {array.shape}, expected {expected_shape}")
+        if not np.isfinite(array).all():
+            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+            raise WeightsError(f"tensor {name!r} has a non-finite value {array[bad]} at index {bad}")
+    assert common_dtype is not None  # the schema is never empty
+    return common_dtype

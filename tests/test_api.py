@@ -1,0 +1,72 @@
+"""The public API as a user meets it: imports, the backend registry, the command line."""
+
+import subprocess
+import sys
+
+import pytest
+
+import bert_multi
+from bert_multi import BackendUnavailable, backends, load_backend
+from bert_multi.cli import main
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_importing_the_package_imports_no_framework():
+    result = run_python("import sys, bert_multi, bert_multi.cli; "
+                        "print(sorted(m for m in ('torch', 'mxnet') if m in sys.modules))")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_public_names_are_exported():
+    for name in bert_multi.__all__:
+        assert hasattr(bert_multi, name), name
+
+
+def test_backends_lists_every_backend_with_its_status():
+    status = backends()
+    assert list(status) == ["numpy", "torch", "mxnet"]
+    assert status["numpy"].available and status["numpy"].reason is None
+    for name, (available, reason) in status.items():
+        assert available == (reason is None), name
+
+
+def test_unknown_backend_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown backend 'jax': expected one of \['numpy', 'torch', 'mxnet'\]"):
+        load_backend("jax")
+
+
+@pytest.mark.parametrize("backend, package", [("torch", "torch"), ("mxnet", "mxnet")])
+def test_missing_framework_is_a_clear_error_naming_the_package(backend, package):
+    # Hide the framework as if it were not installed.
+    result = run_python(
+        f"import sys; sys.modules[{package!r}] = None\n"
+        "import bert_multi\n"
+        f"print(bert_multi.backends()[{backend!r}])\n"
+        f"bert_multi.load_backend({backend!r})\n")
+    assert "available=False" in result.stdout
+    assert "BackendUnavailable" in result.stderr
+    assert f"pip install 'bert_multi[{backend}]'" in result.stderr
+
+
+def test_backend_unavailable_is_an_import_error():
+    assert issubclass(BackendUnavailable, ImportError)
+
+
+def test_demo_prints_the_chapter_shapes_for_every_backend(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    for name, status in backends().items():
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        if status.available:
+            assert "(2, 8, 768)" in line and "(2, 3, 10000)" in line and "(2, 2)" in line, line
+        else:
+            assert "skipped" in line
+
+
+def test_backends_command_prints_a_table(capsys):
+    assert main(["backends"]) == 0
+    assert "numpy    yes" in capsys.readouterr().out

@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from bert_multi import BERTConfig, WeightsError, init_weights, param_shapes, random_weights, validate_weights
+
+CONFIGS = [
+    BERTConfig(vocab_size=10000, num_hiddens=768, ffn_num_hiddens=1024, num_heads=4, num_blks=2),
+    BERTConfig(vocab_size=11, num_hiddens=6, ffn_num_hiddens=5, num_heads=1, num_blks=1, max_len=7),
+    BERTConfig(vocab_size=20, num_hiddens=12, ffn_num_hiddens=8, num_heads=3, num_blks=3, max_len=4),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_schema_matches_design(config):
+    shapes = param_shapes(config)
+    H, F, V, L = config.num_hiddens, config.ffn_num_hiddens, config.vocab_size, config.num_blks
+    assert len(shapes) == 3 + 16 * L + 2 + 6 + 2  # 45 for two blocks, as DESIGN.md says
+    assert shapes["encoder.pos_embedding"] == (1, config.max_len, H)
+    assert shapes["encoder.token_embedding.weight"] == (V, H)
+    assert shapes["encoder.segment_embedding.weight"] == (2, H)
+    for i in range(L):
+        for p in "qkvo":
+            assert shapes[f"encoder.blks.{i}.attention.W_{p}.weight"] == (H, H)
+            assert shapes[f"encoder.blks.{i}.attention.W_{p}.bias"] == (H,)
+        assert shapes[f"encoder.blks.{i}.ffn.dense1.weight"] == (F, H)
+        assert shapes[f"encoder.blks.{i}.ffn.dense2.weight"] == (H, F)
+        for n in (1, 2):
+            assert shapes[f"encoder.blks.{i}.addnorm{n}.ln.weight"] == (H,)
+    assert shapes["hidden.0.weight"] == (H, H)
+    assert shapes["mlm.mlp.0.weight"] == (H, H)
+    assert shapes["mlm.mlp.2.weight"] == (H,)  # the LayerNorm
+    assert shapes["mlm.mlp.3.weight"] == (V, H)
+    assert shapes["mlm.mlp.3.bias"] == (V,)
+    assert shapes["nsp.output.weight"] == (2, H)
+    # torch's state_dict order: the encoder's own parameter first, then its children in order.
+    names = list(shapes)
+    assert names[:4] == ["encoder.pos_embedding", "encoder.token_embedding.weight",
+                         "encoder.segment_embedding.weight", "encoder.blks.0.attention.W_q.weight"]
+    assert names[-2:] == ["nsp.output.weight", "nsp.output.bias"]
+
+
+def test_two_block_schema_has_45_tensors():
+    assert len(param_shapes(CONFIGS[0])) == 45
+
+
+@pytest.mark.parametrize("make", [init_weights, random_weights])
+def test_weights_are_deterministic_and_follow_the_schema(make):
+    config = CONFIGS[2]
+    a, b, other = make(config, seed=3), make(config, seed=3), make(config, seed=4)
+    assert list(a) == list(param_shapes(config))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["encoder.token_embedding.weight"], other["encoder.token_embedding.weight"])
+    assert validate_weights(config, a) == "float32"
+    assert validate_weights(config, make(config, dtype="float64")) == "float64"
+
+
+def test_init_weights_follow_berts_recipe():
+    w = init_weights(CONFIGS[0], seed=0)
+    assert np.all(w["encoder.blks.0.attention.W_q.bias"] == 0)
+    assert np.all(w["encoder.blks.1.addnorm2.ln.weight"] == 1) and np.all(w["mlm.mlp.2.bias"] == 0)
+    assert abs(w["encoder.token_embedding.weight"].std() - 0.02) < 1e-3
+    assert abs(w["encoder.blks.0.ffn.dense1.weight"].mean()) < 1e-3
+
+
+def test_random_weights_make_every_tensor_matter():
+    w = random_weights(CONFIGS[0], seed=0, dtype="float64")
+    for name, array in w.items():
+        assert np.unique(array).size > 1, f"{name} is constant, so a backend mistake on it would go unseen"
+    assert abs(w["encoder.blks.0.ffn.dense2.weight"].std() - 1 / np.sqrt(1024)) < 1e-3
+
+
+def test_init_weights_rejects_an_unsupported_dtype():
+    with pytest.raises(ValueError, match="unsupported dtype 'float16'"):
+        init_weights(CONFIGS[1], dtype="float16")
+
+
+def corrupt(weights, name, value):
+    return {**weights, name: value}
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda w: {k: v for k, v in w.items() if k != "hidden.0.bias"}, r"missing tensor\(s\) \['hidden.0.bias'\]"),
+    (lambda w: {**w, "pooler.weight": w["hidden.0.weight"]}, r"unexpected tensor\(s\) \['pooler.weight'\]"),
+    (lambda w: corrupt(w, "mlm.mlp.3.bias", w["mlm.mlp.3.bias"][:-1]), r"'mlm.mlp.3.bias' has shape \(10,\), expected \(11,\)"),
+    (lambda w: corrupt(w, "nsp.output.bias", w["nsp.output.bias"].astype("float64")), "expected float32 like the others"),
+    (lambda w: corrupt(w, "nsp.output.bias", w["nsp.output.bias"].astype("int32")), "has dtype int32"),
+    (lambda w: corrupt(w, "nsp.output.bias", list(w["nsp.output.bias"])), "must be a numpy.ndarray"),
+    (lambda w: corrupt(w, "mlm.mlp.0.weight", np.where(np.eye(6) > 0, np.nan, w["mlm.mlp.0.weight"]).astype("float32")),
+     r"'mlm.mlp.0.weight' has a non-finite value nan at index \(0, 0\)"),
+])
+def test_validate_weights_names_the_problem(mutate, message):
+    weights = init_weights(CONFIGS[1])
+    with pytest.raises(WeightsError, match=message):
+        validate_weights(CONFIGS[1], mutate(weights))

@@ -1,0 +1,207 @@
+import json
+
+import numpy as np
+import pytest
+
+import bert_multi.weights as weights_module
+from bert_multi import BERTConfig, WeightsError, init_weights, load_weights, random_weights, save_weights
+from bert_multi.weights import FORMAT_VERSION, make_manifest, write_npz
+
+CONFIG = BERTConfig(vocab_size=13, num_hiddens=6, ffn_num_hiddens=10, num_heads=2, num_blks=2, max_len=9)
+
+
+@pytest.fixture
+def weights():
+    return random_weights(CONFIG, seed=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_round_trip_is_bit_identical(tmp_path, dtype):
+    original = random_weights(CONFIG, seed=2, dtype=dtype)
+    path = save_weights(tmp_path / "model.npz", CONFIG, original)
+    config, loaded = load_weights(path)
+    assert config == CONFIG
+    assert list(loaded) == list(original)
+    for name in original:
+        assert loaded[name].dtype == original[name].dtype
+        assert loaded[name].tobytes() == original[name].tobytes(), name
+
+
+def test_saving_keeps_the_users_file_name(tmp_path, weights):
+    save_weights(tmp_path / "checkpoint.weights", CONFIG, weights)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.weights"]
+
+
+def manifest_of(weights, **changes):
+    return {**make_manifest(CONFIG, weights, "float32"), **changes}
+
+
+def write_then_load(path, manifest, arrays):
+    write_npz(path, manifest, arrays)
+    return load_weights(path)
+
+
+def without(mapping, key):
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+def test_missing_tensor(tmp_path, weights):
+    partial = without(weights, "mlm.mlp.2.weight")
+    with pytest.raises(WeightsError, match=r"missing tensor\(s\) \['mlm.mlp.2.weight'\]"):
+        write_then_load(tmp_path / "w.npz", make_manifest(CONFIG, partial, "float32"), partial)
+
+
+def test_extra_tensor(tmp_path, weights):
+    more = {**weights, "encoder.blks.2.ffn.dense1.bias": weights["encoder.blks.1.ffn.dense1.bias"]}
+    with pytest.raises(WeightsError, match=r"unexpected tensor\(s\) \['encoder.blks.2.ffn.dense1.bias'\]"):
+        write_then_load(tmp_path / "w.npz", make_manifest(CONFIG, more, "float32"), more)
+
+
+def test_misshaped_tensor(tmp_path, weights):
+    bad = {**weights, "encoder.pos_embedding": weights["encoder.pos_embedding"][:, :5]}
+    with pytest.raises(WeightsError, match=r"'encoder.pos_embedding' has shape \(1, 5, 6\), expected \(1, 9, 6\)"):
+        write_then_load(tmp_path / "w.npz", make_manifest(CONFIG, bad, "float32"), bad)
+
+
+def test_wrongly_typed_tensor(tmp_path, weights):
+    bad = {**weights, "hidden.0.bias": weights["hidden.0.bias"].astype(np.float16)}
+    with pytest.raises(WeightsError, match=r"'hidden.0.bias' has dtype float16, the manifest says float32"):
+        write_then_load(tmp_path / "w.npz", make_manifest(CONFIG, bad, "float32"), bad)
+
+
+def test_non_finite_tensor(tmp_path, weights):
+    bad = {**weights, "nsp.output.bias": np.array([0.5, np.inf], dtype=np.float32)}
+    with pytest.raises(WeightsError, match=r"'nsp.output.bias' has a non-finite value inf at index \(1,\)"):
+        write_then_load(tmp_path / "w.npz", make_manifest(CONFIG, bad, "float32"), bad)
+
+
+def test_tampered_tensor_fails_its_checksum(tmp_path, weights):
+    manifest = manifest_of(weights)
+    tampered = {**weights, "encoder.blks.1.attention.W_v.weight": weights["encoder.blks.1.attention.W_v.weight"] * 1.001}
+    with pytest.raises(WeightsError, match=r"'encoder.blks.1.attention.W_v.weight' fails its SHA-256 check"):
+        write_then_load(tmp_path / "w.npz", manifest, tampered)
+
+
+def test_flipped_byte_in_the_file_is_caught(tmp_path, weights):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+    data = bytearray(path.read_bytes())
+    # Flip one byte inside the token embedding's data; the zip CRC or the SHA-256 must catch it.
+    offset = data.index(weights["encoder.token_embedding.weight"].tobytes()[:32]) + 8
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match="encoder.token_embedding.weight"):
+        load_weights(path)
+
+
+def test_truncated_file(tmp_path, weights):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(WeightsError, match=r"not a readable .npz file \(truncated or corrupt\?\)"):
+        load_weights(path)
+
+
+def test_missing_manifest(tmp_path, weights):
+    np.savez(tmp_path / "plain.npz", **weights)
+    with pytest.raises(WeightsError, match="no '__manifest__' entry"):
+        load_weights(tmp_path / "plain.npz")
+
+
+def test_unreadable_manifest(tmp_path, weights):
+    np.savez(tmp_path / "w.npz", __manifest__=np.frombuffer(b"{not json", dtype=np.uint8), **weights)
+    with pytest.raises(WeightsError, match="the manifest is unreadable"):
+        load_weights(tmp_path / "w.npz")
+
+
+def test_pickled_manifest_is_refused_without_unpickling(tmp_path, weights):
+    np.savez(tmp_path / "w.npz", __manifest__=np.array([{"format": "x"}], dtype=object), **weights)
+    with pytest.raises(WeightsError, match="the manifest is unreadable"):
+        load_weights(tmp_path / "w.npz")
+
+
+def test_pickled_tensor_is_refused_without_unpickling(tmp_path, weights):
+    arrays = {**weights, "hidden.0.bias": np.array([object()] * 6, dtype=object)}
+    manifest = manifest_of(weights)
+    with pytest.raises(WeightsError, match="'hidden.0.bias' is unreadable"):
+        write_then_load(tmp_path / "w.npz", manifest, arrays)
+
+
+def test_future_format_version(tmp_path, weights):
+    with pytest.raises(WeightsError, match=f"format version {FORMAT_VERSION + 1} is newer than this bert_multi reads"):
+        write_then_load(tmp_path / "w.npz", manifest_of(weights, format_version=FORMAT_VERSION + 1), weights)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"format": "safetensors"}, "manifest format is 'safetensors'"),
+    ({"format_version": "1"}, "format_version is '1', expected a positive int"),
+    ({"dtype": "bfloat16"}, "manifest dtype is 'bfloat16'"),
+    ({"config": {"vocab_size": 13}}, "the manifest's config is invalid"),
+    ({"tensors": ["a"]}, "must map each tensor name to its SHA-256"),
+])
+def test_bad_manifest_fields(tmp_path, weights, changes, message):
+    with pytest.raises(WeightsError, match=message):
+        write_then_load(tmp_path / "w.npz", manifest_of(weights, **changes), weights)
+
+
+def test_manifest_missing_a_field(tmp_path, weights):
+    with pytest.raises(WeightsError, match="the manifest has no 'dtype' field"):
+        write_then_load(tmp_path / "w.npz", without(manifest_of(weights), "dtype"), weights)
+
+
+def test_manifest_and_file_disagree_on_tensors(tmp_path, weights):
+    with pytest.raises(WeightsError, match=r"\['hidden.0.bias'\] are listed in the manifest but missing"):
+        write_then_load(tmp_path / "w.npz", manifest_of(weights), without(weights, "hidden.0.bias"))
+    manifest = manifest_of(weights)
+    manifest["tensors"] = without(manifest["tensors"], "hidden.0.bias")
+    with pytest.raises(WeightsError, match=r"\['hidden.0.bias'\] are in the file but not in its manifest"):
+        write_then_load(tmp_path / "w.npz", manifest, weights)
+
+
+def test_manifest_config_decides_the_schema(tmp_path, weights):
+    manifest = manifest_of(weights, config={**CONFIG.to_dict(), "num_blks": 1})
+    with pytest.raises(WeightsError, match=r"unexpected tensor\(s\) \['encoder.blks.1"):
+        write_then_load(tmp_path / "w.npz", manifest, weights)
+
+
+def test_not_a_file(tmp_path):
+    with pytest.raises(WeightsError, match="no such weights file"):
+        load_weights(tmp_path / "nope.npz")
+    np.save(tmp_path / "single.npy", np.zeros(3))
+    with pytest.raises(WeightsError, match="not an .npz archive"):
+        load_weights(tmp_path / "single.npy")
+
+
+def test_save_refuses_what_load_would_reject(tmp_path, weights):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+    before = path.read_bytes()
+    bad = {**weights, "hidden.0.weight": np.full((6, 6), np.nan, dtype=np.float32)}
+    with pytest.raises(WeightsError, match="'hidden.0.weight' has a non-finite value"):
+        save_weights(path, CONFIG, bad)
+    with pytest.raises(WeightsError, match="config must be a BERTConfig"):
+        save_weights(path, CONFIG.to_dict(), weights)
+    assert path.read_bytes() == before
+
+
+def test_a_crash_mid_write_leaves_the_earlier_file_intact(tmp_path, weights, monkeypatch):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+    before = path.read_bytes()
+
+    def savez_then_crash(file, **arrays):
+        file.write(b"PK\x03\x04 half an archive")
+        raise KeyboardInterrupt("simulated crash")
+
+    monkeypatch.setattr(weights_module.np, "savez", savez_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_weights(path, CONFIG, init_weights(CONFIG, seed=9))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.npz"]  # no temporary file left behind
+    monkeypatch.undo()
+    assert load_weights(path)[1].keys() == weights.keys()
+
+
+def test_manifest_is_human_readable(tmp_path, weights):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+    with np.load(path, allow_pickle=False) as archive:
+        manifest = json.loads(archive["__manifest__"].tobytes())
+    assert manifest["format"] == "bert_multi.weights" and manifest["dtype"] == "float32"
+    assert manifest["config"] == CONFIG.to_dict()
+    assert len(manifest["tensors"]) == len(weights)
