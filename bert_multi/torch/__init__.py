@@ -1,0 +1,24 @@
+"""The PyTorch backend: d2l 1.0's BERT classes and ``build`` for the common interface.
+
+Importing this package imports torch.
+"""
+
+from .backend import NAME, NAME_RULES, TorchBERT, build, tf32_enabled
+from .model import (
+    AddNorm,
+    BERTEncoder,
+    BERTModel,
+    DotProductAttention,
+    MaskLM,
+    MultiHeadAttention,
+    NextSentencePred,
+    PositionWiseFFN,
+    TransformerEncoderBlock,
+    masked_softmax,
+)
+
+__all__ = [
+    "NAME", "NAME_RULES", "TorchBERT", "build", "tf32_enabled", "AddNorm", "BERTEncoder", "BERTModel",
+    "DotProductAttention", "MaskLM", "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN",
+    "TransformerEncoderBlock", "masked_softmax",
+]

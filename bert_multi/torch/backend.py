@@ -1,0 +1,116 @@
+"""The PyTorch backend behind the common interface: canonical weights in and out, devices, dtypes, hooks.
+
+Parallel to ``bert_multi/mxnet/backend.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from ..backend import (BackendModel, BERTOutput, Device, framework_names, intermediate_sources, parse_device,
+                       prepare_weights)
+from ..config import BERTConfig
+from ..inputs import ModelInputs
+from .model import BERTModel
+
+NAME = "torch"
+
+# (regex, replacement) rules from canonical names to this framework's structural names: none, since
+# the canonical names are d2l's PyTorch state_dict keys.
+NAME_RULES: list[tuple[str, str]] = []
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def to_framework_device(device: Device) -> torch.device:
+    # Framework difference: torch calls a GPU "cuda:N"; MXNet calls it gpu(N).
+    if device.kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device} asked for, but this PyTorch ({torch.__version__}) sees no CUDA GPU")
+    if device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device} asked for, but only {torch.cuda.device_count()} CUDA GPU(s) are visible")
+    return torch.device("cuda", device.index)
+
+
+@contextlib.contextmanager
+def tf32_enabled(enabled: bool) -> Iterator[None]:
+    """Set TF32 for matmuls and convolutions for the duration, then restore the caller's setting.
+
+    TF32 rounds float32 matmul inputs to 10 mantissa bits on Ampere and later GPUs, moving outputs by
+    about 1e-3; conformance runs switch it off.
+    """
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class TorchBERT(BackendModel):
+    """A d2l ``BERTModel`` (``.module``) holding canonical weights, run in eval mode without gradients."""
+
+    backend = NAME
+
+    def __init__(self, config: BERTConfig, module: BERTModel, dtype: str, device: Device, tf32: bool) -> None:
+        super().__init__(config, dtype, device)
+        self.module = module
+        self.tf32 = tf32
+
+    def _to_tensor(self, array: np.ndarray | None) -> torch.Tensor | None:
+        return None if array is None else torch.from_numpy(array).to(self.module.encoder.pos_embedding.device)
+
+    def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        record: OrderedDict[str, np.ndarray] = OrderedDict()
+        hooks = []
+        if intermediates:
+            for name, (path, side) in intermediate_sources(self.config).items():
+                def keep(module, args, output, name=name, side=side):
+                    record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
+                hooks.append(self.module.get_submodule(path).register_forward_hook(keep))
+        self.module.eval()
+        try:
+            with torch.no_grad(), tf32_enabled(self.tf32):
+                encoded, mlm, nsp = self.module(*(self._to_tensor(array) for array in inputs))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        numpy = lambda tensor: None if tensor is None else tensor.cpu().numpy()
+        ordered = OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
+        return BERTOutput(numpy(encoded), numpy(mlm), numpy(nsp), ordered)
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        state = self.module.state_dict()
+        return {name: state[torch_name].detach().cpu().numpy().copy()
+                for name, torch_name in framework_names(self.config, NAME_RULES).items()}
+
+    def framework_info(self) -> dict[str, object]:
+        info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
+        if self.device.kind == "gpu":
+            info["gpu"] = torch.cuda.get_device_name(self.device.index)
+            info["tf32"] = self.tf32
+        return info
+
+
+def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32",
+          tf32: bool = False) -> TorchBERT:
+    """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
+
+    The module is moved to its dtype before the weights are copied in, so float64 weights are never
+    rounded through float32. ``tf32`` only matters on CUDA; it is off unless asked for.
+    """
+    dtype, weights = prepare_weights(config, weights, dtype)
+    torch_device = to_framework_device(parse_device(device))
+    module = BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
+                       config.num_blks, config.dropout, config.max_len)
+    module.to(device=torch_device, dtype=_DTYPES[dtype])
+    names = framework_names(config, NAME_RULES)
+    state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}
+    module.load_state_dict(state, strict=True)
+    return TorchBERT(config, module, dtype, parse_device(device), tf32)

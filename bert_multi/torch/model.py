@@ -1,0 +1,217 @@
+"""d2l 1.0's BERT in PyTorch, class for class.
+
+Read it beside ``bert_multi/mxnet/model.py``: the two files have the same functions and classes in the
+same order, and a comment starting "Framework difference" marks each place where they must differ.
+Constructor signatures are d2l's, so code written for ``from d2l import torch as d2l`` keeps working.
+One addition: an optional ``num_inputs`` on the layers d2l builds lazily. ``BERTModel`` passes it, so
+its parameters exist on construction and a state dict loads before any forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def _dense(num_outputs: int, num_inputs: int | None = None, bias: bool = True) -> nn.Module:
+    # Framework difference: torch needs the input width up front or a Lazy layer that infers it on the
+    # first forward; Gluon's Dense takes in_units=0 to mean "infer it" (deferred initialisation).
+    if num_inputs is None:
+        return nn.LazyLinear(num_outputs, bias=bias)
+    return nn.Linear(num_inputs, num_outputs, bias=bias)
+
+
+def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis; key positions >= valid_len are scored -1e6 first.
+
+    X: (N, T_q, T_k). valid_lens: None, (N,) for every query row, or (N, T_q) for each query row.
+    """
+    if valid_lens is None:
+        return nn.functional.softmax(X, dim=-1)
+    shape = X.shape
+    if valid_lens.dim() == 1:
+        valid_lens = torch.repeat_interleave(valid_lens, shape[1])
+    else:
+        valid_lens = valid_lens.reshape(-1)
+    X = X.reshape(-1, shape[-1])
+    # d2l's _sequence_mask: -1e6, not -inf, so a row with valid_len 0 becomes uniform rather than NaN.
+    key_positions = torch.arange(shape[-1], dtype=torch.float32, device=X.device)
+    mask = key_positions[None, :] < valid_lens[:, None]
+    X = X.masked_fill(~mask, -1e6)
+    return nn.functional.softmax(X.reshape(shape), dim=-1)
+
+
+class DotProductAttention(nn.Module):
+    """Scaled dot-product attention with dropout on the attention weights."""
+
+    def __init__(self, dropout: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, queries, keys, values, valid_lens=None):
+        d = queries.shape[-1]
+        scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(d)
+        self.attention_weights = masked_softmax(scores, valid_lens)
+        return torch.bmm(self.dropout(self.attention_weights), values)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j."""
+
+    def __init__(self, num_hiddens: int, num_heads: int, dropout: float, bias: bool = False,
+                 num_inputs: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.attention = DotProductAttention(dropout)
+        self.W_q = _dense(num_hiddens, num_inputs, bias)
+        self.W_k = _dense(num_hiddens, num_inputs, bias)
+        self.W_v = _dense(num_hiddens, num_inputs, bias)
+        self.W_o = _dense(num_hiddens, num_hiddens, bias)
+
+    def forward(self, queries, keys, values, valid_lens):
+        queries = self.transpose_qkv(self.W_q(queries))
+        keys = self.transpose_qkv(self.W_k(keys))
+        values = self.transpose_qkv(self.W_v(values))
+        if valid_lens is not None:
+            # Interleaved (b0, b0, ..., b1, b1, ...) to match the head layout of transpose_qkv.
+            valid_lens = torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)
+        output = self.attention(queries, keys, values, valid_lens)
+        return self.W_o(self.transpose_output(output))
+
+    def transpose_qkv(self, X):
+        """(B, T, H) -> (B*h, T, H/h)."""
+        X = X.reshape(X.shape[0], X.shape[1], self.num_heads, -1)
+        X = X.permute(0, 2, 1, 3)
+        return X.reshape(-1, X.shape[2], X.shape[3])
+
+    def transpose_output(self, X):
+        """(B*h, T, H/h) -> (B, T, H), undoing transpose_qkv."""
+        X = X.reshape(-1, self.num_heads, X.shape[1], X.shape[2])
+        X = X.permute(0, 2, 1, 3)
+        return X.reshape(X.shape[0], X.shape[1], -1)
+
+
+class PositionWiseFFN(nn.Module):
+    """Dense -> ReLU -> Dense, applied at every position."""
+
+    def __init__(self, ffn_num_hiddens: int, ffn_num_outputs: int, num_inputs: int | None = None) -> None:
+        super().__init__()
+        # Framework difference: torch keeps the ReLU as its own module; Gluon fuses it into dense1.
+        self.dense1 = _dense(ffn_num_hiddens, num_inputs)
+        self.relu = nn.ReLU()
+        self.dense2 = _dense(ffn_num_outputs, ffn_num_hiddens)
+
+    def forward(self, X):
+        return self.dense2(self.relu(self.dense1(X)))
+
+
+class AddNorm(nn.Module):
+    """Residual connection, then LayerNorm (post-LN): LN(dropout(Y) + X)."""
+
+    def __init__(self, norm_shape, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        # Framework difference: torch's LayerNorm needs the normalised shape and names its parameters
+        # weight/bias; Gluon's infers the shape and calls them gamma/beta. Both default to eps=1e-5.
+        self.ln = nn.LayerNorm(norm_shape)
+
+    def forward(self, X, Y):
+        return self.ln(self.dropout(Y) + X)
+
+
+class TransformerEncoderBlock(nn.Module):
+    """Y = AddNorm(X, MHA(X, X, X)); out = AddNorm(Y, FFN(Y))."""
+
+    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float,
+                 use_bias: bool = False) -> None:
+        super().__init__()
+        self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout, use_bias, num_inputs=num_hiddens)
+        self.addnorm1 = AddNorm(num_hiddens, dropout)
+        self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens)
+        self.addnorm2 = AddNorm(num_hiddens, dropout)
+
+    def forward(self, X, valid_lens):
+        Y = self.addnorm1(X, self.attention(X, X, X, valid_lens))
+        return self.addnorm2(Y, self.ffn(Y))
+
+
+class BERTEncoder(nn.Module):
+    """Token + segment + learned positional embeddings, then ``num_blks`` encoder blocks."""
+
+    def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, num_blks: int,
+                 dropout: float, max_len: int = 1000, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.token_embedding = nn.Embedding(vocab_size, num_hiddens)
+        self.segment_embedding = nn.Embedding(2, num_hiddens)
+        self.blks = nn.Sequential()
+        for i in range(num_blks):
+            # BERT's encoder asks for bias in attention, though d2l's attention defaults to none.
+            self.blks.add_module(f"{i}", TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, True))
+        # Framework difference: a bare learnable tensor is an nn.Parameter attribute in torch and a
+        # Parameter from self.params.get in Gluon.
+        self.pos_embedding = nn.Parameter(torch.randn(1, max_len, num_hiddens))
+
+    def forward(self, tokens, segments, valid_lens):
+        X = self.token_embedding(tokens) + self.segment_embedding(segments)
+        # The positional embedding stays in the graph (d2l 0.16-0.17 used .data here, so it never trained).
+        X = X + self.pos_embedding[:, :X.shape[1], :]
+        for blk in self.blks:
+            X = blk(X, valid_lens)
+        return X
+
+
+class MaskLM(nn.Module):
+    """Masked-LM head: gather the encodings at pred_positions, then Dense -> ReLU -> LayerNorm -> Dense(V)."""
+
+    def __init__(self, vocab_size: int, num_hiddens: int, num_inputs: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.mlp = nn.Sequential(_dense(num_hiddens, num_inputs), nn.ReLU(), nn.LayerNorm(num_hiddens),
+                                 _dense(vocab_size, num_hiddens))
+
+    def forward(self, X, pred_positions):
+        num_pred_positions = pred_positions.shape[1]
+        pred_positions = pred_positions.reshape(-1)
+        batch_size = X.shape[0]
+        # For batch_size 2 and 3 positions, batch_idx is [0, 0, 0, 1, 1, 1].
+        batch_idx = torch.repeat_interleave(torch.arange(0, batch_size, device=X.device), num_pred_positions)
+        masked_X = X[batch_idx, pred_positions]
+        masked_X = masked_X.reshape((batch_size, num_pred_positions, -1))
+        return self.mlp(masked_X)
+
+
+class NextSentencePred(nn.Module):
+    """Next-sentence-prediction head: one Dense(2) on the pooled <cls> representation."""
+
+    def __init__(self, num_inputs: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.output = _dense(2, num_inputs)
+
+    def forward(self, X):
+        return self.output(X)
+
+
+class BERTModel(nn.Module):
+    """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat or None, nsp_Y_hat)."""
+
+    def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, num_blks: int,
+                 dropout: float, max_len: int = 1000) -> None:
+        super().__init__()
+        self.encoder = BERTEncoder(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout,
+                                   max_len=max_len)
+        # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
+        # Gluon fuses the activation into the Dense (hence hidden.weight).
+        self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())
+        self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+        self.nsp = NextSentencePred(num_inputs=num_hiddens)
+
+    def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
+        encoded_X = self.encoder(tokens, segments, valid_lens)
+        if pred_positions is not None:
+            mlm_Y_hat = self.mlm(encoded_X, pred_positions)
+        else:
+            mlm_Y_hat = None
+        # The pooler reads position 0, the <cls> token.
+        nsp_Y_hat = self.nsp(self.hidden(encoded_X[:, 0, :]))
+        return encoded_X, mlm_Y_hat, nsp_Y_hat
