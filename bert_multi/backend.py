@@ -143,6 +143,15 @@ def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[st
     return names
 
 
+def weights_from_framework(config: BERTConfig, rules: list[tuple[str, str]],
+                           arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical weights from a framework's {structural name: array}, checked against the schema."""
+    canonical = {framework: name for name, framework in framework_names(config, rules).items()}
+    weights = {canonical.get(name, name): array for name, array in arrays.items()}
+    validate_weights(config, weights)
+    return {name: weights[name] for name in canonical.values()}
+
+
 def load_backend(name: str) -> ModuleType:
     """The backend module called ``name``; ``BackendUnavailable`` says what to install if it cannot load."""
     if name not in _BACKENDS:

@@ -6,11 +6,13 @@ model config, the dtype and a SHA-256 per tensor. Nothing on the load path can u
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +43,31 @@ def make_manifest(config: BERTConfig, weights: dict[str, np.ndarray], dtype: str
     }
 
 
-def write_npz(path: str | os.PathLike, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Write a manifest and arrays atomically: a temporary file beside ``path``, then a rename.
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it.
 
     Whatever goes wrong before the rename, an earlier file at ``path`` is left as it was.
     """
     path = Path(path)
-    manifest_bytes = np.frombuffer(json.dumps(manifest, indent=1).encode("utf-8"), dtype=np.uint8)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as file:
-            # Writing to an open file keeps np.savez from appending ".npz" to the user's name.
-            np.savez(file, **{MANIFEST_KEY: manifest_bytes}, **arrays)
-            file.flush()
-            os.fsync(file.fileno())
+        yield Path(tmp_name)
+        with open(tmp_name, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def write_npz(path: str | os.PathLike, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Write a manifest and arrays as an .npz, atomically."""
+    manifest_bytes = np.frombuffer(json.dumps(manifest, indent=1).encode("utf-8"), dtype=np.uint8)
+    with atomic_path(path) as tmp_path, open(tmp_path, "wb") as file:
+        # Writing to an open file keeps np.savez from appending ".npz" to the user's name.
+        np.savez(file, **{MANIFEST_KEY: manifest_bytes}, **arrays)
 
 
 def save_weights(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> Path:

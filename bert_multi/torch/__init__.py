@@ -3,7 +3,7 @@
 Importing this package imports torch.
 """
 
-from .backend import NAME, NAME_RULES, TorchBERT, build, tf32_enabled
+from .backend import NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
 from .model import (
     AddNorm,
     BERTEncoder,
@@ -18,7 +18,7 @@ from .model import (
 )
 
 __all__ = [
-    "NAME", "NAME_RULES", "TorchBERT", "build", "tf32_enabled", "AddNorm", "BERTEncoder", "BERTModel",
+    "NAME", "NAME_RULES", "TorchBERT", "build", "load_checkpoint", "save_checkpoint", "tf32_enabled", "AddNorm", "BERTEncoder", "BERTModel",
     "DotProductAttention", "MaskLM", "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN",
     "TransformerEncoderBlock", "masked_softmax",
 ]

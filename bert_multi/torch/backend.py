@@ -6,6 +6,8 @@ Parallel to ``bert_multi/mxnet/backend.py``.
 from __future__ import annotations
 
 import contextlib
+import os
+import pickle
 from collections import OrderedDict
 from collections.abc import Iterator
 
@@ -13,8 +15,11 @@ import numpy as np
 import torch
 
 from ..backend import (BackendModel, BERTOutput, Device, framework_names, intermediate_sources, parse_device,
-                       prepare_weights)
+                       prepare_weights, weights_from_framework)
 from ..config import BERTConfig
+from ..errors import WeightsError
+from ..schema import validate_weights
+from ..weights import atomic_path
 from ..inputs import ModelInputs
 from .model import BERTModel
 
@@ -98,18 +103,43 @@ class TorchBERT(BackendModel):
         return info
 
 
+def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+    """Write canonical weights as a d2l PyTorch checkpoint: a ``state_dict`` saved by ``torch.save``."""
+    validate_weights(config, weights)
+    names = framework_names(config, NAME_RULES)
+    with atomic_path(path) as tmp_path:
+        torch.save({names[name]: torch.from_numpy(array) for name, array in weights.items()}, tmp_path)
+
+
+def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
+    """Canonical weights from a d2l 1.0 PyTorch checkpoint (a ``state_dict`` saved by ``torch.save``).
+
+    Read with ``weights_only=True``: tensors and containers only, nothing else is unpickled.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
+        raise WeightsError(f"{path}: not a readable PyTorch state_dict checkpoint: {error}") from error
+    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
+        raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(state).__name__}")
+    return weights_from_framework(config, NAME_RULES, {name: value.numpy() for name, value in state.items()})
+
+
 def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32",
           tf32: bool = False) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
-    The module is moved to its dtype before the weights are copied in, so float64 weights are never
-    rounded through float32. ``tf32`` only matters on CUDA; it is off unless asked for.
+    The module gets its dtype before the weights are copied in, so float64 weights are never rounded
+    through float32. ``tf32`` only matters on CUDA; it is off unless asked for.
     """
     dtype, weights = prepare_weights(config, weights, dtype)
     torch_device = to_framework_device(parse_device(device))
-    module = BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
-                       config.num_blks, config.dropout, config.max_len)
-    module.to(device=torch_device, dtype=_DTYPES[dtype])
+    # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
+    # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
+    with torch.device("meta"):
+        module = BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
+                           config.num_blks, config.dropout, config.max_len)
+    module.to(dtype=_DTYPES[dtype]).to_empty(device=torch_device)
     names = framework_names(config, NAME_RULES)
     state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}
     module.load_state_dict(state, strict=True)

@@ -1,0 +1,99 @@
+"""Comparing outputs: the tolerance policy and the error statistics reported for every comparison.
+
+An element passes when |actual - expected| <= atol + rtol * |expected| (NumPy's ``allclose`` rule):
+the absolute part keeps near-zero values from failing on relative error alone. NaN or Inf in either
+array is a failure of its own, never "close".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+    def scaled(self, factor: float) -> Tolerance:
+        return Tolerance(self.atol * factor, self.rtol * factor)
+
+
+# Against the float64 oracle, per compute dtype and device kind. Measured on the CPU (see README,
+# "Tolerances"): float64 errors are 1e-15..1e-12 (MXNet's LayerNorm keeps eps in float32, which alone
+# moves outputs by about 1.3e-13 / variance), float32 errors up to about 9e-6 on the chapter model.
+# GPU rows assume TF32 off; TF32 alone moves float32 outputs by about 1e-3.
+POLICY: dict[tuple[str, str], Tolerance] = {
+    ("float64", "cpu"): Tolerance(atol=1e-9, rtol=0.0),
+    ("float64", "gpu"): Tolerance(atol=1e-9, rtol=0.0),
+    ("float32", "cpu"): Tolerance(atol=3e-5, rtol=3e-4),
+    ("float32", "gpu"): Tolerance(atol=3e-5, rtol=3e-4),
+}
+
+
+def tolerance_for(dtype: str, device_kind: str = "cpu", pair: bool = False) -> Tolerance:
+    """The policy's tolerance against the oracle; ``pair=True`` doubles it for backend-vs-backend
+    comparisons, where both sides carry their own error (the triangle inequality)."""
+    tolerance = POLICY[(dtype, device_kind)]
+    return tolerance.scaled(2.0) if pair else tolerance
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Error statistics of one output against its reference."""
+
+    name: str
+    shape: tuple[int, ...]
+    tolerance: Tolerance
+    max_abs: float
+    max_rel: float  # over elements whose reference is not 0
+    mean_abs: float
+    worst_index: tuple[int, ...]  # where |actual - expected| / (atol + rtol |expected|) peaks
+    ratio: float  # that peak: the share of the tolerance used; <= 1 passes
+    nonfinite: int  # NaN/Inf elements in actual or expected
+
+    @property
+    def passed(self) -> bool:
+        return self.nonfinite == 0 and self.ratio <= 1.0
+
+    @property
+    def margin(self) -> float:
+        """How many times the error would have to grow to fail (inf when it is exactly zero)."""
+        return math.inf if self.ratio == 0 else 1.0 / self.ratio
+
+    @property
+    def needed(self) -> Tolerance:
+        """The smallest multiple of the tolerance that would pass."""
+        return self.tolerance.scaled(self.ratio)
+
+    def describe(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        if self.nonfinite:
+            return f"{self.name}: FAIL, {self.nonfinite} non-finite value(s), first at {self.worst_index}"
+        return (f"{self.name}: {verdict}, max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} at "
+                f"{self.worst_index}, {self.ratio:.3g} of tolerance (atol {self.tolerance.atol:g}, "
+                f"rtol {self.tolerance.rtol:g})")
+
+
+def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> Comparison:
+    """Statistics of ``actual`` against ``expected`` (computed in float64); shapes must be equal."""
+    actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        raise ValueError(f"{name}: shape {actual.shape} differs from the reference's {expected.shape}")
+    bad = ~(np.isfinite(actual) & np.isfinite(expected))
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        return Comparison(name, actual.shape, tolerance, math.nan, math.nan, math.nan, first, math.inf, int(bad.sum()))
+    if actual.size == 0:
+        return Comparison(name, actual.shape, tolerance, 0.0, 0.0, 0.0, (), 0.0, 0)
+    error = np.abs(actual - expected)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(expected != 0, error / np.abs(expected), 0.0)
+        limit = tolerance.atol + tolerance.rtol * np.abs(expected)
+        ratios = np.where(limit > 0, error / limit, np.where(error > 0, np.inf, 0.0))
+    worst = np.unravel_index(int(np.argmax(ratios)), ratios.shape)
+    return Comparison(name, actual.shape, tolerance, float(error.max()), float(rel.max()), float(error.mean()),
+                      tuple(int(i) for i in worst), float(ratios[worst]), 0)

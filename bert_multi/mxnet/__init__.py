@@ -1,0 +1,42 @@
+"""The MXNet/Gluon backend: d2l 1.0's BERT classes and ``build`` for the common interface.
+
+Importing this package imports mxnet and switches it to NumPy mode (``npx.set_np()``), as d2l does.
+"""
+
+import os
+import sys
+
+import numpy
+
+from ..errors import BackendUnavailable
+
+# MXNet 1.9.1, the last release, uses np.bool, which NumPy 1.24 removed: say so instead of crashing.
+if tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (1, 24):
+    raise BackendUnavailable(
+        f"backend 'mxnet' needs numpy<1.24 (MXNet 1.9.1 uses np.bool, removed in NumPy 1.24), but numpy "
+        f"{numpy.__version__} is installed; install it in its own environment: pip install 'bert_multi[mxnet]'")
+
+# Without OMP_NUM_THREADS, MXNet starts with half the cores (it assumes hyper-threading) and sets that
+# for every OpenMP user in the process, torch included. Use all of them unless the user chose.
+if "mxnet" not in sys.modules:
+    os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+
+from .backend import NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
+from .model import (  # noqa: E402
+    AddNorm,
+    BERTEncoder,
+    BERTModel,
+    DotProductAttention,
+    MaskLM,
+    MultiHeadAttention,
+    NextSentencePred,
+    PositionWiseFFN,
+    TransformerEncoderBlock,
+    masked_softmax,
+)
+
+__all__ = [
+    "NAME", "NAME_RULES", "MXNetBERT", "build", "load_checkpoint", "save_checkpoint", "AddNorm", "BERTEncoder", "BERTModel", "DotProductAttention",
+    "MaskLM", "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN", "TransformerEncoderBlock",
+    "masked_softmax",
+]

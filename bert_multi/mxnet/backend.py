@@ -1,0 +1,156 @@
+"""The MXNet backend behind the common interface: canonical weights in and out, devices, dtypes, hooks.
+
+Parallel to ``bert_multi/torch/backend.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import mxnet as mx
+import numpy as np
+
+from ..backend import (BackendModel, BERTOutput, Device, framework_names, intermediate_sources, parse_device,
+                       prepare_weights, weights_from_framework)
+from ..config import BERTConfig
+from ..errors import WeightsError
+from ..schema import validate_weights
+from ..weights import atomic_path
+from ..inputs import ModelInputs
+from .model import BERTModel
+
+NAME = "mxnet"
+
+# (regex, replacement) rules from canonical names to Gluon's structural names (save_parameters keys):
+# LayerNorm calls its parameters gamma/beta; the pooler's tanh and MaskLM's ReLU are fused into their
+# Dense layers, so hidden.0 is hidden and MaskLM's Sequential is one layer shorter.
+NAME_RULES: list[tuple[str, str]] = [
+    (r"^mlm\.mlp\.2\.", "mlm.mlp.1."),
+    (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
+    (r"^hidden\.0\.", "hidden."),
+    (r"(\.ln|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
+    (r"(\.ln|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
+]
+
+
+def to_framework_device(device: Device) -> mx.Context:
+    # Framework difference: MXNet calls a GPU gpu(N) (a Context); torch calls it "cuda:N".
+    if device.kind == "cpu":
+        return mx.cpu()
+    available = mx.context.num_gpus()
+    if device.index >= available:
+        raise ValueError(f"device {device} asked for, but this MXNet ({mx.__version__}) sees {available} GPU(s); "
+                         "GPU runs need an mxnet-cu* build and a CUDA version it supports")
+    return mx.gpu(device.index)
+
+
+def _submodule(block: mx.gluon.Block, path: str) -> mx.gluon.Block:
+    # Framework difference: Gluon has no get_submodule; attributes and Sequential indices lead there.
+    for part in path.split("."):
+        block = block[int(part)] if part.isdigit() else getattr(block, part)
+    return block
+
+
+def _parameters(block: mx.gluon.Block) -> dict[str, mx.gluon.Parameter]:
+    # Gluon's structural names, as save_parameters writes them (collect_params() is keyed by prefixed
+    # names such as bertmodel0_dense0_weight, which depend on how many blocks were made before).
+    return block._collect_params_with_prefix()
+
+
+class MXNetBERT(BackendModel):
+    """A d2l ``BERTModel`` (``.module``) holding canonical weights, run outside ``autograd.record()``."""
+
+    backend = NAME
+
+    def __init__(self, config: BERTConfig, module: BERTModel, dtype: str, device: Device) -> None:
+        super().__init__(config, dtype, device)
+        self.module = module
+        self.context = to_framework_device(device)
+
+    def _to_array(self, array: np.ndarray | None, dtype: str | None = None) -> mx.np.ndarray | None:
+        return None if array is None else mx.np.array(array, dtype=dtype or array.dtype, ctx=self.context)
+
+    def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        record: OrderedDict[str, np.ndarray] = OrderedDict()
+        hooks = []
+        if intermediates:
+            for name, (path, side) in intermediate_sources(self.config).items():
+                def keep(block, args, output, name=name, side=side):
+                    record[name] = (args[0] if side == "input" else output).asnumpy()
+                hooks.append(_submodule(self.module, path).register_forward_hook(keep))
+        tokens, segments, valid_lens, pred_positions = inputs
+        try:
+            # Framework difference: outside autograd.record() Gluon computes no gradients and its Dropout
+            # is off; torch needs eval() and no_grad() for the same.
+            # MXNet's sequence_mask wants the lengths in the data's float dtype (d2l passes float32).
+            encoded, mlm, nsp = self.module(self._to_array(tokens), self._to_array(segments),
+                                            self._to_array(valid_lens, self.dtype), self._to_array(pred_positions))
+        finally:
+            for hook in hooks:
+                hook.detach()
+        numpy = lambda array: None if array is None else array.asnumpy()
+        ordered = OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
+        return BERTOutput(numpy(encoded), numpy(mlm), numpy(nsp), ordered)
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        params = _parameters(self.module)
+        return {name: params[gluon_name].data(self.context).asnumpy().copy()
+                for name, gluon_name in framework_names(self.config, NAME_RULES).items()}
+
+    def framework_info(self) -> dict[str, object]:
+        # MXNet offers no getter for its OpenMP thread count; bert_multi.mxnet sets it through
+        # OMP_NUM_THREADS before MXNet starts, so the variable tells.
+        info: dict[str, object] = {"framework": f"mxnet {mx.__version__}",
+                                   "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or "unknown"}
+        return info
+
+
+def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+    """Write canonical weights as a d2l Gluon checkpoint: what ``Block.save_parameters`` writes."""
+    validate_weights(config, weights)
+    names = framework_names(config, NAME_RULES)
+    with atomic_path(path) as tmp_path:
+        # Framework difference: Gluon's parameter file is MXNet's own binary NDArray format (in NumPy
+        # mode, npx.savez); torch's is a zip of pickled structure plus raw tensor storage.
+        mx.npx.savez(str(tmp_path), **{names[name]: mx.np.array(array, dtype=array.dtype)
+                                       for name, array in weights.items()})
+
+
+def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
+    """Canonical weights from a d2l 1.0 Gluon checkpoint (a ``.params`` file from ``save_parameters``)."""
+    try:
+        arrays = mx.npx.load(str(path))
+    except mx.base.MXNetError as error:
+        raise WeightsError(f"{path}: not a readable Gluon .params checkpoint: {error}") from error
+    if not isinstance(arrays, dict):
+        raise WeightsError(f"{path}: expected named parameters (save_parameters), got a {type(arrays).__name__}")
+    return weights_from_framework(config, NAME_RULES, {name: value.asnumpy() for name, value in arrays.items()})
+
+
+def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32",
+          hybridize: bool = False) -> MXNetBERT:
+    """A Gluon d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
+
+    The parameters are cast to their dtype before the weights are copied in, so float64 weights are
+    never rounded through float32. ``hybridize`` compiles what Gluon can: its own layers (Dense,
+    LayerNorm, Embedding, Dropout) are HybridBlocks; d2l's composite blocks read shapes in forward
+    and stay imperative.
+    """
+    dtype, weights = prepare_weights(config, weights, dtype)
+    context = to_framework_device(parse_device(device))
+    module = BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
+                       config.num_blks, config.dropout, config.max_len)
+    # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
+    # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
+    module.initialize(mx.init.Zero(), ctx=context)
+    module.cast(dtype)
+    params = _parameters(module)
+    names = framework_names(config, NAME_RULES)
+    if set(params) != set(names.values()):
+        raise RuntimeError(f"Gluon parameters {sorted(set(params) ^ set(names.values()))} do not match NAME_RULES")
+    for name, array in weights.items():
+        params[names[name]].set_data(mx.np.array(array, dtype=dtype, ctx=context))
+    if hybridize:
+        module.hybridize()
+    return MXNetBERT(config, module, dtype, parse_device(device))

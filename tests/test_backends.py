@@ -1,0 +1,149 @@
+"""One suite, run against every framework backend: agreement with the NumPy oracle, edge cases, bad
+input, weights in and out, inference and training behaviour."""
+
+import numpy as np
+import pytest
+
+from bert_multi import CONFIGS, BERTConfig, InputError, load_backend, random_weights, init_weights
+from bert_multi.cases import CASES
+from conftest import assert_outputs_match
+
+SMALL_CONFIGS = {
+    "one_head_one_block": BERTConfig(vocab_size=31, num_hiddens=8, ffn_num_hiddens=16, num_heads=1, num_blks=1, max_len=12),
+    "many_heads_odd_width": BERTConfig(vocab_size=40, num_hiddens=30, ffn_num_hiddens=14, num_heads=6, num_blks=3, max_len=20),
+    "tiny": CONFIGS["tiny"],
+}
+
+
+@pytest.fixture(scope="module")
+def chapter_weights():
+    return random_weights(CONFIGS["chapter"], seed=0, dtype="float64")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("config_name", sorted(SMALL_CONFIGS))
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_small_configs_match_the_oracle_on_every_case(framework, config_name, case, dtype):
+    config = SMALL_CONFIGS[config_name]
+    weights = random_weights(config, seed=3, dtype="float64")
+    batch = case.batch(config, seed=1)
+    ref = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
+    out = framework.build(config, weights, dtype=dtype)(**batch, intermediates=True)
+    assert_outputs_match(out, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_chapter_config_matches_the_oracle(framework, chapter_weights, dtype):
+    config = CONFIGS["chapter"]
+    batch = CASES[0].batch(config, seed=2)
+    ref = load_backend("numpy").build(config, chapter_weights)(**batch, intermediates=True)
+    out = framework.build(config, chapter_weights, dtype=dtype)(**batch, intermediates=True)
+    assert out.encoded.shape == (4, 12, 768) and out.mlm.shape == (4, 3, 10000) and out.nsp.shape == (4, 2)
+    assert_outputs_match(out, ref, dtype)
+
+
+def test_chapter_config_at_max_len(framework, chapter_weights):
+    config = CONFIGS["chapter"]
+    batch = [case for case in CASES if case.name == "max_len"][0].batch(config)
+    assert batch["tokens"].shape == (1, 1000)
+    ref = load_backend("numpy").build(config, chapter_weights)(**batch)
+    assert_outputs_match(framework.build(config, chapter_weights, dtype="float32")(**batch), ref, "float32")
+
+
+def test_without_pred_positions_there_is_no_mlm_output(framework):
+    config = CONFIGS["tiny"]
+    out = framework.build(config, init_weights(config))(np.zeros((2, 5), int), np.zeros((2, 5), int))
+    assert out.mlm is None and out.nsp.shape == (2, 2)
+
+
+BAD_INPUTS = {
+    "token out of range": dict(tokens=[[1, 50]], segments=[[0, 0]]),
+    "segment 2": dict(tokens=[[1, 2]], segments=[[0, 2]]),
+    "valid_len above T": dict(tokens=[[1, 2]], segments=[[0, 0]], valid_lens=[3]),
+    "negative valid_len": dict(tokens=[[1, 2]], segments=[[0, 0]], valid_lens=[-1.0]),
+    "pred_position T": dict(tokens=[[1, 2]], segments=[[0, 0]], pred_positions=[[2]]),
+    "negative pred_position": dict(tokens=[[1, 2]], segments=[[0, 0]], pred_positions=[[-1]]),
+    "longer than max_len": dict(tokens=np.ones((1, 17), int), segments=np.zeros((1, 17), int)),
+    "float tokens": dict(tokens=[[1.0, 2.0]], segments=[[0, 0]]),
+    "segments shape": dict(tokens=[[1, 2]], segments=[[0]]),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+def test_bad_input_fails_before_the_framework_with_the_oracles_message(framework, bad, monkeypatch):
+    config = CONFIGS["tiny"]
+    weights = init_weights(config)
+    model = framework.build(config, weights)
+    monkeypatch.setattr(model, "_forward", lambda *args: pytest.fail("the framework saw invalid input"))
+    with pytest.raises(InputError) as framework_error:
+        model(**BAD_INPUTS[bad])
+    with pytest.raises(InputError) as oracle_error:
+        load_backend("numpy").build(config, weights)(**BAD_INPUTS[bad])
+    assert str(framework_error.value) == str(oracle_error.value)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_exported_weights_are_bit_identical(framework, dtype):
+    config = SMALL_CONFIGS["many_heads_odd_width"]
+    weights = random_weights(config, seed=4, dtype=dtype)
+    exported = framework.build(config, weights, dtype=dtype).export_weights()
+    assert list(exported) == list(weights)
+    for name, array in weights.items():
+        assert exported[name].dtype == array.dtype and exported[name].tobytes() == array.tobytes(), name
+
+
+def test_float64_weights_are_never_rounded_through_float32(framework):
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=5, dtype="float64")
+    weights = {name: array + 2.0**-40 for name, array in weights.items()}  # invisible in float32
+    exported = framework.build(config, weights, dtype="float64").export_weights()
+    assert all(exported[name].tobytes() == weights[name].tobytes() for name in weights)
+
+
+def test_float32_weights_computed_in_float64_are_cast_exactly(framework):
+    config = CONFIGS["tiny"]
+    weights32 = random_weights(config, seed=6, dtype="float32")
+    model = framework.build(config, weights32, dtype="float64")
+    exported = model.export_weights()
+    assert all(np.array_equal(exported[n], weights32[n].astype(np.float64)) for n in weights32)
+    assert exported["hidden.0.weight"].dtype == np.float64
+
+
+def test_two_inference_calls_are_identical_even_with_dropout_configured(framework):
+    config = BERTConfig(vocab_size=50, num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, dropout=0.5, max_len=16)
+    model = framework.build(config, random_weights(config))
+    batch = CASES[0].batch(config)
+    first, second = model(**batch), model(**batch)
+    assert np.array_equal(first.encoded, second.encoded) and np.array_equal(first.mlm, second.mlm)
+    ref = load_backend("numpy").build(config, random_weights(config))(**batch)
+    assert_outputs_match(first, ref, "float32")  # dropout is off at inference
+
+
+def test_gpu_request_without_a_gpu_is_a_clear_error(framework):
+    if framework.NAME == "torch":
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA GPU is present")
+    else:
+        import mxnet
+        if mxnet.context.num_gpus():
+            pytest.skip("an MXNet GPU is present")
+    config = CONFIGS["tiny"]
+    with pytest.raises(ValueError, match=r"device gpu:0 asked for, but this"):
+        framework.build(config, init_weights(config), device="cuda")
+
+
+def test_unknown_device_and_dtype_are_rejected(framework):
+    config = CONFIGS["tiny"]
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        framework.build(config, init_weights(config), device="tpu")
+    with pytest.raises(ValueError, match="unsupported dtype 'float16'"):
+        framework.build(config, init_weights(config), dtype="float16")
+
+
+def test_runtime_info_reports_framework_and_threads(framework):
+    config = CONFIGS["tiny"]
+    info = framework.build(config, init_weights(config)).runtime_info()
+    assert info["backend"] == framework.NAME and info["device"] == "cpu" and info["dtype"] == "float32"
+    assert info["framework"].startswith(framework.NAME + " ")
+    assert isinstance(info["threads"], int) and info["threads"] >= 1
