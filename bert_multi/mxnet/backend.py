@@ -6,6 +6,7 @@ Parallel to ``bert_multi/torch/backend.py``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections import OrderedDict
 
 import mxnet as mx
@@ -112,9 +113,9 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
     names = framework_names(config, NAME_RULES)
     with atomic_path(path) as tmp_path:
         # Framework difference: Gluon's parameter file is MXNet's own binary NDArray format (in NumPy
-        # mode, npx.savez); torch's is a zip of pickled structure plus raw tensor storage.
-        mx.npx.savez(str(tmp_path), **{names[name]: mx.np.array(array, dtype=array.dtype)
-                                       for name, array in weights.items()})
+        # mode, npx.save); torch's is a zip of pickled structure plus raw tensor storage.
+        mx.npx.save(str(tmp_path), {names[name]: mx.np.array(array, dtype=array.dtype)
+                                    for name, array in weights.items()})
 
 
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
@@ -152,5 +153,8 @@ def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu
     for name, array in weights.items():
         params[names[name]].set_data(mx.np.array(array, dtype=dtype, ctx=context))
     if hybridize:
-        module.hybridize()
+        with warnings.catch_warnings():
+            # d2l's MaskLM uses nn.Sequential, not HybridSequential; Gluon suggests the swap, needlessly.
+            warnings.filterwarnings("ignore", message="All children of this Sequential layer")
+            module.hybridize()
     return MXNetBERT(config, module, dtype, parse_device(device))

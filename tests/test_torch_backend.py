@@ -1,0 +1,142 @@
+"""What only the PyTorch backend has: d2l's lazy API, state_dict checkpoints, autograd, CUDA and TF32."""
+
+import numpy as np
+import pytest
+
+from bert_multi import CONFIGS, BERTConfig, WeightsError, backends, load_backend, param_shapes, random_weights
+from bert_multi.cases import CASES
+from conftest import assert_outputs_match
+
+if not backends()["torch"].available:
+    pytest.skip(backends()["torch"].reason, allow_module_level=True)
+
+import torch  # noqa: E402
+
+import bert_multi.torch as bt  # noqa: E402
+
+CONFIG = BERTConfig(vocab_size=37, num_hiddens=16, ffn_num_hiddens=24, num_heads=4, num_blks=2, dropout=0.3, max_len=12)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to PyTorch here")
+
+
+def d2l_model(config):
+    return bt.BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
+                        config.num_blks, config.dropout, config.max_len)
+
+
+@pytest.mark.parametrize("config", [CONFIG, CONFIGS["chapter"], CONFIGS["tiny"]], ids=["small", "chapter", "tiny"])
+def test_state_dict_keys_are_the_canonical_schema(config):
+    state = d2l_model(config).state_dict()
+    assert list(state) == list(param_shapes(config))
+    assert {name: tuple(t.shape) for name, t in state.items()} == param_shapes(config)
+
+
+def test_chapter_code_runs_unchanged_with_lazy_layers():
+    # The d2l chapter's own cells, with `d2l.` replaced by this backend.
+    vocab_size, num_hiddens, ffn_num_hiddens, num_heads = 10000, 768, 1024, 4
+    num_blks, dropout = 2, 0.2
+    encoder = bt.BERTEncoder(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout)
+    tokens = torch.randint(0, vocab_size, (2, 8))
+    segments = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
+    encoded_X = encoder(tokens, segments, None)
+    assert encoded_X.shape == (2, 8, 768)
+    mlm = bt.MaskLM(vocab_size, num_hiddens)  # lazy: input width inferred on the first call
+    mlm_positions = torch.tensor([[1, 5, 2], [6, 1, 5]])
+    mlm_Y_hat = mlm(encoded_X, mlm_positions)
+    assert mlm_Y_hat.shape == (2, 3, 10000)
+    mlm_Y = torch.tensor([[7, 8, 9], [10, 20, 30]])
+    loss = torch.nn.CrossEntropyLoss(reduction="none")
+    assert loss(mlm_Y_hat.reshape((-1, vocab_size)), mlm_Y.reshape(-1)).shape == (6,)
+    nsp = bt.NextSentencePred()
+    nsp_Y_hat = nsp(torch.flatten(encoded_X, start_dim=1))  # 6144 inputs, inferred lazily
+    assert nsp_Y_hat.shape == (2, 2)
+    attention = bt.MultiHeadAttention(100, 5, 0.5)
+    attention.eval()
+    X, Y = torch.ones((2, 4, 100)), torch.ones((2, 6, 100))
+    assert attention(X, Y, Y, torch.tensor([3, 2])).shape == (2, 4, 100)
+    assert bt.PositionWiseFFN(4, 8)(torch.ones((2, 3, 4))).shape == (2, 3, 8)
+
+
+def test_a_d2l_checkpoint_loads_strictly_and_through_the_canonical_format(tmp_path):
+    trained = d2l_model(CONFIG)  # stands for a d2l 1.0 model with its own torch initialisation
+    torch.save(trained.state_dict(), tmp_path / "d2l.pt")
+    fresh = d2l_model(CONFIG)
+    fresh.load_state_dict(torch.load(tmp_path / "d2l.pt", weights_only=True), strict=True)
+    weights = bt.load_checkpoint(tmp_path / "d2l.pt", CONFIG)
+    assert all(np.array_equal(weights[n], t.detach().numpy()) for n, t in trained.state_dict().items())
+    batch = CASES[0].batch(CONFIG)
+    trained.eval()
+    with torch.no_grad():
+        expected = trained(*(None if v is None else torch.from_numpy(v) for v in batch.values()))
+    got = bt.build(CONFIG, weights)(**batch)
+    assert np.array_equal(got.encoded, expected[0].numpy()) and np.array_equal(got.nsp, expected[2].numpy())
+
+
+def test_checkpoint_round_trip_and_errors(tmp_path):
+    weights = random_weights(CONFIG, seed=1)
+    bt.save_checkpoint(tmp_path / "w.pt", CONFIG, weights)
+    loaded = bt.load_checkpoint(tmp_path / "w.pt", CONFIG)
+    assert all(loaded[n].tobytes() == weights[n].tobytes() for n in weights)
+    with pytest.raises(WeightsError, match=r"unexpected tensor\(s\) \['encoder.blks.1"):
+        bt.load_checkpoint(tmp_path / "w.pt", BERTConfig(37, 16, 24, 4, 1, max_len=12))
+    torch.save({"model": object()}, tmp_path / "pickled.pt")  # refused by weights_only, never unpickled
+    with pytest.raises(WeightsError, match="not a readable PyTorch state_dict checkpoint"):
+        bt.load_checkpoint(tmp_path / "pickled.pt", CONFIG)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(WeightsError, match="not a readable PyTorch state_dict checkpoint"):
+        bt.load_checkpoint(tmp_path / "junk.pt", CONFIG)
+
+
+def test_gradients_reach_every_parameter_including_the_positional_embedding():
+    model = bt.build(CONFIG, random_weights(CONFIG, seed=2))
+    module = model.module.train()
+    batch = CASES[0].batch(CONFIG)
+    encoded, mlm, nsp = module(*(None if v is None else torch.from_numpy(v) for v in batch.values()))
+    (mlm.square().mean() + nsp.square().mean() + encoded.mean()).backward()
+    for name, parameter in module.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_dropout_acts_in_train_mode_only():
+    model = bt.build(CONFIG, random_weights(CONFIG, seed=2))
+    inputs = [None if v is None else torch.from_numpy(v) for v in CASES[1].batch(CONFIG).values()]
+    module = model.module
+    module.train()
+    torch.manual_seed(0)
+    first = module(*inputs)[0]
+    second = module(*inputs)[0]
+    assert not torch.equal(first, second)
+    module.eval()
+    assert torch.equal(module(*inputs)[0], module(*inputs)[0])
+
+
+def test_tf32_context_restores_the_callers_setting():
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with bt.tf32_enabled(True):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    with bt.tf32_enabled(False):
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_cuda_matches_the_oracle_with_tf32_off(case, dtype):
+    config = CONFIGS["chapter"] if case.name != "max_len" else CONFIGS["tiny"]
+    weights = random_weights(config, seed=0, dtype="float64")
+    batch = case.batch(config)
+    ref = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
+    model = bt.build(config, weights, device="cuda", dtype=dtype)
+    assert model.runtime_info()["tf32"] is False
+    assert_outputs_match(model(**batch, intermediates=True), ref, dtype, device_kind="gpu")
+    exported = model.export_weights()
+    assert all(exported[n].tobytes() == weights[n].astype(dtype).tobytes() for n in weights)
+
+
+@needs_cuda
+def test_cuda_gradients_reach_every_parameter():
+    module = bt.build(CONFIG, random_weights(CONFIG), device="cuda").module.train()
+    inputs = [None if v is None else torch.from_numpy(v).cuda() for v in CASES[0].batch(CONFIG).values()]
+    encoded, mlm, nsp = module(*inputs)
+    (mlm.square().mean() + nsp.square().mean() + encoded.mean()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
