@@ -1,16 +1,23 @@
 # Two commands for a newcomer: `make run` (the main job) and `make test` (the whole suite).
-# Both build .venv from requirements.lock first when it is missing or out of date.
+# Both build their environments from the lock files first when missing or out of date.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# NumPy 2 with PyTorch and no MXNet: the core and the torch backend must work there too.
+VENV_NUMPY2 := .venv-numpy2
 
-.PHONY: run test venv clean
+.PHONY: run test test-main test-numpy2 venv clean
 
 run: venv
 	$(BIN)/bert-multi demo
 
-test: venv
+test: test-main test-numpy2
+
+test-main: venv
 	$(BIN)/python -m pytest
+
+test-numpy2: $(VENV_NUMPY2)/.installed
+	$(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider tests
 
 venv: $(VENV)/.installed
 
@@ -20,5 +27,11 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
+$(VENV_NUMPY2)/.installed: requirements-numpy2.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV_NUMPY2)
+	$(VENV_NUMPY2)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-numpy2.lock
+	$(VENV_NUMPY2)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(VENV_NUMPY2) .pytest_cache .hypothesis *.egg-info
