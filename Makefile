@@ -9,7 +9,7 @@ VENV_NUMPY2 := .venv-numpy2
 .PHONY: run test test-main test-numpy2 venv clean
 
 run: venv
-	$(BIN)/bert-multi demo
+	$(BIN)/bert-multi conform
 
 test: test-main test-numpy2
 

@@ -1,27 +1,118 @@
-"""The ``bert-multi`` command line."""
+"""The ``bert-multi`` command line: conformance runs, comparisons on your own weights, the chapter demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
-from .backend import backends, load_backend
-from .config import CONFIGS
+from .backend import BACKEND_NAMES, backends, load_backend, parse_device
+from .cases import CASE_NAMES, CASES, Batch, get_case
+from .config import CONFIGS, BERTConfig
+from .conform import Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
-from .schema import init_weights
+from .schema import SUPPORTED_DTYPES, init_weights, random_weights
+from .report import ProgressBar, failure_details, format_table, plot_report, runtime_lines, summary_table
+from .weights import load_weights
+
+FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain-text table with columns padded to their widest cell."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _targets(args: argparse.Namespace) -> list[Target]:
+    for name in args.backends:
+        if name not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {name!r}: expected some of {list(BACKEND_NAMES)}")
+    for dtype in args.dtypes:
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
+    for device in args.devices:
+        parse_device(device)
+    return [Target(backend, dtype, device) for device in args.devices for backend in args.backends for dtype in args.dtypes]
+
+
+def _model_and_weights(spec: str, seed: int) -> tuple[BERTConfig, dict[str, np.ndarray]]:
+    """A built-in config name with random weights from ``seed``, or a canonical weights file."""
+    if spec in CONFIGS:
+        # Every tensor random (biases and LayerNorm parameters too), so that every weight is checked.
+        return CONFIGS[spec], random_weights(CONFIGS[spec], seed=seed, dtype="float64")
+    if Path(spec).exists():
+        return load_weights(spec)
+    raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing weights file")
+
+
+def _read_inputs(path: str) -> list[tuple[str, Batch]]:
+    """One batch from an .npz with tokens, segments and optionally valid_lens and pred_positions."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise InputError(f"{path}: not a readable .npz of input arrays: {error}") from error
+    allowed = ("tokens", "segments", "valid_lens", "pred_positions")
+    unknown = sorted(set(arrays) - set(allowed))
+    if unknown or not {"tokens", "segments"} <= set(arrays):
+        raise InputError(f"{path}: expected arrays tokens, segments and optionally valid_lens, pred_positions; "
+                         f"found {sorted(arrays)}")
+    return [(Path(path).stem, {name: arrays.get(name) for name in allowed})]
+
+
+def _run_and_report(args: argparse.Namespace, config: BERTConfig, weights: dict[str, np.ndarray],
+                    cases: list[tuple[str, Batch]]) -> int:
+    print(f"config: {config}")
+    print(f"cases: {', '.join(name for name, _ in cases)}")
+    bar = ProgressBar()
+    try:
+        report = run_conformance(config, weights, _targets(args), cases, pairs=not args.no_pairs, progress=bar)
+    finally:
+        bar.close()
+    print(summary_table(report))
+    print(f"\nran on:\n{runtime_lines(report)}")
+    if not report.passed:
+        print("\n" + failure_details(report))
+    checks = len(report.checks)
+    verdict = "PASS" if report.passed else "FAIL"
+    print(f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance, "
+          f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        print(f"report written to {args.json}")
+    if args.plot:
+        print(f"plot written to {plot_report(report, args.plot)}")
+    if not report.checks:
+        print("bert-multi: nothing was checked: no requested backend could run here", file=sys.stderr)
+        return 1
+    return 0 if report.passed else 1
+
+
+def cmd_conform(args: argparse.Namespace) -> int:
+    if args.list_cases:
+        print(format_cases())
+        return 0
+    config, weights = _model_and_weights(args.config, args.seed)
+    chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
+    return _run_and_report(args, config, weights, [(case.name, case.batch(config, args.seed)) for case in chosen])
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    config, weights = load_weights(args.weights)
+    if args.inputs:
+        cases = _read_inputs(args.inputs)
+    else:
+        cases = [(case.name, case.batch(config, args.seed)) for case in CASES]
+    return _run_and_report(args, config, weights, cases)
+
+
+def format_cases() -> str:
+    return format_table(("case", "what it covers"), [(case.name, case.description) for case in CASES])
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -56,12 +147,52 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", type=_split, default=FRAMEWORKS,
+                        help=f"comma-separated, from {list(BACKEND_NAMES)} (default: {','.join(FRAMEWORKS)})")
+    parser.add_argument("--devices", type=_split, default=["cpu"],
+                        help="comma-separated: cpu, cuda, cuda:N, gpu, gpu:N (default: cpu); "
+                             "a device a backend cannot use here is reported as skipped")
+    parser.add_argument("--dtypes", type=_split, default=list(SUPPORTED_DTYPES),
+                        help="comma-separated (default: float32,float64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
+    parser.add_argument("--no-pairs", action="store_true",
+                        help="compare with the oracle only, not backends with each other")
+    parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert-multi", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="bert-multi", description="d2l's BERT in PyTorch and MXNet, checked against a float64 NumPy oracle.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    conform = sub.add_parser("conform", help="prove every backend matches the oracle and each other (the main job)",
+                             description="Run the conformance cases on every backend, dtype and device asked "
+                                         "for; compare with the float64 oracle and pairwise; exit 1 on failure.")
+    conform.add_argument("--config", default="chapter",
+                         help=f"a built-in config {sorted(CONFIGS)} with random weights, or a weights .npz "
+                              "(default: chapter)")
+    conform.add_argument("--cases", type=_split, default=["all"],
+                         help="comma-separated case names or 'all' (default); see --list-cases")
+    conform.add_argument("--list-cases", action="store_true", help="list the cases and exit")
+    _add_run_options(conform)
+    conform.set_defaults(func=cmd_conform)
+
+    compare = sub.add_parser("compare", help="the same comparison on your own weights (and inputs)",
+                             description="Compare every backend with the oracle on a canonical weights file, "
+                                         "and say where a failing backend first diverges.")
+    compare.add_argument("weights", help="a canonical weights .npz (see save_weights)")
+    compare.add_argument("--inputs", metavar="NPZ",
+                         help="an .npz with tokens, segments and optionally valid_lens, pred_positions "
+                              f"(default: the built-in cases: {', '.join(CASE_NAMES)})")
+    _add_run_options(compare)
+    compare.set_defaults(func=cmd_compare)
+
     demo = sub.add_parser("demo", help="run the d2l chapter's demo model through every installed backend")
     demo.add_argument("--seed", type=int, default=0, help="seed for the weights and tokens (default 0)")
     demo.set_defaults(func=cmd_demo)
+
     listing = sub.add_parser("backends", help="list the backends and whether each can run here")
     listing.set_defaults(func=cmd_backends)
     return parser
@@ -71,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (InputError, WeightsError, BackendUnavailable) as error:
+    except (InputError, WeightsError, BackendUnavailable, ValueError) as error:
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
 

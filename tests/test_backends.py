@@ -6,7 +6,8 @@ import pytest
 
 from bert_multi import CONFIGS, BERTConfig, InputError, load_backend, random_weights, init_weights
 from bert_multi.cases import CASES
-from conftest import assert_outputs_match
+from bert_multi.conform import assert_conforms
+
 
 SMALL_CONFIGS = {
     "one_head_one_block": BERTConfig(vocab_size=31, num_hiddens=8, ffn_num_hiddens=16, num_heads=1, num_blks=1, max_len=12),
@@ -29,7 +30,7 @@ def test_small_configs_match_the_oracle_on_every_case(framework, config_name, ca
     batch = case.batch(config, seed=1)
     ref = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
     out = framework.build(config, weights, dtype=dtype)(**batch, intermediates=True)
-    assert_outputs_match(out, ref, dtype)
+    assert_conforms(out, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -39,7 +40,7 @@ def test_chapter_config_matches_the_oracle(framework, chapter_weights, dtype):
     ref = load_backend("numpy").build(config, chapter_weights)(**batch, intermediates=True)
     out = framework.build(config, chapter_weights, dtype=dtype)(**batch, intermediates=True)
     assert out.encoded.shape == (4, 12, 768) and out.mlm.shape == (4, 3, 10000) and out.nsp.shape == (4, 2)
-    assert_outputs_match(out, ref, dtype)
+    assert_conforms(out, ref, dtype)
 
 
 def test_chapter_config_at_max_len(framework, chapter_weights):
@@ -47,7 +48,7 @@ def test_chapter_config_at_max_len(framework, chapter_weights):
     batch = [case for case in CASES if case.name == "max_len"][0].batch(config)
     assert batch["tokens"].shape == (1, 1000)
     ref = load_backend("numpy").build(config, chapter_weights)(**batch)
-    assert_outputs_match(framework.build(config, chapter_weights, dtype="float32")(**batch), ref, "float32")
+    assert_conforms(framework.build(config, chapter_weights, dtype="float32")(**batch), ref, "float32")
 
 
 def test_without_pred_positions_there_is_no_mlm_output(framework):
@@ -116,7 +117,7 @@ def test_two_inference_calls_are_identical_even_with_dropout_configured(framewor
     first, second = model(**batch), model(**batch)
     assert np.array_equal(first.encoded, second.encoded) and np.array_equal(first.mlm, second.mlm)
     ref = load_backend("numpy").build(config, random_weights(config))(**batch)
-    assert_outputs_match(first, ref, "float32")  # dropout is off at inference
+    assert_conforms(first, ref, "float32")  # dropout is off at inference
 
 
 def test_gpu_request_without_a_gpu_is_a_clear_error(framework):

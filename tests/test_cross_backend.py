@@ -5,7 +5,8 @@ import pytest
 
 from bert_multi import CONFIGS, BERTConfig, backends, load_backend, load_weights, random_weights, save_weights
 from bert_multi.cases import CASES
-from conftest import assert_outputs_match
+from bert_multi.conform import assert_conforms
+
 
 missing = [name for name in ("torch", "mxnet") if not backends()[name].available]
 if missing:
@@ -22,7 +23,7 @@ def test_torch_and_mxnet_agree_pairwise(case, dtype):
     batch = case.batch(CONFIG, seed=3)
     from_torch = torch_backend.build(CONFIG, weights, dtype=dtype)(**batch, intermediates=True)
     from_mxnet = mxnet_backend.build(CONFIG, weights, dtype=dtype)(**batch, intermediates=True)
-    assert_outputs_match(from_mxnet, from_torch, dtype, pair=True)
+    assert_conforms(from_mxnet, from_torch, dtype, pair=True)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -30,7 +31,7 @@ def test_chapter_model_agrees_pairwise(dtype):
     config = CONFIGS["chapter"]
     weights = random_weights(config, seed=1, dtype=dtype)
     batch = CASES[0].batch(config)
-    assert_outputs_match(mxnet_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
+    assert_conforms(mxnet_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
                          torch_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
                          dtype, pair=True)
 

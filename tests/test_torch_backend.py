@@ -5,7 +5,8 @@ import pytest
 
 from bert_multi import CONFIGS, BERTConfig, WeightsError, backends, load_backend, param_shapes, random_weights
 from bert_multi.cases import CASES
-from conftest import assert_outputs_match
+from bert_multi.conform import assert_conforms
+
 
 if not backends()["torch"].available:
     pytest.skip(backends()["torch"].reason, allow_module_level=True)
@@ -128,7 +129,7 @@ def test_cuda_matches_the_oracle_with_tf32_off(case, dtype):
     ref = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
     model = bt.build(config, weights, device="cuda", dtype=dtype)
     assert model.runtime_info()["tf32"] is False
-    assert_outputs_match(model(**batch, intermediates=True), ref, dtype, device_kind="gpu")
+    assert_conforms(model(**batch, intermediates=True), ref, dtype, device="cuda")
     exported = model.export_weights()
     assert all(exported[n].tobytes() == weights[n].astype(dtype).tobytes() for n in weights)
 

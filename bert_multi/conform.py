@@ -1,0 +1,246 @@
+"""The conformance engine: run cases through backends, compare with the float64 oracle and with each
+other, find where a failing run first diverges, and report.
+
+Everything compares NumPy arrays, so the same functions serve the command line, this project's
+tests and a user's own test suite.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import BackendModel, BERTOutput, load_backend, parse_device
+from .cases import Batch
+from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
+from .config import BERTConfig
+from .errors import BackendUnavailable
+from .weights import load_weights, save_weights
+
+OUTPUT_NAMES = ("encoded", "mlm", "nsp")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One way of running the model: a backend at a dtype on a device."""
+
+    backend: str
+    dtype: str
+    device: str = "cpu"
+
+    @property
+    def device_kind(self) -> str:
+        return parse_device(self.device).kind
+
+    def __str__(self) -> str:
+        return f"{self.backend} {self.dtype} {self.device}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One case run on ``target`` and compared with ``reference`` (the oracle, or another target)."""
+
+    case: str
+    target: Target
+    reference: str  # "oracle", or the other target and how the weights moved
+    outputs: tuple[Comparison, ...]
+    intermediates: tuple[Comparison, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.outputs + self.intermediates)
+
+    @property
+    def first_divergence(self) -> Comparison | None:
+        """The first activation, in computation order, outside its tolerance; then the first output."""
+        for comparison in self.intermediates + self.outputs:
+            if not comparison.passed:
+                return comparison
+        return None
+
+
+def compare_outputs(out: BERTOutput, ref: BERTOutput, tolerance: Tolerance) -> tuple[tuple[Comparison, ...],
+                                                                                     tuple[Comparison, ...]]:
+    """Compare every output and, where both sides have them, every intermediate."""
+    if (out.mlm is None) != (ref.mlm is None):
+        raise ValueError("one side has an MLM output and the other has none: were pred_positions the same?")
+    outputs = tuple(compare_arrays(name, getattr(out, name), getattr(ref, name), tolerance)
+                    for name in OUTPUT_NAMES if getattr(ref, name) is not None)
+    intermediates: tuple[Comparison, ...] = ()
+    if out.intermediates is not None and ref.intermediates is not None:
+        if list(out.intermediates) != list(ref.intermediates):
+            raise ValueError(f"intermediate names differ: {list(out.intermediates)} vs {list(ref.intermediates)}")
+        intermediates = tuple(compare_arrays(name, out.intermediates[name], value, tolerance)
+                              for name, value in ref.intermediates.items())
+    return outputs, intermediates
+
+
+def assert_conforms(out: BERTOutput, ref: BERTOutput, dtype: str, device: str = "cpu", pair: bool = False) -> None:
+    """Raise ``AssertionError`` unless ``out`` was computed in ``dtype`` and every output and intermediate
+    is within the policy's tolerance of ``ref`` (doubled with ``pair``, for backend against backend)."""
+    if out.encoded.dtype.name != dtype:
+        raise AssertionError(f"outputs are {out.encoded.dtype.name}, expected {dtype}")
+    outputs, intermediates = compare_outputs(out, ref, tolerance_for(dtype, parse_device(device).kind, pair))
+    failing = [c.describe() for c in intermediates + outputs if not c.passed]
+    if failing:
+        raise AssertionError("outputs differ beyond tolerance:\n  " + "\n  ".join(failing))
+
+
+@dataclass
+class Report:
+    """Every check of one run, what was skipped and why, and what the run ran on."""
+
+    config: BERTConfig
+    cases: list[str]
+    checks: list[Check] = field(default_factory=list)
+    skipped: dict[Target, str] = field(default_factory=dict)  # target -> why it could not run here
+    runtime: dict[str, dict[str, Any]] = field(default_factory=dict)  # target -> runtime_info()
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def worst(self) -> list[tuple[Target, str, str, Comparison]]:
+        """(target, reference, output, worst comparison over cases) for each output and for the
+        intermediates together, in the order the checks were made."""
+        rows: dict[tuple[Target, str, str], Comparison] = {}
+        for check in self.checks:
+            named = [(c.name, c) for c in check.outputs]
+            if check.intermediates:
+                named.append(("intermediates", max(check.intermediates, key=_severity)))
+            for name, comparison in named:
+                key = (check.target, check.reference, name)
+                if key not in rows or _severity(comparison) > _severity(rows[key]):
+                    rows[key] = comparison
+        return [(*key, comparison) for key, comparison in rows.items()]
+
+    def failures(self) -> list[Check]:
+        return [check for check in self.checks if not check.passed]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "seconds": round(self.seconds, 3),
+            "config": self.config.to_dict(),
+            "cases": self.cases,
+            "environment": environment(),
+            "runtime": self.runtime,
+            "skipped": {str(target): reason for target, reason in self.skipped.items()},
+            "checks": [{
+                "case": check.case, "target": str(check.target), "reference": check.reference, "passed": check.passed,
+                "first_divergence": check.first_divergence.name if check.first_divergence else None,
+                "outputs": [_comparison_json(c) for c in check.outputs],
+                "intermediates": [_comparison_json(c) for c in check.intermediates],
+            } for check in self.checks],
+        }
+
+
+def _severity(comparison: Comparison) -> float:
+    return math.inf if comparison.nonfinite else comparison.ratio
+
+
+def _comparison_json(c: Comparison) -> dict[str, Any]:
+    finite = lambda x: x if np.isfinite(x) else None  # JSON has no NaN or Infinity
+    return {"name": c.name, "passed": c.passed, "max_abs": finite(c.max_abs), "max_rel": finite(c.max_rel),
+            "mean_abs": finite(c.mean_abs), "worst_index": list(c.worst_index), "ratio": finite(c.ratio),
+            "nonfinite": c.nonfinite, "atol": c.tolerance.atol, "rtol": c.tolerance.rtol}
+
+
+def environment() -> dict[str, Any]:
+    """Versions and settings that a result depends on."""
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "numpy": np.__version__,
+            "cpu_count": len(os.sched_getaffinity(0)), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+
+
+Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)
+
+
+def _planned_steps(targets: Sequence[Target], num_cases: int, pairs: bool) -> int:
+    """Case runs for these targets: each against the oracle, then both directions of each same-dtype pair."""
+    num_pairs = sum(1 for a, b in itertools.combinations(targets, 2) if a.dtype == b.dtype) if pairs else 0
+    return num_cases * (len(targets) + 2 * num_pairs)
+
+
+def run_conformance(config: BERTConfig, weights: dict[str, np.ndarray], targets: Sequence[Target],
+                    cases: Sequence[tuple[str, Batch]], pairs: bool = True,
+                    progress: Progress | None = None) -> Report:
+    """Run every case on every target and compare each with the float64 oracle.
+
+    With ``pairs``, targets of the same dtype are also compared with each other, after moving the
+    weights between them: for each pair (a, b), b is rebuilt from a's exported weights in memory, and
+    a from b's exported weights through a canonical weight file, so both directions and both ways of
+    moving weights are exercised. A target whose backend or device is missing here is skipped, with
+    the reason, not failed.
+    """
+    started = time.perf_counter()
+    report = Report(config, [name for name, _ in cases])
+    done = 0
+
+    def step(label: str) -> None:
+        nonlocal done
+        if progress:
+            alive = [t for t in targets if t not in report.skipped]
+            progress(done, _planned_steps(alive, len(cases), pairs), label)
+        done += 1
+
+    oracle = load_backend("numpy").build(config, weights, dtype="float64")
+    references = {name: oracle(**batch, intermediates=True) for name, batch in cases}
+    results: dict[Target, dict[str, BERTOutput]] = {}
+    models: dict[Target, BackendModel] = {}
+    for target in targets:
+        try:
+            model = load_backend(target.backend).build(config, weights, device=target.device, dtype=target.dtype)
+        except (BackendUnavailable, ValueError) as error:
+            report.skipped[target] = str(error)
+            continue
+        models[target] = model
+        report.runtime[str(target)] = model.runtime_info()
+        tolerance = tolerance_for(target.dtype, target.device_kind)
+        results[target] = {}
+        for name, batch in cases:
+            step(f"{target}: {name}")
+            out = results[target][name] = model(**batch, intermediates=True)
+            report.checks.append(Check(name, target, "oracle", *compare_outputs(out, references[name], tolerance)))
+    if pairs:
+        for a, b in itertools.combinations(models, 2):
+            if a.dtype != b.dtype:
+                continue
+            kind = "gpu" if "gpu" in (a.device_kind, b.device_kind) else "cpu"
+            tolerance = tolerance_for(a.dtype, kind, pair=True)
+            directions = ((b, _rebuild_in_memory(models[a], b, config), a, "memory"),
+                          (a, _rebuild_through_file(models[b], a, config), b, "file"))
+            for target, model, source, how in directions:
+                for name, batch in cases:
+                    step(f"{target} <- {source} ({how}): {name}")
+                    out = model(**batch, intermediates=True)
+                    report.checks.append(Check(name, target, f"{source} (weights via {how})",
+                                               *compare_outputs(out, results[source][name], tolerance)))
+    if progress:
+        progress(done, done, "done")
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _rebuild_in_memory(source: BackendModel, target: Target, config: BERTConfig) -> BackendModel:
+    return load_backend(target.backend).build(config, source.export_weights(), device=target.device,
+                                              dtype=target.dtype)
+
+
+def _rebuild_through_file(source: BackendModel, target: Target, config: BERTConfig) -> BackendModel:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "weights.npz"
+        save_weights(path, config, source.export_weights())
+        loaded_config, weights = load_weights(path)
+    return load_backend(target.backend).build(loaded_config, weights, device=target.device, dtype=target.dtype)

@@ -1,0 +1,137 @@
+"""Showing results to people: text tables, a progress bar, and a plot of error per layer."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from .backend import intermediate_names
+from .compare import Comparison
+from .conform import OUTPUT_NAMES, Report
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table with columns padded to their widest cell."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2e}"
+
+
+def _margin(comparison: Comparison) -> str:
+    if comparison.nonfinite:
+        return "NaN/Inf"
+    return "inf" if comparison.ratio == 0 else f"{comparison.margin:.3g}x"
+
+
+def summary_table(report: Report) -> str:
+    """One row per target, reference and output: the worst case's errors, the tolerance and the margin
+    (how many times the error could grow before failing)."""
+    rows = []
+    for target, reference, output, c in report.worst():
+        rows.append((target.backend, target.dtype, target.device, reference, output, _number(c.max_abs),
+                     _number(c.max_rel), f"atol {c.tolerance.atol:g} rtol {c.tolerance.rtol:g}", _margin(c),
+                     "PASS" if c.passed else "FAIL"))
+    for target, reason in report.skipped.items():
+        rows.append((target.backend, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"SKIP: {reason}"))
+    return format_table(("backend", "dtype", "device", "compared with", "output", "max abs err", "max rel err",
+                         "tolerance", "margin", "result"), rows)
+
+
+def failure_details(report: Report) -> str:
+    """For each failing check, where it first diverged, in computation order."""
+    lines = []
+    for check in report.failures():
+        first = check.first_divergence
+        assert first is not None
+        lines.append(f"FAIL {check.target} vs {check.reference}, case {check.case}: first divergence at "
+                     f"{first.name!r}")
+        lines.append(f"     {first.describe()}")
+    return "\n".join(lines)
+
+
+def runtime_lines(report: Report) -> str:
+    """What each target ran on: framework version, threads, TF32."""
+    lines = []
+    for target, info in report.runtime.items():
+        details = ", ".join(f"{key} {value}" for key, value in info.items() if key not in ("backend", "dtype", "device"))
+        lines.append(f"  {target}: {details}")
+    return "\n".join(lines)
+
+
+def plot_report(report: Report, path: str | Path) -> Path:
+    """A PNG of the worst max-abs error against the oracle at each layer, one line per target, with
+    each dtype's absolute tolerance dashed: where error grows, and how far it is from failing."""
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise RuntimeError("plotting needs matplotlib: pip install 'bert_multi[plot]'") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = intermediate_names(report.config) + list(OUTPUT_NAMES)
+    worst: dict[str, dict[str, float]] = {}
+    tolerances: dict[str, float] = {}
+    for check in report.checks:
+        if check.reference != "oracle":
+            continue
+        series = worst.setdefault(str(check.target), {})
+        for comparison in check.intermediates + check.outputs:
+            error = math.inf if comparison.nonfinite else comparison.max_abs
+            series[comparison.name] = max(series.get(comparison.name, 0.0), error)
+            tolerances[check.target.dtype] = comparison.tolerance.atol
+    floor = 1e-17  # exact agreement, drawn at the bottom of the log scale
+    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(layers)), 5))
+    colors = {}  # one colour per backend, one line style per dtype
+    for target, series in worst.items():
+        backend, dtype = target.split(" ")[:2]
+        color = colors.setdefault(backend, f"C{len(colors)}")
+        ys = [max(series.get(layer, math.nan), floor) for layer in layers]
+        ax.plot(range(len(layers)), ys, marker="o", color=color, linestyle="--" if dtype == "float64" else "-",
+                label=target)
+    for dtype, atol in sorted(tolerances.items()):
+        if atol > 0:
+            ax.axhline(atol, color="grey", linestyle=":", linewidth=1)
+            ax.annotate(f"{dtype} atol {atol:g}", (0, atol), textcoords="offset points", xytext=(2, 3), fontsize=8,
+                        color="grey")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(layers)), layers, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("max |error| vs the float64 oracle, worst case\n(exact agreement drawn at 1e-17)")
+    c = report.config
+    ax.set_title(f"Error per layer: {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, "
+                 f"vocab {c.vocab_size}")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal; silent when the stream is not one (logs, CI)."""
+
+    def __init__(self, stream: TextIO = sys.stderr, width: int = 28) -> None:
+        self.stream, self.width = stream, width
+        self.enabled = hasattr(stream, "isatty") and stream.isatty()
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if not self.enabled or total <= 0:
+            return
+        filled = round(self.width * min(done, total) / total)
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {label[:48]:<48}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * (self.width + 62) + "\r")
+            self.stream.flush()
