@@ -17,6 +17,7 @@ from .cases import CASE_NAMES, CASES, Batch, get_case
 from .config import CONFIGS, BERTConfig
 from .conform import Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
+from .fixtures import DEFAULT_DIRECTORY, write_fixtures
 from .schema import SUPPORTED_DTYPES, init_weights, random_weights
 from .report import ProgressBar, failure_details, format_table, plot_report, runtime_lines, summary_table
 from .weights import load_weights
@@ -115,6 +116,12 @@ def format_cases() -> str:
     return format_table(("case", "what it covers"), [(case.name, case.description) for case in CASES])
 
 
+def cmd_fixtures(args: argparse.Namespace) -> int:
+    for path in write_fixtures(args.dir):
+        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    return 0
+
+
 def cmd_backends(args: argparse.Namespace) -> int:
     rows = [(name, "yes" if status.available else "no", status.reason or "")
             for name, status in backends().items()]
@@ -192,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the d2l chapter's demo model through every installed backend")
     demo.add_argument("--seed", type=int, default=0, help="seed for the weights and tokens (default 0)")
     demo.set_defaults(func=cmd_demo)
+
+    fixtures = sub.add_parser("fixtures", help="rewrite the golden fixtures (weights, inputs, oracle outputs)")
+    fixtures.add_argument("--dir", default=str(DEFAULT_DIRECTORY),
+                          help=f"where to write them (default: {DEFAULT_DIRECTORY}, run from the repository root)")
+    fixtures.set_defaults(func=cmd_fixtures)
 
     listing = sub.add_parser("backends", help="list the backends and whether each can run here")
     listing.set_defaults(func=cmd_backends)

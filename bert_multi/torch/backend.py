@@ -37,9 +37,10 @@ def to_framework_device(device: Device) -> torch.device:
     if device.kind == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"device {device} asked for, but this PyTorch ({torch.__version__}) sees no CUDA GPU")
+        raise ValueError(f"device cuda:{device.index} asked for, but this PyTorch ({torch.__version__}) sees no CUDA GPU")
     if device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device} asked for, but only {torch.cuda.device_count()} CUDA GPU(s) are visible")
+        raise ValueError(f"device cuda:{device.index} asked for, but only {torch.cuda.device_count()} CUDA GPU(s) "
+                         "are visible")
     return torch.device("cuda", device.index)
 
 

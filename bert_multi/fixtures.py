@@ -1,0 +1,81 @@
+"""Golden fixtures: small weights, the conformance inputs and their float64 oracle outputs, on disk.
+
+With them a machine that has one framework only (a GPU box with PyTorch alone, say) proves conformance
+without the oracle having to agree with anything else there. ``bert-multi fixtures`` rewrites them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .backend import BERTOutput, intermediate_names, load_backend
+from .cases import CASES, Batch
+from .config import BERTConfig
+from .conform import OUTPUT_NAMES
+from .schema import random_weights
+from .weights import atomic_path, load_weights, save_weights
+
+DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
+SEED = 0
+# Small on purpose (the files stay in the tens of kilobytes): two heads and two blocks, and one head,
+# one block with a width that is not a power of two.
+FIXTURE_CONFIGS: dict[str, BERTConfig] = {
+    "two_blocks": BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=8),
+    "one_head": BERTConfig(vocab_size=19, num_hiddens=6, ffn_num_hiddens=10, num_heads=1, num_blks=1, max_len=7),
+}
+INPUT_FIELDS = ("tokens", "segments", "valid_lens", "pred_positions")
+
+
+@dataclass(frozen=True)
+class Fixture:
+    name: str
+    config: BERTConfig
+    weights: dict[str, np.ndarray]
+    cases: dict[str, tuple[Batch, BERTOutput]]  # case name -> (inputs, float64 oracle outputs)
+
+
+def write_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Path]:
+    """Write each fixture config's weights and cases (inputs and oracle outputs); return the files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, config in FIXTURE_CONFIGS.items():
+        weights = random_weights(config, seed=SEED, dtype="float64")
+        written.append(save_weights(directory / f"{name}.weights.npz", config, weights))
+        oracle = load_backend("numpy").build(config, weights)
+        arrays: dict[str, np.ndarray] = {}
+        for case in CASES:
+            batch = case.batch(config, SEED)
+            out = oracle(**batch, intermediates=True)
+            arrays.update({f"{case.name}/inputs/{k}": v for k, v in batch.items() if v is not None})
+            arrays.update({f"{case.name}/outputs/{k}": getattr(out, k) for k in OUTPUT_NAMES
+                           if getattr(out, k) is not None})
+            arrays.update({f"{case.name}/intermediates/{k}": v for k, v in out.intermediates.items()})
+        path = directory / f"{name}.cases.npz"
+        with atomic_path(path) as tmp_path, open(tmp_path, "wb") as file:
+            np.savez_compressed(file, **arrays)
+        written.append(path)
+    return written
+
+
+def read_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Fixture]:
+    """Every fixture in ``directory``, checked (weights) and read without unpickling anything."""
+    fixtures = []
+    for name in FIXTURE_CONFIGS:
+        config, weights = load_weights(Path(directory) / f"{name}.weights.npz")
+        with np.load(Path(directory) / f"{name}.cases.npz", allow_pickle=False) as archive:
+            stored = {key: archive[key] for key in archive.files}
+        cases = {}
+        for case_name in sorted({key.split("/")[0] for key in stored}):
+            get = lambda kind, field: stored.get(f"{case_name}/{kind}/{field}")
+            batch = {field: get("inputs", field) for field in INPUT_FIELDS}
+            intermediates = OrderedDict((k, get("intermediates", k)) for k in intermediate_names(config))
+            outputs = BERTOutput(get("outputs", "encoded"), get("outputs", "mlm"), get("outputs", "nsp"), intermediates)
+            cases[case_name] = (batch, outputs)
+        fixtures.append(Fixture(name, config, weights, cases))
+    return fixtures

@@ -1,0 +1,183 @@
+"""The suite must be able to fail. Each test injects one known fault into a backend (by monkeypatching
+here, never by editing the product), runs the conformance engine, and checks that the fault is caught
+and that localisation names the layer where it lives. Most faults come from d2l's own history.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from bert_multi import BERTConfig, backends, random_weights
+from bert_multi.cases import CASES
+from bert_multi.conform import Target, run_conformance
+
+# Several heads (so the head layout matters) and dropout configured (so a dropout left on shows).
+CONFIG = BERTConfig(vocab_size=31, num_hiddens=12, ffn_num_hiddens=16, num_heads=3, num_blks=2, dropout=0.1, max_len=10)
+
+
+# --- PyTorch faults ---------------------------------------------------------------------------------
+
+def torch_faults():
+    import torch
+    from torch import nn
+
+    import bert_multi.torch.model as model
+
+    def tiled_valid_lens(mp):  # d2l <= 0.15: valid_lens tiled (b0, b1, b0, b1) over heads
+        def forward(self, queries, keys, values, valid_lens):
+            queries, keys, values = (self.transpose_qkv(W(x)) for W, x in
+                                     ((self.W_q, queries), (self.W_k, keys), (self.W_v, values)))
+            if valid_lens is not None:
+                valid_lens = valid_lens.repeat(self.num_heads, *([1] * (valid_lens.dim() - 1)))
+            return self.W_o(self.transpose_output(self.attention(queries, keys, values, valid_lens)))
+        mp.setattr(model.MultiHeadAttention, "forward", forward)
+
+    def layer_norm_eps(mp):  # BERT's original TensorFlow epsilon
+        mp.setattr(model.AddNorm, "forward", lambda self, X, Y: nn.functional.layer_norm(
+            self.dropout(Y) + X, self.ln.normalized_shape, self.ln.weight, self.ln.bias, eps=1e-12))
+
+    def gelu(mp):  # BERT's activation, not d2l's
+        mp.setattr(model.PositionWiseFFN, "forward", lambda self, X: self.dense2(nn.functional.gelu(self.dense1(X))))
+
+    def minus_inf_mask(mp):
+        def masked_softmax(X, valid_lens):
+            if valid_lens is None:
+                return nn.functional.softmax(X, dim=-1)
+            shape = X.shape
+            lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
+            mask = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
+            return nn.functional.softmax(X.reshape(-1, shape[-1]).masked_fill(~mask, -math.inf).reshape(shape), dim=-1)
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def scale_by_full_width(mp):
+        def forward(self, queries, keys, values, valid_lens=None):
+            scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
+            return torch.bmm(self.dropout(model.masked_softmax(scores, valid_lens)), values)
+        mp.setattr(model.DotProductAttention, "forward", forward)
+
+    def segments_ignored(mp):
+        original = model.BERTEncoder.forward
+        mp.setattr(model.BERTEncoder, "forward",
+                   lambda self, tokens, segments, valid_lens: original(self, tokens, torch.zeros_like(segments), valid_lens))
+
+    def nsp_reads_last_position(mp):
+        def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
+            encoded_X = self.encoder(tokens, segments, valid_lens)
+            mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
+            return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
+        mp.setattr(model.BERTModel, "forward", forward)
+
+    def dropout_at_inference(mp):
+        mp.setattr(nn.Dropout, "forward", lambda self, X: nn.functional.dropout(X, self.p, training=True))
+
+    return locals()
+
+
+# --- MXNet faults, the same list ----------------------------------------------------------------------
+
+def mxnet_faults():
+    import mxnet as mx
+    from mxnet import np, npx
+
+    import bert_multi.mxnet.model as model
+
+    def tiled_valid_lens(mp):
+        def forward(self, queries, keys, values, valid_lens):
+            queries, keys, values = (self.transpose_qkv(W(x)) for W, x in
+                                     ((self.W_q, queries), (self.W_k, keys), (self.W_v, values)))
+            if valid_lens is not None:
+                valid_lens = np.concatenate([valid_lens] * self.num_heads, axis=0)
+            return self.W_o(self.transpose_output(self.attention(queries, keys, values, valid_lens)))
+        mp.setattr(model.MultiHeadAttention, "forward", forward)
+
+    def layer_norm_eps(mp):
+        mp.setattr(model.AddNorm, "forward", lambda self, X, Y: npx.layer_norm(
+            self.dropout(Y) + X, self.ln.gamma.data(X.ctx), self.ln.beta.data(X.ctx), axis=-1, eps=1e-12))
+
+    def gelu(mp):
+        def forward(self, X):
+            dense1 = self.dense1
+            hidden = npx.fully_connected(X, dense1.weight.data(X.ctx), dense1.bias.data(X.ctx),
+                                         num_hidden=dense1._units, flatten=False)
+            return self.dense2(npx.leaky_relu(hidden, act_type="gelu"))
+        mp.setattr(model.PositionWiseFFN, "forward", forward)
+
+    def minus_inf_mask(mp):
+        def masked_softmax(X, valid_lens):
+            if valid_lens is None:
+                return npx.softmax(X)
+            shape = X.shape
+            lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
+            X = npx.sequence_mask(X.reshape(-1, shape[-1]), lens, True, value=-math.inf, axis=1)
+            return npx.softmax(X).reshape(shape)
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def scale_by_full_width(mp):
+        def forward(self, queries, keys, values, valid_lens=None):
+            scores = npx.batch_dot(queries, keys, transpose_b=True) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
+            return npx.batch_dot(self.dropout(model.masked_softmax(scores, valid_lens)), values)
+        mp.setattr(model.DotProductAttention, "forward", forward)
+
+    def segments_ignored(mp):
+        original = model.BERTEncoder.forward
+        mp.setattr(model.BERTEncoder, "forward",
+                   lambda self, tokens, segments, valid_lens: original(self, tokens, np.zeros_like(segments), valid_lens))
+
+    def nsp_reads_last_position(mp):
+        def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
+            encoded_X = self.encoder(tokens, segments, valid_lens)
+            mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
+            return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
+        mp.setattr(model.BERTModel, "forward", forward)
+
+    def dropout_at_inference(mp):
+        mp.setattr(mx.gluon.nn.Dropout, "hybrid_forward",
+                   lambda self, F, x: F.npx.dropout(x, p=self._rate, mode="always"))
+
+    return locals()
+
+
+FAULT_SETS = {"torch": torch_faults, "mxnet": mxnet_faults}
+
+# fault -> (the case that must catch it, the layer localisation must name)
+EXPECTED = {
+    "tiled_valid_lens": ("mixed_valid_lens", "blks.0.attention"),
+    "layer_norm_eps": ("full_valid_len", "blks.0.addnorm1"),
+    "gelu": ("no_valid_lens", "blks.0.ffn"),
+    "minus_inf_mask": ("valid_len_zero", "blks.0.attention"),
+    "scale_by_full_width": ("single_segment", "blks.0.attention"),
+    "segments_ignored": ("mixed_valid_lens", "embedding"),
+    "nsp_reads_last_position": ("batch_one", "pooler"),
+    "dropout_at_inference": ("valid_lens_2d", "blks.0.attention"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+def test_each_known_fault_is_caught_and_localised(backend, fault, monkeypatch):
+    if not backends()[backend].available:
+        pytest.skip(backends()[backend].reason)
+    FAULT_SETS[backend]()[fault](monkeypatch)
+    catching_case, layer = EXPECTED[fault]
+    cases = [(case.name, case.batch(CONFIG, seed=2)) for case in CASES]
+    report = run_conformance(CONFIG, random_weights(CONFIG, seed=2, dtype="float64"),
+                             [Target(backend, "float64")], cases, pairs=False)
+    failing = {check.case: check.first_divergence for check in report.failures()}
+    assert catching_case in failing, f"{fault} went unnoticed by {catching_case}"
+    assert failing[catching_case].name == layer, failing[catching_case].describe()
+    if fault == "minus_inf_mask":  # NaN/Inf is its own failure, never "close"
+        assert failing[catching_case].nonfinite > 0
+    # Every case that fails blames the same layer: localisation does not depend on the input.
+    assert {c.name for c in failing.values()} == {layer}
+
+
+@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+def test_without_faults_the_same_run_passes(backend):
+    if not backends()[backend].available:
+        pytest.skip(backends()[backend].reason)
+    cases = [(case.name, case.batch(CONFIG, seed=2)) for case in CASES]
+    report = run_conformance(CONFIG, random_weights(CONFIG, seed=2, dtype="float64"),
+                             [Target(backend, "float64")], cases, pairs=False)
+    assert report.passed and len(report.checks) == len(CASES)
+    assert not np.isnan([c.max_abs for check in report.checks for c in check.outputs]).any()

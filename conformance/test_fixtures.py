@@ -1,0 +1,68 @@
+"""The golden fixtures: still what the code produces, and matched by every backend on every device here.
+
+On a machine with one framework (a GPU box with PyTorch alone) these tests alone prove conformance.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import load_backend
+from bert_multi.cases import CASE_NAMES
+from bert_multi.conform import assert_conforms
+from bert_multi.fixtures import FIXTURE_CONFIGS, read_fixtures, write_fixtures
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REGENERATE = "the code changed under the fixtures: if that was intended, run `bert-multi fixtures` from the repository root"
+
+
+@pytest.fixture(scope="module")
+def fixtures():
+    return read_fixtures(FIXTURES)
+
+
+def test_fixtures_are_small_and_complete(fixtures):
+    assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 400_000
+    assert [f.name for f in fixtures] == list(FIXTURE_CONFIGS)
+    for fixture in fixtures:
+        assert sorted(fixture.cases) == sorted(CASE_NAMES)
+
+
+def test_fixtures_are_current(fixtures, tmp_path):
+    write_fixtures(tmp_path)
+    for stored, fresh in zip(fixtures, read_fixtures(tmp_path)):
+        assert stored.config == fresh.config, REGENERATE
+        assert all(np.array_equal(stored.weights[k], fresh.weights[k]) for k in stored.weights), REGENERATE
+        for case, (batch, expected) in stored.cases.items():
+            fresh_batch, fresh_expected = fresh.cases[case]
+            for field, value in batch.items():
+                assert (value is None and fresh_batch[field] is None) or np.array_equal(value, fresh_batch[field]), \
+                    f"{stored.name}/{case}/{field}: {REGENERATE}"
+            # The oracle must still compute the stored numbers (to rounding: BLAS builds differ).
+            assert_conforms(fresh_expected, expected, "float64")
+
+
+def test_the_oracle_reproduces_the_fixtures(fixtures):
+    for fixture in fixtures:
+        oracle = load_backend("numpy").build(fixture.config, fixture.weights)
+        for case, (batch, expected) in fixture.cases.items():
+            out = oracle(**batch, intermediates=True)
+            for name in ("encoded", "mlm", "nsp"):
+                if getattr(expected, name) is not None:
+                    np.testing.assert_allclose(getattr(out, name), getattr(expected, name), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_backend_matches_the_fixtures(framework, device, dtype, fixtures):
+    for fixture in fixtures:
+        try:
+            model = framework.build(fixture.config, fixture.weights, device=device, dtype=dtype)
+        except ValueError as error:  # no such device here: say why
+            pytest.skip(str(error))
+        for case, (batch, expected) in fixture.cases.items():
+            try:
+                assert_conforms(model(**batch, intermediates=True), expected, dtype, device=device)
+            except AssertionError as error:
+                raise AssertionError(f"{fixture.name}/{case} on {model}: {error}") from None

@@ -1,0 +1,63 @@
+"""The whole conformance run, as `bert-multi conform` makes it, on several configurations: every
+backend against the oracle and every pair against each other, weights moved both ways."""
+
+import pytest
+
+from bert_multi import BERTConfig, backends, random_weights
+from bert_multi.cases import CASES
+from bert_multi.conform import Target, run_conformance
+from bert_multi.report import failure_details
+
+CONFIGS = {
+    "one_head_one_block": BERTConfig(vocab_size=17, num_hiddens=10, ffn_num_hiddens=6, num_heads=1, num_blks=1, max_len=12),
+    "many_heads_three_blocks": BERTConfig(vocab_size=40, num_hiddens=24, ffn_num_hiddens=40, num_heads=8, num_blks=3, max_len=20),
+    "odd_width": BERTConfig(vocab_size=33, num_hiddens=21, ffn_num_hiddens=9, num_heads=3, num_blks=2, max_len=13),
+}
+AVAILABLE = [name for name in ("torch", "mxnet") if backends()[name].available]
+
+
+def gpu_targets():
+    targets = []
+    if "torch" in AVAILABLE:
+        import torch
+        if torch.cuda.is_available():
+            targets += [Target("torch", dtype, "cuda") for dtype in ("float32", "float64")]
+    if "mxnet" in AVAILABLE:
+        import mxnet
+        if mxnet.context.num_gpus():
+            targets += [Target("mxnet", dtype, "gpu") for dtype in ("float32", "float64")]
+    return targets
+
+
+@pytest.mark.skipif(not AVAILABLE, reason="no framework backend is installed")
+@pytest.mark.parametrize("config_name", sorted(CONFIGS))
+def test_every_backend_conforms_on_every_case(config_name):
+    config = CONFIGS[config_name]
+    targets = [Target(name, dtype) for name in AVAILABLE for dtype in ("float32", "float64")] + gpu_targets()
+    cases = [(case.name, case.batch(config, seed=4)) for case in CASES]
+    report = run_conformance(config, random_weights(config, seed=4, dtype="float64"), targets, cases)
+    assert report.passed, failure_details(report)
+    assert not report.skipped
+    oracle_checks = {(str(c.target), c.case) for c in report.checks if c.reference == "oracle"}
+    assert oracle_checks == {(str(t), case.name) for t in targets for case in CASES}
+    if len(AVAILABLE) == 2:  # both directions, both ways of moving weights, for each dtype
+        references = {(str(c.target), c.reference) for c in report.checks if c.reference != "oracle"}
+        assert ("mxnet float64 cpu", "torch float64 cpu (weights via memory)") in references
+        assert ("torch float64 cpu", "mxnet float64 cpu (weights via file)") in references
+        assert ("mxnet float32 cpu", "torch float32 cpu (weights via memory)") in references
+
+
+def test_missing_devices_are_skipped_with_their_reason():
+    config = CONFIGS["odd_width"]
+    targets = [Target("numpy", "float32", "cuda")]
+    report = run_conformance(config, random_weights(config), targets, [("batch_one", CASES[7].batch(config))])
+    assert report.skipped == {targets[0]: "the numpy backend runs on the CPU only, not 'cuda'"}
+    assert report.checks == []
+
+
+def test_the_oracle_in_float32_is_a_target_too():
+    config = CONFIGS["odd_width"]
+    cases = [(case.name, case.batch(config)) for case in CASES]
+    report = run_conformance(config, random_weights(config), [Target("numpy", "float32")], cases)
+    assert report.passed, failure_details(report)
+    assert len(report.checks) == len(CASES)

@@ -1,0 +1,96 @@
+"""The command line as a person uses it: conform, compare, fixtures, and their failures."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_multi import CONFIGS, backends, random_weights, save_weights
+from bert_multi.cli import main
+
+FRAMEWORKS = [name for name in ("torch", "mxnet") if backends()[name].available]
+needs_framework = pytest.mark.skipif(not FRAMEWORKS, reason="no framework backend is installed")
+
+
+@needs_framework
+def test_conform_prints_a_table_and_writes_json_and_a_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code = main(["conform", "--config", "tiny", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    header = next(line for line in out.splitlines() if line.startswith("backend"))
+    for column in ("dtype", "device", "output", "max abs err", "max rel err", "tolerance", "margin", "result"):
+        assert column in header
+    assert "PASS:" in out and "FAIL" not in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] and report["config"] == CONFIGS["tiny"].to_dict()
+    assert {check["target"].split()[0] for check in report["checks"]} == set(FRAMEWORKS)
+    assert all("threads" in info for info in report["runtime"].values())
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
+def test_conform_fails_with_exit_1_and_names_the_layer(monkeypatch, capsys):
+    import torch
+
+    import bert_multi.torch.model as model
+    monkeypatch.setattr(model.PositionWiseFFN, "forward",
+                        lambda self, X: self.dense2(torch.nn.functional.gelu(self.dense1(X))))
+    assert main(["conform", "--config", "tiny", "--backends", "torch", "--dtypes", "float64", "--cases",
+                 "batch_one"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL torch float64 cpu vs oracle, case batch_one: first divergence at 'blks.0.ffn'" in out
+    assert "FAIL: 0 of 1 checks within tolerance" in out
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
+def test_a_device_missing_here_is_reported_as_skipped(capsys):
+    import torch
+    code = main(["conform", "--config", "tiny", "--backends", "torch", "--devices", "cpu,cuda", "--cases", "batch_one"])
+    out = capsys.readouterr().out
+    assert code == 0
+    if not torch.cuda.is_available():
+        assert "SKIP: device cuda:0 asked for, but this PyTorch" in out
+
+
+def test_nothing_checked_is_a_failure(capsys):
+    assert main(["conform", "--config", "tiny", "--backends", "numpy", "--devices", "cuda"]) == 1
+    assert "nothing was checked" in capsys.readouterr().err
+
+
+@needs_framework
+def test_compare_on_the_users_own_weights_and_inputs(tmp_path, capsys):
+    config = CONFIGS["tiny"]
+    save_weights(tmp_path / "mine.npz", config, random_weights(config, seed=7))
+    np.savez(tmp_path / "batch.npz", tokens=np.array([[3, 4, 5]]), segments=np.array([[0, 1, 1]]),
+             valid_lens=np.array([2.0]), pred_positions=np.array([[2, 0]]))
+    assert main(["compare", str(tmp_path / "mine.npz"), "--inputs", str(tmp_path / "batch.npz")]) == 0
+    assert "cases: batch" in capsys.readouterr().out
+    np.savez(tmp_path / "bad.npz", tokens=np.array([[3, 400]]), segments=np.array([[0, 1]]))
+    assert main(["compare", str(tmp_path / "mine.npz"), "--inputs", str(tmp_path / "bad.npz")]) == 2
+    assert "tokens[0, 1] = 400 is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["conform", "--backends", "jax"], "unknown backend 'jax'"),
+    (["conform", "--dtypes", "float16"], "unknown dtype 'float16'"),
+    (["conform", "--devices", "tpu"], "unknown device 'tpu'"),
+    (["conform", "--cases", "nope"], "unknown case 'nope'"),
+    (["conform", "--config", "missing.npz"], "neither a built-in config"),
+    (["compare", "missing.npz"], "no such weights file"),
+])
+def test_mistakes_are_explained_with_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_list_cases(capsys):
+    assert main(["conform", "--list-cases"]) == 0
+    assert "valid_len_zero" in capsys.readouterr().out
+
+
+def test_fixtures_command_writes_small_files(tmp_path, capsys):
+    assert main(["fixtures", "--dir", str(tmp_path)]) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["one_head.cases.npz", "one_head.weights.npz", "two_blocks.cases.npz", "two_blocks.weights.npz"]
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 400_000
