@@ -17,7 +17,7 @@ test-main: venv
 	$(BIN)/python -m pytest
 
 test-numpy2: $(VENV_NUMPY2)/.installed
-	$(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider tests
+	$(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
 
 venv: $(VENV)/.installed
 

@@ -13,7 +13,9 @@ from .backend import (
     intermediate_names,
     load_backend,
 )
+from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import CONFIGS, BERTConfig
+from .conform import Report, Target, assert_conforms, compare_outputs, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
 from .inputs import ModelInputs, check_inputs, get_tokens_and_segments
 from .schema import init_weights, param_shapes, random_weights, validate_weights
@@ -23,7 +25,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BACKEND_NAMES", "BackendModel", "BackendStatus", "BERTOutput", "backends", "intermediate_names",
-    "load_backend", "CONFIGS", "BERTConfig", "BackendUnavailable", "InputError", "WeightsError",
-    "ModelInputs", "check_inputs", "get_tokens_and_segments", "init_weights", "param_shapes",
-    "random_weights", "validate_weights", "load_weights", "save_weights",
+    "load_backend", "Comparison", "Tolerance", "compare_arrays", "tolerance_for", "CONFIGS", "BERTConfig",
+    "Report", "Target", "assert_conforms", "compare_outputs", "run_conformance", "BackendUnavailable",
+    "InputError", "WeightsError", "ModelInputs", "check_inputs", "get_tokens_and_segments", "init_weights",
+    "param_shapes", "random_weights", "validate_weights", "load_weights", "save_weights",
 ]

@@ -73,8 +73,8 @@ class Comparison:
         verdict = "PASS" if self.passed else "FAIL"
         if self.nonfinite:
             return f"{self.name}: FAIL, {self.nonfinite} non-finite value(s), first at {self.worst_index}"
-        return (f"{self.name}: {verdict}, max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g} at "
-                f"{self.worst_index}, {self.ratio:.3g} of tolerance (atol {self.tolerance.atol:g}, "
+        return (f"{self.name}: {verdict}, max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}; worst element "
+                f"{self.worst_index} uses {self.ratio:.3g}x the tolerance (atol {self.tolerance.atol:g}, "
                 f"rtol {self.tolerance.rtol:g})")
 
 
