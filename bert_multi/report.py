@@ -128,10 +128,10 @@ class ProgressBar:
         if not self.enabled or total <= 0:
             return
         filled = round(self.width * min(done, total) / total)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {label[:48]:<48}")
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {label[:60]:<60}")
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self.stream.write("\r" + " " * (self.width + 62) + "\r")
+            self.stream.write("\r" + " " * (self.width + 74) + "\r")
             self.stream.flush()

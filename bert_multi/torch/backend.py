@@ -80,11 +80,13 @@ class TorchBERT(BackendModel):
                 def keep(module, args, output, name=name, side=side):
                     record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
                 hooks.append(self.module.get_submodule(path).register_forward_hook(keep))
+        was_training = self.module.training
         self.module.eval()
         try:
             with torch.no_grad(), tf32_enabled(self.tf32):
                 encoded, mlm, nsp = self.module(*(self._to_tensor(array) for array in inputs))
         finally:
+            self.module.train(was_training)  # leave a module the user is training as it was
             for hook in hooks:
                 hook.remove()
         numpy = lambda tensor: None if tensor is None else tensor.cpu().numpy()
