@@ -19,7 +19,10 @@ from .conform import Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
 from .schema import SUPPORTED_DTYPES, init_weights, random_weights
-from .report import ProgressBar, failure_details, format_table, plot_report, runtime_lines, summary_table
+from .pretraining import (ADAM_EPSILON_STYLES, MLM_NORMALIZATIONS, OPTIMIZERS, PretrainingData, builtin_corpus,
+                          paragraphs_from_lines, run_pretraining)
+from .report import (ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines,
+                     summary_table)
 from .weights import load_weights
 
 FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
@@ -116,6 +119,47 @@ def format_cases() -> str:
     return format_table(("case", "what it covers"), [(case.name, case.description) for case in CASES])
 
 
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """d2l's pretraining loop on one backend, or on both side by side with --compare."""
+    lines = Path(args.corpus).read_text(encoding="utf-8").splitlines() if args.corpus else builtin_corpus()
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
+    config = BERTConfig(len(data.vocab), args.num_hiddens, args.ffn_num_hiddens, args.num_heads, args.num_blks,
+                        dropout=args.dropout, max_len=args.max_len)
+    weights = init_weights(config, seed=args.seed, dtype=args.dtype)
+    print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
+    print(f"model: {config}")
+    options = {"optimizer": args.optimizer, "lr": args.lr, "mlm_normalization": args.mlm_normalization}
+    if args.adam_epsilon_style != "native":
+        options["adam_epsilon_style"] = args.adam_epsilon_style
+
+    def show(step: int, loss) -> None:
+        print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})",
+              flush=True)
+
+    runs = []
+    for name in (FRAMEWORKS if args.compare else [args.backend]):
+        print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
+        run = run_pretraining(name, config, weights, data, args.steps, args.batch_size, seed=args.seed,
+                              device=args.device, dtype=args.dtype, on_step=show, **options)
+        print(f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
+              f"({run.runtime.get('threads')} threads, {run.seconds:.1f} s)")
+        runs.append(run)
+    if args.compare:
+        first, second = runs
+        rows = [(step, f"{a.total:.6f}", f"{b.total:.6f}", f"{abs(a.total - b.total):.2e}")
+                for step, (a, b) in enumerate(zip(first.losses, second.losses), start=1)]
+        print(format_table(("step", f"{first.backend} loss", f"{second.backend} loss", "difference"), rows))
+        gap = max(float(np.abs(first.weights[k] - second.weights[k]).max()) for k in first.weights)
+        print(f"largest weight difference after {args.steps} steps: {gap:.3g}")
+        if args.plot:
+            print(f"plot written to {plot_training(runs, args.plot)}")
+        return 0
+    out = args.out or f"bert-pretrained-{args.backend}.npz"
+    save_weights(out, config, runs[0].weights)
+    print(f"weights written to {out}")
+    return 0
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
     for path in write_fixtures(args.dir):
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
@@ -199,6 +243,38 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the d2l chapter's demo model through every installed backend")
     demo.add_argument("--seed", type=int, default=0, help="seed for the weights and tokens (default 0)")
     demo.set_defaults(func=cmd_demo)
+
+    pretrain = sub.add_parser("pretrain", help="pretrain with MLM + NSP on a backend, or on both with --compare",
+                              description="d2l's BERT pretraining (Adam, lr 0.01, batch 512, 128 hidden, 256 FFN, "
+                                          "2 heads, 2 blocks, max_len 64) on the built-in corpus or yours.")
+    pretrain.add_argument("--backend", choices=FRAMEWORKS, default="torch")
+    pretrain.add_argument("--compare", action="store_true",
+                          help="run every framework from the same weights and batches, and compare the curves")
+    pretrain.add_argument("--steps", type=int, default=10)
+    pretrain.add_argument("--corpus", help="a WikiText-style file: a paragraph per line, sentences split by ' . '")
+    pretrain.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the batches")
+    pretrain.add_argument("--batch-size", type=int, default=512)
+    pretrain.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    pretrain.add_argument("--lr", type=float, default=0.01)
+    pretrain.add_argument("--adam-epsilon-style", choices=("native", *ADAM_EPSILON_STYLES), default="native",
+                          help="where Adam's epsilon acts: each framework's own way (default), or both the "
+                               "'torch' or the 'mxnet' way, so that the two compute the same update")
+    pretrain.add_argument("--mlm-normalization", choices=MLM_NORMALIZATIONS, default="real_slots",
+                          help="average the MLM loss over the real slots (default) or over all slots, padding "
+                               "included, as d2l's PyTorch code does")
+    pretrain.add_argument("--num-hiddens", type=int, default=128)
+    pretrain.add_argument("--ffn-num-hiddens", type=int, default=256)
+    pretrain.add_argument("--num-heads", type=int, default=2)
+    pretrain.add_argument("--num-blks", type=int, default=2)
+    pretrain.add_argument("--max-len", type=int, default=64)
+    pretrain.add_argument("--dropout", type=float, default=0.0,
+                          help="d2l uses 0.2; the default 0 keeps the frameworks' runs comparable step by step, "
+                               "since their dropout masks come from different random generators")
+    pretrain.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
+    pretrain.add_argument("--device", default="cpu")
+    pretrain.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
+    pretrain.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of both loss curves")
+    pretrain.set_defaults(func=cmd_pretrain)
 
     fixtures = sub.add_parser("fixtures", help="rewrite the golden fixtures (weights, inputs, oracle outputs)")
     fixtures.add_argument("--dir", default=str(DEFAULT_DIRECTORY),

@@ -15,6 +15,7 @@ import numpy as np
 from .backend import BackendModel, BERTOutput, parse_device, prepare_weights
 from .config import BERTConfig
 from .inputs import ModelInputs
+from .pretraining import MLM_NORMALIZATIONS, LossValues
 
 NAME = "numpy"
 
@@ -127,6 +128,34 @@ def forward(config: BERTConfig, weights: dict, inputs: ModelInputs,
     pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, "hidden.0")))
     nsp = dense(pooled, weights, "nsp.output")
     return BERTOutput(encoded, mlm, nsp, record)
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-row softmax cross-entropy: logsumexp(logits) - logits[label]."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_sum = np.log(np.exp(shifted).sum(axis=-1))
+    return log_sum - np.take_along_axis(shifted, labels[:, None], axis=-1)[:, 0]
+
+
+def pretraining_loss(config: BERTConfig, weights: dict, batch: dict[str, np.ndarray],
+                     mlm_normalization: str = "real_slots") -> LossValues:
+    """(total, MLM, NSP) loss of a checked pretraining batch (see ``pretraining.check_batch``).
+
+    MLM cross-entropy is averaged over the real prediction slots (weight 1), NSP cross-entropy over the
+    batch. ``mlm_normalization="all_slots"`` reproduces d2l's PyTorch code instead, whose loss had
+    already averaged over every slot, padding included, before the weights were applied.
+    """
+    if mlm_normalization not in MLM_NORMALIZATIONS:
+        raise ValueError(f"unknown mlm_normalization {mlm_normalization!r}: expected one of {list(MLM_NORMALIZATIONS)}")
+    inputs = ModelInputs(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
+    out = forward(config, weights, inputs)
+    slot_losses = cross_entropy(out.mlm.reshape(-1, config.vocab_size), batch["mlm_labels"].reshape(-1))
+    slot_weights = batch["mlm_weights"].reshape(-1).astype(slot_losses.dtype)
+    if mlm_normalization == "all_slots":
+        slot_losses = np.full_like(slot_losses, slot_losses.mean())
+    mlm = (slot_losses * slot_weights).sum() / (slot_weights.sum() + 1e-8)
+    nsp = cross_entropy(out.nsp, batch["nsp_labels"]).mean()
+    return LossValues(float(mlm + nsp), float(mlm), float(nsp))
 
 
 class NumpyBERT(BackendModel):

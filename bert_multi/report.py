@@ -70,13 +70,7 @@ def runtime_lines(report: Report) -> str:
 def plot_report(report: Report, path: str | Path) -> Path:
     """A PNG of the worst max-abs error against the oracle at each layer, one line per target, with
     each dtype's absolute tolerance dashed: where error grows, and how far it is from failing."""
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise RuntimeError("plotting needs matplotlib: pip install 'bert_multi[plot]'") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     layers = intermediate_names(report.config) + list(OUTPUT_NAMES)
     worst: dict[str, dict[str, float]] = {}
     tolerances: dict[str, float] = {}
@@ -110,6 +104,42 @@ def plot_report(report: Report, path: str | Path) -> Path:
                  f"vocab {c.vocab_size}")
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise RuntimeError("plotting needs matplotlib: pip install 'bert_multi[plot]'") from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_training(runs: Sequence, path: str | Path) -> Path:
+    """A PNG of each backend's pretraining loss per step and, below, how far apart the curves are."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(2, 1))
+    for run in runs:
+        steps = range(1, len(run.losses) + 1)
+        top.plot(steps, [loss.total for loss in run.losses], marker=".", label=f"{run.backend} total")
+        top.plot(steps, [loss.mlm for loss in run.losses], linestyle=":", label=f"{run.backend} MLM")
+    top.set_ylabel("loss")
+    top.legend(fontsize=8)
+    top.grid(True, alpha=0.3)
+    if len(runs) == 2:
+        gaps = [max(abs(a.total - b.total), 1e-17) for a, b in zip(runs[0].losses, runs[1].losses)]
+        bottom.semilogy(range(1, len(gaps) + 1), gaps, marker=".", color="grey")
+        bottom.set_ylabel(f"|{runs[0].backend} - {runs[1].backend}|")
+    bottom.set_xlabel("step")
+    bottom.grid(True, alpha=0.3)
+    top.set_title("Pretraining loss per step, same weights and batches")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -22,6 +22,7 @@ if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from .backend import NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
+from .pretrain import Pretrainer, pretraining_loss  # noqa: E402
 from .model import (  # noqa: E402
     AddNorm,
     BERTEncoder,
@@ -36,7 +37,8 @@ from .model import (  # noqa: E402
 )
 
 __all__ = [
-    "NAME", "NAME_RULES", "MXNetBERT", "build", "load_checkpoint", "save_checkpoint", "AddNorm", "BERTEncoder", "BERTModel", "DotProductAttention",
-    "MaskLM", "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN", "TransformerEncoderBlock",
+    "NAME", "NAME_RULES", "MXNetBERT", "build", "load_checkpoint", "save_checkpoint", "Pretrainer",
+    "pretraining_loss", "AddNorm", "BERTEncoder", "BERTModel", "DotProductAttention", "MaskLM",
+    "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN", "TransformerEncoderBlock",
     "masked_softmax",
 ]

@@ -4,6 +4,7 @@ Importing this package imports torch.
 """
 
 from .backend import NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
+from .pretrain import Pretrainer, pretraining_loss
 from .model import (
     AddNorm,
     BERTEncoder,
@@ -18,7 +19,8 @@ from .model import (
 )
 
 __all__ = [
-    "NAME", "NAME_RULES", "TorchBERT", "build", "load_checkpoint", "save_checkpoint", "tf32_enabled", "AddNorm", "BERTEncoder", "BERTModel",
+    "NAME", "NAME_RULES", "TorchBERT", "tf32_enabled", "build", "load_checkpoint",
+    "save_checkpoint", "Pretrainer", "pretraining_loss", "AddNorm", "BERTEncoder", "BERTModel",
     "DotProductAttention", "MaskLM", "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN",
     "TransformerEncoderBlock", "masked_softmax",
 ]

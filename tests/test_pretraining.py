@@ -1,0 +1,154 @@
+"""Training agrees across frameworks: losses against the oracle, gradients against each other and
+against finite differences, optimizer steps, and a short run that learns."""
+
+import numpy as np
+import pytest
+
+from bert_multi import BERTConfig, backends, init_weights, load_backend, random_weights
+from bert_multi.oracle import pretraining_loss
+from bert_multi.pretraining import PretrainingData, builtin_corpus, check_batch, paragraphs_from_lines, run_pretraining
+
+both = pytest.mark.skipif(not all(backends()[n].available for n in ("torch", "mxnet")),
+                          reason="needs both the torch and the mxnet backend")
+
+# Hyper-parameters that float32 represents exactly: MXNet hands its optimizer kernels lr, betas and
+# epsilon as C floats, so 0.01 or 0.999 would differ from PyTorch's doubles before anything else does.
+EXACT_ADAM = dict(optimizer="adam", lr=2**-7, adam_betas=(0.875, 1 - 2**-9), adam_epsilon=2**-27)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(300)), max_len=32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def config(data):
+    return BERTConfig(len(data.vocab), num_hiddens=16, ffn_num_hiddens=24, num_heads=2, num_blks=2, max_len=32)
+
+
+@pytest.fixture(scope="module")
+def batch(data):
+    return next(data.batches(16, seed=0))
+
+
+@pytest.mark.parametrize("normalization", ["real_slots", "all_slots"])
+def test_loss_matches_the_oracle(framework, config, batch, normalization):
+    weights = random_weights(config, seed=1, dtype="float64")
+    expected = pretraining_loss(config, weights, check_batch(config, batch), normalization)
+    trainer = framework.Pretrainer(framework.build(config, weights, dtype="float64"), mlm_normalization=normalization)
+    assert np.allclose(trainer.loss(batch), expected, rtol=0, atol=1e-9)
+    trainer32 = framework.Pretrainer(framework.build(config, weights, dtype="float32"), mlm_normalization=normalization)
+    assert np.allclose(trainer32.loss(batch), expected, rtol=0, atol=1e-4)
+
+
+def test_d2l_pytorch_normalisation_averages_padding_in(config, batch):
+    weights = random_weights(config, seed=1, dtype="float64")
+    checked = check_batch(config, batch)
+    real = pretraining_loss(config, weights, checked, "real_slots")
+    padded = pretraining_loss(config, weights, checked, "all_slots")
+    assert (checked["mlm_weights"] == 0).any()  # the batch has padded slots ...
+    assert abs(real.mlm - padded.mlm) > 1e-3  # ... so the two normalisations differ
+    assert real.nsp == padded.nsp
+    full = {**checked, "mlm_weights": np.ones_like(checked["mlm_weights"])}  # without padding they agree
+    assert pretraining_loss(config, weights, full, "real_slots").mlm == pytest.approx(
+        pretraining_loss(config, weights, full, "all_slots").mlm, abs=1e-12)
+
+
+@both
+def test_gradients_agree_between_frameworks(config, batch):
+    weights = random_weights(config, seed=2, dtype="float64")
+    _, from_torch = load_backend("torch").Pretrainer(load_backend("torch").build(config, weights, dtype="float64")).gradients(batch)
+    _, from_mxnet = load_backend("mxnet").Pretrainer(load_backend("mxnet").build(config, weights, dtype="float64")).gradients(batch)
+    assert list(from_torch) == list(from_mxnet) == list(weights)
+    for name in weights:
+        assert np.abs(from_torch[name] - from_mxnet[name]).max() <= 1e-9, name
+    assert np.abs(from_torch["encoder.pos_embedding"]).max() > 0  # it trains (d2l 0.16-0.17 detached it)
+
+
+def test_gradients_match_finite_differences_of_the_oracle(framework, config, batch):
+    weights = random_weights(config, seed=3, dtype="float64")
+    checked = check_batch(config, batch)
+    _, gradients = framework.Pretrainer(framework.build(config, weights, dtype="float64")).gradients(batch)
+    rng = np.random.default_rng(0)
+    names = ["encoder.pos_embedding", "encoder.token_embedding.weight", "encoder.segment_embedding.weight",
+             "encoder.blks.0.attention.W_q.weight", "encoder.blks.1.attention.W_v.bias",
+             "encoder.blks.0.addnorm1.ln.weight", "encoder.blks.1.ffn.dense2.weight", "hidden.0.bias",
+             "mlm.mlp.0.weight", "mlm.mlp.2.bias", "mlm.mlp.3.weight", "nsp.output.weight"]
+    step = 1e-6
+    for name in names:
+        for _ in range(2):
+            flat = np.flatnonzero(np.abs(gradients[name]) > 1e-4)  # an element the batch touches
+            index = np.unravel_index(rng.choice(flat), weights[name].shape)
+            nudged = {}
+            for sign in (1, -1):
+                moved = {**weights, name: weights[name].copy()}
+                moved[name][index] += sign * step
+                nudged[sign] = pretraining_loss(config, moved, checked).total
+            numeric = (nudged[1] - nudged[-1]) / (2 * step)
+            assert gradients[name][index] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (name, index)
+
+
+def run_both(config, weights, batches, dtype, **options):
+    trainers = [load_backend(name).Pretrainer(load_backend(name).build(config, weights, dtype=dtype), **options)
+                for name in ("torch", "mxnet")]
+    for batch in batches:
+        for trainer in trainers:
+            trainer.step(batch)
+    return [trainer.model.export_weights() for trainer in trainers]
+
+
+def largest_difference(a, b):
+    return max(float(np.abs(a[name] - b[name]).max()) for name in a)
+
+
+# (options, dtype, the largest weight difference allowed after 5 steps). Measured: SGD 5.6e-13 (float64)
+# and 2.8e-8 (float32); Adam with epsilon placed alike 3.5e-8 (float64) and 1.3e-5 (float32). Adam
+# divides each gradient by its own running RMS, so where a gradient is tiny, the 1e-12 differences
+# between the frameworks' gradients become relative ones; that sets its float64 floor.
+STEP_CASES = {
+    "sgd-float64": (dict(optimizer="sgd", lr=2**-7), "float64", 1e-9),
+    "sgd-float32": (dict(optimizer="sgd", lr=2**-7), "float32", 1e-6),
+    "adam-float64": ({**EXACT_ADAM, "adam_epsilon_style": "torch"}, "float64", 1e-6),
+    "adam-float32": ({**EXACT_ADAM, "adam_epsilon_style": "torch"}, "float32", 1e-4),
+}
+
+
+@both
+@pytest.mark.parametrize("case", sorted(STEP_CASES))
+def test_optimizer_steps_give_the_same_weights(config, data, case):
+    options, dtype, bound = STEP_CASES[case]
+    weights = init_weights(config, seed=4, dtype=dtype)
+    batches = data.batches(16, seed=1)
+    torch_weights, mxnet_weights = run_both(config, weights, [next(batches) for _ in range(5)], dtype, **options)
+    assert largest_difference(torch_weights, mxnet_weights) <= bound
+    assert largest_difference(torch_weights, weights) > 1e-3  # the steps did move the weights
+
+
+@both
+def test_where_adam_puts_epsilon_is_a_real_difference(config, data):
+    """torch.optim.Adam adds epsilon to sqrt(v / (1 - beta2^t)); MXNet folds the bias correction into
+    the learning rate and adds epsilon to sqrt(v). Left to their own ways they drift apart."""
+    weights = init_weights(config, seed=4, dtype="float64")
+    batches = [next(data.batches(16, seed=1))]
+    native = largest_difference(*run_both(config, weights, batches, "float64", **{**EXACT_ADAM, "adam_epsilon": 1e-4}))
+    matched = largest_difference(*run_both(config, weights, batches, "float64",
+                                           **{**EXACT_ADAM, "adam_epsilon": 1e-4, "adam_epsilon_style": "torch"}))
+    # What remains when matched is MXNet rounding each step's learning rate to a C float (~2e-10).
+    assert native > 1e-6 and matched < 1e-9, (native, matched)
+
+
+@both
+def test_a_short_run_learns_and_the_curves_agree(config, data):
+    weights = init_weights(config, seed=5, dtype="float64")
+    runs = [run_pretraining(name, config, weights, data, steps=8, batch_size=32, seed=2, dtype="float64",
+                            optimizer="sgd", lr=0.5) for name in ("torch", "mxnet")]
+    for run in runs:
+        assert run.losses[-1].total < run.losses[0].total - 0.5, [round(loss.total, 3) for loss in run.losses]
+        assert run.tokens_per_second > 0 and run.runtime["threads"] >= 1
+    gaps = [abs(a.total - b.total) for a, b in zip(runs[0].losses, runs[1].losses)]
+    assert max(gaps) < 1e-8
+
+
+def test_the_oracle_cannot_train(config, data):
+    with pytest.raises(ValueError, match="cannot train"):
+        run_pretraining("numpy", config, init_weights(config), data, steps=1, batch_size=4)
