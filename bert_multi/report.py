@@ -126,10 +126,11 @@ def plot_training(runs: Sequence, path: str | Path) -> Path:
     """A PNG of each backend's pretraining loss per step and, below, how far apart the curves are."""
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(2, 1))
-    for run in runs:
+    for number, run in enumerate(runs):
         steps = range(1, len(run.losses) + 1)
-        top.plot(steps, [loss.total for loss in run.losses], marker=".", label=f"{run.backend} total")
-        top.plot(steps, [loss.mlm for loss in run.losses], linestyle=":", label=f"{run.backend} MLM")
+        color = f"C{number}"
+        top.plot(steps, [loss.total for loss in run.losses], marker=".", color=color, label=f"{run.backend} total")
+        top.plot(steps, [loss.mlm for loss in run.losses], linestyle=":", color=color, label=f"{run.backend} MLM")
     top.set_ylabel("loss")
     top.legend(fontsize=8)
     top.grid(True, alpha=0.3)
