@@ -1,4 +1,5 @@
-"""The ``bert-multi`` command line: conformance runs, comparisons on your own weights, the chapter demo."""
+"""The ``bert-multi`` command line: conformance runs, comparisons on your own weights, pretraining, the
+chapter demo."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from .config import CONFIGS, BERTConfig
 from .conform import Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
-from .schema import SUPPORTED_DTYPES, init_weights, random_weights
 from .pretraining import (ADAM_EPSILON_STYLES, MLM_NORMALIZATIONS, OPTIMIZERS, PretrainingData, builtin_corpus,
                           paragraphs_from_lines, run_pretraining)
 from .report import (ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines,
                      summary_table)
-from .weights import load_weights
+from .schema import SUPPORTED_DTYPES, init_weights, random_weights
+from .weights import load_weights, save_weights
 
 FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
 

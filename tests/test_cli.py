@@ -94,3 +94,32 @@ def test_fixtures_command_writes_small_files(tmp_path, capsys):
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["one_head.cases.npz", "one_head.weights.npz", "two_blocks.cases.npz", "two_blocks.weights.npz"]
     assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 400_000
+
+
+SMALL_MODEL = ["--batch-size", "8", "--num-hiddens", "8", "--ffn-num-hiddens", "8", "--max-len", "32"]
+
+
+@needs_framework
+def test_pretrain_prints_losses_and_saves_loadable_weights(tmp_path, capsys):
+    from bert_multi import load_weights
+
+    (tmp_path / "corpus.txt").write_text("\n".join(
+        f"the cat {w} the dog . the dog {w} the bird . a bird {w} the cat ." for w in ("sees", "finds", "likes") * 4))
+    out = tmp_path / "w.npz"
+    assert main(["pretrain", "--backend", FRAMEWORKS[0], "--steps", "2", "--corpus", str(tmp_path / "corpus.txt"),
+                 "--out", str(out), *SMALL_MODEL]) == 0
+    printed = capsys.readouterr().out
+    assert "step    2/2  loss" in printed and "tokens/s" in printed and "threads" in printed
+    config, weights = load_weights(out)
+    assert config.num_hiddens == 8 and config.max_len == 32 and config.vocab_size < 20
+
+
+@pytest.mark.skipif(len(FRAMEWORKS) < 2, reason="needs both frameworks")
+def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["pretrain", "--compare", "--steps", "3", "--dtype", "float64", "--adam-epsilon-style", "torch",
+                 "--plot", str(tmp_path / "curves.png"), *SMALL_MODEL]) == 0
+    printed = capsys.readouterr().out
+    assert "torch loss  mxnet loss  difference" in printed
+    assert "largest weight difference after 3 steps" in printed
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
