@@ -98,8 +98,14 @@ class BackendModel(abc.ABC):
         self.dtype = dtype
         self.device = device
 
-    def __call__(self, tokens: object, segments: object, valid_lens: object = None, pred_positions: object = None,
-                 intermediates: bool = False) -> BERTOutput:
+    def __call__(
+        self,
+        tokens: object,
+        segments: object,
+        valid_lens: object = None,
+        pred_positions: object = None,
+        intermediates: bool = False,
+    ) -> BERTOutput:
         inputs = check_inputs(self.config, tokens, segments, valid_lens, pred_positions)
         return self._forward(inputs, intermediates)
 
@@ -121,8 +127,10 @@ class BackendModel(abc.ABC):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"<{self.backend} BERT {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, "
-                f"vocab {c.vocab_size}; {self.dtype} on {self.device}>")
+        return (
+            f"<{self.backend} BERT {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, "
+            f"vocab {c.vocab_size}; {self.dtype} on {self.device}>"
+        )
 
 
 def prepare_weights(config: BERTConfig, weights: dict[str, np.ndarray], dtype: object) -> tuple[str, dict]:
@@ -143,8 +151,9 @@ def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[st
     return names
 
 
-def weights_from_framework(config: BERTConfig, rules: list[tuple[str, str]],
-                           arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def weights_from_framework(
+    config: BERTConfig, rules: list[tuple[str, str]], arrays: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Canonical weights from a framework's {structural name: array}, checked against the schema."""
     canonical = {framework: name for name, framework in framework_names(config, rules).items()}
     weights = {canonical.get(name, name): array for name, array in arrays.items()}

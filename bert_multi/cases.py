@@ -9,7 +9,7 @@ pred_positions (0 and T-1), batch 1, T = max_len, and no pred_positions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -38,8 +38,15 @@ def _paired_segments(B: int, T: int, rng: np.random.Generator) -> np.ndarray:
     return (np.arange(T)[None, :] >= splits[:, None]).astype(np.int64)
 
 
-def _batch(config: BERTConfig, rng: np.random.Generator, B: int, T: int, valid_lens: np.ndarray | None,
-           pred_positions: np.ndarray | None, paired: bool = True) -> Batch:
+def _batch(
+    config: BERTConfig,
+    rng: np.random.Generator,
+    B: int,
+    T: int,
+    valid_lens: np.ndarray | None,
+    pred_positions: np.ndarray | None,
+    paired: bool = True,
+) -> Batch:
     tokens = rng.integers(0, config.vocab_size, size=(B, T))
     segments = _paired_segments(B, T, rng) if paired else np.zeros((B, T), dtype=np.int64)
     return {"tokens": tokens, "segments": segments, "valid_lens": valid_lens, "pred_positions": pred_positions}

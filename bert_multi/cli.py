@@ -19,10 +19,16 @@ from .config import CONFIGS, BERTConfig
 from .conform import Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
-from .pretraining import (ADAM_EPSILON_STYLES, MLM_NORMALIZATIONS, OPTIMIZERS, PretrainingData, builtin_corpus,
-                          paragraphs_from_lines, run_pretraining)
-from .report import (ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines,
-                     summary_table)
+from .pretraining import (
+    ADAM_EPSILON_STYLES,
+    MLM_NORMALIZATIONS,
+    OPTIMIZERS,
+    PretrainingData,
+    builtin_corpus,
+    paragraphs_from_lines,
+    run_pretraining,
+)
+from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
 from .schema import SUPPORTED_DTYPES, init_weights, random_weights
 from .weights import load_weights, save_weights
 
@@ -42,7 +48,9 @@ def _targets(args: argparse.Namespace) -> list[Target]:
             raise ValueError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
     for device in args.devices:
         parse_device(device)
-    return [Target(backend, dtype, device) for device in args.devices for backend in args.backends for dtype in args.dtypes]
+    return [
+        Target(backend, dtype, device) for device in args.devices for backend in args.backends for dtype in args.dtypes
+    ]
 
 
 def _model_and_weights(spec: str, seed: int) -> tuple[BERTConfig, dict[str, np.ndarray]]:
@@ -65,13 +73,16 @@ def _read_inputs(path: str) -> list[tuple[str, Batch]]:
     allowed = ("tokens", "segments", "valid_lens", "pred_positions")
     unknown = sorted(set(arrays) - set(allowed))
     if unknown or not {"tokens", "segments"} <= set(arrays):
-        raise InputError(f"{path}: expected arrays tokens, segments and optionally valid_lens, pred_positions; "
-                         f"found {sorted(arrays)}")
+        raise InputError(
+            f"{path}: expected arrays tokens, segments and optionally valid_lens, pred_positions; "
+            f"found {sorted(arrays)}"
+        )
     return [(Path(path).stem, {name: arrays.get(name) for name in allowed})]
 
 
-def _run_and_report(args: argparse.Namespace, config: BERTConfig, weights: dict[str, np.ndarray],
-                    cases: list[tuple[str, Batch]]) -> int:
+def _run_and_report(
+    args: argparse.Namespace, config: BERTConfig, weights: dict[str, np.ndarray], cases: list[tuple[str, Batch]]
+) -> int:
     print(f"config: {config}")
     print(f"cases: {', '.join(name for name, _ in cases)}")
     bar = ProgressBar()
@@ -85,8 +96,10 @@ def _run_and_report(args: argparse.Namespace, config: BERTConfig, weights: dict[
         print("\n" + failure_details(report))
     checks = len(report.checks)
     verdict = "PASS" if report.passed else "FAIL"
-    print(f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance, "
-          f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s")
+    print(
+        f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance, "
+        f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
         print(f"report written to {args.json}")
@@ -124,8 +137,15 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """d2l's pretraining loop on one backend, or on both side by side with --compare."""
     lines = Path(args.corpus).read_text(encoding="utf-8").splitlines() if args.corpus else builtin_corpus()
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
-    config = BERTConfig(len(data.vocab), args.num_hiddens, args.ffn_num_hiddens, args.num_heads, args.num_blks,
-                        dropout=args.dropout, max_len=args.max_len)
+    config = BERTConfig(
+        len(data.vocab),
+        args.num_hiddens,
+        args.ffn_num_hiddens,
+        args.num_heads,
+        args.num_blks,
+        dropout=args.dropout,
+        max_len=args.max_len,
+    )
     weights = init_weights(config, seed=args.seed, dtype=args.dtype)
     print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
     print(f"model: {config}")
@@ -134,21 +154,38 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         options["adam_epsilon_style"] = args.adam_epsilon_style
 
     def show(step: int, loss) -> None:
-        print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})",
-              flush=True)
+        print(
+            f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})",
+            flush=True,
+        )
 
     runs = []
-    for name in (FRAMEWORKS if args.compare else [args.backend]):
+    for name in FRAMEWORKS if args.compare else [args.backend]:
         print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
-        run = run_pretraining(name, config, weights, data, args.steps, args.batch_size, seed=args.seed,
-                              device=args.device, dtype=args.dtype, on_step=show, **options)
-        print(f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
-              f"({run.runtime.get('threads')} threads, {run.seconds:.1f} s)")
+        run = run_pretraining(
+            name,
+            config,
+            weights,
+            data,
+            args.steps,
+            args.batch_size,
+            seed=args.seed,
+            device=args.device,
+            dtype=args.dtype,
+            on_step=show,
+            **options,
+        )
+        print(
+            f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
+            f"({run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
+        )
         runs.append(run)
     if args.compare:
         first, second = runs
-        rows = [(step, f"{a.total:.6f}", f"{b.total:.6f}", f"{abs(a.total - b.total):.2e}")
-                for step, (a, b) in enumerate(zip(first.losses, second.losses), start=1)]
+        rows = [
+            (step, f"{a.total:.6f}", f"{b.total:.6f}", f"{abs(a.total - b.total):.2e}")
+            for step, (a, b) in enumerate(zip(first.losses, second.losses), start=1)
+        ]
         print(format_table(("step", f"{first.backend} loss", f"{second.backend} loss", "difference"), rows))
         gap = max(float(np.abs(first.weights[k] - second.weights[k]).max()) for k in first.weights)
         print(f"largest weight difference after {args.steps} steps: {gap:.3g}")
@@ -168,8 +205,7 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    rows = [(name, "yes" if status.available else "no", status.reason or "")
-            for name, status in backends().items()]
+    rows = [(name, "yes" if status.available else "no", status.reason or "") for name, status in backends().items()]
     print(format_table(("backend", "available", "why not"), rows))
     return 0
 
@@ -193,51 +229,83 @@ def cmd_demo(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         out = model(tokens, segments, None, mlm_positions)
         elapsed = time.perf_counter() - start
-        rows.append((name, model.dtype, model.device, out.encoded.shape, out.mlm.shape, out.nsp.shape,
-                     f"{elapsed * 1000:.0f} ms"))
+        rows.append(
+            (
+                name,
+                model.dtype,
+                model.device,
+                out.encoded.shape,
+                out.mlm.shape,
+                out.nsp.shape,
+                f"{elapsed * 1000:.0f} ms",
+            )
+        )
     print(format_table(("backend", "dtype", "device", "encoded_X", "mlm_Y_hat", "nsp_Y_hat", "forward"), rows))
     return 0
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backends", type=_split, default=FRAMEWORKS,
-                        help=f"comma-separated, from {list(BACKEND_NAMES)} (default: {','.join(FRAMEWORKS)})")
-    parser.add_argument("--devices", type=_split, default=["cpu"],
-                        help="comma-separated: cpu, cuda, cuda:N, gpu, gpu:N (default: cpu); "
-                             "a device a backend cannot use here is reported as skipped")
-    parser.add_argument("--dtypes", type=_split, default=list(SUPPORTED_DTYPES),
-                        help="comma-separated (default: float32,float64)")
+    parser.add_argument(
+        "--backends",
+        type=_split,
+        default=FRAMEWORKS,
+        help=f"comma-separated, from {list(BACKEND_NAMES)} (default: {','.join(FRAMEWORKS)})",
+    )
+    parser.add_argument(
+        "--devices",
+        type=_split,
+        default=["cpu"],
+        help="comma-separated: cpu, cuda, cuda:N, gpu, gpu:N (default: cpu); "
+        "a device a backend cannot use here is reported as skipped",
+    )
+    parser.add_argument(
+        "--dtypes", type=_split, default=list(SUPPORTED_DTYPES), help="comma-separated (default: float32,float64)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
-    parser.add_argument("--no-pairs", action="store_true",
-                        help="compare with the oracle only, not backends with each other")
+    parser.add_argument(
+        "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bert-multi", description="d2l's BERT in PyTorch and MXNet, checked against a float64 NumPy oracle.")
+        prog="bert-multi", description="d2l's BERT in PyTorch and MXNet, checked against a float64 NumPy oracle."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    conform = sub.add_parser("conform", help="prove every backend matches the oracle and each other (the main job)",
-                             description="Run the conformance cases on every backend, dtype and device asked "
-                                         "for; compare with the float64 oracle and pairwise; exit 1 on failure.")
-    conform.add_argument("--config", default="chapter",
-                         help=f"a built-in config {sorted(CONFIGS)} with random weights, or a weights .npz "
-                              "(default: chapter)")
-    conform.add_argument("--cases", type=_split, default=["all"],
-                         help="comma-separated case names or 'all' (default); see --list-cases")
+    conform = sub.add_parser(
+        "conform",
+        help="prove every backend matches the oracle and each other (the main job)",
+        description="Run the conformance cases on every backend, dtype and device asked "
+        "for; compare with the float64 oracle and pairwise; exit 1 on failure.",
+    )
+    conform.add_argument(
+        "--config",
+        default="chapter",
+        help=f"a built-in config {sorted(CONFIGS)} with random weights, or a weights .npz (default: chapter)",
+    )
+    conform.add_argument(
+        "--cases", type=_split, default=["all"], help="comma-separated case names or 'all' (default); see --list-cases"
+    )
     conform.add_argument("--list-cases", action="store_true", help="list the cases and exit")
     _add_run_options(conform)
     conform.set_defaults(func=cmd_conform)
 
-    compare = sub.add_parser("compare", help="the same comparison on your own weights (and inputs)",
-                             description="Compare every backend with the oracle on a canonical weights file, "
-                                         "and say where a failing backend first diverges.")
+    compare = sub.add_parser(
+        "compare",
+        help="the same comparison on your own weights (and inputs)",
+        description="Compare every backend with the oracle on a canonical weights file, "
+        "and say where a failing backend first diverges.",
+    )
     compare.add_argument("weights", help="a canonical weights .npz (see save_weights)")
-    compare.add_argument("--inputs", metavar="NPZ",
-                         help="an .npz with tokens, segments and optionally valid_lens, pred_positions "
-                              f"(default: the built-in cases: {', '.join(CASE_NAMES)})")
+    compare.add_argument(
+        "--inputs",
+        metavar="NPZ",
+        help="an .npz with tokens, segments and optionally valid_lens, pred_positions "
+        f"(default: the built-in cases: {', '.join(CASE_NAMES)})",
+    )
     _add_run_options(compare)
     compare.set_defaults(func=cmd_compare)
 
@@ -245,32 +313,50 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="seed for the weights and tokens (default 0)")
     demo.set_defaults(func=cmd_demo)
 
-    pretrain = sub.add_parser("pretrain", help="pretrain with MLM + NSP on a backend, or on both with --compare",
-                              description="d2l's BERT pretraining (Adam, lr 0.01, batch 512, 128 hidden, 256 FFN, "
-                                          "2 heads, 2 blocks, max_len 64) on the built-in corpus or yours.")
+    pretrain = sub.add_parser(
+        "pretrain",
+        help="pretrain with MLM + NSP on a backend, or on both with --compare",
+        description="d2l's BERT pretraining (Adam, lr 0.01, batch 512, 128 hidden, 256 FFN, "
+        "2 heads, 2 blocks, max_len 64) on the built-in corpus or yours.",
+    )
     pretrain.add_argument("--backend", choices=FRAMEWORKS, default="torch")
-    pretrain.add_argument("--compare", action="store_true",
-                          help="run every framework from the same weights and batches, and compare the curves")
+    pretrain.add_argument(
+        "--compare",
+        action="store_true",
+        help="run every framework from the same weights and batches, and compare the curves",
+    )
     pretrain.add_argument("--steps", type=int, default=10)
     pretrain.add_argument("--corpus", help="a WikiText-style file: a paragraph per line, sentences split by ' . '")
     pretrain.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the batches")
     pretrain.add_argument("--batch-size", type=int, default=512)
     pretrain.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
     pretrain.add_argument("--lr", type=float, default=0.01)
-    pretrain.add_argument("--adam-epsilon-style", choices=("native", *ADAM_EPSILON_STYLES), default="native",
-                          help="where Adam's epsilon acts: each framework's own way (default), or both the "
-                               "'torch' or the 'mxnet' way, so that the two compute the same update")
-    pretrain.add_argument("--mlm-normalization", choices=MLM_NORMALIZATIONS, default="real_slots",
-                          help="average the MLM loss over the real slots (default) or over all slots, padding "
-                               "included, as d2l's PyTorch code does")
+    pretrain.add_argument(
+        "--adam-epsilon-style",
+        choices=("native", *ADAM_EPSILON_STYLES),
+        default="native",
+        help="where Adam's epsilon acts: each framework's own way (default), or both the "
+        "'torch' or the 'mxnet' way, so that the two compute the same update",
+    )
+    pretrain.add_argument(
+        "--mlm-normalization",
+        choices=MLM_NORMALIZATIONS,
+        default="real_slots",
+        help="average the MLM loss over the real slots (default) or over all slots, padding "
+        "included, as d2l's PyTorch code does",
+    )
     pretrain.add_argument("--num-hiddens", type=int, default=128)
     pretrain.add_argument("--ffn-num-hiddens", type=int, default=256)
     pretrain.add_argument("--num-heads", type=int, default=2)
     pretrain.add_argument("--num-blks", type=int, default=2)
     pretrain.add_argument("--max-len", type=int, default=64)
-    pretrain.add_argument("--dropout", type=float, default=0.0,
-                          help="d2l uses 0.2; the default 0 keeps the frameworks' runs comparable step by step, "
-                               "since their dropout masks come from different random generators")
+    pretrain.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="d2l uses 0.2; the default 0 keeps the frameworks' runs comparable step by step, "
+        "since their dropout masks come from different random generators",
+    )
     pretrain.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
     pretrain.add_argument("--device", default="cpu")
     pretrain.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
@@ -278,8 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.set_defaults(func=cmd_pretrain)
 
     fixtures = sub.add_parser("fixtures", help="rewrite the golden fixtures (weights, inputs, oracle outputs)")
-    fixtures.add_argument("--dir", default=str(DEFAULT_DIRECTORY),
-                          help=f"where to write them (default: {DEFAULT_DIRECTORY}, run from the repository root)")
+    fixtures.add_argument(
+        "--dir",
+        default=str(DEFAULT_DIRECTORY),
+        help=f"where to write them (default: {DEFAULT_DIRECTORY}, run from the repository root)",
+    )
     fixtures.set_defaults(func=cmd_fixtures)
 
     listing = sub.add_parser("backends", help="list the backends and whether each can run here")

@@ -73,9 +73,11 @@ class Comparison:
         verdict = "PASS" if self.passed else "FAIL"
         if self.nonfinite:
             return f"{self.name}: FAIL, {self.nonfinite} non-finite value(s), first at {self.worst_index}"
-        return (f"{self.name}: {verdict}, max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}; worst element "
-                f"{self.worst_index} uses {self.ratio:.3g}x the tolerance (atol {self.tolerance.atol:g}, "
-                f"rtol {self.tolerance.rtol:g})")
+        return (
+            f"{self.name}: {verdict}, max abs {self.max_abs:.3g}, max rel {self.max_rel:.3g}; worst element "
+            f"{self.worst_index} uses {self.ratio:.3g}x the tolerance (atol {self.tolerance.atol:g}, "
+            f"rtol {self.tolerance.rtol:g})"
+        )
 
 
 def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> Comparison:
@@ -95,5 +97,14 @@ def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, toleranc
         limit = tolerance.atol + tolerance.rtol * np.abs(expected)
         ratios = np.where(limit > 0, error / limit, np.where(error > 0, np.inf, 0.0))
     worst = np.unravel_index(int(np.argmax(ratios)), ratios.shape)
-    return Comparison(name, actual.shape, tolerance, float(error.max()), float(rel.max()), float(error.mean()),
-                      tuple(int(i) for i in worst), float(ratios[worst]), 0)
+    return Comparison(
+        name,
+        actual.shape,
+        tolerance,
+        float(error.max()),
+        float(rel.max()),
+        float(error.mean()),
+        tuple(int(i) for i in worst),
+        float(ratios[worst]),
+        0,
+    )

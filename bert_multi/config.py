@@ -69,7 +69,5 @@ class BERTConfig:
 CONFIGS: dict[str, BERTConfig] = {
     "tiny": BERTConfig(vocab_size=50, num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, max_len=16),
     "chapter": BERTConfig(vocab_size=10000, num_hiddens=768, ffn_num_hiddens=1024, num_heads=4, num_blks=2),
-    "base": BERTConfig(
-        vocab_size=30522, num_hiddens=768, ffn_num_hiddens=3072, num_heads=12, num_blks=12, max_len=512
-    ),
+    "base": BERTConfig(vocab_size=30522, num_hiddens=768, ffn_num_hiddens=3072, num_heads=12, num_blks=12, max_len=512),
 }

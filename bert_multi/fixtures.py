@@ -53,8 +53,9 @@ def write_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Pat
             batch = case.batch(config, SEED)
             out = oracle(**batch, intermediates=True)
             arrays.update({f"{case.name}/inputs/{k}": v for k, v in batch.items() if v is not None})
-            arrays.update({f"{case.name}/outputs/{k}": getattr(out, k) for k in OUTPUT_NAMES
-                           if getattr(out, k) is not None})
+            arrays.update(
+                {f"{case.name}/outputs/{k}": getattr(out, k) for k in OUTPUT_NAMES if getattr(out, k) is not None}
+            )
             arrays.update({f"{case.name}/intermediates/{k}": v for k, v in out.intermediates.items()})
         path = directory / f"{name}.cases.npz"
         with atomic_path(path) as tmp_path, open(tmp_path, "wb") as file:
@@ -72,10 +73,15 @@ def read_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Fixt
             stored = {key: archive[key] for key in archive.files}
         cases = {}
         for case_name in sorted({key.split("/")[0] for key in stored}):
-            get = lambda kind, field: stored.get(f"{case_name}/{kind}/{field}")
-            batch = {field: get("inputs", field) for field in INPUT_FIELDS}
-            intermediates = OrderedDict((k, get("intermediates", k)) for k in intermediate_names(config))
-            outputs = BERTOutput(get("outputs", "encoded"), get("outputs", "mlm"), get("outputs", "nsp"), intermediates)
+            part = {
+                kind: {
+                    key.split("/")[2]: value for key, value in stored.items() if key.startswith(f"{case_name}/{kind}/")
+                }
+                for kind in ("inputs", "outputs", "intermediates")
+            }
+            batch = {field: part["inputs"].get(field) for field in INPUT_FIELDS}
+            intermediates = OrderedDict((k, part["intermediates"][k]) for k in intermediate_names(config))
+            outputs = BERTOutput(*(part["outputs"].get(name) for name in OUTPUT_NAMES), intermediates)
             cases[case_name] = (batch, outputs)
         fixtures.append(Fixture(name, config, weights, cases))
     return fixtures

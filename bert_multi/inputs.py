@@ -54,8 +54,9 @@ def _require_within(name: str, array: np.ndarray, low: int, high: int, expected:
         raise InputError(f"{name}[{', '.join(map(str, index))}] = {array[index]} is out of range: expected {expected}")
 
 
-def check_inputs(config: BERTConfig, tokens: object, segments: object, valid_lens: object = None,
-                 pred_positions: object = None) -> ModelInputs:
+def check_inputs(
+    config: BERTConfig, tokens: object, segments: object, valid_lens: object = None, pred_positions: object = None
+) -> ModelInputs:
     """Check a batch against ``config`` and return it as int64 arrays, or raise ``InputError``.
 
     tokens: integers (B, T) in [0, vocab_size), with 1 <= T <= max_len. segments: integers in {0, 1}
@@ -83,16 +84,20 @@ def check_inputs(config: BERTConfig, tokens: object, segments: object, valid_len
             not_integral = ~np.isfinite(valid_lens) | (valid_lens != np.round(valid_lens))
             if not_integral.any():
                 index = tuple(int(i) for i in np.argwhere(not_integral)[0])
-                raise InputError(f"valid_lens[{', '.join(map(str, index))}] = {valid_lens[index]} "
-                                 "is not a whole number: expected integral lengths")
+                raise InputError(
+                    f"valid_lens[{', '.join(map(str, index))}] = {valid_lens[index]} "
+                    "is not a whole number: expected integral lengths"
+                )
         _require_within("valid_lens", valid_lens, 0, T, f"lengths in [0, {T}] (num_steps)")
         valid_lens = valid_lens.astype(np.int64)
 
     if pred_positions is not None:
         pred_positions = _as_array("pred_positions", pred_positions)
         if pred_positions.ndim != 2 or pred_positions.shape[0] != B or pred_positions.shape[1] == 0:
-            raise InputError(f"pred_positions has shape {pred_positions.shape}: "
-                             f"expected ({B}, num_pred_positions) with num_pred_positions >= 1")
+            raise InputError(
+                f"pred_positions has shape {pred_positions.shape}: "
+                f"expected ({B}, num_pred_positions) with num_pred_positions >= 1"
+            )
         _require_within("pred_positions", pred_positions, 0, T - 1, f"positions in [0, {T}) (num_steps)")
         pred_positions = pred_positions.astype(np.int64)
 

@@ -32,11 +32,11 @@ def relu(X: np.ndarray) -> np.ndarray:
     return np.maximum(X, 0)
 
 
-def layer_norm(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
+def layer_norm(X: np.ndarray, weights: dict, prefix: str, eps: float = LAYER_NORM_EPS) -> np.ndarray:
     """Normalise over the last axis with the biased variance, then scale by gamma and shift by beta."""
     mean = X.mean(axis=-1, keepdims=True)
     var = X.var(axis=-1, keepdims=True)
-    return (X - mean) / np.sqrt(var + LAYER_NORM_EPS) * weights[f"{prefix}.weight"] + weights[f"{prefix}.bias"]
+    return (X - mean) / np.sqrt(var + eps) * weights[f"{prefix}.weight"] + weights[f"{prefix}.bias"]
 
 
 def softmax(X: np.ndarray) -> np.ndarray:
@@ -75,8 +75,9 @@ def repeat_over_heads(valid_lens: np.ndarray, num_heads: int) -> np.ndarray:
     return np.repeat(valid_lens, num_heads, axis=0)
 
 
-def multi_head_attention(X: np.ndarray, valid_lens: np.ndarray | None, weights: dict, prefix: str,
-                         num_heads: int) -> np.ndarray:
+def multi_head_attention(
+    X: np.ndarray, valid_lens: np.ndarray | None, weights: dict, prefix: str, num_heads: int
+) -> np.ndarray:
     """Self-attention: W_q/W_k/W_v projections (with bias), per-head scaled dot product, then W_o."""
     queries = split_heads(dense(X, weights, f"{prefix}.W_q"), num_heads)
     keys = split_heads(dense(X, weights, f"{prefix}.W_k"), num_heads)
@@ -94,9 +95,18 @@ def position_wise_ffn(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
     return dense(relu(dense(X, weights, f"{prefix}.dense1")), weights, f"{prefix}.dense2")
 
 
-def forward(config: BERTConfig, weights: dict, inputs: ModelInputs,
-            record: OrderedDict[str, np.ndarray] | None = None) -> BERTOutput:
-    """The whole model on checked inputs; named activations go into ``record`` when it is given."""
+def forward(
+    config: BERTConfig,
+    weights: dict,
+    inputs: ModelInputs,
+    record: OrderedDict[str, np.ndarray] | None = None,
+    layer_norm_eps: float = LAYER_NORM_EPS,
+) -> BERTOutput:
+    """The whole model on checked inputs; named activations go into ``record`` when it is given.
+
+    ``layer_norm_eps`` is 1e-5 by the semantics; a backend whose framework stores it differently
+    (MXNet keeps it as a C float) is compared against the oracle run with that framework's value.
+    """
 
     def keep(name: str, value: np.ndarray) -> np.ndarray:
         if record is not None:
@@ -106,23 +116,27 @@ def forward(config: BERTConfig, weights: dict, inputs: ModelInputs,
     tokens, segments, valid_lens, pred_positions = inputs
     T = tokens.shape[1]
     # Input representation: token + segment + learned positional embedding; no LayerNorm, no scaling.
-    X = (weights["encoder.token_embedding.weight"][tokens] + weights["encoder.segment_embedding.weight"][segments]
-         + weights["encoder.pos_embedding"][:, :T, :])
+    X = (
+        weights["encoder.token_embedding.weight"][tokens]
+        + weights["encoder.segment_embedding.weight"][segments]
+        + weights["encoder.pos_embedding"][:, :T, :]
+    )
     keep("embedding", X)
     # Post-LayerNorm encoder blocks: Y = LN(X + MHA(X)), out = LN(Y + FFN(Y)); dropout off.
     for i in range(config.num_blks):
         blk = f"encoder.blks.{i}"
-        attention = keep(f"blks.{i}.attention",
-                         multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads))
-        Y = keep(f"blks.{i}.addnorm1", layer_norm(X + attention, weights, f"{blk}.addnorm1.ln"))
+        attention = keep(
+            f"blks.{i}.attention", multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads)
+        )
+        Y = keep(f"blks.{i}.addnorm1", layer_norm(X + attention, weights, f"{blk}.addnorm1.ln", layer_norm_eps))
         ffn = keep(f"blks.{i}.ffn", position_wise_ffn(Y, weights, f"{blk}.ffn"))
-        X = keep(f"blks.{i}.output", layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln"))
+        X = keep(f"blks.{i}.output", layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln", layer_norm_eps))
     encoded = X
     # MaskLM: gather X[b, pred_positions[b, k]], then Dense(H) -> ReLU -> LayerNorm -> Dense(V).
     mlm = None
     if pred_positions is not None:
         gathered = encoded[np.arange(encoded.shape[0])[:, None], pred_positions]  # (B, P, H)
-        hidden = layer_norm(relu(dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2")
+        hidden = layer_norm(relu(dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2", layer_norm_eps)
         mlm = dense(hidden, weights, "mlm.mlp.3")
     # Pooler: Dense(H) -> tanh on the <cls> vector; NSP: Dense(2) on the pooler output.
     pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, "hidden.0")))
@@ -137,8 +151,9 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return log_sum - np.take_along_axis(shifted, labels[:, None], axis=-1)[:, 0]
 
 
-def pretraining_loss(config: BERTConfig, weights: dict, batch: dict[str, np.ndarray],
-                     mlm_normalization: str = "real_slots") -> LossValues:
+def pretraining_loss(
+    config: BERTConfig, weights: dict, batch: dict[str, np.ndarray], mlm_normalization: str = "real_slots"
+) -> LossValues:
     """(total, MLM, NSP) loss of a checked pretraining batch (see ``pretraining.check_batch``).
 
     MLM cross-entropy is averaged over the real prediction slots (weight 1), NSP cross-entropy over the
@@ -163,12 +178,14 @@ class NumpyBERT(BackendModel):
 
     backend = NAME
 
-    def __init__(self, config: BERTConfig, weights: dict[str, np.ndarray], dtype: str) -> None:
+    def __init__(self, config: BERTConfig, weights: dict[str, np.ndarray], dtype: str, layer_norm_eps: float) -> None:
         super().__init__(config, dtype, parse_device("cpu"))
         self.weights = weights
+        self.layer_norm_eps = layer_norm_eps
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        return forward(self.config, self.weights, inputs, OrderedDict() if intermediates else None)
+        record = OrderedDict() if intermediates else None
+        return forward(self.config, self.weights, inputs, record, self.layer_norm_eps)
 
     def export_weights(self) -> dict[str, np.ndarray]:
         return {name: array.copy() for name, array in self.weights.items()}
@@ -177,10 +194,15 @@ class NumpyBERT(BackendModel):
         return {"framework": f"numpy {np.__version__}"}
 
 
-def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu",
-          dtype: object = "float64") -> NumpyBERT:
+def build(
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    device: str = "cpu",
+    dtype: object = "float64",
+    layer_norm_eps: float = LAYER_NORM_EPS,
+) -> NumpyBERT:
     """The oracle model on canonical ``weights``, cast to ``dtype`` (float64 by default)."""
     if parse_device(device).kind != "cpu":
         raise ValueError(f"the numpy backend runs on the CPU only, not {device!r}")
     dtype, weights = prepare_weights(config, weights, dtype)
-    return NumpyBERT(config, weights, dtype)
+    return NumpyBERT(config, weights, dtype, layer_norm_eps)

@@ -81,12 +81,15 @@ def paragraphs_from_lines(lines: Sequence[str]) -> list[list[str]]:
 
 # --- The built-in corpus -----------------------------------------------------------------------------
 
-_NOUNS = ("cat dog bird horse river city village forest garden teacher student doctor farmer king queen "
-          "child ship train island mountain valley library museum market castle bridge lake painter singer "
-          "soldier merchant").split()
+_NOUNS = (
+    "cat dog bird horse river city village forest garden teacher student doctor farmer king queen "
+    "child ship train island mountain valley library museum market castle bridge lake painter singer "
+    "soldier merchant"
+).split()
 _ADJECTIVES = "old young quiet busy small large bright dark famous ancient green cold warm strange gentle".split()
-_VERBS = ("sees follows finds visits builds paints remembers crosses guards leaves watches helps carries "
-          "describes admires").split()
+_VERBS = (
+    "sees follows finds visits builds paints remembers crosses guards leaves watches helps carries describes admires"
+).split()
 _PLACES = ("the north", "the south", "the coast", "the hills", "the capital", "the harbour", "the plains")
 _TIMES = ("at dawn", "in winter", "in spring", "at night", "every year", "after the war", "before the festival")
 
@@ -109,14 +112,23 @@ def builtin_corpus(num_paragraphs: int = 800, seed: int = 0) -> list[str]:
         topic = rng.choice(_NOUNS)
         sentences = []
         for _ in range(rng.randint(3, 7)):
-            sentences.append(rng.choice(templates).format(
-                adj=rng.choice(_ADJECTIVES), topic=topic, verb=rng.choice(_VERBS), noun=rng.choice(_NOUNS),
-                noun2=rng.choice(_NOUNS), place=rng.choice(_PLACES), time=rng.choice(_TIMES)))
+            sentences.append(
+                rng.choice(templates).format(
+                    adj=rng.choice(_ADJECTIVES),
+                    topic=topic,
+                    verb=rng.choice(_VERBS),
+                    noun=rng.choice(_NOUNS),
+                    noun2=rng.choice(_NOUNS),
+                    place=rng.choice(_PLACES),
+                    time=rng.choice(_TIMES),
+                )
+            )
         lines.append(" . ".join(sentences) + " .")
     return lines
 
 
 # --- Next-sentence prediction and masked-LM examples -------------------------------------------------
+
 
 def _next_sentence(sentence, next_sentence, paragraphs, rng: random.Random):
     """Half the time the true next sentence (label True), else a random sentence of the corpus."""
@@ -138,8 +150,9 @@ def nsp_examples(paragraph, paragraphs, max_len: int, rng: random.Random):
     return examples
 
 
-def replace_mlm_tokens(tokens: list[str], candidate_positions: list[int], num_preds: int, vocab: Vocab,
-                       rng: random.Random) -> tuple[list[str], list[tuple[int, str]]]:
+def replace_mlm_tokens(
+    tokens: list[str], candidate_positions: list[int], num_preds: int, vocab: Vocab, rng: random.Random
+) -> tuple[list[str], list[tuple[int, str]]]:
     """Choose ``num_preds`` positions; each becomes '<mask>' 80% of the time, stays 10%, and becomes a
     token drawn uniformly from the whole vocabulary 10% (d2l <= 0.17.0 drew an index there, which
     then read as '<unk>')."""
@@ -197,8 +210,9 @@ class PretrainingData:
     arrays: dict[str, np.ndarray]  # each field of BATCH_FIELDS, one row per example
 
     @classmethod
-    def from_paragraphs(cls, paragraphs: list[list[str]], max_len: int = 64, seed: int = 0,
-                        min_freq: int = 5) -> PretrainingData:
+    def from_paragraphs(
+        cls, paragraphs: list[list[str]], max_len: int = 64, seed: int = 0, min_freq: int = 5
+    ) -> PretrainingData:
         rng = random.Random(seed)
         paragraphs = list(paragraphs)
         rng.shuffle(paragraphs)
@@ -223,7 +237,7 @@ class PretrainingData:
         while True:
             order = rng.permutation(len(self)) if shuffle else np.arange(len(self))
             for start in range(0, len(self) - batch_size + 1, batch_size):
-                rows = order[start:start + batch_size]
+                rows = order[start : start + batch_size]
                 yield {field: values[rows] for field, values in self.arrays.items()}
 
 
@@ -239,9 +253,11 @@ ADAM_EPSILON_STYLES = ("torch", "mxnet")
 
 
 def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_style: str) -> None:
-    for name, value, allowed in (("optimizer", optimizer, OPTIMIZERS),
-                                 ("mlm_normalization", mlm_normalization, MLM_NORMALIZATIONS),
-                                 ("adam_epsilon_style", adam_epsilon_style, ADAM_EPSILON_STYLES)):
+    for name, value, allowed in (
+        ("optimizer", optimizer, OPTIMIZERS),
+        ("mlm_normalization", mlm_normalization, MLM_NORMALIZATIONS),
+        ("adam_epsilon_style", adam_epsilon_style, ADAM_EPSILON_STYLES),
+    ):
         if value not in allowed:
             raise ValueError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
 
@@ -257,23 +273,36 @@ def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, n
     labels = np.asarray(batch["mlm_labels"])
     weights = np.asarray(batch["mlm_weights"])
     nsp = np.asarray(batch["nsp_labels"])
-    for name, array, shape in (("mlm_labels", labels, (B, P)), ("mlm_weights", weights, (B, P)), ("nsp_labels", nsp, (B,))):
+    for name, array, shape in (
+        ("mlm_labels", labels, (B, P)),
+        ("mlm_weights", weights, (B, P)),
+        ("nsp_labels", nsp, (B,)),
+    ):
         if array.shape != shape:
             raise InputError(f"{name} has shape {array.shape}: expected {shape}")
     if labels.dtype.kind not in "iu" or nsp.dtype.kind not in "iu":
         raise InputError("mlm_labels and nsp_labels must be integer arrays")
     if labels.size and (labels.min() < 0 or labels.max() >= config.vocab_size):
-        raise InputError(f"mlm_labels must be token ids in [0, {config.vocab_size}), got {labels.min()}..{labels.max()}")
+        raise InputError(
+            f"mlm_labels must be token ids in [0, {config.vocab_size}), got {labels.min()}..{labels.max()}"
+        )
     if not np.isin(nsp, (0, 1)).all():
         raise InputError("nsp_labels must be 0 or 1")
     if weights.dtype.kind != "f" or not np.isfinite(weights).all() or (weights < 0).any():
         raise InputError("mlm_weights must be finite, non-negative floats")
-    return {"tokens": inputs.tokens, "segments": inputs.segments, "valid_lens": inputs.valid_lens,
-            "pred_positions": inputs.pred_positions, "mlm_weights": weights, "mlm_labels": labels.astype(np.int64),
-            "nsp_labels": nsp.astype(np.int64)}
+    return {
+        "tokens": inputs.tokens,
+        "segments": inputs.segments,
+        "valid_lens": inputs.valid_lens,
+        "pred_positions": inputs.pred_positions,
+        "mlm_weights": weights,
+        "mlm_labels": labels.astype(np.int64),
+        "nsp_labels": nsp.astype(np.int64),
+    }
 
 
 # --- Running it ----------------------------------------------------------------------------------------
+
 
 @dataclass
 class TrainingRun:
@@ -291,9 +320,19 @@ class TrainingRun:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
-def run_pretraining(backend_name: str, config: BERTConfig, weights: dict[str, np.ndarray], data: PretrainingData,
-                    steps: int, batch_size: int, seed: int = 0, device: str = "cpu", dtype: str = "float32",
-                    on_step=None, **options) -> TrainingRun:
+def run_pretraining(
+    backend_name: str,
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    data: PretrainingData,
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: str = "float32",
+    on_step=None,
+    **options,
+) -> TrainingRun:
     """``steps`` optimizer steps of ``backend_name`` from ``weights`` on ``data``'s batches (drawn from
     ``seed``, so two backends given the same seed see the same batches). ``options`` go to the
     backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style).

@@ -37,13 +37,37 @@ def summary_table(report: Report) -> str:
     (how many times the error could grow before failing)."""
     rows = []
     for target, reference, output, c in report.worst():
-        rows.append((target.backend, target.dtype, target.device, reference, output, _number(c.max_abs),
-                     _number(c.max_rel), f"atol {c.tolerance.atol:g} rtol {c.tolerance.rtol:g}", _margin(c),
-                     "PASS" if c.passed else "FAIL"))
+        rows.append(
+            (
+                target.backend,
+                target.dtype,
+                target.device,
+                reference,
+                output,
+                _number(c.max_abs),
+                _number(c.max_rel),
+                f"atol {c.tolerance.atol:g} rtol {c.tolerance.rtol:g}",
+                _margin(c),
+                "PASS" if c.passed else "FAIL",
+            )
+        )
     for target, reason in report.skipped.items():
         rows.append((target.backend, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"SKIP: {reason}"))
-    return format_table(("backend", "dtype", "device", "compared with", "output", "max abs err", "max rel err",
-                         "tolerance", "margin", "result"), rows)
+    return format_table(
+        (
+            "backend",
+            "dtype",
+            "device",
+            "compared with",
+            "output",
+            "max abs err",
+            "max rel err",
+            "tolerance",
+            "margin",
+            "result",
+        ),
+        rows,
+    )
 
 
 def failure_details(report: Report) -> str:
@@ -52,8 +76,7 @@ def failure_details(report: Report) -> str:
     for check in report.failures():
         first = check.first_divergence
         assert first is not None
-        lines.append(f"FAIL {check.target} vs {check.reference}, case {check.case}: first divergence at "
-                     f"{first.name!r}")
+        lines.append(f"FAIL {check.target} vs {check.reference}, case {check.case}: first divergence at {first.name!r}")
         lines.append(f"     {first.describe()}")
     return "\n".join(lines)
 
@@ -62,7 +85,9 @@ def runtime_lines(report: Report) -> str:
     """What each target ran on: framework version, threads, TF32."""
     lines = []
     for target, info in report.runtime.items():
-        details = ", ".join(f"{key} {value}" for key, value in info.items() if key not in ("backend", "dtype", "device"))
+        details = ", ".join(
+            f"{key} {value}" for key, value in info.items() if key not in ("backend", "dtype", "device")
+        )
         lines.append(f"  {target}: {details}")
     return "\n".join(lines)
 
@@ -75,7 +100,7 @@ def plot_report(report: Report, path: str | Path) -> Path:
     worst: dict[str, dict[str, float]] = {}
     tolerances: dict[str, float] = {}
     for check in report.checks:
-        if check.reference != "oracle":
+        if not check.against_oracle:
             continue
         series = worst.setdefault(str(check.target), {})
         for comparison in check.intermediates + check.outputs:
@@ -89,19 +114,22 @@ def plot_report(report: Report, path: str | Path) -> Path:
         backend, dtype = target.split(" ")[:2]
         color = colors.setdefault(backend, f"C{len(colors)}")
         ys = [max(series.get(layer, math.nan), floor) for layer in layers]
-        ax.plot(range(len(layers)), ys, marker="o", color=color, linestyle="--" if dtype == "float64" else "-",
-                label=target)
+        ax.plot(
+            range(len(layers)), ys, marker="o", color=color, linestyle="--" if dtype == "float64" else "-", label=target
+        )
     for dtype, atol in sorted(tolerances.items()):
         if atol > 0:
             ax.axhline(atol, color="grey", linestyle=":", linewidth=1)
-            ax.annotate(f"{dtype} atol {atol:g}", (0, atol), textcoords="offset points", xytext=(2, 3), fontsize=8,
-                        color="grey")
+            ax.annotate(
+                f"{dtype} atol {atol:g}", (0, atol), textcoords="offset points", xytext=(2, 3), fontsize=8, color="grey"
+            )
     ax.set_yscale("log")
     ax.set_xticks(range(len(layers)), layers, rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("max |error| vs the float64 oracle, worst case\n(exact agreement drawn at 1e-17)")
     c = report.config
-    ax.set_title(f"Error per layer: {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, "
-                 f"vocab {c.vocab_size}")
+    ax.set_title(
+        f"Error per layer: {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, vocab {c.vocab_size}"
+    )
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

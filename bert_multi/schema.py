@@ -7,7 +7,8 @@ own structural names; nothing else in the project spells them out.
 
 from __future__ import annotations
 
-from typing import Callable, Literal, NamedTuple
+from typing import Literal, NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 
@@ -74,13 +75,15 @@ def normalize_dtype(dtype: object) -> str:
     return name
 
 
-def _draw(config: BERTConfig, seed: int, dtype: object,
-          scale: Callable[[ParamSpec, np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+def _draw(
+    config: BERTConfig, seed: int, dtype: object, scale: Callable[[ParamSpec, np.ndarray], np.ndarray]
+) -> dict[str, np.ndarray]:
     """One standard-normal draw per tensor, in schema order from one seeded generator, scaled by role."""
     dtype = normalize_dtype(dtype)
     rng = np.random.default_rng(seed)
-    return {name: scale(spec, rng.standard_normal(spec.shape)).astype(dtype)
-            for name, spec in param_specs(config).items()}
+    return {
+        name: scale(spec, rng.standard_normal(spec.shape)).astype(dtype) for name, spec in param_specs(config).items()
+    }
 
 
 def init_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32") -> dict[str, np.ndarray]:
@@ -89,6 +92,7 @@ def init_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32") -
     Embeddings and dense weights are N(0, 0.02^2), biases and LayerNorm beta zero, LayerNorm gamma one.
     Every backend loads these same numbers, so no framework initialiser is ever relied on.
     """
+
     def bert_init(spec: ParamSpec, z: np.ndarray) -> np.ndarray:
         if spec.role in ("embedding", "dense_weight"):
             return 0.02 * z
@@ -104,6 +108,7 @@ def random_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32")
     swapped LayerNorm's gamma and beta would still agree. Here biases, gammas and betas are drawn too,
     and dense weights have std 1/sqrt(fan_in) so that activations stay of order one in every layer.
     """
+
     def all_random(spec: ParamSpec, z: np.ndarray) -> np.ndarray:
         if spec.role == "embedding":
             return z
@@ -127,8 +132,10 @@ def validate_weights(config: BERTConfig, weights: object) -> str:
     shapes = param_shapes(config)
     missing = [name for name in shapes if name not in weights]
     if missing:
-        raise WeightsError(f"missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
-                           f"({len(missing)} of {len(shapes)} in the schema)")
+        raise WeightsError(
+            f"missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+            f"({len(missing)} of {len(shapes)} in the schema)"
+        )
     extra = [name for name in weights if name not in shapes]
     if extra:
         raise WeightsError(f"unexpected tensor(s) {extra[:5]} not in the canonical schema for this config")

@@ -103,8 +103,10 @@ def _parse_manifest(path: Path, archive: Any) -> tuple[BERTConfig, str, dict[str
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise WeightsError(f"{path}: manifest format_version is {version!r}, expected a positive int")
     if version > FORMAT_VERSION:
-        raise WeightsError(f"{path}: format version {version} is newer than this bert_multi reads "
-                           f"(up to {FORMAT_VERSION}); upgrade bert_multi")
+        raise WeightsError(
+            f"{path}: format version {version} is newer than this bert_multi reads "
+            f"(up to {FORMAT_VERSION}); upgrade bert_multi"
+        )
     try:
         config = BERTConfig.from_dict(manifest["config"])
     except (ValueError, TypeError) as error:
@@ -151,8 +153,10 @@ def load_weights(path: str | os.PathLike) -> tuple[BERTConfig, dict[str, np.ndar
             if array.dtype.name != dtype:
                 raise WeightsError(f"{path}: tensor {name!r} has dtype {array.dtype}, the manifest says {dtype}")
             if tensor_sha256(array) != digests[name]:
-                raise WeightsError(f"{path}: tensor {name!r} fails its SHA-256 check: "
-                                   "the file was modified or corrupted after it was written")
+                raise WeightsError(
+                    f"{path}: tensor {name!r} fails its SHA-256 check: "
+                    "the file was modified or corrupted after it was written"
+                )
             weights[name] = array
     try:
         validate_weights(config, weights)

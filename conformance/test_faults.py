@@ -18,6 +18,7 @@ CONFIG = BERTConfig(vocab_size=31, num_hiddens=12, ffn_num_hiddens=16, num_heads
 
 # --- PyTorch faults ---------------------------------------------------------------------------------
 
+
 def torch_faults():
     import torch
     from torch import nn
@@ -26,16 +27,23 @@ def torch_faults():
 
     def tiled_valid_lens(mp):  # d2l <= 0.15: valid_lens tiled (b0, b1, b0, b1) over heads
         def forward(self, queries, keys, values, valid_lens):
-            queries, keys, values = (self.transpose_qkv(W(x)) for W, x in
-                                     ((self.W_q, queries), (self.W_k, keys), (self.W_v, values)))
+            queries, keys, values = (
+                self.transpose_qkv(W(x)) for W, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values))
+            )
             if valid_lens is not None:
                 valid_lens = valid_lens.repeat(self.num_heads, *([1] * (valid_lens.dim() - 1)))
             return self.W_o(self.transpose_output(self.attention(queries, keys, values, valid_lens)))
+
         mp.setattr(model.MultiHeadAttention, "forward", forward)
 
     def layer_norm_eps(mp):  # BERT's original TensorFlow epsilon
-        mp.setattr(model.AddNorm, "forward", lambda self, X, Y: nn.functional.layer_norm(
-            self.dropout(Y) + X, self.ln.normalized_shape, self.ln.weight, self.ln.bias, eps=1e-12))
+        mp.setattr(
+            model.AddNorm,
+            "forward",
+            lambda self, X, Y: nn.functional.layer_norm(
+                self.dropout(Y) + X, self.ln.normalized_shape, self.ln.weight, self.ln.bias, eps=1e-12
+            ),
+        )
 
     def gelu(mp):  # BERT's activation, not d2l's
         mp.setattr(model.PositionWiseFFN, "forward", lambda self, X: self.dense2(nn.functional.gelu(self.dense1(X))))
@@ -48,24 +56,30 @@ def torch_faults():
             lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
             mask = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
             return nn.functional.softmax(X.reshape(-1, shape[-1]).masked_fill(~mask, -math.inf).reshape(shape), dim=-1)
+
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def scale_by_full_width(mp):
         def forward(self, queries, keys, values, valid_lens=None):
             scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
             return torch.bmm(self.dropout(model.masked_softmax(scores, valid_lens)), values)
+
         mp.setattr(model.DotProductAttention, "forward", forward)
 
     def segments_ignored(mp):
         original = model.BERTEncoder.forward
-        mp.setattr(model.BERTEncoder, "forward",
-                   lambda self, tokens, segments, valid_lens: original(self, tokens, torch.zeros_like(segments), valid_lens))
+        mp.setattr(
+            model.BERTEncoder,
+            "forward",
+            lambda self, tokens, segments, valid_lens: original(self, tokens, torch.zeros_like(segments), valid_lens),
+        )
 
     def nsp_reads_last_position(mp):
         def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
             encoded_X = self.encoder(tokens, segments, valid_lens)
             mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
             return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
+
         mp.setattr(model.BERTModel, "forward", forward)
 
     def dropout_at_inference(mp):
@@ -76,6 +90,7 @@ def torch_faults():
 
 # --- MXNet faults, the same list ----------------------------------------------------------------------
 
+
 def mxnet_faults():
     import mxnet as mx
     from mxnet import np, npx
@@ -84,23 +99,32 @@ def mxnet_faults():
 
     def tiled_valid_lens(mp):
         def forward(self, queries, keys, values, valid_lens):
-            queries, keys, values = (self.transpose_qkv(W(x)) for W, x in
-                                     ((self.W_q, queries), (self.W_k, keys), (self.W_v, values)))
+            queries, keys, values = (
+                self.transpose_qkv(W(x)) for W, x in ((self.W_q, queries), (self.W_k, keys), (self.W_v, values))
+            )
             if valid_lens is not None:
                 valid_lens = np.concatenate([valid_lens] * self.num_heads, axis=0)
             return self.W_o(self.transpose_output(self.attention(queries, keys, values, valid_lens)))
+
         mp.setattr(model.MultiHeadAttention, "forward", forward)
 
     def layer_norm_eps(mp):
-        mp.setattr(model.AddNorm, "forward", lambda self, X, Y: npx.layer_norm(
-            self.dropout(Y) + X, self.ln.gamma.data(X.ctx), self.ln.beta.data(X.ctx), axis=-1, eps=1e-12))
+        mp.setattr(
+            model.AddNorm,
+            "forward",
+            lambda self, X, Y: npx.layer_norm(
+                self.dropout(Y) + X, self.ln.gamma.data(X.ctx), self.ln.beta.data(X.ctx), axis=-1, eps=1e-12
+            ),
+        )
 
     def gelu(mp):
         def forward(self, X):
             dense1 = self.dense1
-            hidden = npx.fully_connected(X, dense1.weight.data(X.ctx), dense1.bias.data(X.ctx),
-                                         num_hidden=dense1._units, flatten=False)
+            hidden = npx.fully_connected(
+                X, dense1.weight.data(X.ctx), dense1.bias.data(X.ctx), num_hidden=dense1._units, flatten=False
+            )
             return self.dense2(npx.leaky_relu(hidden, act_type="gelu"))
+
         mp.setattr(model.PositionWiseFFN, "forward", forward)
 
     def minus_inf_mask(mp):
@@ -111,29 +135,36 @@ def mxnet_faults():
             lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
             X = npx.sequence_mask(X.reshape(-1, shape[-1]), lens, True, value=-math.inf, axis=1)
             return npx.softmax(X).reshape(shape)
+
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def scale_by_full_width(mp):
         def forward(self, queries, keys, values, valid_lens=None):
             scores = npx.batch_dot(queries, keys, transpose_b=True) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
             return npx.batch_dot(self.dropout(model.masked_softmax(scores, valid_lens)), values)
+
         mp.setattr(model.DotProductAttention, "forward", forward)
 
     def segments_ignored(mp):
         original = model.BERTEncoder.forward
-        mp.setattr(model.BERTEncoder, "forward",
-                   lambda self, tokens, segments, valid_lens: original(self, tokens, np.zeros_like(segments), valid_lens))
+        mp.setattr(
+            model.BERTEncoder,
+            "forward",
+            lambda self, tokens, segments, valid_lens: original(self, tokens, np.zeros_like(segments), valid_lens),
+        )
 
     def nsp_reads_last_position(mp):
         def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
             encoded_X = self.encoder(tokens, segments, valid_lens)
             mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
             return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
+
         mp.setattr(model.BERTModel, "forward", forward)
 
     def dropout_at_inference(mp):
-        mp.setattr(mx.gluon.nn.Dropout, "hybrid_forward",
-                   lambda self, F, x: F.npx.dropout(x, p=self._rate, mode="always"))
+        mp.setattr(
+            mx.gluon.nn.Dropout, "hybrid_forward", lambda self, F, x: F.npx.dropout(x, p=self._rate, mode="always")
+        )
 
     return locals()
 
@@ -161,8 +192,9 @@ def test_each_known_fault_is_caught_and_localised(backend, fault, monkeypatch):
     FAULT_SETS[backend]()[fault](monkeypatch)
     catching_case, layer = EXPECTED[fault]
     cases = [(case.name, case.batch(CONFIG, seed=2)) for case in CASES]
-    report = run_conformance(CONFIG, random_weights(CONFIG, seed=2, dtype="float64"),
-                             [Target(backend, "float64")], cases, pairs=False)
+    report = run_conformance(
+        CONFIG, random_weights(CONFIG, seed=2, dtype="float64"), [Target(backend, "float64")], cases, pairs=False
+    )
     failing = {check.case: check.first_divergence for check in report.failures()}
     assert catching_case in failing, f"{fault} went unnoticed by {catching_case}"
     assert failing[catching_case].name == layer, failing[catching_case].describe()
@@ -177,7 +209,8 @@ def test_without_faults_the_same_run_passes(backend):
     if not backends()[backend].available:
         pytest.skip(backends()[backend].reason)
     cases = [(case.name, case.batch(CONFIG, seed=2)) for case in CASES]
-    report = run_conformance(CONFIG, random_weights(CONFIG, seed=2, dtype="float64"),
-                             [Target(backend, "float64")], cases, pairs=False)
+    report = run_conformance(
+        CONFIG, random_weights(CONFIG, seed=2, dtype="float64"), [Target(backend, "float64")], cases, pairs=False
+    )
     assert report.passed and len(report.checks) == len(CASES)
     assert not np.isnan([c.max_abs for check in report.checks for c in check.outputs]).any()

@@ -14,7 +14,9 @@ from bert_multi.conform import assert_conforms
 from bert_multi.fixtures import FIXTURE_CONFIGS, read_fixtures, write_fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REGENERATE = "the code changed under the fixtures: if that was intended, run `bert-multi fixtures` from the repository root"
+REGENERATE = (
+    "the code changed under the fixtures: if that was intended, run `bert-multi fixtures` from the repository root"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,9 @@ def test_fixtures_are_current(fixtures, tmp_path):
         for case, (batch, expected) in stored.cases.items():
             fresh_batch, fresh_expected = fresh.cases[case]
             for field, value in batch.items():
-                assert (value is None and fresh_batch[field] is None) or np.array_equal(value, fresh_batch[field]), \
+                assert (value is None and fresh_batch[field] is None) or np.array_equal(value, fresh_batch[field]), (
                     f"{stored.name}/{case}/{field}: {REGENERATE}"
+                )
             # The oracle must still compute the stored numbers (to rounding: BLAS builds differ).
             assert_conforms(fresh_expected, expected, "float64")
 
@@ -46,7 +49,7 @@ def test_fixtures_are_current(fixtures, tmp_path):
 def test_the_oracle_reproduces_the_fixtures(fixtures):
     for fixture in fixtures:
         oracle = load_backend("numpy").build(fixture.config, fixture.weights)
-        for case, (batch, expected) in fixture.cases.items():
+        for batch, expected in fixture.cases.values():
             out = oracle(**batch, intermediates=True)
             for name in ("encoded", "mlm", "nsp"):
                 if getattr(expected, name) is not None:

@@ -15,8 +15,9 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_importing_the_package_imports_no_framework():
-    result = run_python("import sys, bert_multi, bert_multi.cli; "
-                        "print(sorted(m for m in ('torch', 'mxnet') if m in sys.modules))")
+    result = run_python(
+        "import sys, bert_multi, bert_multi.cli; print(sorted(m for m in ('torch', 'mxnet') if m in sys.modules))"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
@@ -46,7 +47,8 @@ def test_missing_framework_is_a_clear_error_naming_the_package(backend, package)
         f"import sys; sys.modules[{package!r}] = None\n"
         "import bert_multi\n"
         f"print(bert_multi.backends()[{backend!r}])\n"
-        f"bert_multi.load_backend({backend!r})\n")
+        f"bert_multi.load_backend({backend!r})\n"
+    )
     assert "available=False" in result.stdout
     assert "BackendUnavailable" in result.stderr
     assert f"pip install 'bert_multi[{backend}]'" in result.stderr

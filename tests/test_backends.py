@@ -10,8 +10,12 @@ from bert_multi.conform import assert_conforms
 
 
 SMALL_CONFIGS = {
-    "one_head_one_block": BERTConfig(vocab_size=31, num_hiddens=8, ffn_num_hiddens=16, num_heads=1, num_blks=1, max_len=12),
-    "many_heads_odd_width": BERTConfig(vocab_size=40, num_hiddens=30, ffn_num_hiddens=14, num_heads=6, num_blks=3, max_len=20),
+    "one_head_one_block": BERTConfig(
+        vocab_size=31, num_hiddens=8, ffn_num_hiddens=16, num_heads=1, num_blks=1, max_len=12
+    ),
+    "many_heads_odd_width": BERTConfig(
+        vocab_size=40, num_hiddens=30, ffn_num_hiddens=14, num_heads=6, num_blks=3, max_len=20
+    ),
     "tiny": CONFIGS["tiny"],
 }
 
@@ -111,7 +115,9 @@ def test_float32_weights_computed_in_float64_are_cast_exactly(framework):
 
 
 def test_two_inference_calls_are_identical_even_with_dropout_configured(framework):
-    config = BERTConfig(vocab_size=50, num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, dropout=0.5, max_len=16)
+    config = BERTConfig(
+        vocab_size=50, num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, dropout=0.5, max_len=16
+    )
     model = framework.build(config, random_weights(config))
     batch = CASES[0].batch(config)
     first, second = model(**batch), model(**batch)
@@ -123,10 +129,12 @@ def test_two_inference_calls_are_identical_even_with_dropout_configured(framewor
 def test_gpu_request_without_a_gpu_is_a_clear_error(framework):
     if framework.NAME == "torch":
         import torch
+
         if torch.cuda.is_available():
             pytest.skip("a CUDA GPU is present")
     else:
         import mxnet
+
         if mxnet.context.num_gpus():
             pytest.skip("an MXNet GPU is present")
     config = CONFIGS["tiny"]

@@ -34,10 +34,13 @@ def test_conform_fails_with_exit_1_and_names_the_layer(monkeypatch, capsys):
     import torch
 
     import bert_multi.torch.model as model
-    monkeypatch.setattr(model.PositionWiseFFN, "forward",
-                        lambda self, X: self.dense2(torch.nn.functional.gelu(self.dense1(X))))
-    assert main(["conform", "--config", "tiny", "--backends", "torch", "--dtypes", "float64", "--cases",
-                 "batch_one"]) == 1
+
+    monkeypatch.setattr(
+        model.PositionWiseFFN, "forward", lambda self, X: self.dense2(torch.nn.functional.gelu(self.dense1(X)))
+    )
+    assert (
+        main(["conform", "--config", "tiny", "--backends", "torch", "--dtypes", "float64", "--cases", "batch_one"]) == 1
+    )
     out = capsys.readouterr().out
     assert "FAIL torch float64 cpu vs oracle, case batch_one: first divergence at 'blks.0.ffn'" in out
     assert "FAIL: 0 of 1 checks within tolerance" in out
@@ -46,6 +49,7 @@ def test_conform_fails_with_exit_1_and_names_the_layer(monkeypatch, capsys):
 @pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
 def test_a_device_missing_here_is_reported_as_skipped(capsys):
     import torch
+
     code = main(["conform", "--config", "tiny", "--backends", "torch", "--devices", "cpu,cuda", "--cases", "batch_one"])
     out = capsys.readouterr().out
     assert code == 0
@@ -62,8 +66,13 @@ def test_nothing_checked_is_a_failure(capsys):
 def test_compare_on_the_users_own_weights_and_inputs(tmp_path, capsys):
     config = CONFIGS["tiny"]
     save_weights(tmp_path / "mine.npz", config, random_weights(config, seed=7))
-    np.savez(tmp_path / "batch.npz", tokens=np.array([[3, 4, 5]]), segments=np.array([[0, 1, 1]]),
-             valid_lens=np.array([2.0]), pred_positions=np.array([[2, 0]]))
+    np.savez(
+        tmp_path / "batch.npz",
+        tokens=np.array([[3, 4, 5]]),
+        segments=np.array([[0, 1, 1]]),
+        valid_lens=np.array([2.0]),
+        pred_positions=np.array([[2, 0]]),
+    )
     assert main(["compare", str(tmp_path / "mine.npz"), "--inputs", str(tmp_path / "batch.npz")]) == 0
     assert "cases: batch" in capsys.readouterr().out
     np.savez(tmp_path / "bad.npz", tokens=np.array([[3, 400]]), segments=np.array([[0, 1]]))
@@ -71,14 +80,17 @@ def test_compare_on_the_users_own_weights_and_inputs(tmp_path, capsys):
     assert "tokens[0, 1] = 400 is out of range" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["conform", "--backends", "jax"], "unknown backend 'jax'"),
-    (["conform", "--dtypes", "float16"], "unknown dtype 'float16'"),
-    (["conform", "--devices", "tpu"], "unknown device 'tpu'"),
-    (["conform", "--cases", "nope"], "unknown case 'nope'"),
-    (["conform", "--config", "missing.npz"], "neither a built-in config"),
-    (["compare", "missing.npz"], "no such weights file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["conform", "--backends", "jax"], "unknown backend 'jax'"),
+        (["conform", "--dtypes", "float16"], "unknown dtype 'float16'"),
+        (["conform", "--devices", "tpu"], "unknown device 'tpu'"),
+        (["conform", "--cases", "nope"], "unknown case 'nope'"),
+        (["conform", "--config", "missing.npz"], "neither a built-in config"),
+        (["compare", "missing.npz"], "no such weights file"),
+    ],
+)
 def test_mistakes_are_explained_with_exit_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
@@ -103,11 +115,29 @@ SMALL_MODEL = ["--batch-size", "8", "--num-hiddens", "8", "--ffn-num-hiddens", "
 def test_pretrain_prints_losses_and_saves_loadable_weights(tmp_path, capsys):
     from bert_multi import load_weights
 
-    (tmp_path / "corpus.txt").write_text("\n".join(
-        f"the cat {w} the dog . the dog {w} the bird . a bird {w} the cat ." for w in ("sees", "finds", "likes") * 4))
+    (tmp_path / "corpus.txt").write_text(
+        "\n".join(
+            f"the cat {w} the dog . the dog {w} the bird . a bird {w} the cat ." for w in ("sees", "finds", "likes") * 4
+        )
+    )
     out = tmp_path / "w.npz"
-    assert main(["pretrain", "--backend", FRAMEWORKS[0], "--steps", "2", "--corpus", str(tmp_path / "corpus.txt"),
-                 "--out", str(out), *SMALL_MODEL]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--backend",
+                FRAMEWORKS[0],
+                "--steps",
+                "2",
+                "--corpus",
+                str(tmp_path / "corpus.txt"),
+                "--out",
+                str(out),
+                *SMALL_MODEL,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "step    2/2  loss" in printed and "tokens/s" in printed and "threads" in printed
     config, weights = load_weights(out)
@@ -117,8 +147,24 @@ def test_pretrain_prints_losses_and_saves_loadable_weights(tmp_path, capsys):
 @pytest.mark.skipif(len(FRAMEWORKS) < 2, reason="needs both frameworks")
 def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    assert main(["pretrain", "--compare", "--steps", "3", "--dtype", "float64", "--adam-epsilon-style", "torch",
-                 "--plot", str(tmp_path / "curves.png"), *SMALL_MODEL]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--compare",
+                "--steps",
+                "3",
+                "--dtype",
+                "float64",
+                "--adam-epsilon-style",
+                "torch",
+                "--plot",
+                str(tmp_path / "curves.png"),
+                *SMALL_MODEL,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "torch loss  mxnet loss  difference" in printed
     assert "largest weight difference after 3 steps" in printed

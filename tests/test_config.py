@@ -13,16 +13,19 @@ def test_chapter_config_is_the_books():
     assert CONFIGS["chapter"] == BERTConfig(10000, 768, 1024, 4, 2, dropout=0.0, max_len=1000)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"vocab_size": 0}, "vocab_size must be a positive int"),
-    ({"num_blks": -1}, "num_blks must be a positive int"),
-    ({"num_hiddens": 10, "num_heads": 4}, "divisible by num_heads"),
-    ({"max_len": 2.0}, "max_len must be an int"),
-    ({"num_heads": True}, "num_heads must be an int"),
-    ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
-    ({"dropout": -0.1}, r"dropout must be in \[0, 1\)"),
-    ({"dropout": "0.1"}, "dropout must be a number"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"vocab_size": 0}, "vocab_size must be a positive int"),
+        ({"num_blks": -1}, "num_blks must be a positive int"),
+        ({"num_hiddens": 10, "num_heads": 4}, "divisible by num_heads"),
+        ({"max_len": 2.0}, "max_len must be an int"),
+        ({"num_heads": True}, "num_heads must be an int"),
+        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+        ({"dropout": -0.1}, r"dropout must be in \[0, 1\)"),
+        ({"dropout": "0.1"}, "dropout must be a number"),
+    ],
+)
 def test_invalid_configs_are_rejected_with_a_reason(changes, message):
     fields = dict(vocab_size=10, num_hiddens=8, ffn_num_hiddens=16, num_heads=2, num_blks=1)
     with pytest.raises(ValueError, match=message):

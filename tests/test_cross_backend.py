@@ -1,6 +1,5 @@
 """PyTorch against MXNet directly, and weights moved between them in memory and through files."""
 
-import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, backends, load_backend, load_weights, random_weights, save_weights
@@ -31,9 +30,12 @@ def test_chapter_model_agrees_pairwise(dtype):
     config = CONFIGS["chapter"]
     weights = random_weights(config, seed=1, dtype=dtype)
     batch = CASES[0].batch(config)
-    assert_conforms(mxnet_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
-                         torch_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
-                         dtype, pair=True)
+    assert_conforms(
+        mxnet_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
+        torch_backend.build(config, weights, dtype=dtype)(**batch, intermediates=True),
+        dtype,
+        pair=True,
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -48,12 +50,18 @@ def test_weights_travel_between_frameworks_bit_identically_in_memory(dtype):
 
 def test_weights_travel_between_frameworks_through_files(tmp_path):
     original = random_weights(CONFIG, seed=10, dtype="float64")
-    save_weights(tmp_path / "from_mxnet.npz", CONFIG, mxnet_backend.build(CONFIG, original, dtype="float64").export_weights())
+    save_weights(
+        tmp_path / "from_mxnet.npz", CONFIG, mxnet_backend.build(CONFIG, original, dtype="float64").export_weights()
+    )
     config, loaded = load_weights(tmp_path / "from_mxnet.npz")
-    save_weights(tmp_path / "from_torch.npz", config, torch_backend.build(config, loaded, dtype="float64").export_weights())
+    save_weights(
+        tmp_path / "from_torch.npz", config, torch_backend.build(config, loaded, dtype="float64").export_weights()
+    )
     assert (tmp_path / "from_mxnet.npz").read_bytes() == (tmp_path / "from_torch.npz").read_bytes()
     # and through each framework's own checkpoint format: Gluon .params -> torch state_dict -> canonical
     mxnet_backend.save_checkpoint(tmp_path / "gluon.params", CONFIG, original)
-    torch_backend.save_checkpoint(tmp_path / "torch.pt", CONFIG, mxnet_backend.load_checkpoint(tmp_path / "gluon.params", CONFIG))
+    torch_backend.save_checkpoint(
+        tmp_path / "torch.pt", CONFIG, mxnet_backend.load_checkpoint(tmp_path / "gluon.params", CONFIG)
+    )
     final = torch_backend.load_checkpoint(tmp_path / "torch.pt", CONFIG)
     assert all(final[name].tobytes() == original[name].tobytes() for name in original)

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_multi import CONFIGS, BERTConfig, WeightsError, backends, load_backend, random_weights
+from bert_multi import BERTConfig, WeightsError, backends, init_weights, load_backend, random_weights
 from bert_multi.cases import CASES
-from bert_multi.conform import assert_conforms
+from bert_multi.conform import Target, assert_conforms, run_conformance
 
 
 if not backends()["mxnet"].available:
@@ -26,13 +26,22 @@ CONFIG = BERTConfig(vocab_size=37, num_hiddens=16, ffn_num_hiddens=24, num_heads
 
 
 def d2l_model(config):
-    return bmx.BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
-                         config.num_blks, config.dropout, config.max_len)
+    return bmx.BERTModel(
+        config.vocab_size,
+        config.num_hiddens,
+        config.ffn_num_hiddens,
+        config.num_heads,
+        config.num_blks,
+        config.dropout,
+        config.max_len,
+    )
 
 
 def as_mx(batch, dtype="float32"):
-    return [None if value is None else mnp.array(value, dtype=dtype if name == "valid_lens" else value.dtype)
-            for name, value in batch.items()]
+    return [
+        None if value is None else mnp.array(value, dtype=dtype if name == "valid_lens" else value.dtype)
+        for name, value in batch.items()
+    ]
 
 
 def test_chapter_code_runs_unchanged_with_deferred_shapes():
@@ -63,8 +72,14 @@ def test_structural_names_follow_the_mapping_table(tmp_path):
     module.initialize()
     module.save_parameters(str(tmp_path / "d2l.params"))
     saved = set(mx.npx.load(str(tmp_path / "d2l.params")))
-    expected = {"encoder.blks.0.addnorm1.ln.gamma", "mlm.mlp.1.beta", "mlm.mlp.2.weight", "hidden.weight",
-                "encoder.pos_embedding", "nsp.output.bias"}
+    expected = {
+        "encoder.blks.0.addnorm1.ln.gamma",
+        "mlm.mlp.1.beta",
+        "mlm.mlp.2.weight",
+        "hidden.weight",
+        "encoder.pos_embedding",
+        "nsp.output.bias",
+    }
     assert expected <= saved and len(saved) == 45
 
 
@@ -110,7 +125,7 @@ def test_gradients_reach_every_parameter_including_the_positional_embedding():
     params.setattr("grad_req", "write")
     with autograd.record(train_mode=True):
         encoded, mlm, nsp = module(*as_mx(CASES[0].batch(CONFIG)))
-        loss = (mlm ** 2).mean() + (nsp ** 2).mean() + encoded.mean()
+        loss = (mlm**2).mean() + (nsp**2).mean() + encoded.mean()
     loss.backward()
     for name, parameter in params.items():
         assert float(mnp.abs(parameter.grad()).sum()) > 0, name
@@ -133,36 +148,63 @@ def test_float64_layer_norm_keeps_eps_in_float32():
     float, so float64 runs use 9.99999974737875e-06, not 1e-5. At small variance this alone moves
     outputs by 1.3e-13 / variance (about 1e-9 at variance 1e-4)."""
     x = 0.01 * np.random.default_rng(0).standard_normal((8, 64))
-    out = mx.npx.layer_norm(mnp.array(x, dtype="float64"), mnp.ones(64, dtype="float64"),
-                            mnp.zeros(64, dtype="float64"), axis=-1, eps=1e-5).asnumpy()
-    normalise = lambda eps: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+    out = mx.npx.layer_norm(
+        mnp.array(x, dtype="float64"), mnp.ones(64, dtype="float64"), mnp.zeros(64, dtype="float64"), axis=-1, eps=1e-5
+    ).asnumpy()
+
+    def normalise(eps):
+        return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+
     assert np.abs(out - normalise(float(np.float32(1e-5)))).max() < 1e-13
     assert np.abs(out - normalise(1e-5)).max() > 1e-10
 
 
 def run_python(code, env=None):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
 
 
 def test_openmp_threads_default_to_every_core_for_mxnet_and_torch():
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    code = ("import os, bert_multi as bm; bm.load_backend('mxnet'); import torch; "
-            "print(len(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], torch.get_num_threads())")
+    code = (
+        "import os, bert_multi as bm; bm.load_backend('mxnet'); import torch; "
+        "print(len(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     cores, mxnet_threads, torch_threads = result.stdout.split()
     assert cores == mxnet_threads == torch_threads, result.stderr
 
 
 def test_the_users_thread_count_wins():
-    code = ("import bert_multi as bm; c = bm.CONFIGS['tiny']; "
-            "print(bm.load_backend('mxnet').build(c, bm.init_weights(c)).runtime_info()['threads'])")
+    code = (
+        "import bert_multi as bm; c = bm.CONFIGS['tiny']; "
+        "print(bm.load_backend('mxnet').build(c, bm.init_weights(c)).runtime_info()['threads'])"
+    )
     assert run_python(code, {"OMP_NUM_THREADS": "1"}).stdout.strip() == "1"
 
 
 def test_a_newer_numpy_makes_mxnet_unavailable_with_the_reason():
-    code = ("import numpy; numpy.__version__ = '1.26.4'\n"
-            "import bert_multi\n"
-            "print(bert_multi.backends()['mxnet'].reason)")
+    code = "import numpy; numpy.__version__ = '1.26.4'\nimport bert_multi\nprint(bert_multi.backends()['mxnet'].reason)"
     result = run_python(code)
     assert "needs numpy<1.24" in result.stdout and "numpy 1.26.4 is installed" in result.stdout, result.stderr
+
+
+def test_conformance_holds_mxnet_to_the_oracle_at_its_own_layer_norm_eps():
+    """Where the LayerNorm input varies little, float32(1e-5) and 1e-5 give visibly different outputs;
+    against the oracle run with MXNet's own eps the float64 agreement is back near machine precision."""
+    config = BERTConfig(vocab_size=5, num_hiddens=2, ffn_num_hiddens=3, num_heads=1, num_blks=1, max_len=4)
+    weights = init_weights(config, seed=0, dtype="float64")
+    for name in ("encoder.token_embedding.weight", "encoder.segment_embedding.weight", "encoder.pos_embedding"):
+        weights[name] = weights[name] * 0.05  # a tiny variance at the first LayerNorm
+    batch = CASES[0].batch(config)
+    out = bmx.build(config, weights, dtype="float64")(**batch, intermediates=True)
+    plain = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
+    adjusted = load_backend("numpy").build(config, weights, layer_norm_eps=bmx.LAYER_NORM_EPS)(
+        **batch, intermediates=True
+    )
+    first_norm = "blks.0.addnorm1"
+    assert np.abs(out.intermediates[first_norm] - plain.intermediates[first_norm]).max() > 1e-9  # out of policy
+    assert_conforms(out, adjusted, "float64")
+    report = run_conformance(config, weights, [Target("mxnet", "float64")], [("mixed", batch)], pairs=False)
+    assert report.passed and report.checks[0].reference == "oracle (LayerNorm eps 9.99999975e-06)"

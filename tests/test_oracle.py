@@ -45,7 +45,7 @@ def test_head_split_layout():
     assert split.shape == (B * h, T, d)
     for b in range(B):
         for j in range(h):  # row b*h + j is batch b, head j: features j*d .. j*d + d - 1
-            assert np.array_equal(split[b * h + j], X[b, :, j * d:(j + 1) * d])
+            assert np.array_equal(split[b * h + j], X[b, :, j * d : (j + 1) * d])
     assert np.array_equal(merge_heads(split, h), X)
 
 
@@ -170,7 +170,7 @@ def test_each_batch_item_is_computed_as_if_alone(oracle, batch):
     for valid_lens in (np.array([2, 8, 5]), np.array([[1, 2, 3, 4, 5, 6, 7, 8], [8] * 8, [0, 1, 0, 1, 0, 1, 0, 1]])):
         together = oracle(tokens, segments, valid_lens, np.array([[1], [2], [3]]))
         for b in range(3):
-            alone = oracle(tokens[b:b + 1], segments[b:b + 1], valid_lens[b:b + 1], np.array([[b + 1]]))
+            alone = oracle(tokens[b : b + 1], segments[b : b + 1], valid_lens[b : b + 1], np.array([[b + 1]]))
             np.testing.assert_allclose(together.encoded[b], alone.encoded[0], rtol=0, atol=1e-12)
             np.testing.assert_allclose(together.mlm[b], alone.mlm[0], rtol=0, atol=1e-12)
 
@@ -181,7 +181,9 @@ def test_equivalent_valid_lens_agree(oracle, batch):
     full = oracle(tokens, segments, np.full(3, T))
     np.testing.assert_allclose(oracle(tokens, segments).encoded, full.encoded, rtol=0, atol=1e-13)
     per_row = oracle(tokens, segments, np.array([3, 8, 5])[:, None].repeat(T, 1))
-    np.testing.assert_allclose(per_row.encoded, oracle(tokens, segments, np.array([3, 8, 5])).encoded, rtol=0, atol=1e-13)
+    np.testing.assert_allclose(
+        per_row.encoded, oracle(tokens, segments, np.array([3, 8, 5])).encoded, rtol=0, atol=1e-13
+    )
 
 
 def test_intermediates_are_named_and_shaped(oracle, batch):

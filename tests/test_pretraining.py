@@ -8,8 +8,9 @@ from bert_multi import BERTConfig, backends, init_weights, load_backend, random_
 from bert_multi.oracle import pretraining_loss
 from bert_multi.pretraining import PretrainingData, builtin_corpus, check_batch, paragraphs_from_lines, run_pretraining
 
-both = pytest.mark.skipif(not all(backends()[n].available for n in ("torch", "mxnet")),
-                          reason="needs both the torch and the mxnet backend")
+both = pytest.mark.skipif(
+    not all(backends()[n].available for n in ("torch", "mxnet")), reason="needs both the torch and the mxnet backend"
+)
 
 # Hyper-parameters that float32 represents exactly: MXNet hands its optimizer kernels lr, betas and
 # epsilon as C floats, so 0.01 or 0.999 would differ from PyTorch's doubles before anything else does.
@@ -51,14 +52,19 @@ def test_d2l_pytorch_normalisation_averages_padding_in(config, batch):
     assert real.nsp == padded.nsp
     full = {**checked, "mlm_weights": np.ones_like(checked["mlm_weights"])}  # without padding they agree
     assert pretraining_loss(config, weights, full, "real_slots").mlm == pytest.approx(
-        pretraining_loss(config, weights, full, "all_slots").mlm, abs=1e-12)
+        pretraining_loss(config, weights, full, "all_slots").mlm, abs=1e-12
+    )
 
 
 @both
 def test_gradients_agree_between_frameworks(config, batch):
     weights = random_weights(config, seed=2, dtype="float64")
-    _, from_torch = load_backend("torch").Pretrainer(load_backend("torch").build(config, weights, dtype="float64")).gradients(batch)
-    _, from_mxnet = load_backend("mxnet").Pretrainer(load_backend("mxnet").build(config, weights, dtype="float64")).gradients(batch)
+    _, from_torch = (
+        load_backend("torch").Pretrainer(load_backend("torch").build(config, weights, dtype="float64")).gradients(batch)
+    )
+    _, from_mxnet = (
+        load_backend("mxnet").Pretrainer(load_backend("mxnet").build(config, weights, dtype="float64")).gradients(batch)
+    )
     assert list(from_torch) == list(from_mxnet) == list(weights)
     for name in weights:
         assert np.abs(from_torch[name] - from_mxnet[name]).max() <= 1e-9, name
@@ -70,10 +76,20 @@ def test_gradients_match_finite_differences_of_the_oracle(framework, config, bat
     checked = check_batch(config, batch)
     _, gradients = framework.Pretrainer(framework.build(config, weights, dtype="float64")).gradients(batch)
     rng = np.random.default_rng(0)
-    names = ["encoder.pos_embedding", "encoder.token_embedding.weight", "encoder.segment_embedding.weight",
-             "encoder.blks.0.attention.W_q.weight", "encoder.blks.1.attention.W_v.bias",
-             "encoder.blks.0.addnorm1.ln.weight", "encoder.blks.1.ffn.dense2.weight", "hidden.0.bias",
-             "mlm.mlp.0.weight", "mlm.mlp.2.bias", "mlm.mlp.3.weight", "nsp.output.weight"]
+    names = [
+        "encoder.pos_embedding",
+        "encoder.token_embedding.weight",
+        "encoder.segment_embedding.weight",
+        "encoder.blks.0.attention.W_q.weight",
+        "encoder.blks.1.attention.W_v.bias",
+        "encoder.blks.0.addnorm1.ln.weight",
+        "encoder.blks.1.ffn.dense2.weight",
+        "hidden.0.bias",
+        "mlm.mlp.0.weight",
+        "mlm.mlp.2.bias",
+        "mlm.mlp.3.weight",
+        "nsp.output.weight",
+    ]
     step = 1e-6
     for name in names:
         for _ in range(2):
@@ -89,8 +105,10 @@ def test_gradients_match_finite_differences_of_the_oracle(framework, config, bat
 
 
 def run_both(config, weights, batches, dtype, **options):
-    trainers = [load_backend(name).Pretrainer(load_backend(name).build(config, weights, dtype=dtype), **options)
-                for name in ("torch", "mxnet")]
+    trainers = [
+        load_backend(name).Pretrainer(load_backend(name).build(config, weights, dtype=dtype), **options)
+        for name in ("torch", "mxnet")
+    ]
     for batch in batches:
         for trainer in trainers:
             trainer.step(batch)
@@ -131,8 +149,11 @@ def test_where_adam_puts_epsilon_is_a_real_difference(config, data):
     weights = init_weights(config, seed=4, dtype="float64")
     batches = [next(data.batches(16, seed=1))]
     native = largest_difference(*run_both(config, weights, batches, "float64", **{**EXACT_ADAM, "adam_epsilon": 1e-4}))
-    matched = largest_difference(*run_both(config, weights, batches, "float64",
-                                           **{**EXACT_ADAM, "adam_epsilon": 1e-4, "adam_epsilon_style": "torch"}))
+    matched = largest_difference(
+        *run_both(
+            config, weights, batches, "float64", **{**EXACT_ADAM, "adam_epsilon": 1e-4, "adam_epsilon_style": "torch"}
+        )
+    )
     # What remains when matched is MXNet rounding each step's learning rate to a C float (~2e-10).
     assert native > 1e-6 and matched < 1e-9, (native, matched)
 
@@ -140,8 +161,12 @@ def test_where_adam_puts_epsilon_is_a_real_difference(config, data):
 @both
 def test_a_short_run_learns_and_the_curves_agree(config, data):
     weights = init_weights(config, seed=5, dtype="float64")
-    runs = [run_pretraining(name, config, weights, data, steps=8, batch_size=32, seed=2, dtype="float64",
-                            optimizer="sgd", lr=0.5) for name in ("torch", "mxnet")]
+    runs = [
+        run_pretraining(
+            name, config, weights, data, steps=8, batch_size=32, seed=2, dtype="float64", optimizer="sgd", lr=0.5
+        )
+        for name in ("torch", "mxnet")
+    ]
     for run in runs:
         assert run.losses[-1].total < run.losses[0].total - 0.5, [round(loss.total, 3) for loss in run.losses]
         assert run.tokens_per_second > 0 and run.runtime["threads"] >= 1

@@ -7,8 +7,18 @@ import pytest
 
 from bert_multi import CONFIGS, InputError
 from bert_multi.pretraining import (
-    RESERVED_TOKENS, PretrainingData, Vocab, builtin_corpus, check_batch, mlm_example, nsp_examples,
-    num_mlm_predictions, paragraphs_from_lines, read_wiki, replace_mlm_tokens, tokenize,
+    RESERVED_TOKENS,
+    PretrainingData,
+    Vocab,
+    builtin_corpus,
+    check_batch,
+    mlm_example,
+    nsp_examples,
+    num_mlm_predictions,
+    paragraphs_from_lines,
+    read_wiki,
+    replace_mlm_tokens,
+    tokenize,
 )
 
 

@@ -34,8 +34,12 @@ def test_schema_matches_design(config):
     assert shapes["nsp.output.weight"] == (2, H)
     # torch's state_dict order: the encoder's own parameter first, then its children in order.
     names = list(shapes)
-    assert names[:4] == ["encoder.pos_embedding", "encoder.token_embedding.weight",
-                         "encoder.segment_embedding.weight", "encoder.blks.0.attention.W_q.weight"]
+    assert names[:4] == [
+        "encoder.pos_embedding",
+        "encoder.token_embedding.weight",
+        "encoder.segment_embedding.weight",
+        "encoder.blks.0.attention.W_q.weight",
+    ]
     assert names[-2:] == ["nsp.output.weight", "nsp.output.bias"]
 
 
@@ -78,16 +82,29 @@ def corrupt(weights, name, value):
     return {**weights, name: value}
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda w: {k: v for k, v in w.items() if k != "hidden.0.bias"}, r"missing tensor\(s\) \['hidden.0.bias'\]"),
-    (lambda w: {**w, "pooler.weight": w["hidden.0.weight"]}, r"unexpected tensor\(s\) \['pooler.weight'\]"),
-    (lambda w: corrupt(w, "mlm.mlp.3.bias", w["mlm.mlp.3.bias"][:-1]), r"'mlm.mlp.3.bias' has shape \(10,\), expected \(11,\)"),
-    (lambda w: corrupt(w, "nsp.output.bias", w["nsp.output.bias"].astype("float64")), "expected float32 like the others"),
-    (lambda w: corrupt(w, "nsp.output.bias", w["nsp.output.bias"].astype("int32")), "has dtype int32"),
-    (lambda w: corrupt(w, "nsp.output.bias", list(w["nsp.output.bias"])), "must be a numpy.ndarray"),
-    (lambda w: corrupt(w, "mlm.mlp.0.weight", np.where(np.eye(6) > 0, np.nan, w["mlm.mlp.0.weight"]).astype("float32")),
-     r"'mlm.mlp.0.weight' has a non-finite value nan at index \(0, 0\)"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda w: {k: v for k, v in w.items() if k != "hidden.0.bias"}, r"missing tensor\(s\) \['hidden.0.bias'\]"),
+        (lambda w: {**w, "pooler.weight": w["hidden.0.weight"]}, r"unexpected tensor\(s\) \['pooler.weight'\]"),
+        (
+            lambda w: corrupt(w, "mlm.mlp.3.bias", w["mlm.mlp.3.bias"][:-1]),
+            r"'mlm.mlp.3.bias' has shape \(10,\), expected \(11,\)",
+        ),
+        (
+            lambda w: corrupt(w, "nsp.output.bias", w["nsp.output.bias"].astype("float64")),
+            "expected float32 like the others",
+        ),
+        (lambda w: corrupt(w, "nsp.output.bias", w["nsp.output.bias"].astype("int32")), "has dtype int32"),
+        (lambda w: corrupt(w, "nsp.output.bias", list(w["nsp.output.bias"])), "must be a numpy.ndarray"),
+        (
+            lambda w: corrupt(
+                w, "mlm.mlp.0.weight", np.where(np.eye(6) > 0, np.nan, w["mlm.mlp.0.weight"]).astype("float32")
+            ),
+            r"'mlm.mlp.0.weight' has a non-finite value nan at index \(0, 0\)",
+        ),
+    ],
+)
 def test_validate_weights_names_the_problem(mutate, message):
     weights = init_weights(CONFIGS[1])
     with pytest.raises(WeightsError, match=message):

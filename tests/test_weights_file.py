@@ -77,7 +77,10 @@ def test_non_finite_tensor(tmp_path, weights):
 
 def test_tampered_tensor_fails_its_checksum(tmp_path, weights):
     manifest = manifest_of(weights)
-    tampered = {**weights, "encoder.blks.1.attention.W_v.weight": weights["encoder.blks.1.attention.W_v.weight"] * 1.001}
+    tampered = {
+        **weights,
+        "encoder.blks.1.attention.W_v.weight": weights["encoder.blks.1.attention.W_v.weight"] * 1.001,
+    }
     with pytest.raises(WeightsError, match=r"'encoder.blks.1.attention.W_v.weight' fails its SHA-256 check"):
         write_then_load(tmp_path / "w.npz", manifest, tampered)
 
@@ -130,13 +133,16 @@ def test_future_format_version(tmp_path, weights):
         write_then_load(tmp_path / "w.npz", manifest_of(weights, format_version=FORMAT_VERSION + 1), weights)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"format": "safetensors"}, "manifest format is 'safetensors'"),
-    ({"format_version": "1"}, "format_version is '1', expected a positive int"),
-    ({"dtype": "bfloat16"}, "manifest dtype is 'bfloat16'"),
-    ({"config": {"vocab_size": 13}}, "the manifest's config is invalid"),
-    ({"tensors": ["a"]}, "must map each tensor name to its SHA-256"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"format": "safetensors"}, "manifest format is 'safetensors'"),
+        ({"format_version": "1"}, "format_version is '1', expected a positive int"),
+        ({"dtype": "bfloat16"}, "manifest dtype is 'bfloat16'"),
+        ({"config": {"vocab_size": 13}}, "the manifest's config is invalid"),
+        ({"tensors": ["a"]}, "must map each tensor name to its SHA-256"),
+    ],
+)
 def test_bad_manifest_fields(tmp_path, weights, changes, message):
     with pytest.raises(WeightsError, match=message):
         write_then_load(tmp_path / "w.npz", manifest_of(weights, **changes), weights)

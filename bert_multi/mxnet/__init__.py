@@ -14,14 +14,15 @@ from ..errors import BackendUnavailable
 if tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (1, 24):
     raise BackendUnavailable(
         f"backend 'mxnet' needs numpy<1.24 (MXNet 1.9.1 uses np.bool, removed in NumPy 1.24), but numpy "
-        f"{numpy.__version__} is installed; install it in its own environment: pip install 'bert_multi[mxnet]'")
+        f"{numpy.__version__} is installed; install it in its own environment: pip install 'bert_multi[mxnet]'"
+    )
 
 # Without OMP_NUM_THREADS, MXNet starts with half the cores (it assumes hyper-threading) and sets that
 # for every OpenMP user in the process, torch included. Use all of them unless the user chose.
 if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from .backend import NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
+from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
 from .pretrain import Pretrainer, pretraining_loss  # noqa: E402
 from .model import (  # noqa: E402
     AddNorm,
@@ -37,8 +38,23 @@ from .model import (  # noqa: E402
 )
 
 __all__ = [
-    "NAME", "NAME_RULES", "MXNetBERT", "build", "load_checkpoint", "save_checkpoint", "Pretrainer",
-    "pretraining_loss", "AddNorm", "BERTEncoder", "BERTModel", "DotProductAttention", "MaskLM",
-    "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN", "TransformerEncoderBlock",
+    "LAYER_NORM_EPS",
+    "NAME",
+    "NAME_RULES",
+    "MXNetBERT",
+    "build",
+    "load_checkpoint",
+    "save_checkpoint",
+    "Pretrainer",
+    "pretraining_loss",
+    "AddNorm",
+    "BERTEncoder",
+    "BERTModel",
+    "DotProductAttention",
+    "MaskLM",
+    "MultiHeadAttention",
+    "NextSentencePred",
+    "PositionWiseFFN",
+    "TransformerEncoderBlock",
     "masked_softmax",
 ]

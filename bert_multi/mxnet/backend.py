@@ -12,8 +12,16 @@ from collections import OrderedDict
 import mxnet as mx
 import numpy as np
 
-from ..backend import (BackendModel, BERTOutput, Device, framework_names, intermediate_sources, parse_device,
-                       prepare_weights, weights_from_framework)
+from ..backend import (
+    BackendModel,
+    BERTOutput,
+    Device,
+    framework_names,
+    intermediate_sources,
+    parse_device,
+    prepare_weights,
+    weights_from_framework,
+)
 from ..config import BERTConfig
 from ..errors import WeightsError
 from ..schema import validate_weights
@@ -35,14 +43,22 @@ NAME_RULES: list[tuple[str, str]] = [
 ]
 
 
+# The LayerNorm epsilon the kernels really use. Framework difference: MXNet passes operator parameters
+# as C floats, so even a float64 LayerNorm uses float32(1e-5) = 9.99999974737875e-06; torch uses 1e-5.
+# The conformance engine compares this backend with the oracle run at this value (README, tolerances).
+LAYER_NORM_EPS = float(np.float32(1e-5))
+
+
 def to_framework_device(device: Device) -> mx.Context:
     # Framework difference: MXNet calls a GPU gpu(N) (a Context); torch calls it "cuda:N".
     if device.kind == "cpu":
         return mx.cpu()
     available = mx.context.num_gpus()
     if device.index >= available:
-        raise ValueError(f"device {device} asked for, but this MXNet ({mx.__version__}) sees {available} GPU(s); "
-                         "GPU runs need an mxnet-cu* build and a CUDA version it supports")
+        raise ValueError(
+            f"device {device} asked for, but this MXNet ({mx.__version__}) sees {available} GPU(s); "
+            "GPU runs need an mxnet-cu* build and a CUDA version it supports"
+        )
     return mx.gpu(device.index)
 
 
@@ -57,6 +73,10 @@ def _parameters(block: mx.gluon.Block) -> dict[str, mx.gluon.Parameter]:
     # Gluon's structural names, as save_parameters writes them (collect_params() is keyed by prefixed
     # names such as bertmodel0_dense0_weight, which depend on how many blocks were made before).
     return block._collect_params_with_prefix()
+
+
+def _to_numpy(array: mx.np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else array.asnumpy()
 
 
 class MXNetBERT(BackendModel):
@@ -77,33 +97,44 @@ class MXNetBERT(BackendModel):
         hooks = []
         if intermediates:
             for name, (path, side) in intermediate_sources(self.config).items():
+
                 def keep(block, args, output, name=name, side=side):
                     record[name] = (args[0] if side == "input" else output).asnumpy()
+
                 hooks.append(_submodule(self.module, path).register_forward_hook(keep))
         tokens, segments, valid_lens, pred_positions = inputs
         try:
             # Framework difference: outside autograd.record() Gluon computes no gradients and its Dropout
             # is off; torch needs eval() and no_grad() for the same.
             # MXNet's sequence_mask wants the lengths in the data's float dtype (d2l passes float32).
-            encoded, mlm, nsp = self.module(self._to_array(tokens), self._to_array(segments),
-                                            self._to_array(valid_lens, self.dtype), self._to_array(pred_positions))
+            encoded, mlm, nsp = self.module(
+                self._to_array(tokens),
+                self._to_array(segments),
+                self._to_array(valid_lens, self.dtype),
+                self._to_array(pred_positions),
+            )
         finally:
             for hook in hooks:
                 hook.detach()
-        numpy = lambda array: None if array is None else array.asnumpy()
-        ordered = OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
-        return BERTOutput(numpy(encoded), numpy(mlm), numpy(nsp), ordered)
+        ordered = (
+            OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
+        )
+        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), ordered)
 
     def export_weights(self) -> dict[str, np.ndarray]:
         params = _parameters(self.module)
-        return {name: params[gluon_name].data(self.context).asnumpy().copy()
-                for name, gluon_name in framework_names(self.config, NAME_RULES).items()}
+        return {
+            name: params[gluon_name].data(self.context).asnumpy().copy()
+            for name, gluon_name in framework_names(self.config, NAME_RULES).items()
+        }
 
     def framework_info(self) -> dict[str, object]:
         # MXNet offers no getter for its OpenMP thread count; bert_multi.mxnet sets it through
         # OMP_NUM_THREADS before MXNet starts, so the variable tells.
-        info: dict[str, object] = {"framework": f"mxnet {mx.__version__}",
-                                   "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or "unknown"}
+        info: dict[str, object] = {
+            "framework": f"mxnet {mx.__version__}",
+            "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or "unknown",
+        }
         return info
 
 
@@ -114,8 +145,9 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
     with atomic_path(path) as tmp_path:
         # Framework difference: Gluon's parameter file is MXNet's own binary NDArray format (in NumPy
         # mode, npx.save); torch's is a zip of pickled structure plus raw tensor storage.
-        mx.npx.save(str(tmp_path), {names[name]: mx.np.array(array, dtype=array.dtype)
-                                    for name, array in weights.items()})
+        mx.npx.save(
+            str(tmp_path), {names[name]: mx.np.array(array, dtype=array.dtype) for name, array in weights.items()}
+        )
 
 
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
@@ -129,8 +161,13 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np
     return weights_from_framework(config, NAME_RULES, {name: value.asnumpy() for name, value in arrays.items()})
 
 
-def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32",
-          hybridize: bool = False) -> MXNetBERT:
+def build(
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    device: str = "cpu",
+    dtype: object = "float32",
+    hybridize: bool = False,
+) -> MXNetBERT:
     """A Gluon d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
     The parameters are cast to their dtype before the weights are copied in, so float64 weights are
@@ -140,8 +177,15 @@ def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu
     """
     dtype, weights = prepare_weights(config, weights, dtype)
     context = to_framework_device(parse_device(device))
-    module = BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
-                       config.num_blks, config.dropout, config.max_len)
+    module = BERTModel(
+        config.vocab_size,
+        config.num_hiddens,
+        config.ffn_num_hiddens,
+        config.num_heads,
+        config.num_blks,
+        config.dropout,
+        config.max_len,
+    )
     # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
     # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
     module.initialize(mx.init.Zero(), ctx=context)

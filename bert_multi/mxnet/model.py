@@ -17,8 +17,13 @@ from mxnet.gluon import nn
 npx.set_np()  # Gluon on mxnet.np arrays, as d2l does
 
 
-def _dense(num_outputs: int, num_inputs: int | None = None, bias: bool = True, activation: str | None = None,
-           flatten: bool = False) -> nn.Block:
+def _dense(
+    num_outputs: int,
+    num_inputs: int | None = None,
+    bias: bool = True,
+    activation: str | None = None,
+    flatten: bool = False,
+) -> nn.Block:
     # Framework difference: Gluon's Dense infers its input width on the first forward when in_units=0
     # (deferred initialisation); torch needs the width up front or a Lazy layer. Gluon's Dense also
     # flattens its input to 2-D by default, so sequence layers pass flatten=False.
@@ -60,8 +65,15 @@ class DotProductAttention(nn.Block):
 class MultiHeadAttention(nn.Block):
     """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j."""
 
-    def __init__(self, num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False,
-                 num_inputs: int | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        use_bias: bool = False,
+        num_inputs: int | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.attention = DotProductAttention(dropout)
@@ -123,8 +135,9 @@ class AddNorm(nn.Block):
 class TransformerEncoderBlock(nn.Block):
     """Y = AddNorm(X, MHA(X, X, X)); out = AddNorm(Y, FFN(Y))."""
 
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float,
-                 use_bias: bool = False) -> None:
+    def __init__(
+        self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False
+    ) -> None:
         super().__init__()
         self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout, use_bias, num_inputs=num_hiddens)
         self.addnorm1 = AddNorm(dropout, num_inputs=num_hiddens)
@@ -139,8 +152,17 @@ class TransformerEncoderBlock(nn.Block):
 class BERTEncoder(nn.Block):
     """Token + segment + learned positional embeddings, then ``num_blks`` encoder blocks."""
 
-    def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, num_blks: int,
-                 dropout: float, max_len: int = 1000, **kwargs) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_blks: int,
+        dropout: float,
+        max_len: int = 1000,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.token_embedding = nn.Embedding(vocab_size, num_hiddens)
         self.segment_embedding = nn.Embedding(2, num_hiddens)
@@ -155,7 +177,7 @@ class BERTEncoder(nn.Block):
     def forward(self, tokens, segments, valid_lens):
         X = self.token_embedding(tokens) + self.segment_embedding(segments)
         # Framework difference: a Gluon Parameter holds one copy per context; .data(ctx) picks X's.
-        X = X + self.pos_embedding.data(ctx=X.ctx)[:, :X.shape[1], :]
+        X = X + self.pos_embedding.data(ctx=X.ctx)[:, : X.shape[1], :]
         for blk in self.blks:
             X = blk(X, valid_lens)
         return X
@@ -196,11 +218,20 @@ class NextSentencePred(nn.Block):
 class BERTModel(nn.Block):
     """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat or None, nsp_Y_hat)."""
 
-    def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, num_blks: int,
-                 dropout: float, max_len: int = 1000) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_blks: int,
+        dropout: float,
+        max_len: int = 1000,
+    ) -> None:
         super().__init__()
-        self.encoder = BERTEncoder(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout,
-                                   max_len=max_len)
+        self.encoder = BERTEncoder(
+            vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout, max_len=max_len
+        )
         # Framework difference: Gluon fuses the tanh into the Dense (hence hidden.weight); torch stacks
         # Linear and Tanh in a Sequential (hence hidden.0.weight).
         self.hidden = _dense(num_hiddens, num_hiddens, activation="tanh", flatten=True)

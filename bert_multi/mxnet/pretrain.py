@@ -19,8 +19,9 @@ from .model import BERTModel
 _loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
 
-def pretraining_loss(net: BERTModel, batch: dict[str, mx.np.ndarray], vocab_size: int,
-                     mlm_normalization: str = "real_slots") -> tuple[mx.np.ndarray, mx.np.ndarray, mx.np.ndarray]:
+def pretraining_loss(
+    net: BERTModel, batch: dict[str, mx.np.ndarray], vocab_size: int, mlm_normalization: str = "real_slots"
+) -> tuple[mx.np.ndarray, mx.np.ndarray, mx.np.ndarray]:
     """(total, MLM, NSP) loss, as d2l's ``_get_batch_loss_bert``."""
     _, mlm_Y_hat, nsp_Y_hat = net(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     weights = batch["mlm_weights"].reshape(-1)
@@ -45,9 +46,16 @@ class Pretrainer:
     is rescaled each step, which is what "torch" does here.
     """
 
-    def __init__(self, model: MXNetBERT, optimizer: str = "adam", lr: float = 0.01,
-                 mlm_normalization: str = "real_slots", adam_epsilon: float = 1e-8,
-                 adam_betas: tuple[float, float] = (0.9, 0.999), adam_epsilon_style: str = "mxnet") -> None:
+    def __init__(
+        self,
+        model: MXNetBERT,
+        optimizer: str = "adam",
+        lr: float = 0.01,
+        mlm_normalization: str = "real_slots",
+        adam_epsilon: float = 1e-8,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_epsilon_style: str = "mxnet",
+    ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
         self.model, self.config = model, model.config
         self.mlm_normalization = mlm_normalization
@@ -63,9 +71,12 @@ class Pretrainer:
 
     def _arrays(self, batch: dict[str, np.ndarray]) -> dict[str, mx.np.ndarray]:
         checked = check_batch(self.config, batch)
-        return {name: mx.np.array(value, dtype=self.model.dtype if value.dtype.kind == "f" else value.dtype,
-                                  ctx=self.model.context)
-                for name, value in checked.items()}
+        return {
+            name: mx.np.array(
+                value, dtype=self.model.dtype if value.dtype.kind == "f" else value.dtype, ctx=self.model.context
+            )
+            for name, value in checked.items()
+        }
 
     def _loss(self, batch: dict[str, np.ndarray]):
         return pretraining_loss(self.model.module, self._arrays(batch), self.config.vocab_size, self.mlm_normalization)
@@ -86,8 +97,10 @@ class Pretrainer:
         """The loss in train mode and its gradient for every canonical parameter (no step taken)."""
         losses = self._backward(batch)
         params = _parameters(self.model.module)
-        return losses, {name: params[gluon_name].grad(self.model.context).asnumpy().copy()
-                        for name, gluon_name in framework_names(self.config, NAME_RULES).items()}
+        return losses, {
+            name: params[gluon_name].grad(self.model.context).asnumpy().copy()
+            for name, gluon_name in framework_names(self.config, NAME_RULES).items()
+        }
 
     def step(self, batch: dict[str, np.ndarray]) -> LossValues:
         """One optimizer step; returns the loss before it."""
@@ -95,6 +108,6 @@ class Pretrainer:
         self.steps += 1
         optimizer = self.trainer._optimizer
         if self.adam_epsilon_style == "torch" and isinstance(optimizer, mx.optimizer.Adam):
-            optimizer.epsilon = self.adam_epsilon * math.sqrt(1 - optimizer.beta2 ** self.steps)
+            optimizer.epsilon = self.adam_epsilon * math.sqrt(1 - optimizer.beta2**self.steps)
         self.trainer.step(1)
         return losses

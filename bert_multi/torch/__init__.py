@@ -3,7 +3,7 @@
 Importing this package imports torch.
 """
 
-from .backend import NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
+from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
 from .pretrain import Pretrainer, pretraining_loss
 from .model import (
     AddNorm,
@@ -19,8 +19,24 @@ from .model import (
 )
 
 __all__ = [
-    "NAME", "NAME_RULES", "TorchBERT", "tf32_enabled", "build", "load_checkpoint",
-    "save_checkpoint", "Pretrainer", "pretraining_loss", "AddNorm", "BERTEncoder", "BERTModel",
-    "DotProductAttention", "MaskLM", "MultiHeadAttention", "NextSentencePred", "PositionWiseFFN",
-    "TransformerEncoderBlock", "masked_softmax",
+    "LAYER_NORM_EPS",
+    "NAME",
+    "NAME_RULES",
+    "TorchBERT",
+    "tf32_enabled",
+    "build",
+    "load_checkpoint",
+    "save_checkpoint",
+    "Pretrainer",
+    "pretraining_loss",
+    "AddNorm",
+    "BERTEncoder",
+    "BERTModel",
+    "DotProductAttention",
+    "MaskLM",
+    "MultiHeadAttention",
+    "NextSentencePred",
+    "PositionWiseFFN",
+    "TransformerEncoderBlock",
+    "masked_softmax",
 ]

@@ -14,8 +14,16 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ..backend import (BackendModel, BERTOutput, Device, framework_names, intermediate_sources, parse_device,
-                       prepare_weights, weights_from_framework)
+from ..backend import (
+    BackendModel,
+    BERTOutput,
+    Device,
+    framework_names,
+    intermediate_sources,
+    parse_device,
+    prepare_weights,
+    weights_from_framework,
+)
 from ..config import BERTConfig
 from ..errors import WeightsError
 from ..schema import validate_weights
@@ -29,6 +37,9 @@ NAME = "torch"
 # the canonical names are d2l's PyTorch state_dict keys.
 NAME_RULES: list[tuple[str, str]] = []
 
+# The LayerNorm epsilon the kernels really use: torch keeps it as a Python float (a double), so 1e-5.
+LAYER_NORM_EPS = 1e-5
+
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -37,10 +48,13 @@ def to_framework_device(device: Device) -> torch.device:
     if device.kind == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(f"device cuda:{device.index} asked for, but this PyTorch ({torch.__version__}) sees no CUDA GPU")
+        raise ValueError(
+            f"device cuda:{device.index} asked for, but this PyTorch ({torch.__version__}) sees no CUDA GPU"
+        )
     if device.index >= torch.cuda.device_count():
-        raise ValueError(f"device cuda:{device.index} asked for, but only {torch.cuda.device_count()} CUDA GPU(s) "
-                         "are visible")
+        raise ValueError(
+            f"device cuda:{device.index} asked for, but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
+        )
     return torch.device("cuda", device.index)
 
 
@@ -57,6 +71,10 @@ def tf32_enabled(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _to_numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
+    return None if tensor is None else tensor.cpu().numpy()
 
 
 class TorchBERT(BackendModel):
@@ -77,8 +95,10 @@ class TorchBERT(BackendModel):
         hooks = []
         if intermediates:
             for name, (path, side) in intermediate_sources(self.config).items():
+
                 def keep(module, args, output, name=name, side=side):
                     record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
+
                 hooks.append(self.module.get_submodule(path).register_forward_hook(keep))
         was_training = self.module.training
         self.module.eval()
@@ -89,14 +109,17 @@ class TorchBERT(BackendModel):
             self.module.train(was_training)  # leave a module the user is training as it was
             for hook in hooks:
                 hook.remove()
-        numpy = lambda tensor: None if tensor is None else tensor.cpu().numpy()
-        ordered = OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
-        return BERTOutput(numpy(encoded), numpy(mlm), numpy(nsp), ordered)
+        ordered = (
+            OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
+        )
+        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), ordered)
 
     def export_weights(self) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
-        return {name: state[torch_name].detach().cpu().numpy().copy()
-                for name, torch_name in framework_names(self.config, NAME_RULES).items()}
+        return {
+            name: state[torch_name].detach().cpu().numpy().copy()
+            for name, torch_name in framework_names(self.config, NAME_RULES).items()
+        }
 
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
@@ -128,8 +151,13 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np
     return weights_from_framework(config, NAME_RULES, {name: value.numpy() for name, value in state.items()})
 
 
-def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32",
-          tf32: bool = False) -> TorchBERT:
+def build(
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    device: str = "cpu",
+    dtype: object = "float32",
+    tf32: bool = False,
+) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
     The module gets its dtype before the weights are copied in, so float64 weights are never rounded
@@ -140,8 +168,15 @@ def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu
     # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
     # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
     with torch.device("meta"):
-        module = BERTModel(config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads,
-                           config.num_blks, config.dropout, config.max_len)
+        module = BERTModel(
+            config.vocab_size,
+            config.num_hiddens,
+            config.ffn_num_hiddens,
+            config.num_heads,
+            config.num_blks,
+            config.dropout,
+            config.max_len,
+        )
     module.to(dtype=_DTYPES[dtype]).to_empty(device=torch_device)
     names = framework_names(config, NAME_RULES)
     state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}

@@ -60,8 +60,15 @@ class DotProductAttention(nn.Module):
 class MultiHeadAttention(nn.Module):
     """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j."""
 
-    def __init__(self, num_hiddens: int, num_heads: int, dropout: float, bias: bool = False,
-                 num_inputs: int | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        bias: bool = False,
+        num_inputs: int | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.attention = DotProductAttention(dropout)
@@ -124,8 +131,9 @@ class AddNorm(nn.Module):
 class TransformerEncoderBlock(nn.Module):
     """Y = AddNorm(X, MHA(X, X, X)); out = AddNorm(Y, FFN(Y))."""
 
-    def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float,
-                 use_bias: bool = False) -> None:
+    def __init__(
+        self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False
+    ) -> None:
         super().__init__()
         self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout, use_bias, num_inputs=num_hiddens)
         self.addnorm1 = AddNorm(num_hiddens, dropout)
@@ -140,15 +148,26 @@ class TransformerEncoderBlock(nn.Module):
 class BERTEncoder(nn.Module):
     """Token + segment + learned positional embeddings, then ``num_blks`` encoder blocks."""
 
-    def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, num_blks: int,
-                 dropout: float, max_len: int = 1000, **kwargs) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_blks: int,
+        dropout: float,
+        max_len: int = 1000,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.token_embedding = nn.Embedding(vocab_size, num_hiddens)
         self.segment_embedding = nn.Embedding(2, num_hiddens)
         self.blks = nn.Sequential()
         for i in range(num_blks):
             # BERT's encoder asks for bias in attention, though d2l's attention defaults to none.
-            self.blks.add_module(f"{i}", TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, True))
+            self.blks.add_module(
+                f"{i}", TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, True)
+            )
         # Framework difference: a bare learnable tensor is an nn.Parameter attribute in torch and a
         # Parameter from self.params.get in Gluon.
         self.pos_embedding = nn.Parameter(torch.randn(1, max_len, num_hiddens))
@@ -156,7 +175,7 @@ class BERTEncoder(nn.Module):
     def forward(self, tokens, segments, valid_lens):
         X = self.token_embedding(tokens) + self.segment_embedding(segments)
         # The positional embedding stays in the graph (d2l 0.16-0.17 used .data here, so it never trained).
-        X = X + self.pos_embedding[:, :X.shape[1], :]
+        X = X + self.pos_embedding[:, : X.shape[1], :]
         for blk in self.blks:
             X = blk(X, valid_lens)
         return X
@@ -167,8 +186,9 @@ class MaskLM(nn.Module):
 
     def __init__(self, vocab_size: int, num_hiddens: int, num_inputs: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.mlp = nn.Sequential(_dense(num_hiddens, num_inputs), nn.ReLU(), nn.LayerNorm(num_hiddens),
-                                 _dense(vocab_size, num_hiddens))
+        self.mlp = nn.Sequential(
+            _dense(num_hiddens, num_inputs), nn.ReLU(), nn.LayerNorm(num_hiddens), _dense(vocab_size, num_hiddens)
+        )
 
     def forward(self, X, pred_positions):
         num_pred_positions = pred_positions.shape[1]
@@ -195,11 +215,20 @@ class NextSentencePred(nn.Module):
 class BERTModel(nn.Module):
     """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat or None, nsp_Y_hat)."""
 
-    def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, num_blks: int,
-                 dropout: float, max_len: int = 1000) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_blks: int,
+        dropout: float,
+        max_len: int = 1000,
+    ) -> None:
         super().__init__()
-        self.encoder = BERTEncoder(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout,
-                                   max_len=max_len)
+        self.encoder = BERTEncoder(
+            vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout, max_len=max_len
+        )
         # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
         # Gluon fuses the activation into the Dense (hence hidden.weight).
         self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())

@@ -17,8 +17,9 @@ from .backend import NAME_RULES, TorchBERT
 from .model import BERTModel
 
 
-def pretraining_loss(net: BERTModel, batch: dict[str, torch.Tensor], vocab_size: int,
-                     mlm_normalization: str = "real_slots") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pretraining_loss(
+    net: BERTModel, batch: dict[str, torch.Tensor], vocab_size: int, mlm_normalization: str = "real_slots"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, MLM, NSP) loss, as d2l's ``_get_batch_loss_bert``."""
     _, mlm_Y_hat, nsp_Y_hat = net(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     weights = batch["mlm_weights"].reshape(-1)
@@ -43,9 +44,16 @@ class Pretrainer:
     when epsilon is rescaled each step, which is what "mxnet" does here.
     """
 
-    def __init__(self, model: TorchBERT, optimizer: str = "adam", lr: float = 0.01,
-                 mlm_normalization: str = "real_slots", adam_epsilon: float = 1e-8,
-                 adam_betas: tuple[float, float] = (0.9, 0.999), adam_epsilon_style: str = "torch") -> None:
+    def __init__(
+        self,
+        model: TorchBERT,
+        optimizer: str = "adam",
+        lr: float = 0.01,
+        mlm_normalization: str = "real_slots",
+        adam_epsilon: float = 1e-8,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_epsilon_style: str = "torch",
+    ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
         self.model, self.config = model, model.config
         self.mlm_normalization = mlm_normalization
@@ -54,15 +62,20 @@ class Pretrainer:
         params = model.module.parameters()
         # Framework difference: a torch optimizer holds the parameters; Gluon's Trainer does too, but
         # takes its hyper-parameters as a dict and scales gradients by 1 / the batch size it is given.
-        self.optimizer = (torch.optim.SGD(params, lr=lr) if optimizer == "sgd"
-                          else torch.optim.Adam(params, lr=lr, betas=adam_betas, eps=adam_epsilon))
+        self.optimizer = (
+            torch.optim.SGD(params, lr=lr)
+            if optimizer == "sgd"
+            else torch.optim.Adam(params, lr=lr, betas=adam_betas, eps=adam_epsilon)
+        )
 
     def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         checked = check_batch(self.config, batch)
         device = self.model.module.encoder.pos_embedding.device
         dtype = self.model.module.encoder.pos_embedding.dtype
-        return {name: torch.from_numpy(value).to(device=device, dtype=dtype if value.dtype.kind == "f" else None)
-                for name, value in checked.items()}
+        return {
+            name: torch.from_numpy(value).to(device=device, dtype=dtype if value.dtype.kind == "f" else None)
+            for name, value in checked.items()
+        }
 
     def _loss(self, batch: dict[str, np.ndarray]):
         return pretraining_loss(self.model.module, self._tensors(batch), self.config.vocab_size, self.mlm_normalization)
@@ -84,8 +97,10 @@ class Pretrainer:
         """The loss in train mode and its gradient for every canonical parameter (no step taken)."""
         losses = self._backward(batch)
         params = dict(self.model.module.named_parameters())
-        return losses, {name: params[torch_name].grad.detach().cpu().numpy().copy()
-                        for name, torch_name in framework_names(self.config, NAME_RULES).items()}
+        return losses, {
+            name: params[torch_name].grad.detach().cpu().numpy().copy()
+            for name, torch_name in framework_names(self.config, NAME_RULES).items()
+        }
 
     def step(self, batch: dict[str, np.ndarray]) -> LossValues:
         """One optimizer step; returns the loss before it."""
@@ -94,6 +109,6 @@ class Pretrainer:
         if self.adam_epsilon_style == "mxnet" and isinstance(self.optimizer, torch.optim.Adam):
             beta2 = self.optimizer.param_groups[0]["betas"][1]
             for group in self.optimizer.param_groups:
-                group["eps"] = self.adam_epsilon / math.sqrt(1 - beta2 ** self.steps)
+                group["eps"] = self.adam_epsilon / math.sqrt(1 - beta2**self.steps)
         self.optimizer.step()
         return losses
