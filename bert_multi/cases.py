@@ -8,8 +8,8 @@ pred_positions (0 and T-1), batch 1, T = max_len, and no pred_positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -7,8 +7,8 @@ own structural names; nothing else in the project spells them out.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
 from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 import numpy as np
 

@@ -4,10 +4,9 @@ input, weights in and out, inference and training behaviour."""
 import numpy as np
 import pytest
 
-from bert_multi import CONFIGS, BERTConfig, InputError, load_backend, random_weights, init_weights
+from bert_multi import CONFIGS, BERTConfig, InputError, init_weights, load_backend, random_weights
 from bert_multi.cases import CASES
 from bert_multi.conform import assert_conforms
-
 
 SMALL_CONFIGS = {
     "one_head_one_block": BERTConfig(

@@ -6,7 +6,6 @@ from bert_multi import CONFIGS, BERTConfig, backends, load_backend, load_weights
 from bert_multi.cases import CASES
 from bert_multi.conform import assert_conforms
 
-
 missing = [name for name in ("torch", "mxnet") if not backends()[name].available]
 if missing:
     pytest.skip(f"needs both frameworks; unavailable: {missing}", allow_module_level=True)

@@ -12,7 +12,6 @@ from bert_multi import BERTConfig, WeightsError, backends, init_weights, load_ba
 from bert_multi.cases import CASES
 from bert_multi.conform import Target, assert_conforms, run_conformance
 
-
 if not backends()["mxnet"].available:
     pytest.skip(backends()["mxnet"].reason, allow_module_level=True)
 

@@ -7,7 +7,6 @@ from bert_multi import CONFIGS, BERTConfig, WeightsError, backends, load_backend
 from bert_multi.cases import CASES
 from bert_multi.conform import assert_conforms
 
-
 if not backends()["torch"].available:
     pytest.skip(backends()["torch"].reason, allow_module_level=True)
 

@@ -23,7 +23,6 @@ if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
-from .pretrain import Pretrainer, pretraining_loss  # noqa: E402
 from .model import (  # noqa: E402
     AddNorm,
     BERTEncoder,
@@ -36,6 +35,7 @@ from .model import (  # noqa: E402
     TransformerEncoderBlock,
     masked_softmax,
 )
+from .pretrain import Pretrainer, pretraining_loss  # noqa: E402
 
 __all__ = [
     "LAYER_NORM_EPS",

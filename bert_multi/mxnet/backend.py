@@ -24,9 +24,9 @@ from ..backend import (
 )
 from ..config import BERTConfig
 from ..errors import WeightsError
+from ..inputs import ModelInputs
 from ..schema import validate_weights
 from ..weights import atomic_path
-from ..inputs import ModelInputs
 from .model import BERTModel
 
 NAME = "mxnet"

@@ -4,7 +4,6 @@ Importing this package imports torch.
 """
 
 from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
-from .pretrain import Pretrainer, pretraining_loss
 from .model import (
     AddNorm,
     BERTEncoder,
@@ -17,6 +16,7 @@ from .model import (
     TransformerEncoderBlock,
     masked_softmax,
 )
+from .pretrain import Pretrainer, pretraining_loss
 
 __all__ = [
     "LAYER_NORM_EPS",
