@@ -153,15 +153,15 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.adam_epsilon_style != "native":
         options["adam_epsilon_style"] = args.adam_epsilon_style
 
-    def show(step: int, loss) -> None:
-        print(
-            f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})",
-            flush=True,
-        )
-
+    bar = ProgressBar()
     runs = []
     for name in FRAMEWORKS if args.compare else [args.backend]:
         print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
+
+        def show(step: int, loss, name: str = name) -> None:
+            bar.print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})")
+            bar(step, args.steps, f"{name} pretraining")
+
         run = run_pretraining(
             name,
             config,
@@ -175,6 +175,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             on_step=show,
             **options,
         )
+        bar.close()
         print(
             f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
             f"({run.runtime.get('threads')} threads, {run.seconds:.1f} s)"

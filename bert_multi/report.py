@@ -194,3 +194,8 @@ class ProgressBar:
         if self.enabled:
             self.stream.write("\r" + " " * (self.width + 74) + "\r")
             self.stream.flush()
+
+    def print(self, line: str) -> None:
+        """Print a line to standard output above the bar (the bar is redrawn by the next update)."""
+        self.close()
+        print(line, flush=True)
