@@ -179,9 +179,9 @@ def plot_training(runs: Sequence, path: str | Path) -> Path:
 class ProgressBar:
     """A one-line progress bar on a terminal; silent when the stream is not one (logs, CI)."""
 
-    def __init__(self, stream: TextIO = sys.stderr, width: int = 28) -> None:
-        self.stream, self.width = stream, width
-        self.enabled = hasattr(stream, "isatty") and stream.isatty()
+    def __init__(self, stream: TextIO | None = None, width: int = 28) -> None:
+        self.stream, self.width = stream or sys.stderr, width
+        self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def __call__(self, done: int, total: int, label: str) -> None:
         if not self.enabled or total <= 0:
