@@ -45,6 +45,11 @@ class BERTConfig:
         """Width of one attention head; the attention scores are scaled by 1/sqrt(head_dim)."""
         return self.num_hiddens // self.num_heads
 
+    def d2l_args(self) -> tuple:
+        """The positional arguments of d2l's ``BERTModel(vocab_size, num_hiddens, ffn_num_hiddens,
+        num_heads, num_blks, dropout, max_len)``: the fields, in the same order."""
+        return dataclasses.astuple(self)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -42,3 +42,8 @@ def test_from_dict_names_unknown_and_missing_fields():
 def test_config_is_frozen():
     with pytest.raises(AttributeError):
         CONFIGS["tiny"].num_blks = 3
+
+
+def test_d2l_args_are_bert_models_positional_arguments_in_order():
+    config = BERTConfig(vocab_size=7, num_hiddens=6, ffn_num_hiddens=5, num_heads=3, num_blks=1, dropout=0.1, max_len=9)
+    assert config.d2l_args() == (7, 6, 5, 3, 1, 0.1, 9)

@@ -25,15 +25,7 @@ CONFIG = BERTConfig(vocab_size=37, num_hiddens=16, ffn_num_hiddens=24, num_heads
 
 
 def d2l_model(config):
-    return bmx.BERTModel(
-        config.vocab_size,
-        config.num_hiddens,
-        config.ffn_num_hiddens,
-        config.num_heads,
-        config.num_blks,
-        config.dropout,
-        config.max_len,
-    )
+    return bmx.BERTModel(*config.d2l_args())
 
 
 def as_mx(batch, dtype="float32"):

@@ -19,15 +19,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 
 
 def d2l_model(config):
-    return bt.BERTModel(
-        config.vocab_size,
-        config.num_hiddens,
-        config.ffn_num_hiddens,
-        config.num_heads,
-        config.num_blks,
-        config.dropout,
-        config.max_len,
-    )
+    return bt.BERTModel(*config.d2l_args())
 
 
 @pytest.mark.parametrize("config", [CONFIG, CONFIGS["chapter"], CONFIGS["tiny"]], ids=["small", "chapter", "tiny"])

@@ -177,15 +177,7 @@ def build(
     """
     dtype, weights = prepare_weights(config, weights, dtype)
     context = to_framework_device(parse_device(device))
-    module = BERTModel(
-        config.vocab_size,
-        config.num_hiddens,
-        config.ffn_num_hiddens,
-        config.num_heads,
-        config.num_blks,
-        config.dropout,
-        config.max_len,
-    )
+    module = BERTModel(*config.d2l_args())
     # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
     # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
     module.initialize(mx.init.Zero(), ctx=context)

@@ -168,15 +168,7 @@ def build(
     # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
     # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
     with torch.device("meta"):
-        module = BERTModel(
-            config.vocab_size,
-            config.num_hiddens,
-            config.ffn_num_hiddens,
-            config.num_heads,
-            config.num_blks,
-            config.dropout,
-            config.max_len,
-        )
+        module = BERTModel(*config.d2l_args())
     module.to(dtype=_DTYPES[dtype]).to_empty(device=torch_device)
     names = framework_names(config, NAME_RULES)
     state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}
