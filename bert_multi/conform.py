@@ -8,7 +8,6 @@ tests and a user's own test suite.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import platform
 import sys
@@ -129,10 +128,10 @@ class Report:
         for check in self.checks:
             named = [(c.name, c) for c in check.outputs]
             if check.intermediates:
-                named.append(("intermediates", max(check.intermediates, key=_severity)))
+                named.append(("intermediates", max(check.intermediates, key=lambda c: c.ratio)))
             for name, comparison in named:
                 key = (check.target, check.reference, name)
-                if key not in rows or _severity(comparison) > _severity(rows[key]):
+                if key not in rows or comparison.ratio > rows[key].ratio:  # NaN/Inf: ratio is inf
                     rows[key] = comparison
         return [(*key, comparison) for key, comparison in rows.items()]
 
@@ -161,10 +160,6 @@ class Report:
                 for check in self.checks
             ],
         }
-
-
-def _severity(comparison: Comparison) -> float:
-    return math.inf if comparison.nonfinite else comparison.ratio
 
 
 def _finite(x: float) -> float | None:
