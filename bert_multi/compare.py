@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def first_index(mask: np.ndarray) -> tuple[int, ...]:
+    """The index of the first True element of ``mask`` (which must have one), for error messages."""
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
 @dataclass(frozen=True)
 class Tolerance:
     atol: float
@@ -86,7 +91,7 @@ def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, toleranc
         raise ValueError(f"{name}: shape {actual.shape} differs from the reference's {expected.shape}")
     bad = ~(np.isfinite(actual) & np.isfinite(expected))
     if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        first = first_index(bad)
         return Comparison(name, actual.shape, tolerance, math.nan, math.nan, math.nan, first, math.inf, int(bad.sum()))
     if actual.size == 0:
         return Comparison(name, actual.shape, tolerance, 0.0, 0.0, 0.0, (), 0.0, 0)

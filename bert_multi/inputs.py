@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .compare import first_index
 from .config import BERTConfig
 from .errors import InputError
 
@@ -46,12 +47,17 @@ def _as_array(name: str, value: object, kinds: str = "iu") -> np.ndarray:
     return array
 
 
+def _first_offender(name: str, array: np.ndarray, bad: np.ndarray) -> str:
+    """'name[i, j] = value' for the first element of ``array`` where ``bad`` holds."""
+    index = first_index(bad)
+    return f"{name}[{', '.join(map(str, index))}] = {array[index]}"
+
+
 def _require_within(name: str, array: np.ndarray, low: int, high: int, expected: str) -> None:
     """Raise naming the first element of ``array`` outside [low, high]."""
     outside = (array < low) | (array > high)
     if outside.any():
-        index = tuple(int(i) for i in np.argwhere(outside)[0])
-        raise InputError(f"{name}[{', '.join(map(str, index))}] = {array[index]} is out of range: expected {expected}")
+        raise InputError(f"{_first_offender(name, array, outside)} is out of range: expected {expected}")
 
 
 def check_inputs(
@@ -83,11 +89,8 @@ def check_inputs(
         if valid_lens.dtype.kind == "f":
             not_integral = ~np.isfinite(valid_lens) | (valid_lens != np.round(valid_lens))
             if not_integral.any():
-                index = tuple(int(i) for i in np.argwhere(not_integral)[0])
-                raise InputError(
-                    f"valid_lens[{', '.join(map(str, index))}] = {valid_lens[index]} "
-                    "is not a whole number: expected integral lengths"
-                )
+                offender = _first_offender("valid_lens", valid_lens, not_integral)
+                raise InputError(f"{offender} is not a whole number: expected integral lengths")
         _require_within("valid_lens", valid_lens, 0, T, f"lengths in [0, {T}] (num_steps)")
         valid_lens = valid_lens.astype(np.int64)
 

@@ -12,6 +12,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from .compare import first_index
 from .config import BERTConfig
 from .errors import WeightsError
 
@@ -153,7 +154,7 @@ def validate_weights(config: BERTConfig, weights: object) -> str:
         if array.shape != expected_shape:
             raise WeightsError(f"tensor {name!r} has shape {array.shape}, expected {expected_shape}")
         if not np.isfinite(array).all():
-            bad = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+            bad = first_index(~np.isfinite(array))
             raise WeightsError(f"tensor {name!r} has a non-finite value {array[bad]} at index {bad}")
     assert common_dtype is not None  # the schema is never empty
     return common_dtype
