@@ -84,10 +84,10 @@ class MXNetBERT(BackendModel):
 
     backend = NAME
 
-    def __init__(self, config: BERTConfig, module: BERTModel, dtype: str, device: Device) -> None:
+    def __init__(self, config: BERTConfig, module: BERTModel, dtype: str, device: Device, context: mx.Context) -> None:
         super().__init__(config, dtype, device)
         self.module = module
-        self.context = to_framework_device(device)
+        self.context = context
 
     def _to_array(self, array: np.ndarray | None, dtype: str | None = None) -> mx.np.ndarray | None:
         return None if array is None else mx.np.array(array, dtype=dtype or array.dtype, ctx=self.context)
@@ -176,7 +176,8 @@ def build(
     and stay imperative.
     """
     dtype, weights = prepare_weights(config, weights, dtype)
-    context = to_framework_device(parse_device(device))
+    target = parse_device(device)
+    context = to_framework_device(target)
     module = BERTModel(*config.d2l_args())
     # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
     # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
@@ -193,4 +194,4 @@ def build(
             # d2l's MaskLM uses nn.Sequential, not HybridSequential; Gluon suggests the swap, needlessly.
             warnings.filterwarnings("ignore", message="All children of this Sequential layer")
             module.hybridize()
-    return MXNetBERT(config, module, dtype, parse_device(device))
+    return MXNetBERT(config, module, dtype, target, context)

@@ -164,7 +164,8 @@ def build(
     through float32. ``tf32`` only matters on CUDA; it is off unless asked for.
     """
     dtype, weights = prepare_weights(config, weights, dtype)
-    torch_device = to_framework_device(parse_device(device))
+    target = parse_device(device)
+    torch_device = to_framework_device(target)
     # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
     # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
     with torch.device("meta"):
@@ -173,4 +174,4 @@ def build(
     names = framework_names(config, NAME_RULES)
     state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}
     module.load_state_dict(state, strict=True)
-    return TorchBERT(config, module, dtype, parse_device(device), tf32)
+    return TorchBERT(config, module, dtype, target, tf32)
