@@ -93,15 +93,15 @@ class MXNetBERT(BackendModel):
         return None if array is None else mx.np.array(array, dtype=dtype or array.dtype, ctx=self.context)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        record: OrderedDict[str, np.ndarray] = OrderedDict()
+        sources = intermediate_sources(self.config) if intermediates else {}
+        record: OrderedDict[str, np.ndarray] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
         hooks = []
-        if intermediates:
-            for name, (path, side) in intermediate_sources(self.config).items():
+        for name, (path, side) in sources.items():
 
-                def keep(block, args, output, name=name, side=side):
-                    record[name] = (args[0] if side == "input" else output).asnumpy()
+            def keep(block, args, output, name=name, side=side):
+                record[name] = (args[0] if side == "input" else output).asnumpy()
 
-                hooks.append(_submodule(self.module, path).register_forward_hook(keep))
+            hooks.append(_submodule(self.module, path).register_forward_hook(keep))
         tokens, segments, valid_lens, pred_positions = inputs
         try:
             # Framework difference: outside autograd.record() Gluon computes no gradients and its Dropout
@@ -116,10 +116,7 @@ class MXNetBERT(BackendModel):
         finally:
             for hook in hooks:
                 hook.detach()
-        ordered = (
-            OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
-        )
-        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), ordered)
+        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
 
     def export_weights(self) -> dict[str, np.ndarray]:
         params = _parameters(self.module)

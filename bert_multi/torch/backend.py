@@ -91,15 +91,15 @@ class TorchBERT(BackendModel):
         return None if array is None else torch.from_numpy(array).to(self.module.encoder.pos_embedding.device)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        record: OrderedDict[str, np.ndarray] = OrderedDict()
+        sources = intermediate_sources(self.config) if intermediates else {}
+        record: OrderedDict[str, np.ndarray] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
         hooks = []
-        if intermediates:
-            for name, (path, side) in intermediate_sources(self.config).items():
+        for name, (path, side) in sources.items():
 
-                def keep(module, args, output, name=name, side=side):
-                    record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
+            def keep(module, args, output, name=name, side=side):
+                record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
 
-                hooks.append(self.module.get_submodule(path).register_forward_hook(keep))
+            hooks.append(self.module.get_submodule(path).register_forward_hook(keep))
         was_training = self.module.training
         self.module.eval()
         try:
@@ -109,10 +109,7 @@ class TorchBERT(BackendModel):
             self.module.train(was_training)  # leave a module the user is training as it was
             for hook in hooks:
                 hook.remove()
-        ordered = (
-            OrderedDict((name, record[name]) for name in intermediate_sources(self.config)) if intermediates else None
-        )
-        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), ordered)
+        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
 
     def export_weights(self) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
