@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .backend import load_backend
 from .config import BERTConfig
 from .errors import InputError
 from .inputs import check_inputs, get_tokens_and_segments
@@ -337,8 +338,6 @@ def run_pretraining(
     ``seed``, so two backends given the same seed see the same batches). ``options`` go to the
     backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style).
     ``on_step(step, losses)`` is called after each step."""
-    from .backend import load_backend
-
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     backend = load_backend(backend_name)
