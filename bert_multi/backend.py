@@ -133,11 +133,24 @@ class BackendModel(abc.ABC):
         )
 
 
-def prepare_weights(config: BERTConfig, weights: dict[str, np.ndarray], dtype: object) -> tuple[str, dict]:
-    """Validate canonical weights and cast them, explicitly, to the dtype the model will compute in."""
-    validate_weights(config, weights)
-    dtype = normalize_dtype(dtype)
-    return dtype, {name: np.asarray(array, dtype=dtype) for name, array in weights.items()}
+def prepare_weights(
+    config: BERTConfig, weights: dict[str, np.ndarray], dtype: object = None
+) -> tuple[str, dict[str, np.ndarray]]:
+    """Validate canonical weights and cast them, explicitly, to the dtype the model will compute in
+    (``None``: keep theirs), as C-contiguous arrays in native byte order: any layout NumPy accepts
+    (reversed strides, big-endian) then suits every framework."""
+    own_dtype = validate_weights(config, weights)
+    dtype = normalize_dtype(own_dtype if dtype is None else dtype)
+    return dtype, {name: _plain(array, dtype) for name, array in weights.items()}
+
+
+def _plain(array: np.ndarray, dtype: str) -> np.ndarray:
+    """``array`` as ``dtype`` in native byte order, C-contiguous with no negative stride (a reversed
+    axis of length 1 is "contiguous" to NumPy but refused by torch); copied only if it is not already."""
+    array = np.asarray(array, dtype=dtype)
+    if array.flags.c_contiguous and min(array.strides, default=0) >= 0:
+        return array
+    return np.array(array, order="C")
 
 
 def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[str, str]:

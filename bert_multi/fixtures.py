@@ -17,8 +17,9 @@ from .backend import BERTOutput, intermediate_names, load_backend
 from .cases import CASES, Batch
 from .config import BERTConfig
 from .conform import OUTPUT_NAMES
+from .files import atomic_path
 from .schema import random_weights
-from .weights import atomic_path, load_weights, save_weights
+from .weights import load_weights, save_weights
 
 DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
 SEED = 0

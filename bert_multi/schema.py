@@ -7,7 +7,7 @@ own structural names; nothing else in the project spells them out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -26,38 +26,42 @@ class ParamSpec(NamedTuple):
     role: Role
 
 
-def param_specs(config: BERTConfig) -> dict[str, ParamSpec]:
-    """Ordered canonical schema with each tensor's role (what kind of initialisation it gets)."""
+def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
+    """The canonical schema, name by name, in order, without building it whole (a file's config is
+    checked against what the file holds before a schema of its size is built)."""
     H, F, V = config.num_hiddens, config.ffn_num_hiddens, config.vocab_size
-    specs: dict[str, ParamSpec] = {}
 
-    def dense(prefix: str, n_out: int, n_in: int) -> None:
-        specs[f"{prefix}.weight"] = ParamSpec((n_out, n_in), "dense_weight")
-        specs[f"{prefix}.bias"] = ParamSpec((n_out,), "bias")
+    def dense(prefix: str, n_out: int, n_in: int) -> Iterator[tuple[str, ParamSpec]]:
+        yield f"{prefix}.weight", ParamSpec((n_out, n_in), "dense_weight")
+        yield f"{prefix}.bias", ParamSpec((n_out,), "bias")
 
-    def layer_norm(prefix: str) -> None:
-        specs[f"{prefix}.weight"] = ParamSpec((H,), "ln_gamma")
-        specs[f"{prefix}.bias"] = ParamSpec((H,), "ln_beta")
+    def layer_norm(prefix: str) -> Iterator[tuple[str, ParamSpec]]:
+        yield f"{prefix}.weight", ParamSpec((H,), "ln_gamma")
+        yield f"{prefix}.bias", ParamSpec((H,), "ln_beta")
 
     # torch's state_dict lists a module's own parameters before its children's, so the encoder's
     # positional embedding (a bare nn.Parameter) comes first.
-    specs["encoder.pos_embedding"] = ParamSpec((1, config.max_len, H), "embedding")
-    specs["encoder.token_embedding.weight"] = ParamSpec((V, H), "embedding")
-    specs["encoder.segment_embedding.weight"] = ParamSpec((2, H), "embedding")
+    yield "encoder.pos_embedding", ParamSpec((1, config.max_len, H), "embedding")
+    yield "encoder.token_embedding.weight", ParamSpec((V, H), "embedding")
+    yield "encoder.segment_embedding.weight", ParamSpec((2, H), "embedding")
     for i in range(config.num_blks):
         blk = f"encoder.blks.{i}"
         for projection in ("W_q", "W_k", "W_v", "W_o"):
-            dense(f"{blk}.attention.{projection}", H, H)
-        layer_norm(f"{blk}.addnorm1.ln")
-        dense(f"{blk}.ffn.dense1", F, H)
-        dense(f"{blk}.ffn.dense2", H, F)
-        layer_norm(f"{blk}.addnorm2.ln")
-    dense("hidden.0", H, H)
-    dense("mlm.mlp.0", H, H)
-    layer_norm("mlm.mlp.2")
-    dense("mlm.mlp.3", V, H)
-    dense("nsp.output", 2, H)
-    return specs
+            yield from dense(f"{blk}.attention.{projection}", H, H)
+        yield from layer_norm(f"{blk}.addnorm1.ln")
+        yield from dense(f"{blk}.ffn.dense1", F, H)
+        yield from dense(f"{blk}.ffn.dense2", H, F)
+        yield from layer_norm(f"{blk}.addnorm2.ln")
+    yield from dense("hidden.0", H, H)
+    yield from dense("mlm.mlp.0", H, H)
+    yield from layer_norm("mlm.mlp.2")
+    yield from dense("mlm.mlp.3", V, H)
+    yield from dense("nsp.output", 2, H)
+
+
+def param_specs(config: BERTConfig) -> dict[str, ParamSpec]:
+    """Ordered canonical schema with each tensor's role (what kind of initialisation it gets)."""
+    return dict(iter_param_specs(config))
 
 
 def param_shapes(config: BERTConfig) -> dict[str, tuple[int, ...]]:
@@ -122,6 +126,19 @@ def random_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32")
     return _draw(config, seed, dtype, all_random)
 
 
+def check_names(shapes: dict[str, tuple[int, ...]], names: Iterable[str]) -> None:
+    """``WeightsError`` unless ``names`` are exactly the schema's (a set or dict, for fast lookups)."""
+    missing = [name for name in shapes if name not in names]
+    if missing:
+        raise WeightsError(
+            f"missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+            f"({len(missing)} of {len(shapes)} in the schema)"
+        )
+    extra = [name for name in names if name not in shapes]
+    if extra:
+        raise WeightsError(f"unexpected tensor(s) {extra[:5]} not in the canonical schema for this config")
+
+
 def validate_weights(config: BERTConfig, weights: object) -> str:
     """Check a weight dict against the schema; return its dtype name ('float32' or 'float64').
 
@@ -131,20 +148,17 @@ def validate_weights(config: BERTConfig, weights: object) -> str:
     if not isinstance(weights, dict):
         raise WeightsError(f"weights must be a dict of name -> numpy array, got {type(weights).__name__}")
     shapes = param_shapes(config)
-    missing = [name for name in shapes if name not in weights]
-    if missing:
-        raise WeightsError(
-            f"missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
-            f"({len(missing)} of {len(shapes)} in the schema)"
-        )
-    extra = [name for name in weights if name not in shapes]
-    if extra:
-        raise WeightsError(f"unexpected tensor(s) {extra[:5]} not in the canonical schema for this config")
+    check_names(shapes, weights)
     common_dtype = None
     for name, expected_shape in shapes.items():
         array = weights[name]
         if not isinstance(array, np.ndarray):
             raise WeightsError(f"tensor {name!r} must be a numpy.ndarray, got {type(array).__name__}")
+        if isinstance(array, np.ma.MaskedArray):
+            raise WeightsError(
+                f"tensor {name!r} is a masked array; a mask means nothing to a model: pass array.filled() "
+                "or np.asarray(array)"
+            )
         if array.dtype.name not in SUPPORTED_DTYPES:
             raise WeightsError(f"tensor {name!r} has dtype {array.dtype}, expected one of {SUPPORTED_DTYPES}")
         if common_dtype is None:

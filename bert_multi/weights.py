@@ -6,13 +6,10 @@ model config, the dtype and a SHA-256 per tensor. Nothing on the load path can u
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import itertools
 import json
 import os
-import tempfile
-import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +17,21 @@ import numpy as np
 
 from .config import BERTConfig
 from .errors import WeightsError
-from .schema import SUPPORTED_DTYPES, param_shapes, validate_weights
+from .files import NpzReader, atomic_path, open_regular
+from .schema import SUPPORTED_DTYPES, check_names, iter_param_specs, validate_weights
 
 FORMAT_NAME = "bert_multi.weights"
 FORMAT_VERSION = 1
 MANIFEST_KEY = "__manifest__"
+MAX_MANIFEST_BYTES = 1 << 24  # a BERT-base manifest is about 20 KB
 
 
 def tensor_sha256(array: np.ndarray) -> str:
-    """SHA-256 of a tensor's values as little-endian, C-ordered bytes."""
-    little_endian = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    return hashlib.sha256(little_endian.tobytes()).hexdigest()
+    """SHA-256 of a tensor's values as little-endian, C-ordered bytes (hashed in place when they are)."""
+    little_endian = array.dtype.newbyteorder("<")
+    if array.dtype != little_endian or not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array, dtype=little_endian)
+    return hashlib.sha256(array.data).hexdigest()
 
 
 def make_manifest(config: BERTConfig, weights: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
@@ -41,25 +42,6 @@ def make_manifest(config: BERTConfig, weights: dict[str, np.ndarray], dtype: str
         "dtype": dtype,
         "tensors": {name: tensor_sha256(array) for name, array in weights.items()},
     }
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it.
-
-    Whatever goes wrong before the rename, an earlier file at ``path`` is left as it was.
-    """
-    path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp_name)
-        with open(tmp_name, "rb") as written:
-            os.fsync(written.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def write_npz(path: str | os.PathLike, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -82,16 +64,23 @@ def save_weights(path: str | os.PathLike, config: BERTConfig, weights: dict[str,
     return Path(path)
 
 
-def _parse_manifest(path: Path, archive: Any) -> tuple[BERTConfig, str, dict[str, str]]:
-    if MANIFEST_KEY not in archive.files:
+def _describe_member(name: str) -> str:
+    return "the manifest" if name == MANIFEST_KEY else f"tensor {name!r}"
+
+
+def _read_manifest(path: Path, archive: NpzReader) -> tuple[BERTConfig, str, dict[str, str]]:
+    if MANIFEST_KEY not in archive:
         raise WeightsError(f"{path}: no {MANIFEST_KEY!r} entry; this is not a bert_multi weights file")
+    header = archive.header(MANIFEST_KEY)
+    if header.dtype != np.uint8 or len(header.shape) != 1 or header.nbytes > MAX_MANIFEST_BYTES:
+        raise WeightsError(
+            f"{path}: the manifest is unreadable: expected at most {MAX_MANIFEST_BYTES} bytes of 1-D uint8 "
+            f"JSON, got {header.dtype} of shape {header.shape}"
+        )
     try:
-        raw = archive[MANIFEST_KEY]
-        if raw.dtype != np.uint8 or raw.ndim != 1:
-            raise ValueError(f"expected 1-D uint8 JSON bytes, got {raw.dtype} of shape {raw.shape}")
-        manifest = json.loads(raw.tobytes().decode("utf-8"))
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise WeightsError(f"{path}: the manifest is unreadable: {error}") from error
+        manifest = json.loads(archive.read(MANIFEST_KEY, header).tobytes().decode("utf-8"))
+    except (ValueError, RecursionError) as error:  # RecursionError: JSON nested too deeply
+        raise WeightsError(f"{path}: the manifest is unreadable: {type(error).__name__}: {error}") from None
     if not isinstance(manifest, dict):
         raise WeightsError(f"{path}: the manifest must be a JSON object, got {type(manifest).__name__}")
     for field in ("format", "format_version", "config", "dtype", "tensors"):
@@ -120,46 +109,49 @@ def _parse_manifest(path: Path, archive: Any) -> tuple[BERTConfig, str, dict[str
 
 
 def load_weights(path: str | os.PathLike) -> tuple[BERTConfig, dict[str, np.ndarray]]:
-    """Read and check a canonical weight file; return its config and weights.
+    """Read and check a canonical weight file; return its config and weights (in native byte order).
 
-    Every problem (unreadable or truncated file, missing or bad manifest, future format version, a
-    missing, extra, mis-shaped, wrongly typed, non-finite or tampered tensor) is a ``WeightsError``
-    whose message names the file and the tensor or field at fault.
+    Every problem (unreadable, truncated or hostile file, missing or bad manifest, future format
+    version, a missing, extra, mis-shaped, wrongly typed, non-finite or tampered tensor) is a
+    ``WeightsError`` whose message names the file and the tensor or field at fault. Each tensor's
+    header is checked against the schema before its data is read, so time and memory stay in
+    proportion to the file's real size.
     """
     path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"{path}: no such weights file")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise WeightsError(f"{path}: not a readable .npz file (truncated or corrupt?): {error}") from error
-    if not hasattr(archive, "files"):
-        raise WeightsError(f"{path}: holds a single array, not an .npz archive of named tensors")
-    with archive:
-        config, dtype, digests = _parse_manifest(path, archive)
-        stored = [name for name in archive.files if name != MANIFEST_KEY]
-        unlisted = [name for name in stored if name not in digests]
+    with open_regular(path, "weights file", WeightsError) as file:
+        archive = NpzReader(file, path, WeightsError, describe=_describe_member)
+        config, dtype, digests = _read_manifest(path, archive)
+        names = archive.names
+        stored = set(names) - {MANIFEST_KEY}
+        unlisted = [name for name in names if name in stored and name not in digests]
         if unlisted:
             raise WeightsError(f"{path}: tensor(s) {unlisted[:5]} are in the file but not in its manifest")
         absent = [name for name in digests if name not in stored]
         if absent:
             raise WeightsError(f"{path}: tensor(s) {absent[:5]} are listed in the manifest but missing from the file")
+        # A schema larger than the file cannot match it; building no more of it than the file could
+        # hold keeps a config claiming 10**40 blocks from costing anything.
+        shapes = {name: spec.shape for name, spec in itertools.islice(iter_param_specs(config), len(stored) + 1)}
+        try:
+            check_names(shapes, stored)
+        except WeightsError as error:
+            raise WeightsError(f"{path}: {error}") from None
         weights = {}
-        for name in stored:
-            try:
-                array = archive[name]
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-                raise WeightsError(f"{path}: tensor {name!r} is unreadable: {error}") from error
-            if array.dtype.name != dtype:
-                raise WeightsError(f"{path}: tensor {name!r} has dtype {array.dtype}, the manifest says {dtype}")
+        for name, expected_shape in shapes.items():
+            header = archive.header(name)
+            if header.dtype.name != dtype:
+                raise WeightsError(f"{path}: tensor {name!r} has dtype {header.dtype}, the manifest says {dtype}")
+            if header.shape != expected_shape:
+                raise WeightsError(f"{path}: tensor {name!r} has shape {header.shape}, expected {expected_shape}")
+            array = archive.read(name, header)
             if tensor_sha256(array) != digests[name]:
                 raise WeightsError(
                     f"{path}: tensor {name!r} fails its SHA-256 check: "
                     "the file was modified or corrupted after it was written"
                 )
-            weights[name] = array
+            weights[name] = array.astype(array.dtype.newbyteorder("="), copy=False)
     try:
         validate_weights(config, weights)
     except WeightsError as error:
         raise WeightsError(f"{path}: {error}") from error
-    return config, {name: weights[name] for name in param_shapes(config)}
+    return config, weights

@@ -155,3 +155,29 @@ def test_runtime_info_reports_framework_and_threads(framework):
     assert info["backend"] == framework.NAME and info["device"] == "cpu" and info["dtype"] == "float32"
     assert info["framework"].startswith(framework.NAME + " ")
     assert isinstance(info["threads"], int) and info["threads"] >= 1
+
+
+def test_weights_in_any_numpy_layout_build_and_compute_the_same(framework):
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=7, dtype="float64")
+    big_endian = {name: array.astype(array.dtype.newbyteorder(">")) for name, array in weights.items()}
+    reversed_strides = {name: array[::-1].copy()[::-1] for name, array in weights.items()}
+    batch = CASES[0].batch(config)
+    expected = framework.build(config, weights, dtype="float64")(**batch)
+    for odd in (big_endian, reversed_strides):
+        model = framework.build(config, odd, dtype="float64")
+        got = model(**batch)
+        assert np.array_equal(got.encoded, expected.encoded) and np.array_equal(got.mlm, expected.mlm)
+        assert all(np.array_equal(model.export_weights()[n], weights[n]) for n in weights)
+
+
+def test_a_big_endian_weights_file_converts_to_a_framework_checkpoint(framework, tmp_path):
+    from bert_multi import load_weights, save_weights
+
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=8)
+    big_endian = {name: array.astype(">f4") for name, array in weights.items()}
+    _, loaded = load_weights(save_weights(tmp_path / "w.npz", config, big_endian))
+    framework.save_checkpoint(tmp_path / "checkpoint", config, loaded)
+    back = framework.load_checkpoint(tmp_path / "checkpoint", config)
+    assert all(np.array_equal(back[n], weights[n]) for n in weights)

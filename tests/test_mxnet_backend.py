@@ -199,3 +199,37 @@ def test_conformance_holds_mxnet_to_the_oracle_at_its_own_layer_norm_eps():
     assert_conforms(out, adjusted, "float64")
     report = run_conformance(config, weights, [Target("mxnet", "float64")], [("mixed", batch)], pairs=False)
     assert report.passed and report.checks[0].reference == "oracle (LayerNorm eps 9.99999975e-06)"
+
+
+ARRAYS = {
+    "float32": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "float64": np.linspace(-1, 1, 5),
+    "float16": np.array([[0.5, -2.0]], dtype=np.float16),
+    "int64": np.array([[[7]], [[-3]]], dtype=np.int64),
+    "empty": np.zeros((0, 4), dtype=np.float32),
+}
+
+
+@pytest.mark.parametrize("mode", ["npx.save", "nd.save"])
+def test_the_params_reader_reads_what_mxnet_writes(tmp_path, mode):
+    """bert_multi reads .params itself (MXNet's reader trusts every size in the file); it must read
+    both formats MXNet writes: V3 in NumPy mode (npx.save, d2l 1.0) and V2 in legacy mode (nd.save)."""
+    from hostile import V2_MAGIC, V3_MAGIC, params_bytes
+
+    from bert_multi.gluon_params import read_params
+
+    path = tmp_path / "x.params"
+    if mode == "npx.save":
+        arrays = {**ARRAYS, "scalar": np.array(2.5)}  # NumPy mode has 0-d arrays
+        mx.npx.save(str(path), {k: mnp.array(v, dtype=v.dtype) for k, v in arrays.items()})
+    else:
+        arrays = {k: v for k, v in ARRAYS.items() if v.size}  # legacy mode has no empty or 0-d arrays
+        with mx.util.np_array(False), mx.util.np_shape(False):
+            mx.nd.save(str(path), {k: mx.nd.array(v, dtype=v.dtype) for k, v in arrays.items()})
+    loaded = read_params(path)
+    assert list(loaded) == list(arrays)
+    for name, array in arrays.items():
+        assert loaded[name].dtype == array.dtype and loaded[name].shape == array.shape, name
+        assert np.array_equal(loaded[name], array), name
+    # The fuzzer's seed files are written by the test suite's own writer: they must be MXNet's bytes.
+    assert params_bytes(arrays, V3_MAGIC if mode == "npx.save" else V2_MAGIC) == path.read_bytes()

@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from bert_multi import CONFIGS, BERTConfig, WeightsError, backends, load_backend, param_shapes, random_weights
+from bert_multi import (
+    CONFIGS,
+    BERTConfig,
+    InputError,
+    WeightsError,
+    backends,
+    load_backend,
+    param_shapes,
+    random_weights,
+)
 from bert_multi.cases import CASES
 from bert_multi.conform import assert_conforms
 
@@ -139,3 +148,22 @@ def test_cuda_gradients_reach_every_parameter():
     encoded, mlm, nsp = module(*inputs)
     (mlm.square().mean() + nsp.square().mean() + encoded.mean()).backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+
+
+def test_a_tensor_that_requires_grad_is_an_input_error_not_a_torch_error():
+    model = bt.build(CONFIG, random_weights(CONFIG, seed=2))
+    batch = CASES[0].batch(CONFIG)
+    needs_grad = torch.tensor(batch["valid_lens"], dtype=torch.float32, requires_grad=True)
+    with pytest.raises(InputError, match=r"^valid_lens is a torch.Tensor that NumPy cannot read .* \.detach\(\)"):
+        model(batch["tokens"], batch["segments"], needs_grad, batch["pred_positions"])
+    # Tensors NumPy can read are accepted like arrays.
+    out = model(*(None if v is None else torch.from_numpy(v) for v in batch.values()))
+    assert np.array_equal(out.encoded, model(**batch).encoded)
+
+
+def test_a_checkpoint_of_named_parameters_loads(tmp_path):
+    """``torch.save(dict(model.named_parameters()))`` stores Parameters that require grad."""
+    module = bt.build(CONFIG, random_weights(CONFIG, seed=3)).module
+    torch.save(dict(module.named_parameters()), tmp_path / "parameters.pt")
+    loaded = bt.load_checkpoint(tmp_path / "parameters.pt", CONFIG)
+    assert all(np.array_equal(loaded[n], random_weights(CONFIG, seed=3)[n]) for n in loaded)

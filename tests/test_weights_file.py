@@ -1,8 +1,15 @@
 import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import bert_multi.files as files
 import bert_multi.weights as weights_module
 from bert_multi import BERTConfig, WeightsError, init_weights, load_weights, random_weights, save_weights
 from bert_multi.weights import FORMAT_VERSION, make_manifest, write_npz
@@ -211,3 +218,152 @@ def test_manifest_is_human_readable(tmp_path, weights):
     assert manifest["format"] == "bert_multi.weights" and manifest["dtype"] == "float32"
     assert manifest["config"] == CONFIG.to_dict()
     assert len(manifest["tensors"]) == len(weights)
+
+
+# --- Arrays in any layout NumPy accepts -------------------------------------------------------------
+
+
+def test_big_endian_and_reversed_arrays_round_trip_to_native_arrays(tmp_path, weights):
+    odd = {name: array.astype(array.dtype.newbyteorder(">")) for name, array in weights.items()}
+    odd["hidden.0.weight"] = weights["hidden.0.weight"][::-1, ::-1].copy()[::-1, ::-1]  # negative strides
+    _, loaded = load_weights(save_weights(tmp_path / "w.npz", CONFIG, odd))
+    for name, array in loaded.items():
+        assert array.dtype.isnative and array.dtype == weights[name].dtype, name
+        assert np.array_equal(array, weights[name]), name
+    # The digests are of the values, so the same weights in either byte order carry the same manifest.
+    _, native = load_weights(save_weights(tmp_path / "native.npz", CONFIG, weights))
+    assert all(np.array_equal(native[name], loaded[name]) for name in weights)
+
+
+def test_a_masked_array_is_refused_even_when_its_mask_hides_a_nan(tmp_path, weights):
+    from bert_multi import load_backend
+
+    hidden = np.ma.masked_invalid(np.array([np.nan, 1, 2, 3, 4, 5], dtype=np.float32))
+    masked = {**weights, "hidden.0.bias": hidden}
+    with pytest.raises(WeightsError, match="'hidden.0.bias' is a masked array"):
+        save_weights(tmp_path / "w.npz", CONFIG, masked)
+    with pytest.raises(WeightsError, match="'hidden.0.bias' is a masked array"):
+        load_backend("numpy").build(CONFIG, masked)
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_a_directory_the_user_may_not_read_is_a_weights_error(tmp_path, monkeypatch, weights):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(files.os, "open", refuse)
+    with pytest.raises(WeightsError, match="cannot open the weights file: Permission denied"):
+        load_weights(path)
+
+
+# --- Saving: atomic, durable, and leaving nothing behind ---------------------------------------------
+
+
+def test_the_temporary_file_is_written_beside_the_target(tmp_path, monkeypatch, weights):
+    renames = []
+    real_replace = os.replace
+    monkeypatch.setattr(files.os, "replace", lambda src, dst: renames.append((src, dst)) or real_replace(src, dst))
+    save_weights(tmp_path / "w.npz", CONFIG, weights)
+    [(source, target)] = renames
+    # A rename is atomic only within one filesystem: the temporary file must be in the target's directory.
+    assert Path(source).parent == Path(target).parent == tmp_path
+    assert Path(source).name.startswith(".w.npz.") and Path(source).name.endswith(".tmp")
+
+
+def test_permissions_follow_the_umask_then_the_earlier_file(tmp_path, weights):
+    path = tmp_path / "w.npz"
+    old_umask = os.umask(0o022)
+    try:
+        save_weights(path, CONFIG, weights)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644  # as for any file this user creates
+        for mode in (0o600, 0o664):
+            path.chmod(mode)
+            save_weights(path, CONFIG, weights)
+            assert stat.S_IMODE(path.stat().st_mode) == mode  # overwriting keeps the file's mode
+    finally:
+        os.umask(old_umask)
+
+
+def test_saving_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp_path, weights):
+    target = save_weights(tmp_path / "real.npz", CONFIG, init_weights(CONFIG, seed=3))
+    link = tmp_path / "link.npz"
+    link.symlink_to(target)
+    save_weights(link, CONFIG, weights)
+    assert link.is_symlink() and link.resolve() == target
+    assert all(np.array_equal(load_weights(target)[1][n], weights[n]) for n in weights)
+
+
+def test_the_file_and_its_directory_are_fsynced_before_save_returns(tmp_path, monkeypatch, weights):
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append("directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", spy)
+    save_weights(tmp_path / "w.npz", CONFIG, weights)
+    assert synced == ["file", "directory"]
+
+
+def a_dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_leftovers_of_dead_writers_are_removed_and_a_live_writers_file_is_kept(tmp_path, weights):
+    host = files._HOST
+    dead = tmp_path / f".w.npz.{host}.{a_dead_pid()}.0123abcd.tmp"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / f".w.npz.{host}.{sleeper.pid}.89abcdef.tmp"
+        other_host = tmp_path / f".w.npz.elsewhere.{a_dead_pid()}.01234567.tmp"
+        unrelated = tmp_path / f".other.npz.{host}.{a_dead_pid()}.01234567.tmp"
+        for leftover in (dead, live, other_host, unrelated):
+            leftover.write_bytes(b"half a file")
+        save_weights(tmp_path / "w.npz", CONFIG, weights)
+        assert not dead.exists()
+        assert live.exists() and other_host.exists() and unrelated.exists()  # not ours to judge
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+KILLED_WRITER = """
+import sys, time
+import bert_multi.weights as weights_module
+from bert_multi import BERTConfig, init_weights, save_weights
+
+def savez_then_hang(file, **arrays):
+    file.write(b"PK\\x03\\x04 the first part of an archive")
+    file.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+
+weights_module.np.savez = savez_then_hang
+config = BERTConfig(**{config!r})
+save_weights(sys.argv[1], config, init_weights(config, seed=9))
+"""
+
+
+def test_kill_9_in_the_middle_of_a_save_loses_nothing_and_the_next_save_cleans_up(tmp_path, weights):
+    path = save_weights(tmp_path / "w.npz", CONFIG, weights)
+    before = path.read_bytes()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER.format(config=CONFIG.to_dict()), str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    [leftover] = [p for p in tmp_path.iterdir() if p.name != "w.npz"]
+    assert path.read_bytes() == before and leftover.stat().st_size > 0
+    save_weights(path, CONFIG, init_weights(CONFIG, seed=10))
+    assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]
+    assert np.array_equal(load_weights(path)[1]["hidden.0.weight"], init_weights(CONFIG, seed=10)["hidden.0.weight"])

@@ -23,10 +23,9 @@ from ..backend import (
     weights_from_framework,
 )
 from ..config import BERTConfig
-from ..errors import WeightsError
+from ..files import atomic_path
+from ..gluon_params import read_params
 from ..inputs import ModelInputs
-from ..schema import validate_weights
-from ..weights import atomic_path
 from .model import BERTModel
 
 NAME = "mxnet"
@@ -137,7 +136,7 @@ class MXNetBERT(BackendModel):
 
 def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
     """Write canonical weights as a d2l Gluon checkpoint: what ``Block.save_parameters`` writes."""
-    validate_weights(config, weights)
+    _, weights = prepare_weights(config, weights)
     names = framework_names(config, NAME_RULES)
     with atomic_path(path) as tmp_path:
         # Framework difference: Gluon's parameter file is MXNet's own binary NDArray format (in NumPy
@@ -148,14 +147,11 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
 
 
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
-    """Canonical weights from a d2l 1.0 Gluon checkpoint (a ``.params`` file from ``save_parameters``)."""
-    try:
-        arrays = mx.npx.load(str(path))
-    except mx.base.MXNetError as error:
-        raise WeightsError(f"{path}: not a readable Gluon .params checkpoint: {error}") from error
-    if not isinstance(arrays, dict):
-        raise WeightsError(f"{path}: expected named parameters (save_parameters), got a {type(arrays).__name__}")
-    return weights_from_framework(config, NAME_RULES, {name: value.asnumpy() for name, value in arrays.items()})
+    """Canonical weights from a d2l 1.0 Gluon checkpoint (a ``.params`` file from ``save_parameters``).
+
+    Read by ``bert_multi.gluon_params``, not by MXNet, whose C++ reader trusts every size in the file.
+    """
+    return weights_from_framework(config, NAME_RULES, read_params(path))
 
 
 def build(

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -26,9 +27,8 @@ from ..backend import (
 )
 from ..config import BERTConfig
 from ..errors import WeightsError
+from ..files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
 from ..inputs import ModelInputs
-from ..schema import validate_weights
-from ..weights import atomic_path
 from .model import BERTModel
 
 NAME = "torch"
@@ -128,24 +128,74 @@ class TorchBERT(BackendModel):
 
 def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
     """Write canonical weights as a d2l PyTorch checkpoint: a ``state_dict`` saved by ``torch.save``."""
-    validate_weights(config, weights)
+    _, weights = prepare_weights(config, weights)
     names = framework_names(config, NAME_RULES)
     with atomic_path(path) as tmp_path:
         torch.save({names[name]: torch.from_numpy(array) for name, array in weights.items()}, tmp_path)
 
 
+def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
+    """Refuse what ``torch.load`` would trust too far: anything but the zip format of PyTorch >= 1.6
+    (the legacy format allocates whatever sizes its pickle claims), and zip members whose declared
+    sizes add up to more than the file holds (torch allocates each record's declared size)."""
+    head = file.read(8)
+    file.seek(0)
+    if not head.startswith(ZIP_MAGIC):
+        raise WeightsError(
+            f"{path}: not a readable PyTorch state_dict checkpoint: it looks like {describe_format(head)}; "
+            "only the zip format torch.save has written since PyTorch 1.6 is read"
+        )
+    try:
+        declared = sum(info.file_size for info in zipfile.ZipFile(file).infolist())
+    except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
+        raise WeightsError(f"{path}: not a readable PyTorch state_dict checkpoint: {reason(error)}") from None
+    if declared > file_size(file):
+        raise WeightsError(
+            f"{path}: not a readable PyTorch state_dict checkpoint: its records declare {declared} bytes, "
+            f"more than the file's {file_size(file)}"
+        )
+    file.seek(0)
+
+
+def _to_numpy_checked(path: str | os.PathLike, name: str, tensor: torch.Tensor) -> np.ndarray:
+    """A checkpoint tensor's values as a NumPy array, or a ``WeightsError`` saying why it has none."""
+    if tensor.is_quantized or tensor.layout != torch.strided or tensor.device.type == "meta":
+        kind = "quantized" if tensor.is_quantized else "on the meta device" if tensor.is_meta else str(tensor.layout)
+        raise WeightsError(f"{path}: tensor {name!r} is {kind}; expected a dense tensor of values")
+    if tensor.dtype not in _DTYPES.values():
+        raise WeightsError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected torch.float32 or torch.float64")
+    # detach: a saved nn.Parameter (named_parameters()) requires grad; copy: tensors may share storage.
+    return tensor.detach().numpy().copy()
+
+
+def _load_failure(error: Exception) -> str:
+    """Why ``torch.load`` failed, in a line. Its weights_only refusal runs to a page, and advises
+    ``weights_only=False``: the one thing never to do with a file of unknown origin."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
+        return f"its pickle asks for more than tensors and containers ({detail}); only those are ever unpickled"
+    return reason(error)
+
+
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
     """Canonical weights from a d2l 1.0 PyTorch checkpoint (a ``state_dict`` saved by ``torch.save``).
 
-    Read with ``weights_only=True``: tensors and containers only, nothing else is unpickled.
+    Read with ``weights_only=True``: tensors and containers only, nothing else is unpickled. The
+    archive's sizes are checked before torch reads it, and any failure is a ``WeightsError``.
     """
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
-        raise WeightsError(f"{path}: not a readable PyTorch state_dict checkpoint: {error}") from error
+    with open_regular(path, "PyTorch checkpoint", WeightsError) as file:
+        _check_archive(file, path)
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 - a corrupt archive escapes torch.load as many types
+            raise WeightsError(
+                f"{path}: not a readable PyTorch state_dict checkpoint: {_load_failure(error)}"
+            ) from None
     if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
         raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(state).__name__}")
-    return weights_from_framework(config, NAME_RULES, {name: value.numpy() for name, value in state.items()})
+    arrays = {str(name): _to_numpy_checked(path, str(name), tensor) for name, tensor in state.items()}
+    return weights_from_framework(config, NAME_RULES, arrays)
 
 
 def build(

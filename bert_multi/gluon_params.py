@@ -1,0 +1,141 @@
+"""Gluon's ``.params`` files (MXNet's NDArray list format), read without MXNet.
+
+``Block.save_parameters`` writes MXNet's own binary format, which MXNet reads back in C++ trusting
+every field: a header claiming ``ndim = 0xFFFFFFFF`` crashes the process. So this module reads the
+format itself, checking every count and size against the bytes that remain before it allocates
+anything. The layout, as MXNet 1.x writes it (``NDArray::Save`` in ``src/ndarray/ndarray.cc``),
+little-endian:
+
+- u64 0x112 (the list magic), u64 reserved, u64 number of arrays, then each array:
+  u32 magic (0xF993FAC9: V2, legacy mode; 0xF993FACA: V3, NumPy mode), i32 storage type (0: dense),
+  i32 ndim and ndim i64 dimensions (V2: ndim 0 means "no array"; V3: ndim -1 does), then for an
+  array with a shape: i32 device type and i32 device id, i32 type flag, and the data, C order;
+- u64 number of names (0 or the number of arrays), then each name: u64 length and UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import struct
+from typing import BinaryIO
+
+import numpy as np
+
+from .errors import WeightsError
+from .files import check_shape, describe_format, file_size, open_regular
+
+LIST_MAGIC = 0x112
+V2_MAGIC, V3_MAGIC = 0xF993FAC9, 0xF993FACA
+MAX_NDIM = 32
+# mshadow's type flags (mshadow/base.h); bfloat16 (12) has no NumPy dtype.
+TYPE_FLAGS = {
+    0: "float32",
+    1: "float64",
+    2: "float16",
+    3: "uint8",
+    4: "int32",
+    5: "int8",
+    6: "int64",
+    7: "bool",
+    8: "int16",
+    9: "uint16",
+    10: "uint32",
+    11: "uint64",
+}
+
+
+class _Reader:
+    """Reads fields from ``file``, refusing any read that asks for more bytes than remain."""
+
+    def __init__(self, file: BinaryIO, path: str | os.PathLike) -> None:
+        self.file, self.path, self.remaining = file, path, file_size(file)
+
+    def fail(self, message: str) -> WeightsError:
+        return WeightsError(f"{self.path}: not a readable Gluon .params checkpoint: {message}")
+
+    def bytes(self, count: int, what: str) -> bytearray:
+        if count > self.remaining:
+            raise self.fail(f"{what} needs {count} bytes, but only {self.remaining} remain (truncated or corrupt)")
+        data = bytearray(count)
+        if self.file.readinto(data) != count:
+            raise self.fail(f"the file ended inside {what}")
+        self.remaining -= count
+        return data
+
+    def number(self, fmt: str, what: str) -> int:
+        return struct.unpack(fmt, self.bytes(struct.calcsize(fmt), what))[0]
+
+    def array(self, index: int) -> np.ndarray | None:
+        """The next array, or None for a parameter saved without a shape (never initialised)."""
+        what = f"array #{index}"
+        magic = self.number("<I", f"{what}'s magic")
+        if magic not in (V2_MAGIC, V3_MAGIC):
+            raise self.fail(
+                f"{what} starts with 0x{magic:08X}, not an NDArray magic (0x{V2_MAGIC:08X} or 0x{V3_MAGIC:08X}); "
+                "files from MXNet before 1.0 are not read"
+            )
+        storage = self.number("<i", f"{what}'s storage type")
+        if storage != 0:
+            raise self.fail(f"{what} has storage type {storage} (sparse); only dense arrays (0) are read")
+        ndim = self.number("<i", f"{what}'s ndim")
+        if (magic == V3_MAGIC and ndim == -1) or (magic == V2_MAGIC and ndim == 0):
+            return None
+        if not 0 <= ndim <= MAX_NDIM:
+            raise self.fail(f"{what} claims {ndim} dimensions; expected 0 to {MAX_NDIM}")
+        shape = struct.unpack(f"<{ndim}q", self.bytes(8 * ndim, f"{what}'s shape"))
+        self.bytes(8, f"{what}'s device")  # i32 device type and id: where it lived, not what it holds
+        flag = self.number("<i", f"{what}'s type flag")
+        if flag not in TYPE_FLAGS:
+            raise self.fail(f"{what} has type flag {flag} (12 is bfloat16), which NumPy cannot hold")
+        dtype = np.dtype(TYPE_FLAGS[flag]).newbyteorder("<")
+        try:
+            check_shape(shape, dtype)
+        except ValueError as error:
+            raise self.fail(f"{what} has {error}") from None
+        data = self.bytes(math.prod(shape) * dtype.itemsize, f"{what}'s data ({dtype.name} {shape})")
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+    def name(self, index: int) -> str:
+        length = self.number("<Q", f"name #{index}'s length")
+        raw = self.bytes(length, f"name #{index}")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise self.fail(f"name #{index} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every named array of a ``.params`` file (``save_parameters``, ``npx.save``, ``nd.save`` of a
+    dict), as NumPy arrays. Anything malformed is a ``WeightsError`` naming the file and the field."""
+    with open_regular(path, "Gluon .params checkpoint", WeightsError) as file:
+        reader = _Reader(file, path)
+        magic = reader.bytes(8, "the list magic") if reader.remaining >= 8 else bytearray()
+        if int.from_bytes(magic, "little") != LIST_MAGIC or len(magic) != 8:
+            file.seek(0)
+            raise reader.fail(
+                f"it does not start with MXNet's NDArray list magic; it looks like {describe_format(file.read(8))}"
+            )
+        reader.number("<Q", "the reserved field")
+        count = reader.number("<Q", "the array count")
+        if count > reader.remaining // 12:  # every array takes at least 12 bytes
+            raise reader.fail(f"it claims {count} arrays, more than its {reader.remaining} bytes can hold")
+        arrays = [reader.array(index) for index in range(count)]
+        name_count = reader.number("<Q", "the name count")
+        if name_count != count:
+            unnamed = " (an unnamed list, not save_parameters' output)" if name_count == 0 else ""
+            raise reader.fail(f"it has {count} arrays but {name_count} names{unnamed}")
+        names = [reader.name(index) for index in range(count)]
+        if reader.remaining:
+            raise reader.fail(f"{reader.remaining} unexpected bytes follow the last name")
+    repeated = [name for name, seen in collections.Counter(names).items() if seen > 1]
+    if repeated:
+        raise WeightsError(f"{path}: parameter(s) {repeated[:5]} appear more than once")
+    uninitialised = [name for name, array in zip(names, arrays) if array is None]
+    if uninitialised:
+        raise WeightsError(
+            f"{path}: parameter(s) {uninitialised[:5]} were saved before Gluon knew their shapes (deferred "
+            "initialisation); run one forward pass before save_parameters"
+        )
+    return dict(zip(names, arrays))

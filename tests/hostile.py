@@ -1,0 +1,579 @@
+"""Hostile files for the readers: known reproducers, a byte-level and structure-aware fuzzer, and a
+child process that loads files under a memory cap and reports how each load ended.
+
+The readers promise that a malformed file is a clean error (``WeightsError``, or ``InputError`` for an
+inputs file) in time and memory bounded by the file's real size: never another exception, a crash, a
+hang or an allocation a header asked for. A regression could break any of those, so files are loaded
+in a child process (``python tests/hostile.py probe ...``) with an address-space limit, and the tests
+time it out. ``python tests/hostile.py fuzz --seconds N`` (``make fuzz``) fuzzes for longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import resource
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from bert_multi import BERTConfig, InputError, WeightsError, random_weights, save_weights
+
+HERE = Path(__file__).resolve()
+CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
+MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
+GIB3 = 3 << 30
+
+
+# --- Loaders, by name: what the child process runs on each file -----------------------------------------
+
+
+def _load_weights(path: str) -> object:
+    from bert_multi import load_weights
+
+    return load_weights(path)
+
+
+def _read_params(path: str) -> object:
+    from bert_multi.gluon_params import read_params
+
+    return read_params(path)
+
+
+def _torch_checkpoint(path: str) -> object:
+    import bert_multi.torch
+
+    return bert_multi.torch.load_checkpoint(path, CONFIG)
+
+
+def _mxnet_checkpoint(path: str) -> object:
+    import bert_multi.mxnet
+
+    return bert_multi.mxnet.load_checkpoint(path, CONFIG)
+
+
+def _inputs(path: str) -> object:
+    from bert_multi.cli import _read_inputs
+
+    return _read_inputs(path)
+
+
+LOADERS: dict[str, Callable[[str], object]] = {
+    "weights": _load_weights,
+    "params": _read_params,
+    "torch": _torch_checkpoint,
+    "mxnet": _mxnet_checkpoint,
+    "inputs": _inputs,
+}
+CLEAN_ERRORS = {"weights": WeightsError, "params": WeightsError, "torch": WeightsError, "mxnet": WeightsError}
+
+
+def probe(loader: str, path: str) -> dict[str, str]:
+    """Load one file; say whether it loaded, was refused with the promised error, or escaped."""
+    clean = CLEAN_ERRORS.get(loader, InputError)
+    try:
+        LOADERS[loader](path)
+        return {"outcome": "loaded"}
+    except clean as error:
+        return {"outcome": "refused", "message": str(error)}
+    except BaseException as error:  # noqa: BLE001 - anything else is what we are looking for
+        return {
+            "outcome": "escaped",
+            "type": type(error).__name__,
+            "message": str(error)[:500],
+            "traceback": traceback.format_exc()[-2000:],
+        }
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
+
+
+def run_child(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run this file in a child process (which caps its own memory); a hang is a ``TimeoutExpired``."""
+    return subprocess.run([sys.executable, str(HERE), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def probe_in_child(loader: str, paths: list[Path], timeout: float = 120) -> list[dict[str, str]]:
+    """``probe`` each file in one child process; a crash or hang fails with the file it was on."""
+    done = run_child(["probe", loader, *map(str, paths)], timeout)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or len(results) != len(paths):
+        culprit = paths[len(results)] if len(results) < len(paths) else "?"
+        raise AssertionError(
+            f"the {loader} loader died (exit {done.returncode}) on {culprit}; stderr:\n{done.stderr[-3000:]}"
+        )
+    return results
+
+
+# --- Valid files to start from ---------------------------------------------------------------------------
+
+
+def weights_bytes(dtype: str = "float32", seed: int = 0) -> bytes:
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "w.npz"
+        save_weights(path, CONFIG, random_weights(CONFIG, seed=seed, dtype=dtype))
+        return path.read_bytes()
+
+
+PARAMS_TYPE_FLAGS = {"float32": 0, "float64": 1, "float16": 2, "int32": 4, "int64": 6}
+V2_MAGIC, V3_MAGIC = 0xF993FAC9, 0xF993FACA
+
+
+def params_bytes(arrays: dict[str, np.ndarray] | list[tuple[str, np.ndarray]], magic: int = V3_MAGIC) -> bytes:
+    """What ``npx.save`` (V3) or ``nd.save`` (V2) writes for named ``arrays``, written without MXNet."""
+    items = list(arrays.items()) if isinstance(arrays, dict) else arrays
+    out = bytearray(struct.pack("<QQQ", 0x112, 0, len(items)))
+    for _, array in items:
+        out += struct.pack("<Iii", magic, 0, array.ndim) + struct.pack(f"<{array.ndim}q", *array.shape)
+        out += struct.pack("<iii", 1, 0, PARAMS_TYPE_FLAGS[array.dtype.name])
+        out += np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    out += struct.pack("<Q", len(items))
+    for name, _ in items:
+        out += struct.pack("<Q", len(name.encode())) + name.encode()
+    return bytes(out)
+
+
+def gluon_weights(dtype: str = "float32", seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights under Gluon's structural names (the MXNet backend's table), as save_parameters
+    writes them; canonical names where MXNet is not installed (the .params reader does not care)."""
+    from bert_multi import backends
+    from bert_multi.backend import framework_names
+
+    weights = random_weights(CONFIG, seed=seed, dtype=dtype)
+    if not backends()["mxnet"].available:
+        return weights
+    from bert_multi.mxnet import NAME_RULES
+
+    return {framework_names(CONFIG, NAME_RULES)[name]: array for name, array in weights.items()}
+
+
+def torch_bytes(state: object, **options) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer, **options)
+    return buffer.getvalue()
+
+
+def torch_state(dtype: str = "float32", seed: int = 0) -> dict:
+    import torch
+
+    return {name: torch.from_numpy(array) for name, array in random_weights(CONFIG, seed=seed, dtype=dtype).items()}
+
+
+def npz_bytes(arrays: dict[str, np.ndarray], compressed: bool = False) -> bytes:
+    buffer = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def inputs_bytes(compressed: bool = False) -> bytes:
+    return npz_bytes(
+        {"tokens": np.array([[1, 2, 3]]), "segments": np.array([[0, 0, 1]]), "valid_lens": np.array([2])}, compressed
+    )
+
+
+# --- Surgery on zip archives and .npy members ------------------------------------------------------------
+
+
+def zip_members(data: bytes) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return [(info.filename, archive.read(info)) for info in archive.infolist()]
+
+
+def make_zip(members: list[tuple[str, bytes]], method: int = zipfile.ZIP_STORED) -> bytes:
+    """A zip of ``members`` (duplicates allowed), with correct CRCs, so readers get past the zip layer."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(buffer, "w", method) as archive:
+        warnings.simplefilter("ignore")  # "Duplicate name": wanted here
+        for name, payload in members:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            archive.writestr(info, payload)
+    return buffer.getvalue()
+
+
+def patch_zip(data: bytes, flags: int | None = None, method: int | None = None, size: int | None = None) -> bytes:
+    """Overwrite the flags, compression method or uncompressed size of every local and central header."""
+    out = bytearray(data)
+    for signature, flag_at, method_at, size_at in ((b"PK\x03\x04", 6, 8, 22), (b"PK\x01\x02", 8, 10, 24)):
+        start = out.find(signature)
+        while start != -1:
+            if flags is not None:
+                out[start + flag_at : start + flag_at + 2] = struct.pack("<H", flags)
+            if method is not None:
+                out[start + method_at : start + method_at + 2] = struct.pack("<H", method)
+            if size is not None:
+                out[start + size_at : start + size_at + 4] = struct.pack("<I", size)
+            start = out.find(signature, start + 4)
+    return bytes(out)
+
+
+def npy_bytes(header: bytes, data: bytes = b"", version: tuple[int, int] = (1, 0)) -> bytes:
+    size = struct.pack("<H" if version == (1, 0) else "<I", len(header))
+    return b"\x93NUMPY" + bytes(version) + size + header + data
+
+
+def npy_header(descr: str = "<f4", shape: tuple = (3,), fortran: bool = False) -> bytes:
+    return repr({"descr": descr, "fortran_order": fortran, "shape": shape}).encode() + b"\n"
+
+
+def replace_member(data: bytes, name: str, payload: bytes) -> bytes:
+    return make_zip([(n, payload if n == name else p) for n, p in zip_members(data)])
+
+
+def with_manifest(data: bytes, edit: Callable[[dict], object]) -> bytes:
+    """The weights file with its manifest JSON changed by ``edit`` (which may return a new document)."""
+    members = dict(zip_members(data))
+    manifest = json.loads(np.load(io.BytesIO(members["__manifest__.npy"])).tobytes())
+    changed = edit(manifest)  # None (edited in place) or the whole new document as JSON text
+    document = (json.dumps(manifest) if changed is None else changed).encode()
+    return replace_member(data, "__manifest__.npy", npz_member(np.frombuffer(document, dtype=np.uint8)))
+
+
+def npz_member(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def deflated_bomb(name: str, declared: int) -> bytes:
+    """A deflated member that claims to expand to ``declared`` bytes (of zeros)."""
+    payload = npy_bytes(npy_header("<f4", (declared // 4,)), b"\0" * 4096)
+    return patch_zip(make_zip([(name, payload)], zipfile.ZIP_DEFLATED), size=min(declared, 0xFFFFFFFF))
+
+
+# --- The reproducers: each a file a loader must refuse, and the words its error must contain ------------
+
+
+def hostile_weights() -> dict[str, tuple[bytes, str]]:
+    valid = weights_bytes()
+    token = "encoder.token_embedding.weight.npy"
+    deep = "[" * 100_000 + "]" * 100_000
+    many = make_zip(zip_members(valid) + [(f"extra{i}.npy", npz_member(np.zeros(1))) for i in range(20_000)])
+    return {
+        "member that is not .npy": (make_zip(zip_members(valid) + [("notes.txt", b"hello")]), "is not a .npy array"),
+        "member with garbage data": (replace_member(valid, token, b"garbage"), "is unreadable"),
+        "compression method 99": (patch_zip(valid, method=99), "compression method 99"),
+        "encryption flag": (patch_zip(valid, flags=1), "is encrypted"),
+        "deflated members": (make_zip(zip_members(valid), zipfile.ZIP_DEFLATED), "compression method 8"),
+        "zip bomb": (deflated_bomb("__manifest__.npy", GIB3), "compression method 8"),
+        "sizes that lie": (patch_zip(valid, size=GIB3), "declares"),
+        "unterminated .npy header": (
+            replace_member(valid, token, npy_bytes(b"{'descr': '<f4, 'fortran_order': False, 'shape': (11, 4)}\n")),
+            "malformed .npy header",
+        ),
+        "nested .npy header": (replace_member(valid, token, npy_bytes(b"(" * 5000 + b")" * 5000)), "malformed"),
+        "shape (2**40,) in a header": (
+            replace_member(valid, token, npy_bytes(npy_header("<f4", (2**40,)), b"\0" * 176)),
+            "header declares",
+        ),
+        "header longer than NumPy allows": (replace_member(valid, token, npy_bytes(b" " * 60_000)), "more than 10000"),
+        "object array": (replace_member(valid, token, npy_bytes(npy_header("|O", (2,)))), "Python objects"),
+        "shape (0, 2**62, 2**62) in a header": (
+            replace_member(valid, token, npy_bytes(npy_header("<f4", (0, 2**62, 2**62)))),
+            "too large for any array",
+        ),
+        "npy version 9": (replace_member(valid, token, npy_bytes(npy_header(), version=(9, 0))), "version (9, 0)"),
+        "manifest nested 100,000 deep": (with_manifest(valid, lambda m: deep), "manifest is unreadable"),
+        "num_blks 10**40": (with_manifest(valid, lambda m: m["config"].update(num_blks=10**40)), "missing tensor"),
+        "vocab_size 10**40": (with_manifest(valid, lambda m: m["config"].update(vocab_size=10**40)), "has shape"),
+        "max_len 10**12": (with_manifest(valid, lambda m: m["config"].update(max_len=10**12)), "has shape"),
+        "manifest says float64, tensors are float32": (
+            with_manifest(valid, lambda m: m.update(dtype="float64")),
+            "the manifest says float64",
+        ),
+        "20,000 unlisted members": (many, "in the file but not in its manifest"),
+        "a member twice": (make_zip(zip_members(valid) + zip_members(valid)[:1]), "appears twice"),
+        "a single .npy": (npz_member(np.zeros(3)), "holds a single array"),
+        "empty file": (b"", "not a readable .npz file"),
+        "a Gluon .params file": (params_bytes(gluon_weights()), "not a readable .npz file"),
+    }
+
+
+def _params_with(first_array: bytes) -> bytes:
+    """A one-array .params file whose array record is ``first_array``, named 'w'."""
+    return struct.pack("<QQQ", 0x112, 0, 1) + first_array + struct.pack("<Q", 1) + struct.pack("<Q", 1) + b"w"
+
+
+def hostile_params() -> dict[str, tuple[bytes, str]]:
+    one = np.arange(3, dtype=np.float32)
+    valid = params_bytes({"w": one})
+    return {
+        "ndim 0xFFFFFFFF (V2)": (_params_with(struct.pack("<IiI", V2_MAGIC, 0, 0xFFFFFFFF)), "-1 dimensions"),
+        "ndim 0x7FFFFFFF": (_params_with(struct.pack("<Iii", V3_MAGIC, 0, 0x7FFFFFFF)), "2147483647 dimensions"),
+        "uninitialised parameter (V3, ndim -1)": (_params_with(struct.pack("<Iii", V3_MAGIC, 0, -1)), "deferred"),
+        "shape (2**40,)": (
+            _params_with(struct.pack("<Iiiqiii", V3_MAGIC, 0, 1, 2**40, 1, 0, 0)),
+            "needs 4398046511104 bytes",
+        ),
+        "negative dimension": (
+            _params_with(struct.pack("<Iiiqiii", V3_MAGIC, 0, 1, -5, 1, 0, 0)),
+            "invalid shape (-5,)",
+        ),
+        "shape (0, 2**62, 2**62)": (
+            _params_with(struct.pack("<Iii3qiii", V3_MAGIC, 0, 3, 0, 2**62, 2**62, 1, 0, 0)),
+            "too large for any array",
+        ),
+        "2**63 arrays": (struct.pack("<QQQ", 0x112, 0, 2**63), "claims 9223372036854775808 arrays"),
+        "sparse storage": (_params_with(struct.pack("<Iii", V2_MAGIC, 1, 1)), "sparse"),
+        "bfloat16": (_params_with(struct.pack("<Iiiqiii", V3_MAGIC, 0, 1, 3, 1, 0, 12) + b"\0" * 6), "type flag 12"),
+        "non-UTF-8 name": (valid[:-1] + b"\xff", "not UTF-8"),
+        "no names": (valid[:-17] + struct.pack("<Q", 0), "unnamed list"),
+        "trailing bytes": (valid + b"xyz", "3 unexpected bytes"),
+        "MXNet < 1.0 array": (_params_with(struct.pack("<II", 0xF993FAC8, 1)), "not an NDArray magic"),
+        "a name twice": (params_bytes([("w", one), ("w", one)]), "appear more than once"),
+        "a torch checkpoint": (zip_members_bytes(), "looks like a zip archive"),
+        "empty file": (b"", "looks like not a format"),
+    }
+
+
+def zip_members_bytes() -> bytes:
+    return make_zip([("archive/data.pkl", b"\x80\x02}q\x00.")])
+
+
+def hostile_torch() -> dict[str, tuple[bytes, str]]:
+    import torch
+
+    valid = torch_state()
+    name = "hidden.0.bias"
+    return {
+        "bfloat16 tensor": (torch_bytes({**valid, name: valid[name].bfloat16()}), "has dtype torch.bfloat16"),
+        "quantized tensor": (torch_bytes({**valid, name: quantized(valid[name])}), "is quantized"),
+        "sparse tensor": (torch_bytes({**valid, name: valid[name].to_sparse()}), "is torch.sparse_coo"),
+        "meta tensor": (torch_bytes({**valid, name: torch.empty(4, device="meta")}), "meta"),
+        "legacy (pre-1.6) format": (torch_bytes(valid, _use_new_zipfile_serialization=False), "only the zip format"),
+        "a Gluon .params file": (params_bytes(gluon_weights()), "looks like an MXNet NDArray file"),
+        "records that lie about their size": (patch_zip(torch_bytes(valid), size=GIB3), "declare"),
+        "garbage pickle": (zip_members_bytes_with_pickle(torch_bytes(valid), b"\x80\x02garbage"), "not a readable"),
+        "a pickle calling os.system": (
+            zip_members_bytes_with_pickle(torch_bytes(valid), b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00echo\x85R."),
+            "not a readable",
+        ),
+        "an int64 tensor": (torch_bytes({**valid, name: valid[name].long()}), "has dtype torch.int64"),
+        "empty file": (b"", "looks like not a format"),
+    }
+
+
+def quantized(tensor):
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensors are deprecated: still loadable, so still tested
+        return torch.quantize_per_tensor(tensor, 0.1, 0, torch.qint8)
+
+
+def zip_members_bytes_with_pickle(data: bytes, pickle_bytes: bytes) -> bytes:
+    return make_zip([(n, pickle_bytes if n.endswith("data.pkl") else p) for n, p in zip_members(data)])
+
+
+def hostile_inputs() -> dict[str, tuple[bytes, str]]:
+    return {
+        "a single .npy": (npz_member(np.zeros(3, dtype=np.int64)), "holds a single array"),
+        "zip bomb": (deflated_bomb("tokens.npy", GIB3), "allowed"),
+        "object array": (
+            make_zip([("tokens.npy", npy_bytes(npy_header("|O", (1,)))), ("segments.npy", npz_member(np.zeros(1)))]),
+            "Python objects",
+        ),
+        "unknown array": (npz_bytes({"tokens": np.zeros((1, 2), int), "x": np.zeros(1)}), "expected arrays tokens"),
+    }
+
+
+HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
+    "weights": hostile_weights,
+    "params": hostile_params,
+    "torch": hostile_torch,
+    "inputs": hostile_inputs,
+}
+
+
+# --- Fuzzing -----------------------------------------------------------------------------------------------
+
+EXTREMES = (0, 1, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 2**63 - 1, 2**64 - 1)
+
+
+def mutate_bytes(data: bytes, rng: random.Random, corpus: list[bytes]) -> bytes:
+    """One random byte-level change: flipped bits, an extreme integer, a cut, an insertion, a splice."""
+    out = bytearray(data)
+    choice = rng.randrange(7)
+    if not out or choice == 0:  # insert random bytes
+        at = rng.randint(0, len(out))
+        out[at:at] = rng.randbytes(rng.randint(1, 16))
+    elif choice == 1:  # flip bits
+        for _ in range(rng.randint(1, 8)):
+            out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
+    elif choice == 2:  # an extreme little-endian integer at an aligned offset
+        width = rng.choice((2, 4, 8))
+        at = rng.randrange(0, max(len(out) - width, 1), width) if len(out) > width else 0
+        out[at : at + width] = (rng.choice(EXTREMES) & ((1 << (8 * width)) - 1)).to_bytes(width, "little")
+    elif choice == 3:  # truncate
+        del out[rng.randrange(len(out)) :]
+    elif choice == 4:  # delete a range
+        at = rng.randrange(len(out))
+        del out[at : at + rng.randint(1, 64)]
+    elif choice == 5:  # duplicate a range
+        at = rng.randrange(len(out))
+        out[at:at] = out[at : at + rng.randint(1, 256)]
+    else:  # splice with another file of the corpus
+        other = rng.choice(corpus)
+        cut = rng.randrange(len(out))
+        out = out[:cut] + other[rng.randrange(len(other)) if other else 0 :]
+    return bytes(out)
+
+
+def mutate_inside_zip(data: bytes, rng: random.Random, corpus: list[bytes]) -> bytes:
+    """Mutate one member's bytes and re-zip with correct CRCs, so the change reaches the member's parser."""
+    members = zip_members(data)
+    index = rng.randrange(len(members))
+    name, payload = members[index]
+    members[index] = (name, mutate_bytes(payload, rng, [p for _, p in members]))
+    return make_zip(members)
+
+
+JSON_VALUES = (0, -1, 1.5, 10**40, -(10**40), "x", "", None, True, [], {}, [1, 2], {"a": 1}, "float16", 2**63)
+
+
+def mutate_manifest(data: bytes, rng: random.Random, corpus: list[bytes]) -> bytes:
+    """Change one field of the manifest (config, dtype, digests, version) to a random JSON value."""
+
+    def edit(manifest: dict) -> None:
+        target, keys = (
+            (manifest["config"], list(manifest["config"])) if rng.random() < 0.6 else (manifest, list(manifest))
+        )
+        key = rng.choice(keys)
+        if rng.random() < 0.2:
+            del target[key]
+        else:
+            target[key] = rng.choice(JSON_VALUES)
+
+    return with_manifest(data, edit)
+
+
+def mutate_npy_header(data: bytes, rng: random.Random, corpus: list[bytes]) -> bytes:
+    """Give one tensor member a random (well-formed or not) .npy header over its own data."""
+    members = zip_members(data)
+    index = rng.randrange(len(members))
+    name, payload = members[index]
+    descr = rng.choice(("<f4", ">f4", "<f8", "<f2", "|u1", "<i8", "|O", "V8", "<c16", "|b1", "<U3", [("a", "<f4")]))
+    shape = tuple(rng.choice((0, 1, 2, 3, 4, 11, 2**31, 2**62, -1)) for _ in range(rng.randint(0, 4)))
+    header = npy_header(descr, shape, rng.random() < 0.2)
+    members[index] = (name, npy_bytes(header, payload[128:], rng.choice(((1, 0), (2, 0), (3, 0)))))
+    return make_zip(members)
+
+
+def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
+    """Valid files for ``loader`` and the mutations that suit them."""
+    generic = [mutate_bytes, mutate_bytes]
+    if loader == "weights":
+        return [weights_bytes("float32"), weights_bytes("float64", 1)], [
+            *generic,
+            mutate_inside_zip,
+            mutate_manifest,
+            mutate_npy_header,
+        ]
+    if loader in ("params", "mxnet"):
+        return [params_bytes(gluon_weights()), params_bytes(gluon_weights("float64", 1), V2_MAGIC)], generic
+    if loader == "torch":
+        import torch
+
+        state = torch_state()
+        tied = {**state, "mlm.mlp.3.weight": state["encoder.token_embedding.weight"]}
+        params = {name: torch.nn.Parameter(tensor) for name, tensor in torch_state("float64", 1).items()}
+        return [torch_bytes(state), torch_bytes(tied), torch_bytes(params)], [*generic, mutate_inside_zip]
+    return [inputs_bytes(), inputs_bytes(compressed=True)], [*generic, mutate_inside_zip, mutate_npy_header]
+
+
+def fuzz(loader: str, seconds: float, seed: int, out: Path) -> dict[str, object]:
+    """Load mutated files for ``seconds``; every file that escapes is kept in ``out`` with its report.
+    The file being loaded is always at ``out/current.bin``, so a crash or hang leaves its reproducer."""
+    rng = random.Random(seed)
+    corpus, mutations = fuzz_corpus(loader)
+    out.mkdir(parents=True, exist_ok=True)
+    current = out / "current.bin"
+    outcomes = {"loaded": 0, "refused": 0, "escaped": 0}
+    escapes = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        data = rng.choice(corpus)
+        for _ in range(rng.choice((1, 1, 1, 2, 3))):
+            try:
+                data = rng.choice(mutations)(data, rng, corpus)
+            except Exception:  # noqa: BLE001 - a structure-aware mutation needs a structure that is gone
+                data = mutate_bytes(data, rng, corpus)
+        current.write_bytes(data)
+        result = probe(loader, str(current))
+        outcomes[result["outcome"]] += 1
+        if result["outcome"] == "escaped":
+            kept = out / f"escape-{len(escapes)}.bin"
+            kept.write_bytes(data)
+            escapes.append({**result, "file": str(kept)})
+    current.unlink()
+    return {"loader": loader, "seed": seed, "seconds": seconds, "outcomes": outcomes, "escapes": escapes}
+
+
+def fuzz_in_child(loader: str, seconds: float, seed: int, out: Path) -> dict[str, object]:
+    """``fuzz`` in a child process under the memory cap; a crash or hang fails naming the file."""
+    try:
+        done = run_child(
+            ["fuzz", loader, "--seconds", str(seconds), "--seed", str(seed), "--out", str(out)], seconds * 3 + 60
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the {loader} loader hung on {out / 'current.bin'}") from None
+    if done.returncode != 0:
+        raise AssertionError(
+            f"the {loader} loader died (exit {done.returncode}) on {out / 'current.bin'}:\n{done.stderr[-3000:]}"
+        )
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    probing = sub.add_parser("probe", help="load files, print one JSON outcome per file")
+    probing.add_argument("loader", choices=sorted(LOADERS))
+    probing.add_argument("paths", nargs="+")
+    fuzzing = sub.add_parser("fuzz", help="load mutated files for a while, report what escaped")
+    fuzzing.add_argument("loader", choices=[*sorted(LOADERS), "all"])
+    fuzzing.add_argument("--seconds", type=float, default=60.0, help="per loader (default 60)")
+    fuzzing.add_argument("--seed", type=int, default=0)
+    fuzzing.add_argument("--out", type=Path, default=Path("fuzz-out"), help="where escaping files are kept")
+    args = parser.parse_args()
+    _cap_memory()
+    if args.command == "probe":
+        for path in args.paths:
+            print(json.dumps(probe(args.loader, path)), flush=True)
+        return 0
+    if args.loader != "all":
+        print(json.dumps(fuzz(args.loader, args.seconds, args.seed, args.out)))
+        return 0
+    # `make fuzz`: every loader whose framework is installed, each in its own capped child.
+    from bert_multi import backends
+
+    escaped = 0
+    for loader in LOADERS:
+        if loader in ("torch", "mxnet") and not backends()[loader].available:
+            print(f"{loader}: skipped ({backends()[loader].reason})")
+            continue
+        report = fuzz_in_child(loader, args.seconds, args.seed, args.out / loader)
+        escaped += len(report["escapes"])
+        print(
+            f"{loader}: {report['outcomes']}"
+            + "".join(f"\n  ESCAPED {e['type']}: {e['file']}" for e in report["escapes"])
+        )
+    return 1 if escaped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
