@@ -58,10 +58,11 @@ class Comparison:
     worst_index: tuple[int, ...]  # where |actual - expected| / (atol + rtol |expected|) peaks
     ratio: float  # that peak: the share of the tolerance used; <= 1 passes
     nonfinite: int  # NaN/Inf elements in actual or expected
+    problem: str | None = None  # why there is nothing to compare (missing, or of the wrong shape)
 
     @property
     def passed(self) -> bool:
-        return self.nonfinite == 0 and self.ratio <= 1.0
+        return self.problem is None and self.nonfinite == 0 and self.ratio <= 1.0
 
     @property
     def margin(self) -> float:
@@ -75,6 +76,8 @@ class Comparison:
 
     def describe(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
+        if self.problem:
+            return f"{self.name}: FAIL, {self.problem}"
         if self.nonfinite:
             return f"{self.name}: FAIL, {self.nonfinite} non-finite value(s), first at {self.worst_index}"
         return (
@@ -84,11 +87,21 @@ class Comparison:
         )
 
 
-def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> Comparison:
-    """Statistics of ``actual`` against ``expected`` (computed in float64); shapes must be equal."""
+def compare_arrays(
+    name: str, actual: np.ndarray | None, expected: np.ndarray | None, tolerance: Tolerance
+) -> Comparison:
+    """Statistics of ``actual`` against ``expected`` (computed in float64). A side that is missing
+    (None) or shaped differently from the other is a failing comparison that says so."""
+
+    def unusable(problem: str) -> Comparison:
+        return Comparison(name, (), tolerance, math.nan, math.nan, math.nan, (), math.inf, 0, problem)
+
+    if actual is None or expected is None:
+        side = "the compared side" if actual is None else "the reference"
+        return unusable(f"{side} has no value for it (never computed or never recorded)")
     actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     if actual.shape != expected.shape:
-        raise ValueError(f"{name}: shape {actual.shape} differs from the reference's {expected.shape}")
+        return unusable(f"shape {actual.shape} differs from the reference's {expected.shape}")
     bad = ~(np.isfinite(actual) & np.isfinite(expected))
     if bad.any():
         first = first_index(bad)

@@ -27,6 +27,8 @@ def _number(value: float) -> str:
 
 
 def _margin(comparison: Comparison) -> str:
+    if comparison.problem:
+        return "-"
     if comparison.nonfinite:
         return "NaN/Inf"
     return "inf" if comparison.ratio == 0 else f"{comparison.margin:.3g}x"
@@ -104,7 +106,7 @@ def plot_report(report: Report, path: str | Path) -> Path:
             continue
         series = worst.setdefault(str(check.target), {})
         for comparison in check.intermediates + check.outputs:
-            error = math.inf if comparison.nonfinite else comparison.max_abs
+            error = math.inf if comparison.nonfinite or comparison.problem else comparison.max_abs
             series[comparison.name] = max(series.get(comparison.name, 0.0), error)
             tolerances[check.target.dtype] = comparison.tolerance.atol
     floor = 1e-17  # exact agreement, drawn at the bottom of the log scale

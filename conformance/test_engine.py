@@ -1,0 +1,132 @@
+"""The machinery that decides PASS must be able to say FAIL: pairing, weight transfer, the oracle at
+each backend's own LayerNorm eps, and missing activations, each checked with fake backends.
+
+A fake backend is the NumPy oracle with one known defect (an output nudged, weights exported wrong, a
+different eps, an activation not recorded). Each test states what the engine must conclude about it;
+a one-line slip in the engine (comparing a backend with itself, rebuilding from the original weights
+instead of the exported ones, caching the oracle without its eps) makes one of them fail.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import bert_multi.conform as conform
+from bert_multi import BERTConfig, load_backend, random_weights
+from bert_multi.cases import CASES
+from bert_multi.conform import Target, run_conformance
+from bert_multi.oracle import LAYER_NORM_EPS, NumpyBERT
+
+CONFIG = BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=12)
+WEIGHTS = random_weights(CONFIG, seed=11, dtype="float64")
+CASE_LIST = [(case.name, case.batch(CONFIG, seed=11)) for case in CASES[:4]]
+
+
+def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forget=None):
+    """The oracle at LayerNorm ``eps``, with NSP logits moved by ``nudge_nsp``, ``nudge_export`` added to
+    one exported tensor, and the activation ``forget`` never recorded."""
+
+    class Fake(NumpyBERT):
+        backend = name
+
+        def _forward(self, inputs, intermediates):
+            out = super()._forward(inputs, intermediates)
+            if forget and out.intermediates is not None:
+                out.intermediates[forget] = None
+            return conform.BERTOutput(out.encoded, out.mlm, out.nsp + nudge_nsp, out.intermediates)
+
+        def export_weights(self):
+            weights = super().export_weights()
+            weights["nsp.output.bias"] = weights["nsp.output.bias"] + nudge_export
+            return weights
+
+    def build(config, weights, device="cpu", dtype="float64"):
+        oracle = load_backend("numpy").build(config, weights, device, dtype, layer_norm_eps=eps)
+        return Fake(config, oracle.weights, oracle.dtype, eps)
+
+    return SimpleNamespace(NAME=name, LAYER_NORM_EPS=eps, build=build)
+
+
+@pytest.fixture
+def register(monkeypatch):
+    """Make fake backends loadable by name for the engine."""
+    fakes = {}
+    real = conform.load_backend
+    monkeypatch.setattr(conform, "load_backend", lambda name: fakes[name] if name in fakes else real(name))
+
+    def add(backend):
+        fakes[backend.NAME] = backend
+
+    return add
+
+
+def run(*backends):
+    return run_conformance(CONFIG, WEIGHTS, [Target(b, "float64") for b in backends], CASE_LIST)
+
+
+def checks(report, target, against_oracle):
+    return [c for c in report.checks if c.target.backend == target and c.against_oracle == against_oracle]
+
+
+def test_a_pair_is_compared_with_the_other_backend_not_with_itself(register):
+    register(fake_backend("nudged", nudge_nsp=1e-7))  # 100x the float64 tolerance
+    report = run("numpy", "nudged")
+    assert all(c.passed for c in checks(report, "numpy", against_oracle=True))
+    assert not any(c.passed for c in checks(report, "nudged", against_oracle=True))
+    pair_checks = [c for c in report.checks if not c.against_oracle]
+    assert len(pair_checks) == 2 * len(CASE_LIST)
+    for check in pair_checks:  # both directions see the other side's nudge
+        assert not check.passed and check.first_divergence.name == "nsp", check.reference
+        assert check.reference.startswith("nudged" if check.target.backend == "numpy" else "numpy")
+
+
+@pytest.mark.parametrize("order", ["leaky first", "leaky second"])
+def test_pairs_rebuild_from_the_weights_the_other_backend_exported(register, order):
+    """A backend whose forward is right but whose export is wrong passes against the oracle; only a
+    pair that really moves its exported weights into the other backend can see it."""
+    register(fake_backend("leaky", nudge_export=1e-3))
+    names = ("leaky", "numpy") if order == "leaky first" else ("numpy", "leaky")
+    report = run(*names)
+    assert all(c.passed for c in report.checks if c.against_oracle)
+    rebuilt_from_leaky = [c for c in report.checks if not c.against_oracle and c.reference.startswith("leaky")]
+    assert rebuilt_from_leaky and not any(c.passed for c in rebuilt_from_leaky)
+    how = "memory" if order == "leaky first" else "file"  # the first target's weights move in memory
+    assert all(f"(weights via {how}" in c.reference for c in rebuilt_from_leaky)
+    assert all(c.first_divergence.name == "nsp" for c in rebuilt_from_leaky)
+
+
+def test_each_backend_is_held_to_the_oracle_at_its_own_layer_norm_eps(register):
+    register(fake_backend("eps-1e-3", eps=1e-3))
+    report = run("numpy", "eps-1e-3")
+    oracle_checks = [c for c in report.checks if c.against_oracle]
+    assert oracle_checks and all(c.passed for c in oracle_checks)
+    assert {c.reference for c in checks(report, "eps-1e-3", against_oracle=True)} == {"oracle (LayerNorm eps 0.001)"}
+    # The two oracles really differ, by far more than the tolerance: the labels are not decoration.
+    at_own, at_default = (
+        load_backend("numpy").build(CONFIG, WEIGHTS, layer_norm_eps=eps)(**CASE_LIST[0][1]) for eps in (1e-3, 1e-5)
+    )
+    assert np.abs(at_own.encoded - at_default.encoded).max() > 1e-6
+    # Pairs remove that known difference, and so pass, and say so.
+    pair_checks = [c for c in report.checks if not c.against_oracle]
+    assert pair_checks and all(c.passed for c in pair_checks)
+    assert all(c.reference.endswith(", LayerNorm eps corrected)") for c in pair_checks)
+
+
+def test_the_eps_correction_cannot_hide_a_real_difference(register):
+    register(fake_backend("eps-and-nudge", eps=1e-3, nudge_nsp=1e-7))
+    report = run("numpy", "eps-and-nudge")
+    pair_checks = [c for c in report.checks if not c.against_oracle]
+    assert pair_checks and not any(c.passed for c in pair_checks)
+    assert {c.first_divergence.name for c in pair_checks} == {"nsp"}
+
+
+def test_an_activation_a_backend_never_recorded_is_a_failure_naming_it(register):
+    register(fake_backend("forgetful", forget="blks.1.ffn"))
+    report = run("forgetful")
+    assert not report.passed
+    for check in report.checks:
+        assert check.first_divergence.name == "blks.1.ffn"
+        assert "has no value" in check.first_divergence.describe()
+    row = [c for _, _, output, c in report.worst() if output == "intermediates"]
+    assert row and not row[0].passed
