@@ -4,10 +4,11 @@ chapter demo."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
 import time
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from .cases import CASE_NAMES, CASES, Batch, get_case
 from .config import CONFIGS, BERTConfig
 from .conform import Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
+from .files import NpzReader, open_regular
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
 from .pretraining import (
     ADAM_EPSILON_STYLES,
@@ -63,21 +65,48 @@ def _model_and_weights(spec: str, seed: int) -> tuple[BERTConfig, dict[str, np.n
     raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing weights file")
 
 
+MAX_INPUT_BYTES = 1 << 30  # what an inputs .npz may expand to
+
+
 def _read_inputs(path: str) -> list[tuple[str, Batch]]:
     """One batch from an .npz with tokens, segments and optionally valid_lens and pred_positions."""
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise InputError(f"{path}: not a readable .npz of input arrays: {error}") from error
     allowed = ("tokens", "segments", "valid_lens", "pred_positions")
-    unknown = sorted(set(arrays) - set(allowed))
-    if unknown or not {"tokens", "segments"} <= set(arrays):
-        raise InputError(
-            f"{path}: expected arrays tokens, segments and optionally valid_lens, pred_positions; "
-            f"found {sorted(arrays)}"
-        )
+    with open_regular(path, "file of inputs (.npz)", InputError) as file:
+        archive = NpzReader(file, path, InputError, max_compressed_bytes=MAX_INPUT_BYTES)
+        unknown = sorted(set(archive.names) - set(allowed))
+        if unknown or not {"tokens", "segments"} <= set(archive.names):
+            raise InputError(
+                f"{path}: expected arrays tokens, segments and optionally valid_lens, pred_positions; "
+                f"found {sorted(archive.names)}"
+            )
+        arrays = {name: archive.read(name, archive.header(name)) for name in archive.names}
     return [(Path(path).stem, {name: arrays.get(name) for name in allowed})]
+
+
+def _check_output(path: str | None, option: str, directory: bool = False) -> None:
+    """Refuse, before any work starts, an output path that could not be written at the end: its
+    directory must exist (or, for a directory to create, its nearest existing ancestor) and be writable."""
+    if path is None:
+        return
+    target = Path(path)
+    if directory:
+        if target.exists() and not target.is_dir():
+            raise ValueError(f"{option} {path}: exists and is not a directory")
+        parent = next(p for p in (target, *target.parents) if p.exists())
+    else:
+        if target.is_dir():
+            raise ValueError(f"{option} {path}: is a directory; expected a file name")
+        parent = target.parent
+        if not parent.is_dir():
+            raise ValueError(f"{option} {path}: the directory {str(parent)!r} does not exist")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: cannot write in {str(parent)!r}")
+
+
+def _check_plot(path: str | None, option: str = "--plot") -> None:
+    _check_output(path, option)
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{option} needs matplotlib: pip install 'bert_multi[plot]'")
 
 
 def _run_and_report(
@@ -111,16 +140,23 @@ def _run_and_report(
     return 0 if report.passed else 1
 
 
+def _check_report_outputs(args: argparse.Namespace) -> None:
+    _check_output(args.json, "--json")
+    _check_plot(args.plot)
+
+
 def cmd_conform(args: argparse.Namespace) -> int:
     if args.list_cases:
         print(format_cases())
         return 0
+    _check_report_outputs(args)
     config, weights = _model_and_weights(args.config, args.seed)
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
     return _run_and_report(args, config, weights, [(case.name, case.batch(config, args.seed)) for case in chosen])
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    _check_report_outputs(args)
     config, weights = load_weights(args.weights)
     if args.inputs:
         cases = _read_inputs(args.inputs)
@@ -135,7 +171,9 @@ def format_cases() -> str:
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     """d2l's pretraining loop on one backend, or on both side by side with --compare."""
-    lines = Path(args.corpus).read_text(encoding="utf-8").splitlines() if args.corpus else builtin_corpus()
+    _check_output(args.out, "--out")
+    _check_plot(args.plot)
+    lines = _read_corpus(args.corpus) if args.corpus else builtin_corpus()
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
     config = BERTConfig(
         len(data.vocab),
@@ -199,7 +237,17 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_corpus(path: str) -> list[str]:
+    with open_regular(path, "corpus file", InputError) as file:
+        data = file.read()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: the corpus is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
+    _check_output(args.dir, "--dir", directory=True)
     for path in write_fixtures(args.dir):
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
     return 0
@@ -381,9 +429,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (InputError, WeightsError, BackendUnavailable, ValueError) as error:
+    except (InputError, WeightsError, BackendUnavailable, ValueError, OSError) as error:
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("bert-multi: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -33,14 +33,20 @@ class ModelInputs(NamedTuple):
 
 def _as_array(name: str, value: object, kinds: str = "iu") -> np.ndarray:
     """``value`` as an array whose dtype kind is in ``kinds`` (NumPy's codes: i, u ints, f floats)."""
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    how = "pass a NumPy array (from PyTorch: .detach().cpu().numpy(); from MXNet: .asnumpy())"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # NumPy < 1.24 only warns on ragged lists; they are caught below
             array = np.asarray(value)
     except ValueError:  # NumPy >= 1.24 refuses ragged lists
         array = np.empty(0, dtype=object)
+    except Exception as error:  # noqa: BLE001 - a framework tensor that will not convert (needs grad, on a GPU)
+        raise InputError(f"{name} is a {kind} that NumPy cannot read ({error}); {how}") from None
     if array.dtype == object:
-        raise InputError(f"{name} is not a rectangular array of numbers")
+        if isinstance(value, (list, tuple)):
+            raise InputError(f"{name} is not a rectangular array of numbers")
+        raise InputError(f"{name} is a {kind}, which NumPy does not read as numbers; {how}")
     if array.dtype.kind not in kinds:  # bool, complex, strings and objects are never valid
         expected = "an integer or float dtype" if "f" in kinds else "an integer dtype (e.g. int64)"
         raise InputError(f"{name} has dtype {array.dtype}: expected {expected}")

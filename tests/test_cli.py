@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from hostile import npz_member
 
 from bert_multi import CONFIGS, backends, random_weights, save_weights
 from bert_multi.cli import main
@@ -169,3 +170,103 @@ def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
     assert "torch loss  mxnet loss  difference" in printed
     assert "largest weight difference after 3 steps" in printed
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- Failures are one line, exit 2, and come before any work ----------------------------------------
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if the command starts its work before refusing."""
+    import bert_multi.cli as cli
+
+    def refuse(*args, **kwargs):
+        pytest.fail("the work started before the bad argument was reported")
+
+    for name in ("run_conformance", "run_pretraining", "write_fixtures", "load_weights"):
+        monkeypatch.setattr(cli, name, refuse)
+
+
+def one_line_error(capsys):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bert-multi: error: ") and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["conform", "--json", "{missing}/r.json"], "the directory '{missing}' does not exist"),
+        (["conform", "--plot", "{missing}/r.png"], "the directory '{missing}' does not exist"),
+        (["conform", "--json", "{tmp}"], "is a directory; expected a file name"),
+        (["compare", "w.npz", "--json", "{missing}/r.json"], "the directory '{missing}' does not exist"),
+        (["pretrain", "--out", "{missing}/w.npz"], "the directory '{missing}' does not exist"),
+        (["pretrain", "--compare", "--plot", "{missing}/c.png"], "the directory '{missing}' does not exist"),
+        (["fixtures", "--dir", "{file}/sub"], "cannot write in"),
+        (["fixtures", "--dir", "{file}"], "exists and is not a directory"),
+    ],
+)
+def test_an_unwritable_output_path_is_refused_before_the_work(argv, message, tmp_path, capsys, no_work):
+    (tmp_path / "file").write_text("")
+    names = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path), "file": str(tmp_path / "file")}
+    assert main([arg.format(**names) for arg in argv]) == 2
+    assert message.format(**names) in one_line_error(capsys)
+
+
+def test_hostile_weights_files_are_one_line_errors(tmp_path, capsys):
+    from hostile import hostile_weights
+
+    for case, (data, expected) in hostile_weights().items():
+        (tmp_path / "w.npz").write_bytes(data)
+        for command in (["compare", str(tmp_path / "w.npz")], ["conform", "--config", str(tmp_path / "w.npz")]):
+            assert main(command) == 2, case
+            assert expected in one_line_error(capsys), case
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(npz_member(np.zeros((1, 3), int))), "holds a single array"),
+        (lambda p: p.mkdir(), "is a directory; expected a file of inputs (.npz)"),
+        (lambda p: None, "no such file of inputs (.npz)"),
+        (lambda p: p.write_bytes(b"tokens"), "not a readable .npz file"),
+    ],
+)
+def test_a_bad_inputs_file_is_a_one_line_error(make, message, tmp_path, capsys):
+    config = CONFIGS["tiny"]
+    save_weights(tmp_path / "w.npz", config, random_weights(config))
+    make(tmp_path / "batch.npz")
+    assert main(["compare", str(tmp_path / "w.npz"), "--inputs", str(tmp_path / "batch.npz")]) == 2
+    assert message in one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "no such corpus file"),
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: p.write_bytes(b"caf\xe9 . bar ."), "the corpus is not UTF-8 text"),
+    ],
+)
+def test_a_bad_corpus_is_a_one_line_error(make, message, tmp_path, capsys, no_work):
+    make(tmp_path / "corpus.txt")
+    assert main(["pretrain", "--corpus", str(tmp_path / "corpus.txt")]) == 2
+    assert message in one_line_error(capsys)
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
+def test_an_activation_the_backend_never_recorded_is_a_fail_row_with_exit_1(monkeypatch, capsys):
+    import bert_multi.torch.backend as torch_backend
+
+    forward = torch_backend.TorchBERT._forward
+
+    def forgetful(self, inputs, intermediates):
+        out = forward(self, inputs, intermediates)
+        out.intermediates["blks.1.ffn"] = None
+        return out
+
+    monkeypatch.setattr(torch_backend.TorchBERT, "_forward", forgetful)
+    code = main(["conform", "--config", "tiny", "--backends", "torch", "--dtypes", "float64", "--cases", "batch_one"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "first divergence at 'blks.1.ffn'" in out and "the compared side has no value" in out, out
