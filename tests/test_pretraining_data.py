@@ -151,3 +151,25 @@ def test_check_batch_rejects_bad_labels(data):
         check_batch(config, {**batch, "mlm_weights": batch["mlm_weights"][:, :2]})
     with pytest.raises(InputError, match="missing"):
         check_batch(config, {k: v for k, v in batch.items() if k != "nsp_labels"})
+
+
+def test_a_true_next_label_means_the_second_sentence_follows_the_first():
+    """Every sentence of this corpus is unique, so each pair can be traced back to the corpus: label 1
+    must mean the true next sentence, label 0 a sentence drawn from anywhere (rarely the true one)."""
+    paragraphs = [[f"p{p}s{s} word{s} word{p}" for s in range(4)] for p in range(60)]
+    successor = {a: b for paragraph in paragraphs for a, b in zip(paragraph, paragraph[1:])}
+    data = PretrainingData.from_paragraphs(paragraphs, max_len=16, seed=3, min_freq=1)
+    arrays, vocab = data.arrays, data.vocab
+    coincidences = 0
+    for i in range(len(data)):
+        tokens = arrays["tokens"][i].copy()
+        real = arrays["mlm_weights"][i] == 1
+        tokens[arrays["pred_positions"][i][real]] = arrays["mlm_labels"][i][real]  # undo the masking
+        words = vocab.to_tokens(tokens[: int(arrays["valid_lens"][i])])
+        split = words.index("<sep>")
+        first, second = " ".join(words[1:split]), " ".join(words[split + 1 : -1])
+        if arrays["nsp_labels"][i] == 1:
+            assert successor.get(first) == second, (first, second)
+        else:
+            coincidences += successor.get(first) == second  # a random draw may hit the true one
+    assert len(data) == 180 and coincidences < 0.1 * (arrays["nsp_labels"] == 0).sum()
