@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # NumPy 2 with PyTorch and no MXNet: the core and the torch backend must work there too.
 VENV_NUMPY2 := .venv-numpy2
 
-.PHONY: run test test-main test-numpy2 venv clean
+.PHONY: run test test-main test-numpy2 fuzz venv clean
 
 run: venv
 	$(BIN)/bert-multi conform
@@ -18,6 +18,11 @@ test-main: venv
 
 test-numpy2: $(VENV_NUMPY2)/.installed
 	$(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
+
+# A longer hunt for hostile files than the test suite's (12 s per reader): FUZZ_SECONDS per reader.
+FUZZ_SECONDS ?= 300
+fuzz: venv
+	$(BIN)/python tests/hostile.py fuzz all --seconds $(FUZZ_SECONDS) --out fuzz-out
 
 venv: $(VENV)/.installed
 
@@ -34,4 +39,4 @@ $(VENV_NUMPY2)/.installed: requirements-numpy2.lock pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(VENV_NUMPY2) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(VENV_NUMPY2) .pytest_cache .hypothesis *.egg-info fuzz-out

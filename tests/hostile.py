@@ -296,6 +296,10 @@ def hostile_weights() -> dict[str, tuple[bytes, str]]:
             "the manifest says float64",
         ),
         "20,000 unlisted members": (many, "in the file but not in its manifest"),
+        "20,000 listed tensors not in the file": (
+            with_manifest(valid, lambda m: m["tensors"].update({f"ghost{i}": "0" * 64 for i in range(20_000)})),
+            "listed in the manifest but missing from the file",
+        ),
         "a member twice": (make_zip(zip_members(valid) + zip_members(valid)[:1]), "appears twice"),
         "a single .npy": (npz_member(np.zeros(3)), "holds a single array"),
         "empty file": (b"", "not a readable .npz file"),
