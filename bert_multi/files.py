@@ -17,7 +17,7 @@ import secrets
 import socket
 import stat
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
@@ -107,7 +107,7 @@ def check_shape(shape: tuple, dtype: np.dtype) -> None:
         raise ValueError(f"a shape {shape} too large for any array")
 
 
-def parse_npy_header(read) -> NpyHeader:
+def parse_npy_header(read: Callable[[int], bytes]) -> NpyHeader:
     """Parse a .npy header from ``read(n) -> bytes``, bounded in size; raise ``ValueError`` if malformed."""
     prefix = read(len(NPY_MAGIC) + 2)
     if len(prefix) < len(NPY_MAGIC) + 2 or not prefix.startswith(NPY_MAGIC):
@@ -147,11 +147,11 @@ class NpzReader:
         file: BinaryIO,
         path: str | os.PathLike,
         error: type[Exception],
-        describe=lambda name: f"array {name!r}",
+        describe: Callable[[str], str] = lambda name: f"array {name!r}",
         max_compressed_bytes: int | None = None,
     ) -> None:
         self.path, self.error, self.describe = path, error, describe
-        self.archive_bytes = file_size(file)
+        archive_bytes = file_size(file)
         allow_compressed = max_compressed_bytes is not None
         head = file.read(len(NPY_MAGIC))
         file.seek(0)
@@ -180,11 +180,11 @@ class NpzReader:
                 )
             if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
                 raise error(f"{path}: archive member {name!r} is stored but declares two different sizes")
-            if info.compress_size > self.archive_bytes:
+            if info.compress_size > archive_bytes:
                 raise error(f"{path}: archive member {name!r} declares more bytes than the whole file holds")
             self._infos[name[:-4]] = info
         expanded = sum(info.file_size for info in infos)
-        limit = max_compressed_bytes if allow_compressed else self.archive_bytes
+        limit = max_compressed_bytes if allow_compressed else archive_bytes
         if expanded > limit:
             raise error(f"{path}: the archive's members declare {expanded} bytes in all, more than the {limit} allowed")
 

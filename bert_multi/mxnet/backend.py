@@ -151,6 +151,9 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np
 
     Read by ``bert_multi.gluon_params``, not by MXNet, whose C++ reader trusts every size in the file.
     """
+    # Framework difference: MXNet's own reader (npx.load) crashes the process on a header claiming
+    # ndim = 0xFFFFFFFF, so bert_multi parses the format itself; torch.load is used once the file's
+    # zip layout is checked.
     return weights_from_framework(config, NAME_RULES, read_params(path))
 
 

@@ -159,7 +159,7 @@ def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
 
 def _to_numpy_checked(path: str | os.PathLike, name: str, tensor: torch.Tensor) -> np.ndarray:
     """A checkpoint tensor's values as a NumPy array, or a ``WeightsError`` saying why it has none."""
-    if tensor.is_quantized or tensor.layout != torch.strided or tensor.device.type == "meta":
+    if tensor.is_quantized or tensor.layout != torch.strided or tensor.is_meta:
         kind = "quantized" if tensor.is_quantized else "on the meta device" if tensor.is_meta else str(tensor.layout)
         raise WeightsError(f"{path}: tensor {name!r} is {kind}; expected a dense tensor of values")
     if tensor.dtype not in _DTYPES.values():
@@ -185,6 +185,8 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np
     archive's sizes are checked before torch reads it, and any failure is a ``WeightsError``.
     """
     with open_regular(path, "PyTorch checkpoint", WeightsError) as file:
+        # Framework difference: torch's reader gets the file once its zip layout is checked; Gluon's
+        # format is parsed by bert_multi itself, since MXNet's C++ reader trusts every size in it.
         _check_archive(file, path)
         try:
             state = torch.load(file, map_location="cpu", weights_only=True)
