@@ -5,12 +5,18 @@ regression that crashes, hangs or allocates what a header claims fails here inst
 run down. The reproducers are the ones the readers once failed on; the fuzzer looks for new ones.
 """
 
+import io
+import json
 import os
+import struct
 
+import numpy as np
 import pytest
-from hostile import HOSTILE, fuzz_in_child, probe_in_child
+from hostile import HOSTILE, fuzz_in_child, npy_bytes, probe_in_child, weights_bytes, with_manifest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from bert_multi import backends
+from bert_multi import WeightsError, backends, load_weights
 
 # Readers and the frameworks they need. "mxnet" is the MXNet backend's load_checkpoint on the .params
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
@@ -84,3 +90,92 @@ def test_paths_that_are_not_regular_files_are_refused_without_blocking(reader, o
     results = probe_in_child(reader, [path for path, _ in odd_paths.values()], timeout=60)
     for (case, (_, expected)), result in zip(odd_paths.items(), results):
         assert result["outcome"] == "refused" and expected in result["message"], (case, result)
+
+
+# --- Hypothesis: the parsers' contracts on generated fields ------------------------------------------
+# These parse headers and small files in this process: nothing here allocates what a header declares,
+# which the child-process tests above guard.
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+DESCRS = st.sampled_from(["<f4", ">f8", "<f2", "|u1", "<i8", "|O", "V8", "<c16", "|b1", "<U3", "x", ""])
+# The sizes that break parsers: zero, negative, and just past 31, 32, 62 and 63 bits.
+DIMENSIONS = st.sampled_from([0, 1, 3, -1, -2, 2**31, 2**32, 2**62, 2**63 - 1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    descr=DESCRS,
+    fortran=st.booleans(),
+    shape=st.lists(DIMENSIONS | st.integers(), max_size=4).map(tuple),
+    version=st.sampled_from([(1, 0), (2, 0), (3, 0), (0, 0)]),
+)
+def test_any_npy_header_parses_within_its_limits_or_is_a_value_error(descr, fortran, shape, version):
+    from bert_multi.files import MAX_NPY_HEADER_BYTES, parse_npy_header
+
+    stream = io.BytesIO(
+        npy_bytes(repr({"descr": descr, "fortran_order": fortran, "shape": shape}).encode(), b"", version)
+    )
+    try:
+        header = parse_npy_header(stream.read)
+    except ValueError:
+        return
+    assert not header.dtype.hasobject and all(isinstance(n, int) and n >= 0 for n in header.shape)
+    assert header.data_offset <= 12 + MAX_NPY_HEADER_BYTES and header.nbytes >= 0
+
+
+@pytest.fixture(scope="module")
+def valid_weights_file():
+    return weights_bytes()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_any_manifest_loads_or_is_a_weights_error(valid_weights_file, tmp_path, data):
+    field = data.draw(
+        st.sampled_from(["config", "format", "format_version", "dtype", "tensors", "whole", "a config field"])
+    )
+    value = data.draw(JSON)
+
+    def edit(manifest):
+        if field == "whole":
+            return json.dumps(value)
+        if field == "a config field":
+            manifest["config"][data.draw(st.sampled_from(sorted(manifest["config"])))] = value
+        else:
+            manifest[field] = value
+
+    (tmp_path / "w.npz").write_bytes(with_manifest(valid_weights_file, edit))
+    try:
+        load_weights(tmp_path / "w.npz")
+    except WeightsError:
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    magic=st.sampled_from([0xF993FAC9, 0xF993FACA, 0xF993FACA, 0xF993FAC8]),
+    storage=st.sampled_from([0, 0, 0, 1, -1]),
+    shape=st.lists(DIMENSIONS, max_size=4),
+    ndim_delta=st.integers(-1, 1),
+    flag=st.integers(-1, 13),
+    payload=st.binary(max_size=64),
+    names=st.lists(st.binary(max_size=6), max_size=3),
+)
+def test_any_params_record_loads_or_is_a_weights_error(
+    tmp_path, magic, storage, shape, ndim_delta, flag, payload, names
+):
+    from bert_multi.gluon_params import read_params
+
+    record = struct.pack("<Iii", magic, storage, len(shape) + ndim_delta) + struct.pack(f"<{len(shape)}q", *shape)
+    record += struct.pack("<iii", 1, 0, flag) + payload
+    tail = struct.pack("<Q", len(names)) + b"".join(struct.pack("<Q", len(n)) + n for n in names)
+    (tmp_path / "x.params").write_bytes(struct.pack("<QQQ", 0x112, 0, 1) + record + tail)
+    try:
+        arrays = read_params(tmp_path / "x.params")
+    except WeightsError:
+        return
+    assert len(arrays) == 1 and all(isinstance(a, np.ndarray) for a in arrays.values())
