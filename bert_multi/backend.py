@@ -20,7 +20,7 @@ import numpy as np
 from .config import BERTConfig
 from .errors import BackendUnavailable
 from .inputs import ModelInputs, check_inputs
-from .schema import normalize_dtype, param_shapes, validate_weights
+from .schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
 
 # name -> (module, what to install when it is missing). The NumPy oracle needs nothing extra.
 _BACKENDS: dict[str, tuple[str, str]] = {
@@ -44,11 +44,11 @@ class BERTOutput:
 def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]]:
     """Each named activation, in computation order, with where a framework hook finds it.
 
-    The value is (submodule path, "input" or "output"); the paths are the d2l attribute names, the same
-    in PyTorch and Gluon. ``embedding`` is the token + segment + positional sum (the first block's
-    input); per block, ``attention`` is the multi-head attention output, ``addnorm1`` the first residual
-    + LayerNorm, ``ffn`` the feed-forward output and ``output`` the block's output; ``pooler`` is
-    tanh(dense(<cls>)), the input of the NSP head.
+    The value is (submodule path, "input" or "output"); the paths are the canonical (PyTorch) module
+    names, which ``framework_module`` turns into a framework's own. ``embedding`` is the token + segment
+    + positional sum (the first block's input); per block, ``attention`` is the multi-head attention
+    output, ``addnorm1`` the first residual + LayerNorm, ``ffn`` the feed-forward output and ``output``
+    the block's output; ``pooler`` is tanh(dense(<cls>)), the input of the NSP classifier.
     """
     sources = OrderedDict(embedding=("encoder.blks.0", "input"))
     for i in range(config.num_blks):
@@ -57,7 +57,7 @@ def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]
         sources[f"blks.{i}.addnorm1"] = (f"{blk}.addnorm1", "output")
         sources[f"blks.{i}.ffn"] = (f"{blk}.ffn", "output")
         sources[f"blks.{i}.output"] = (blk, "output")
-    sources["pooler"] = ("hidden", "output")
+    sources["pooler"] = (nsp_layers(config)[1], "input")
     return sources
 
 
@@ -153,15 +153,20 @@ def _plain(array: np.ndarray, dtype: str) -> np.ndarray:
     return np.array(array, order="C")
 
 
+def _rename(name: str, rules: list[tuple[str, str]]) -> str:
+    for pattern, replacement in rules:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
 def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[str, str]:
     """Canonical name -> a framework's structural name, applying each (regex, replacement) rule in turn."""
-    names = {}
-    for name in param_shapes(config):
-        renamed = name
-        for pattern, replacement in rules:
-            renamed = re.sub(pattern, replacement, renamed)
-        names[name] = renamed
-    return names
+    return {name: _rename(name, rules) for name in param_shapes(config)}
+
+
+def framework_module(path: str, rules: list[tuple[str, str]]) -> str:
+    """A canonical module path in a framework's names (the rules are written for parameter names)."""
+    return _rename(f"{path}.weight", rules).rsplit(".", 1)[0]
 
 
 def weights_from_framework(

@@ -6,12 +6,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .semantics import PRESETS, Semantics, semantics_for
+
+# The arguments of d2l 1.0's BERTModel, in order.
+D2L_ARGUMENTS = ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads", "num_blks", "dropout", "max_len")
+
 
 @dataclass(frozen=True)
 class BERTConfig:
-    """Sizes of a d2l BERT model (the arguments of d2l's ``BERTModel``).
+    """Sizes of a d2l BERT model (the arguments of d2l's ``BERTModel``) and what it computes.
 
-    ``dropout`` only matters in training mode; inference never applies it.
+    ``dropout`` only matters in training mode; inference never applies it. ``semantics`` is a
+    ``Semantics``, a preset name ("d2l", "d2l-0.12", "d2l-0.11") or a d2l version ("0.14.4"); the
+    default is d2l 1.0's.
     """
 
     vocab_size: int
@@ -21,8 +28,11 @@ class BERTConfig:
     num_blks: int
     dropout: float = 0.0
     max_len: int = 1000
+    semantics: Semantics = PRESETS["d2l"]
 
     def __post_init__(self) -> None:
+        semantics = Semantics.from_dict(self.semantics) if isinstance(self.semantics, dict) else self.semantics
+        object.__setattr__(self, "semantics", semantics_for(semantics))
         for name in ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads", "num_blks", "max_len"):
             value = getattr(self, name)
             # bool is an int subclass; True is not a size.
@@ -39,6 +49,11 @@ class BERTConfig:
             raise ValueError(f"BERTConfig.dropout must be a number, got {self.dropout!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"BERTConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.semantics.positions == "sinusoidal" and self.num_hiddens % 2:
+            raise ValueError(
+                f"BERTConfig.num_hiddens ({self.num_hiddens}) must be even for sinusoidal positions "
+                f"(preset {self.semantics.name!r}): the table pairs a sine and a cosine column"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -47,11 +62,16 @@ class BERTConfig:
 
     def d2l_args(self) -> tuple:
         """The positional arguments of d2l's ``BERTModel(vocab_size, num_hiddens, ffn_num_hiddens,
-        num_heads, num_blks, dropout, max_len)``: the fields, in the same order."""
-        return dataclasses.astuple(self)
+        num_heads, num_blks, dropout, max_len)``."""
+        return tuple(getattr(self, name) for name in D2L_ARGUMENTS)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON-ready values; the semantics only when they are not the default, so that a
+        d2l 1.0 config reads exactly as before generations existed."""
+        data: dict[str, Any] = {name: getattr(self, name) for name in D2L_ARGUMENTS}
+        if self.semantics != PRESETS["d2l"]:
+            data["semantics"] = self.semantics.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BERTConfig:
@@ -67,6 +87,10 @@ class BERTConfig:
         if missing:
             raise ValueError(f"BERTConfig is missing field(s) {missing}")
         return cls(**data)
+
+    def with_semantics(self, semantics: Semantics | str) -> BERTConfig:
+        """The same sizes computing another generation's semantics."""
+        return dataclasses.replace(self, semantics=semantics)
 
 
 # Named configurations: "chapter" is the d2l chapter's demo model, "base" has BERT-base's sizes (with

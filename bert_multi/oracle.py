@@ -1,8 +1,10 @@
-"""The NumPy oracle: d2l 1.0's BERT written as an executable specification, in float64 by default.
+"""The NumPy oracle: d2l's BERT written as an executable specification, in float64 by default.
 
 Read it top to bottom: each function is one rule of DESIGN.md ("Semantics"), and the comments cite the
-rule. Every other backend is compared against this code, so it favours plainness over speed. Weights are
-the canonical dict; a dense layer named ``p`` uses ``p.weight`` (out, in) and ``p.bias``.
+rule. Where d2l's generations differ, each switch of ``config.semantics`` is one visible branch, with
+the release it reproduces. Every other backend is compared against this code, so it favours plainness
+over speed. Weights are the canonical dict; a dense layer named ``p`` uses ``p.weight`` (out, in) and
+``p.bias``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from .backend import BackendModel, BERTOutput, parse_device, prepare_weights
 from .config import BERTConfig
 from .inputs import ModelInputs
 from .pretraining import MLM_NORMALIZATIONS, LossValues
+from .schema import nsp_layers
+from .semantics import Semantics, sinusoidal_positions
 
 NAME = "numpy"
 
@@ -23,9 +27,10 @@ MASK_VALUE = -1e6  # d2l masks scores with -1e6, not -inf: a row with no valid k
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm and gluon.nn.LayerNorm default
 
 
-def dense(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
+def dense(X: np.ndarray, weights: dict, prefix: str, bias: bool = True) -> np.ndarray:
     """y = x W^T + b, with W stored (out, in) as in torch.nn.Linear and gluon.nn.Dense."""
-    return X @ weights[f"{prefix}.weight"].T + weights[f"{prefix}.bias"]
+    Y = X @ weights[f"{prefix}.weight"].T
+    return Y + weights[f"{prefix}.bias"] if bias else Y
 
 
 def relu(X: np.ndarray) -> np.ndarray:
@@ -70,24 +75,29 @@ def merge_heads(X: np.ndarray, num_heads: int) -> np.ndarray:
     return X.reshape(BH // num_heads, num_heads, T, D).transpose(0, 2, 1, 3).reshape(BH // num_heads, T, num_heads * D)
 
 
-def repeat_over_heads(valid_lens: np.ndarray, num_heads: int) -> np.ndarray:
-    """Interleaved repetition (b0, b0, ..., b1, b1, ...), matching the row order of ``split_heads``."""
-    return np.repeat(valid_lens, num_heads, axis=0)
+def repeat_over_heads(valid_lens: np.ndarray, num_heads: int, layout: str = "interleaved") -> np.ndarray:
+    """valid_lens for each row of ``split_heads``' output, (B, ...) -> (B*h, ...)."""
+    if layout == "interleaved":  # d2l >= 0.16: (b0, b0, ..., b1, b1, ...), row b*h + j gets sample b's
+        return np.repeat(valid_lens, num_heads, axis=0)
+    # "tiled", d2l <= 0.15 (np.tile): (b0, b1, ..., b0, b1, ...), so row b*h + j, head j of sample b,
+    # gets the lengths of sample (b*h + j) mod B. d2l's bug, reproduced: it is what those releases computed.
+    return np.tile(valid_lens, (num_heads,) + (1,) * (valid_lens.ndim - 1))
 
 
 def multi_head_attention(
-    X: np.ndarray, valid_lens: np.ndarray | None, weights: dict, prefix: str, num_heads: int
+    X: np.ndarray, valid_lens: np.ndarray | None, weights: dict, prefix: str, num_heads: int, semantics: Semantics
 ) -> np.ndarray:
-    """Self-attention: W_q/W_k/W_v projections (with bias), per-head scaled dot product, then W_o."""
-    queries = split_heads(dense(X, weights, f"{prefix}.W_q"), num_heads)
-    keys = split_heads(dense(X, weights, f"{prefix}.W_k"), num_heads)
-    values = split_heads(dense(X, weights, f"{prefix}.W_v"), num_heads)
+    """Self-attention: W_q/W_k/W_v projections, per-head scaled dot product, then W_o."""
+    bias = semantics.attention_bias  # d2l >= 0.12's BERT asks for biases; d2l 0.11's projections have none
+    queries = split_heads(dense(X, weights, f"{prefix}.W_q", bias), num_heads)
+    keys = split_heads(dense(X, weights, f"{prefix}.W_k", bias), num_heads)
+    values = split_heads(dense(X, weights, f"{prefix}.W_v", bias), num_heads)
     head_dim = queries.shape[-1]
     scores = queries @ keys.transpose(0, 2, 1) / math.sqrt(head_dim)  # scale by the per-head width
     if valid_lens is not None:
-        valid_lens = repeat_over_heads(valid_lens, num_heads)
+        valid_lens = repeat_over_heads(valid_lens, num_heads, semantics.valid_lens_over_heads)
     attention = masked_softmax(scores, valid_lens)  # attention dropout: inference applies none
-    return dense(merge_heads(attention @ values, num_heads), weights, f"{prefix}.W_o")
+    return dense(merge_heads(attention @ values, num_heads), weights, f"{prefix}.W_o", bias)
 
 
 def position_wise_ffn(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
@@ -115,18 +125,20 @@ def forward(
 
     tokens, segments, valid_lens, pred_positions = inputs
     T = tokens.shape[1]
-    # Input representation: token + segment + learned positional embedding; no LayerNorm, no scaling.
-    X = (
-        weights["encoder.token_embedding.weight"][tokens]
-        + weights["encoder.segment_embedding.weight"][segments]
-        + weights["encoder.pos_embedding"][:, :T, :]
-    )
+    semantics = config.semantics
+    # Input representation: token + segment + positional embedding; no LayerNorm, no scaling.
+    X = weights["encoder.token_embedding.weight"][tokens] + weights["encoder.segment_embedding.weight"][segments]
+    if semantics.positions == "learned":  # d2l >= 0.12: a learned (1, max_len, H) parameter
+        X = X + weights["encoder.pos_embedding"][:, :T, :]
+    else:  # d2l 0.11: the fixed sin/cos table of d2l.PositionalEncoding (its dropout: off at inference)
+        X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[:T]
     keep("embedding", X)
     # Post-LayerNorm encoder blocks: Y = LN(X + MHA(X)), out = LN(Y + FFN(Y)); dropout off.
     for i in range(config.num_blks):
         blk = f"encoder.blks.{i}"
         attention = keep(
-            f"blks.{i}.attention", multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads)
+            f"blks.{i}.attention",
+            multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads, semantics),
         )
         Y = keep(f"blks.{i}.addnorm1", layer_norm(X + attention, weights, f"{blk}.addnorm1.ln", layer_norm_eps))
         ffn = keep(f"blks.{i}.ffn", position_wise_ffn(Y, weights, f"{blk}.ffn"))
@@ -138,9 +150,11 @@ def forward(
         gathered = encoded[np.arange(encoded.shape[0])[:, None], pred_positions]  # (B, P, H)
         hidden = layer_norm(relu(dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2", layer_norm_eps)
         mlm = dense(hidden, weights, "mlm.mlp.3")
-    # Pooler: Dense(H) -> tanh on the <cls> vector; NSP: Dense(2) on the pooler output.
-    pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, "hidden.0")))
-    nsp = dense(pooled, weights, "nsp.output")
+    # Pooler: Dense(H) -> tanh on the <cls> vector; NSP: Dense(2) on the pooler output. The same in
+    # every generation; where the two layers live (semantics.nsp_head) is a matter of names.
+    pooler, classifier = nsp_layers(config)
+    pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, pooler)))
+    nsp = dense(pooled, weights, classifier)
     return BERTOutput(encoded, mlm, nsp, record)
 
 

@@ -28,35 +28,56 @@ class ParamSpec(NamedTuple):
 
 def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
     """The canonical schema, name by name, in order, without building it whole (a file's config is
-    checked against what the file holds before a schema of its size is built)."""
+    checked against what the file holds before a schema of its size is built). Names and shapes follow
+    ``config.semantics``: the canonical names are those of the PyTorch model of that generation."""
     H, F, V = config.num_hiddens, config.ffn_num_hiddens, config.vocab_size
+    semantics = config.semantics
 
-    def dense(prefix: str, n_out: int, n_in: int) -> Iterator[tuple[str, ParamSpec]]:
+    def dense(prefix: str, n_out: int, n_in: int, bias: bool = True) -> Iterator[tuple[str, ParamSpec]]:
         yield f"{prefix}.weight", ParamSpec((n_out, n_in), "dense_weight")
-        yield f"{prefix}.bias", ParamSpec((n_out,), "bias")
+        if bias:
+            yield f"{prefix}.bias", ParamSpec((n_out,), "bias")
 
     def layer_norm(prefix: str) -> Iterator[tuple[str, ParamSpec]]:
         yield f"{prefix}.weight", ParamSpec((H,), "ln_gamma")
         yield f"{prefix}.bias", ParamSpec((H,), "ln_beta")
 
-    # torch's state_dict lists a module's own parameters before its children's, so the encoder's
-    # positional embedding (a bare nn.Parameter) comes first.
-    yield "encoder.pos_embedding", ParamSpec((1, config.max_len, H), "embedding")
+    def mask_lm() -> Iterator[tuple[str, ParamSpec]]:
+        yield from dense("mlm.mlp.0", H, H)
+        yield from layer_norm("mlm.mlp.2")
+        yield from dense("mlm.mlp.3", V, H)
+
+    # torch's state_dict lists a module's own parameters before its children's, so a learned
+    # positional embedding (a bare nn.Parameter of the encoder) comes first; a sinusoidal table is none.
+    if semantics.positions == "learned":
+        yield "encoder.pos_embedding", ParamSpec((1, config.max_len, H), "embedding")
     yield "encoder.token_embedding.weight", ParamSpec((V, H), "embedding")
     yield "encoder.segment_embedding.weight", ParamSpec((2, H), "embedding")
     for i in range(config.num_blks):
         blk = f"encoder.blks.{i}"
         for projection in ("W_q", "W_k", "W_v", "W_o"):
-            yield from dense(f"{blk}.attention.{projection}", H, H)
+            yield from dense(f"{blk}.attention.{projection}", H, H, bias=semantics.attention_bias)
         yield from layer_norm(f"{blk}.addnorm1.ln")
         yield from dense(f"{blk}.ffn.dense1", F, H)
         yield from dense(f"{blk}.ffn.dense2", H, F)
         yield from layer_norm(f"{blk}.addnorm2.ln")
-    yield from dense("hidden.0", H, H)
-    yield from dense("mlm.mlp.0", H, H)
-    yield from layer_norm("mlm.mlp.2")
-    yield from dense("mlm.mlp.3", V, H)
-    yield from dense("nsp.output", 2, H)
+    pooler, classifier = nsp_layers(config)
+    if semantics.nsp_head == "pooler":  # BERTModel registers encoder, hidden, mlm, nsp
+        yield from dense(pooler, H, H)
+        yield from mask_lm()
+        yield from dense(classifier, 2, H)
+    else:  # d2l 0.11's BERTModel registers encoder, nsp, mlm
+        yield from dense(pooler, H, H)
+        yield from dense(classifier, 2, H)
+        yield from mask_lm()
+
+
+def nsp_layers(config: BERTConfig) -> tuple[str, str]:
+    """Where the NSP path's two dense layers live: the pooler (Dense + tanh on <cls>) and the classifier
+    (Dense(2)). The computation is the same in every generation; the layers moved."""
+    if config.semantics.nsp_head == "pooler":  # d2l >= 0.12: BERTModel.hidden, then NextSentencePred.output
+        return "hidden.0", "nsp.output"
+    return "nsp.mlp.0", "nsp.mlp.2"  # d2l 0.11: NextSentencePred's own MLP reads <cls>
 
 
 def param_specs(config: BERTConfig) -> dict[str, ParamSpec]:

@@ -16,6 +16,7 @@ from ..backend import (
     BackendModel,
     BERTOutput,
     Device,
+    framework_module,
     framework_names,
     intermediate_sources,
     parse_device,
@@ -31,11 +32,12 @@ from .model import BERTModel
 NAME = "mxnet"
 
 # (regex, replacement) rules from canonical names to Gluon's structural names (save_parameters keys):
-# LayerNorm calls its parameters gamma/beta; the pooler's tanh and MaskLM's ReLU are fused into their
-# Dense layers, so hidden.0 is hidden and MaskLM's Sequential is one layer shorter.
+# LayerNorm calls its parameters gamma/beta; the pooler's tanh and the ReLU and tanh inside the heads'
+# MLPs are fused into their Dense layers, so hidden.0 is hidden and those Sequentials are shorter.
 NAME_RULES: list[tuple[str, str]] = [
     (r"^mlm\.mlp\.2\.", "mlm.mlp.1."),
     (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
+    (r"^nsp\.mlp\.2\.", "nsp.mlp.1."),
     (r"^hidden\.0\.", "hidden."),
     (r"(\.ln|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
     (r"(\.ln|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
@@ -100,7 +102,7 @@ class MXNetBERT(BackendModel):
             def keep(block, args, output, name=name, side=side):
                 record[name] = (args[0] if side == "input" else output).asnumpy()
 
-            hooks.append(_submodule(self.module, path).register_forward_hook(keep))
+            hooks.append(_submodule(self.module, framework_module(path, NAME_RULES)).register_forward_hook(keep))
         tokens, segments, valid_lens, pred_positions = inputs
         try:
             # Framework difference: outside autograd.record() Gluon computes no gradients and its Dropout
@@ -174,7 +176,7 @@ def build(
     dtype, weights = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     context = to_framework_device(target)
-    module = BERTModel(*config.d2l_args())
+    module = BERTModel(*config.d2l_args(), semantics=config.semantics)
     # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
     # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
     module.initialize(mx.init.Zero(), ctx=context)

@@ -1,10 +1,14 @@
-"""d2l 1.0's BERT in MXNet/Gluon (NumPy mode), class for class.
+"""d2l 1.0's BERT in MXNet/Gluon (NumPy mode), class for class, and every earlier generation through
+``semantics``.
 
 Read it beside ``bert_multi/torch/model.py``: the two files have the same functions and classes in the
 same order, and a comment starting "Framework difference" marks each place where they must differ.
 Constructor signatures are d2l's, so code written for ``from d2l import mxnet as d2l`` keeps working.
-One addition: an optional ``num_inputs`` on the layers whose shapes Gluon would defer. ``BERTModel``
-passes it, so its parameters exist as soon as it is initialised and weights load before any forward.
+Additions, all optional: ``num_inputs`` on the layers whose shapes Gluon would defer (``BERTModel``
+passes it, so its parameters exist as soon as it is initialised and weights load before any forward);
+``semantics`` (a preset of ``bert_multi.semantics``) and the switches it sets, through which the same
+classes compute d2l 0.11 to 1.0; ``train_positions``. The modules ``d2l_0_11``, ``d2l_0_12`` and
+``d2l_0_17`` give the same classes each generation's constructor signatures.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import math
 
 from mxnet import np, npx
 from mxnet.gluon import nn
+
+from ..semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 npx.set_np()  # Gluon on mxnet.np arrays, as d2l does
 
@@ -72,10 +78,12 @@ class MultiHeadAttention(nn.Block):
         dropout: float,
         use_bias: bool = False,
         num_inputs: int | None = None,
+        valid_lens_over_heads: str = "interleaved",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         self.num_heads = num_heads
+        self.valid_lens_over_heads = valid_lens_over_heads
         self.attention = DotProductAttention(dropout)
         self.W_q = _dense(num_hiddens, num_inputs, use_bias)
         self.W_k = _dense(num_hiddens, num_inputs, use_bias)
@@ -86,9 +94,13 @@ class MultiHeadAttention(nn.Block):
         queries = self.transpose_qkv(self.W_q(queries))
         keys = self.transpose_qkv(self.W_k(keys))
         values = self.transpose_qkv(self.W_v(values))
-        if valid_lens is not None:
-            # Interleaved (b0, b0, ..., b1, b1, ...) to match the head layout of transpose_qkv.
+        if valid_lens is not None and self.valid_lens_over_heads == "interleaved":
+            # (b0, b0, ..., b1, b1, ...), to match the head layout of transpose_qkv.
             valid_lens = valid_lens.repeat(self.num_heads, axis=0)
+        elif valid_lens is not None:
+            # d2l <= 0.15 tiled them, (b0, b1, ..., b0, b1, ...): its bug, reproduced. Framework
+            # difference: NumPy's and MXNet's repeat interleave; torch's Tensor.repeat tiles (like np.tile).
+            valid_lens = np.tile(valid_lens, (self.num_heads,) + (1,) * (valid_lens.ndim - 1))
         output = self.attention(queries, keys, values, valid_lens)
         return self.W_o(self.transpose_output(output))
 
@@ -132,14 +144,41 @@ class AddNorm(nn.Block):
         return self.ln(self.dropout(Y) + X)
 
 
+class PositionalEncoding(nn.Block):
+    """d2l's fixed sinusoidal positions added to the input, then dropout (d2l 0.11's BERT uses them)."""
+
+    def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1000) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        # A plain array, as in d2l: never trained nor saved. Framework difference: MXNet copies a slice to
+        # the input's context; torch keeps it on the CPU and moves a slice to the input's device.
+        self.P = np.array(sinusoidal_positions(max_len, num_hiddens)[None], dtype="float64")
+
+    def forward(self, X):
+        return self.dropout(X + self.P[:, : X.shape[1], :].as_in_ctx(X.ctx).astype(X.dtype))
+
+
 class TransformerEncoderBlock(nn.Block):
     """Y = AddNorm(X, MHA(X, X, X)); out = AddNorm(Y, FFN(Y))."""
 
     def __init__(
-        self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False
+        self,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        use_bias: bool = False,
+        valid_lens_over_heads: str = "interleaved",
     ) -> None:
         super().__init__()
-        self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout, use_bias, num_inputs=num_hiddens)
+        self.attention = MultiHeadAttention(
+            num_hiddens,
+            num_heads,
+            dropout,
+            use_bias,
+            num_inputs=num_hiddens,
+            valid_lens_over_heads=valid_lens_over_heads,
+        )
         self.addnorm1 = AddNorm(dropout, num_inputs=num_hiddens)
         self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens)
         self.addnorm2 = AddNorm(dropout, num_inputs=num_hiddens)
@@ -150,7 +189,7 @@ class TransformerEncoderBlock(nn.Block):
 
 
 class BERTEncoder(nn.Block):
-    """Token + segment + learned positional embeddings, then ``num_blks`` encoder blocks."""
+    """Token + segment + positional embeddings, then ``num_blks`` encoder blocks."""
 
     def __init__(
         self,
@@ -161,23 +200,45 @@ class BERTEncoder(nn.Block):
         num_blks: int,
         dropout: float,
         max_len: int = 1000,
+        semantics: Semantics | str = PRESETS["d2l"],
+        train_positions: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        semantics = semantics_for(semantics)
+        self.learned_positions = semantics.positions == "learned"
+        self.train_positions = train_positions
         self.token_embedding = nn.Embedding(vocab_size, num_hiddens)
         self.segment_embedding = nn.Embedding(2, num_hiddens)
+        if not self.learned_positions:  # d2l 0.11: fixed sinusoidal positions, then dropout
+            self.pos_encoding = PositionalEncoding(num_hiddens, dropout, max_len)
         self.blks = nn.Sequential()
         for _ in range(num_blks):
-            # BERT's encoder asks for bias in attention, though d2l's attention defaults to none.
-            self.blks.add(TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, True))
-        # Framework difference: a bare learnable tensor is a Parameter from self.params.get in Gluon and
-        # an nn.Parameter attribute in torch.
-        self.pos_embedding = self.params.get("pos_embedding", shape=(1, max_len, num_hiddens))
+            # BERT's encoder asks for bias in attention (d2l >= 0.12), though d2l's attention defaults to none.
+            block = TransformerEncoderBlock(
+                num_hiddens,
+                ffn_num_hiddens,
+                num_heads,
+                dropout,
+                semantics.attention_bias,
+                semantics.valid_lens_over_heads,
+            )
+            self.blks.add(block)
+        if self.learned_positions:
+            # Framework difference: a bare learnable tensor is a Parameter from self.params.get in Gluon and
+            # an nn.Parameter attribute in torch.
+            self.pos_embedding = self.params.get("pos_embedding", shape=(1, max_len, num_hiddens))
 
     def forward(self, tokens, segments, valid_lens):
         X = self.token_embedding(tokens) + self.segment_embedding(segments)
-        # Framework difference: a Gluon Parameter holds one copy per context; .data(ctx) picks X's.
-        X = X + self.pos_embedding.data(ctx=X.ctx)[:, : X.shape[1], :]
+        if self.learned_positions:
+            # Framework difference: a Gluon Parameter holds one copy per context; .data(ctx) picks X's.
+            positions = self.pos_embedding.data(ctx=X.ctx)
+            # d2l 0.16-0.17's PyTorch code added pos_embedding.data, so it never trained: train_positions=False.
+            positions = positions if self.train_positions else positions.detach()
+            X = X + positions[:, : X.shape[1], :]
+        else:
+            X = self.pos_encoding(X)
         for blk in self.blks:
             X = blk(X, valid_lens)
         return X
@@ -215,6 +276,22 @@ class NextSentencePred(nn.Block):
         return self.output(X)
 
 
+class NextSentencePredMLP(nn.Block):
+    """d2l 0.11's next-sentence-prediction head: it reads <cls> itself, then Dense(H, tanh), Dense(2)."""
+
+    def __init__(self, num_hiddens: int, num_inputs: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # Framework difference: Gluon fuses the tanh into its Dense (hence mlp.0 and mlp.1); torch stacks
+        # Linear and Tanh (hence mlp.0 and mlp.2).
+        self.mlp = nn.Sequential()
+        self.mlp.add(_dense(num_hiddens, num_inputs, activation="tanh", flatten=True))
+        self.mlp.add(_dense(2, num_hiddens, flatten=True))
+
+    def forward(self, X):
+        # 0 is the index of the <cls> token.
+        return self.mlp(X[:, 0, :])
+
+
 class BERTModel(nn.Block):
     """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat or None, nsp_Y_hat)."""
 
@@ -227,16 +304,32 @@ class BERTModel(nn.Block):
         num_blks: int,
         dropout: float,
         max_len: int = 1000,
+        semantics: Semantics | str = PRESETS["d2l"],
+        train_positions: bool = True,
     ) -> None:
         super().__init__()
+        semantics = semantics_for(semantics)
         self.encoder = BERTEncoder(
-            vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout, max_len=max_len
+            vocab_size,
+            num_hiddens,
+            ffn_num_hiddens,
+            num_heads,
+            num_blks,
+            dropout,
+            max_len=max_len,
+            semantics=semantics,
+            train_positions=train_positions,
         )
-        # Framework difference: Gluon fuses the tanh into the Dense (hence hidden.weight); torch stacks
-        # Linear and Tanh in a Sequential (hence hidden.0.weight).
-        self.hidden = _dense(num_hiddens, num_hiddens, activation="tanh", flatten=True)
-        self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
-        self.nsp = NextSentencePred(num_inputs=num_hiddens)
+        self.pooled = semantics.nsp_head == "pooler"
+        if self.pooled:
+            # Framework difference: Gluon fuses the tanh into the Dense (hence hidden.weight); torch stacks
+            # Linear and Tanh in a Sequential (hence hidden.0.weight).
+            self.hidden = _dense(num_hiddens, num_hiddens, activation="tanh", flatten=True)
+            self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+            self.nsp = NextSentencePred(num_inputs=num_hiddens)
+        else:  # d2l 0.11: the NSP head pools <cls> itself, and is made before MaskLM
+            self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)
+            self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
 
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         encoded_X = self.encoder(tokens, segments, valid_lens)
@@ -245,5 +338,5 @@ class BERTModel(nn.Block):
         else:
             mlm_Y_hat = None
         # The pooler reads position 0, the <cls> token.
-        nsp_Y_hat = self.nsp(self.hidden(encoded_X[:, 0, :]))
+        nsp_Y_hat = self.nsp(self.hidden(encoded_X[:, 0, :])) if self.pooled else self.nsp(encoded_X)
         return encoded_X, mlm_Y_hat, nsp_Y_hat

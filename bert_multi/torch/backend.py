@@ -19,6 +19,7 @@ from ..backend import (
     BackendModel,
     BERTOutput,
     Device,
+    framework_module,
     framework_names,
     intermediate_sources,
     parse_device,
@@ -40,7 +41,7 @@ NAME_RULES: list[tuple[str, str]] = []
 # The LayerNorm epsilon the kernels really use: torch keeps it as a Python float (a double), so 1e-5.
 LAYER_NORM_EPS = 1e-5
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def to_framework_device(device: Device) -> torch.device:
@@ -82,13 +83,16 @@ class TorchBERT(BackendModel):
 
     backend = NAME
 
-    def __init__(self, config: BERTConfig, module: BERTModel, dtype: str, device: Device, tf32: bool) -> None:
+    def __init__(
+        self, config: BERTConfig, module: BERTModel, dtype: str, device: Device, torch_device: torch.device, tf32: bool
+    ) -> None:
         super().__init__(config, dtype, device)
         self.module = module
+        self.torch_device = torch_device
         self.tf32 = tf32
 
     def _to_tensor(self, array: np.ndarray | None) -> torch.Tensor | None:
-        return None if array is None else torch.from_numpy(array).to(self.module.encoder.pos_embedding.device)
+        return None if array is None else torch.from_numpy(array).to(self.torch_device)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         sources = intermediate_sources(self.config) if intermediates else {}
@@ -99,7 +103,7 @@ class TorchBERT(BackendModel):
             def keep(module, args, output, name=name, side=side):
                 record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
 
-            hooks.append(self.module.get_submodule(path).register_forward_hook(keep))
+            hooks.append(self.module.get_submodule(framework_module(path, NAME_RULES)).register_forward_hook(keep))
         was_training = self.module.training
         self.module.eval()
         try:
@@ -162,7 +166,7 @@ def _to_numpy_checked(path: str | os.PathLike, name: str, tensor: torch.Tensor) 
     if tensor.is_quantized or tensor.layout != torch.strided or tensor.is_meta:
         kind = "quantized" if tensor.is_quantized else "on the meta device" if tensor.is_meta else str(tensor.layout)
         raise WeightsError(f"{path}: tensor {name!r} is {kind}; expected a dense tensor of values")
-    if tensor.dtype not in _DTYPES.values():
+    if tensor.dtype not in TORCH_DTYPES.values():
         raise WeightsError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected torch.float32 or torch.float64")
     # detach: a saved nn.Parameter (named_parameters()) requires grad; copy: tensors may share storage.
     return tensor.detach().numpy().copy()
@@ -218,9 +222,9 @@ def build(
     # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
     # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
     with torch.device("meta"):
-        module = BERTModel(*config.d2l_args())
-    module.to(dtype=_DTYPES[dtype]).to_empty(device=torch_device)
+        module = BERTModel(*config.d2l_args(), semantics=config.semantics)
+    module.to(dtype=TORCH_DTYPES[dtype]).to_empty(device=torch_device)
     names = framework_names(config, NAME_RULES)
     state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}
     module.load_state_dict(state, strict=True)
-    return TorchBERT(config, module, dtype, target, tf32)
+    return TorchBERT(config, module, dtype, target, torch_device, tf32)

@@ -1,10 +1,13 @@
-"""d2l 1.0's BERT in PyTorch, class for class.
+"""d2l 1.0's BERT in PyTorch, class for class, and every earlier generation through ``semantics``.
 
 Read it beside ``bert_multi/mxnet/model.py``: the two files have the same functions and classes in the
 same order, and a comment starting "Framework difference" marks each place where they must differ.
 Constructor signatures are d2l's, so code written for ``from d2l import torch as d2l`` keeps working.
-One addition: an optional ``num_inputs`` on the layers d2l builds lazily. ``BERTModel`` passes it, so
-its parameters exist on construction and a state dict loads before any forward.
+Additions, all optional: ``num_inputs`` on the layers d2l builds lazily (``BERTModel`` passes it, so its
+parameters exist on construction and a state dict loads before any forward); ``semantics`` (a preset
+of ``bert_multi.semantics``) and the switches it sets, through which the same classes compute d2l 0.11
+to 1.0; ``train_positions``. The modules ``d2l_0_11``, ``d2l_0_12`` and ``d2l_0_17`` give the same
+classes each generation's constructor signatures.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import math
 
 import torch
 from torch import nn
+
+from ..semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 
 def _dense(num_outputs: int, num_inputs: int | None = None, bias: bool = True) -> nn.Module:
@@ -67,10 +72,12 @@ class MultiHeadAttention(nn.Module):
         dropout: float,
         bias: bool = False,
         num_inputs: int | None = None,
+        valid_lens_over_heads: str = "interleaved",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         self.num_heads = num_heads
+        self.valid_lens_over_heads = valid_lens_over_heads
         self.attention = DotProductAttention(dropout)
         self.W_q = _dense(num_hiddens, num_inputs, bias)
         self.W_k = _dense(num_hiddens, num_inputs, bias)
@@ -81,9 +88,13 @@ class MultiHeadAttention(nn.Module):
         queries = self.transpose_qkv(self.W_q(queries))
         keys = self.transpose_qkv(self.W_k(keys))
         values = self.transpose_qkv(self.W_v(values))
-        if valid_lens is not None:
-            # Interleaved (b0, b0, ..., b1, b1, ...) to match the head layout of transpose_qkv.
+        if valid_lens is not None and self.valid_lens_over_heads == "interleaved":
+            # (b0, b0, ..., b1, b1, ...), to match the head layout of transpose_qkv.
             valid_lens = torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)
+        elif valid_lens is not None:
+            # d2l <= 0.15 tiled them, (b0, b1, ..., b0, b1, ...): its bug, reproduced. Framework
+            # difference: torch's Tensor.repeat tiles (like np.tile); NumPy's and MXNet's repeat interleave.
+            valid_lens = valid_lens.repeat(self.num_heads, *[1] * (valid_lens.dim() - 1))
         output = self.attention(queries, keys, values, valid_lens)
         return self.W_o(self.transpose_output(output))
 
@@ -128,14 +139,41 @@ class AddNorm(nn.Module):
         return self.ln(self.dropout(Y) + X)
 
 
+class PositionalEncoding(nn.Module):
+    """d2l's fixed sinusoidal positions added to the input, then dropout (d2l 0.11's BERT uses them)."""
+
+    def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1000) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        # A plain tensor, as in d2l: never trained nor saved. Framework difference: torch keeps it on the
+        # CPU and moves a slice to the input's device; MXNet copies a slice to the input's context.
+        self.P = torch.from_numpy(sinusoidal_positions(max_len, num_hiddens))[None]
+
+    def forward(self, X):
+        return self.dropout(X + self.P[:, : X.shape[1], :].to(X.device, X.dtype))
+
+
 class TransformerEncoderBlock(nn.Module):
     """Y = AddNorm(X, MHA(X, X, X)); out = AddNorm(Y, FFN(Y))."""
 
     def __init__(
-        self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False
+        self,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        use_bias: bool = False,
+        valid_lens_over_heads: str = "interleaved",
     ) -> None:
         super().__init__()
-        self.attention = MultiHeadAttention(num_hiddens, num_heads, dropout, use_bias, num_inputs=num_hiddens)
+        self.attention = MultiHeadAttention(
+            num_hiddens,
+            num_heads,
+            dropout,
+            use_bias,
+            num_inputs=num_hiddens,
+            valid_lens_over_heads=valid_lens_over_heads,
+        )
         self.addnorm1 = AddNorm(num_hiddens, dropout)
         self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens)
         self.addnorm2 = AddNorm(num_hiddens, dropout)
@@ -146,7 +184,7 @@ class TransformerEncoderBlock(nn.Module):
 
 
 class BERTEncoder(nn.Module):
-    """Token + segment + learned positional embeddings, then ``num_blks`` encoder blocks."""
+    """Token + segment + positional embeddings, then ``num_blks`` encoder blocks."""
 
     def __init__(
         self,
@@ -157,25 +195,43 @@ class BERTEncoder(nn.Module):
         num_blks: int,
         dropout: float,
         max_len: int = 1000,
+        semantics: Semantics | str = PRESETS["d2l"],
+        train_positions: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        semantics = semantics_for(semantics)
+        self.learned_positions = semantics.positions == "learned"
+        self.train_positions = train_positions
         self.token_embedding = nn.Embedding(vocab_size, num_hiddens)
         self.segment_embedding = nn.Embedding(2, num_hiddens)
+        if not self.learned_positions:  # d2l 0.11: fixed sinusoidal positions, then dropout
+            self.pos_encoding = PositionalEncoding(num_hiddens, dropout, max_len)
         self.blks = nn.Sequential()
         for i in range(num_blks):
-            # BERT's encoder asks for bias in attention, though d2l's attention defaults to none.
-            self.blks.add_module(
-                f"{i}", TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, True)
+            # BERT's encoder asks for bias in attention (d2l >= 0.12), though d2l's attention defaults to none.
+            block = TransformerEncoderBlock(
+                num_hiddens,
+                ffn_num_hiddens,
+                num_heads,
+                dropout,
+                semantics.attention_bias,
+                semantics.valid_lens_over_heads,
             )
-        # Framework difference: a bare learnable tensor is an nn.Parameter attribute in torch and a
-        # Parameter from self.params.get in Gluon.
-        self.pos_embedding = nn.Parameter(torch.randn(1, max_len, num_hiddens))
+            self.blks.add_module(f"{i}", block)
+        if self.learned_positions:
+            # Framework difference: a bare learnable tensor is an nn.Parameter attribute in torch and a
+            # Parameter from self.params.get in Gluon.
+            self.pos_embedding = nn.Parameter(torch.randn(1, max_len, num_hiddens))
 
     def forward(self, tokens, segments, valid_lens):
         X = self.token_embedding(tokens) + self.segment_embedding(segments)
-        # The positional embedding stays in the graph (d2l 0.16-0.17 used .data here, so it never trained).
-        X = X + self.pos_embedding[:, : X.shape[1], :]
+        if self.learned_positions:
+            # d2l 0.16-0.17's PyTorch code added pos_embedding.data, so it never trained: train_positions=False.
+            positions = self.pos_embedding if self.train_positions else self.pos_embedding.detach()
+            X = X + positions[:, : X.shape[1], :]
+        else:
+            X = self.pos_encoding(X)
         for blk in self.blks:
             X = blk(X, valid_lens)
         return X
@@ -212,6 +268,20 @@ class NextSentencePred(nn.Module):
         return self.output(X)
 
 
+class NextSentencePredMLP(nn.Module):
+    """d2l 0.11's next-sentence-prediction head: it reads <cls> itself, then Dense(H, tanh), Dense(2)."""
+
+    def __init__(self, num_hiddens: int, num_inputs: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # Framework difference: torch stacks Linear and Tanh (hence mlp.0 and mlp.2); Gluon fuses the tanh
+        # into its Dense (hence mlp.0 and mlp.1).
+        self.mlp = nn.Sequential(_dense(num_hiddens, num_inputs), nn.Tanh(), _dense(2, num_hiddens))
+
+    def forward(self, X):
+        # 0 is the index of the <cls> token.
+        return self.mlp(X[:, 0, :])
+
+
 class BERTModel(nn.Module):
     """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat or None, nsp_Y_hat)."""
 
@@ -224,16 +294,32 @@ class BERTModel(nn.Module):
         num_blks: int,
         dropout: float,
         max_len: int = 1000,
+        semantics: Semantics | str = PRESETS["d2l"],
+        train_positions: bool = True,
     ) -> None:
         super().__init__()
+        semantics = semantics_for(semantics)
         self.encoder = BERTEncoder(
-            vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout, max_len=max_len
+            vocab_size,
+            num_hiddens,
+            ffn_num_hiddens,
+            num_heads,
+            num_blks,
+            dropout,
+            max_len=max_len,
+            semantics=semantics,
+            train_positions=train_positions,
         )
-        # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
-        # Gluon fuses the activation into the Dense (hence hidden.weight).
-        self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())
-        self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
-        self.nsp = NextSentencePred(num_inputs=num_hiddens)
+        self.pooled = semantics.nsp_head == "pooler"
+        if self.pooled:
+            # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
+            # Gluon fuses the activation into the Dense (hence hidden.weight).
+            self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())
+            self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+            self.nsp = NextSentencePred(num_inputs=num_hiddens)
+        else:  # d2l 0.11: the NSP head pools <cls> itself, and is made before MaskLM
+            self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)
+            self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
 
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         encoded_X = self.encoder(tokens, segments, valid_lens)
@@ -242,5 +328,5 @@ class BERTModel(nn.Module):
         else:
             mlm_Y_hat = None
         # The pooler reads position 0, the <cls> token.
-        nsp_Y_hat = self.nsp(self.hidden(encoded_X[:, 0, :]))
+        nsp_Y_hat = self.nsp(self.hidden(encoded_X[:, 0, :])) if self.pooled else self.nsp(encoded_X)
         return encoded_X, mlm_Y_hat, nsp_Y_hat

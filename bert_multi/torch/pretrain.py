@@ -13,7 +13,7 @@ from torch import nn
 
 from ..backend import framework_names
 from ..pretraining import LossValues, check_batch, check_training_options
-from .backend import NAME_RULES, TorchBERT
+from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
 from .model import BERTModel
 
 
@@ -70,10 +70,9 @@ class Pretrainer:
 
     def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         checked = check_batch(self.config, batch)
-        device = self.model.module.encoder.pos_embedding.device
-        dtype = self.model.module.encoder.pos_embedding.dtype
+        dtype = TORCH_DTYPES[self.model.dtype]
         return {
-            name: torch.from_numpy(value).to(device=device, dtype=dtype if value.dtype.kind == "f" else None)
+            name: torch.from_numpy(value).to(self.model.torch_device, dtype if value.dtype.kind == "f" else None)
             for name, value in checked.items()
         }
 

@@ -1,0 +1,111 @@
+"""What the model computes: a few switches, and each d2l generation as a named preset of them.
+
+d2l's BERT changed between releases (DESIGN.md, "Generations"). Each switch below says which release
+each of its values reproduces. A ``BERTConfig`` carries one ``Semantics``: the schema derives names
+and shapes from it, the oracle has one visible branch per switch, and each framework's classes read
+it in their constructors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """The switches that tell d2l's generations apart; the defaults are d2l 1.0's."""
+
+    positions: str = "learned"
+    """"learned": a (1, max_len, H) parameter added to the embeddings (d2l >= 0.12); "sinusoidal": a
+    fixed sin/cos table added, then dropout (d2l 0.11's ``d2l.PositionalEncoding``)."""
+
+    attention_bias: bool = True
+    """Whether W_q, W_k, W_v and W_o have biases: d2l >= 0.12's BERT asks for them; 0.11's have none."""
+
+    valid_lens_over_heads: str = "interleaved"
+    """How valid_lens are copied over the heads: "interleaved" (b0, b0, ..., b1, b1, ...) matches the
+    head layout (d2l >= 0.16); "tiled" (b0, b1, ..., b0, b1, ...) is d2l <= 0.15's bug, reproduced."""
+
+    nsp_head: str = "pooler"
+    """"pooler": ``hidden`` (Dense + tanh on <cls>) in BERTModel, then ``nsp.output`` Dense(2) (d2l >=
+    0.12); "mlp": the NSP head reads <cls> itself, ``nsp.mlp`` = Dense(H, tanh), Dense(2) (d2l 0.11)."""
+
+    def __post_init__(self) -> None:
+        for field, allowed in CHOICES.items():
+            value = getattr(self, field)
+            if value not in allowed or type(value) is not type(allowed[0]):
+                raise ValueError(f"Semantics.{field} is {value!r}; expected one of {list(allowed)}")
+
+    def __repr__(self) -> str:
+        # A preset reads as its name, which BERTConfig(semantics=...) accepts.
+        if self.name != "custom":
+            return repr(self.name)
+        return f"Semantics({', '.join(f'{key}={value!r}' for key, value in self.to_dict().items())})"
+
+    @property
+    def name(self) -> str:
+        """The preset these switches make, or "custom"."""
+        return next((name for name, preset in PRESETS.items() if preset == self), "custom")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Semantics:
+        """Inverse of ``to_dict``; unknown or missing switches are a ``ValueError``."""
+        if not isinstance(data, dict) or set(data) != set(CHOICES):
+            raise ValueError(f"semantics must be a dict of the switches {list(CHOICES)}, got {data!r}")
+        return cls(**data)
+
+
+CHOICES: dict[str, tuple] = {
+    "positions": ("learned", "sinusoidal"),
+    "attention_bias": (True, False),
+    "valid_lens_over_heads": ("interleaved", "tiled"),
+    "nsp_head": ("pooler", "mlp"),
+}
+
+PRESETS: dict[str, Semantics] = {
+    "d2l": Semantics(),
+    "d2l-0.12": Semantics(valid_lens_over_heads="tiled"),
+    "d2l-0.11": Semantics(positions="sinusoidal", attention_bias=False, valid_lens_over_heads="tiled", nsp_head="mlp"),
+}
+# Which releases each preset reproduces (read from the released packages, d2l==X --no-deps).
+RELEASES: dict[str, str] = {"d2l": "0.16 - 1.0", "d2l-0.12": "0.12 - 0.15 (MXNet)", "d2l-0.11": "0.11 (MXNet)"}
+
+
+def semantics_for(spec: str | Semantics) -> Semantics:
+    """A preset by name ("d2l-0.11"), or the preset of a d2l release ("0.14.4", "d2l==1.0.3")."""
+    if isinstance(spec, Semantics):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r}")
+    if spec in PRESETS:
+        return PRESETS[spec]
+    match = re.fullmatch(r"(?:d2l\s*==\s*)?v?(\d+)\.(\d+)(?:\.\d+)*(?:[a-z]+\d*)?", spec.strip())
+    if not match:
+        raise ValueError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
+    version = (int(match[1]), int(match[2]))
+    if version < (0, 11) or version >= (2, 0):
+        raise ValueError(f"d2l {match[1]}.{match[2]} has no BERT chapter this project knows (BERT is in 0.11 to 1.x)")
+    if version < (0, 12):
+        return PRESETS["d2l-0.11"]
+    if version < (0, 16):
+        return PRESETS["d2l-0.12"]
+    return PRESETS["d2l"]
+
+
+def sinusoidal_positions(max_len: int, num_hiddens: int) -> np.ndarray:
+    """The fixed table of d2l's ``PositionalEncoding``, (max_len, num_hiddens) in float64:
+    P[pos, 2i] = sin(pos / 10000^(2i/H)), P[pos, 2i+1] = cos(pos / 10000^(2i/H))."""
+    if num_hiddens % 2:
+        raise ValueError(f"sinusoidal positions need an even num_hiddens (sin and cos pair up), got {num_hiddens}")
+    angles = np.arange(max_len)[:, None] / np.power(10000.0, np.arange(0, num_hiddens, 2) / num_hiddens)
+    table = np.empty((max_len, num_hiddens))
+    table[:, 0::2], table[:, 1::2] = np.sin(angles), np.cos(angles)
+    return table
