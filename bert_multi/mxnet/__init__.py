@@ -22,6 +22,7 @@ if tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (1, 24):
 if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
+from ..inputs import get_tokens_and_segments  # noqa: E402
 from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
 from .model import (  # noqa: E402
     AddNorm,
@@ -31,6 +32,8 @@ from .model import (  # noqa: E402
     MaskLM,
     MultiHeadAttention,
     NextSentencePred,
+    NextSentencePredMLP,
+    PositionalEncoding,
     PositionWiseFFN,
     TransformerEncoderBlock,
     masked_softmax,
@@ -54,7 +57,10 @@ __all__ = [
     "MaskLM",
     "MultiHeadAttention",
     "NextSentencePred",
+    "NextSentencePredMLP",
+    "PositionalEncoding",
     "PositionWiseFFN",
     "TransformerEncoderBlock",
+    "get_tokens_and_segments",
     "masked_softmax",
 ]

@@ -3,6 +3,7 @@
 Importing this package imports torch.
 """
 
+from ..inputs import get_tokens_and_segments
 from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
 from .model import (
     AddNorm,
@@ -12,6 +13,8 @@ from .model import (
     MaskLM,
     MultiHeadAttention,
     NextSentencePred,
+    NextSentencePredMLP,
+    PositionalEncoding,
     PositionWiseFFN,
     TransformerEncoderBlock,
     masked_softmax,
@@ -36,7 +39,10 @@ __all__ = [
     "MaskLM",
     "MultiHeadAttention",
     "NextSentencePred",
+    "NextSentencePredMLP",
+    "PositionalEncoding",
     "PositionWiseFFN",
     "TransformerEncoderBlock",
+    "get_tokens_and_segments",
     "masked_softmax",
 ]

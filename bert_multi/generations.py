@@ -1,0 +1,263 @@
+"""The constructor signatures of d2l's earlier generations, translated to the 1.0 classes.
+
+Each class here is a mixin that only translates arguments. A framework's ``d2l_0_11``, ``d2l_0_12``
+and ``d2l_0_17`` modules put one in front of that framework's own class, for example
+``class EncoderBlock(generations.GluonStyleEncoderBlock, model.TransformerEncoderBlock)`` with
+``preset = "d2l-0.11"``, so old code can switch its import and keep working, and no model code is
+written twice.
+
+Two signature styles existed: d2l's MXNet code up to 0.17 (``num_layers``, input widths inferred),
+which the PyTorch twins of 0.11 and 0.12 share, and d2l 0.16-0.17's PyTorch code, which spells out
+every input width (``key_size``, ``norm_shape``, ``ffn_num_input``, ``hid_in_features`` ...).
+"""
+
+from __future__ import annotations
+
+from .semantics import semantics_for
+
+
+class Generation:
+    """What a generation's adapters set: the preset they compute, and whether the positional embedding
+    trains (d2l 0.16-0.17's PyTorch code added ``pos_embedding.data``, so it did not)."""
+
+    preset = "d2l"
+    train_positions = True
+
+    @property
+    def _switches(self):
+        return semantics_for(self.preset)
+
+
+# --- d2l's MXNet signatures (0.11 to 0.17), shared by the PyTorch twins of 0.11 and 0.12 ----------------
+
+
+class GluonStyleMultiHeadAttention(Generation):
+    """``MultiHeadAttention(num_hiddens, num_heads, dropout, use_bias=False)`` (0.11 had no use_bias)."""
+
+    def __init__(self, num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False, **kwargs) -> None:
+        over_heads = self._switches.valid_lens_over_heads
+        super().__init__(num_hiddens, num_heads, dropout, use_bias, valid_lens_over_heads=over_heads, **kwargs)
+
+
+class GluonStyleEncoderBlock(Generation):
+    """``EncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, use_bias=False)``."""
+
+    def __init__(
+        self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int, dropout: float, use_bias: bool = False
+    ) -> None:
+        over_heads = self._switches.valid_lens_over_heads
+        super().__init__(num_hiddens, ffn_num_hiddens, num_heads, dropout, use_bias, over_heads)
+
+
+class GluonStyleBERTEncoder(Generation):
+    """``BERTEncoder(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout, max_len=1000)``
+    (0.11 had no max_len: its sinusoidal table has 1000 rows)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_layers: int,
+        dropout: float,
+        max_len: int = 1000,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            vocab_size,
+            num_hiddens,
+            ffn_num_hiddens,
+            num_heads,
+            num_layers,
+            dropout,
+            max_len,
+            semantics=self.preset,
+            train_positions=self.train_positions,
+            **kwargs,
+        )
+
+
+class GluonStyleBERTModel(Generation):
+    """``BERTModel(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout, max_len=1000)``."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_layers: int,
+        dropout: float,
+        max_len: int = 1000,
+    ) -> None:
+        super().__init__(
+            vocab_size,
+            num_hiddens,
+            ffn_num_hiddens,
+            num_heads,
+            num_layers,
+            dropout,
+            max_len,
+            semantics=self.preset,
+            train_positions=self.train_positions,
+        )
+
+
+# --- d2l 0.16-0.17's PyTorch signatures: every input width spelled out --------------------------------
+
+
+def same_width(num_hiddens: int, **widths: object) -> None:
+    """The 0.17 widths must all be ``num_hiddens``: BERT's layers read and write vectors of that width,
+    and so do bert_multi's (an inconsistent set would fail in d2l too, at the first forward)."""
+    for name, width in widths.items():
+        value = list(width) if isinstance(width, (list, tuple)) else width
+        if value not in (num_hiddens, [num_hiddens]):
+            raise ValueError(f"{name}={width!r}, but BERT's blocks read and write num_hiddens={num_hiddens} features")
+
+
+class SizedMultiHeadAttention(Generation):
+    """``MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias=False)``."""
+
+    def __init__(
+        self,
+        key_size: int,
+        query_size: int,
+        value_size: int,
+        num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        bias: bool = False,
+        **kwargs,
+    ) -> None:
+        same_width(query_size, key_size=key_size, value_size=value_size)
+        over_heads = self._switches.valid_lens_over_heads
+        super().__init__(
+            num_hiddens, num_heads, dropout, bias, num_inputs=query_size, valid_lens_over_heads=over_heads, **kwargs
+        )
+
+
+class SizedEncoderBlock(Generation):
+    """``EncoderBlock(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
+    ffn_num_hiddens, num_heads, dropout, use_bias=False)``."""
+
+    def __init__(
+        self,
+        key_size: int,
+        query_size: int,
+        value_size: int,
+        num_hiddens: int,
+        norm_shape,
+        ffn_num_input: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        dropout: float,
+        use_bias: bool = False,
+    ) -> None:
+        same_width(
+            num_hiddens,
+            key_size=key_size,
+            query_size=query_size,
+            value_size=value_size,
+            norm_shape=norm_shape,
+            ffn_num_input=ffn_num_input,
+        )
+        super().__init__(
+            num_hiddens, ffn_num_hiddens, num_heads, dropout, use_bias, self._switches.valid_lens_over_heads
+        )
+
+
+class SizedBERTEncoder(Generation):
+    """``BERTEncoder(vocab_size, num_hiddens, norm_shape, ffn_num_input, ffn_num_hiddens, num_heads,
+    num_layers, dropout, max_len=1000, key_size=768, query_size=768, value_size=768)``."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        norm_shape,
+        ffn_num_input: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_layers: int,
+        dropout: float,
+        max_len: int = 1000,
+        key_size: int = 768,
+        query_size: int = 768,
+        value_size: int = 768,
+        **kwargs,
+    ) -> None:
+        same_width(
+            num_hiddens,
+            norm_shape=norm_shape,
+            ffn_num_input=ffn_num_input,
+            key_size=key_size,
+            query_size=query_size,
+            value_size=value_size,
+        )
+        super().__init__(
+            vocab_size,
+            num_hiddens,
+            ffn_num_hiddens,
+            num_heads,
+            num_layers,
+            dropout,
+            max_len,
+            semantics=self.preset,
+            train_positions=self.train_positions,
+            **kwargs,
+        )
+
+
+class SizedMaskLM(Generation):
+    """``MaskLM(vocab_size, num_hiddens, num_inputs=768)``."""
+
+    def __init__(self, vocab_size: int, num_hiddens: int, num_inputs: int = 768, **kwargs) -> None:
+        super().__init__(vocab_size, num_hiddens, num_inputs, **kwargs)
+
+
+class SizedBERTModel(Generation):
+    """``BERTModel(vocab_size, num_hiddens, norm_shape, ffn_num_input, ffn_num_hiddens, num_heads,
+    num_layers, dropout, max_len=1000, key_size=768, query_size=768, value_size=768,
+    hid_in_features=768, mlm_in_features=768, nsp_in_features=768)``."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        norm_shape,
+        ffn_num_input: int,
+        ffn_num_hiddens: int,
+        num_heads: int,
+        num_layers: int,
+        dropout: float,
+        max_len: int = 1000,
+        key_size: int = 768,
+        query_size: int = 768,
+        value_size: int = 768,
+        hid_in_features: int = 768,
+        mlm_in_features: int = 768,
+        nsp_in_features: int = 768,
+    ) -> None:
+        same_width(
+            num_hiddens,
+            norm_shape=norm_shape,
+            ffn_num_input=ffn_num_input,
+            key_size=key_size,
+            query_size=query_size,
+            value_size=value_size,
+            hid_in_features=hid_in_features,
+            mlm_in_features=mlm_in_features,
+            nsp_in_features=nsp_in_features,
+        )
+        super().__init__(
+            vocab_size,
+            num_hiddens,
+            ffn_num_hiddens,
+            num_heads,
+            num_layers,
+            dropout,
+            max_len,
+            semantics=self.preset,
+            train_positions=self.train_positions,
+        )
