@@ -280,7 +280,7 @@ def run_conformance(
                     out = model(**batch, intermediates=True)
                     expected = results[source][name]
                     if eps != source_eps:
-                        expected = _shifted(expected, reference(eps)[name], reference(source_eps)[name])
+                        expected = shifted(expected, reference(eps)[name], reference(source_eps)[name])
                     report.checks.append(Check(name, target, label, *compare_outputs(out, expected, tolerance)))
     if progress:
         progress(done, done, "done")
@@ -288,8 +288,9 @@ def run_conformance(
     return report
 
 
-def _shifted(out: BERTOutput, to: BERTOutput, start: BERTOutput) -> BERTOutput:
-    """``out`` moved by the oracle's own difference ``to - start``, in every output and activation."""
+def shifted(out: BERTOutput, to: BERTOutput, start: BERTOutput) -> BERTOutput:
+    """``out`` moved by the oracle's own difference ``to - start``, in every output and activation: what
+    ``out`` would be under the setting ``to`` was computed with (a framework's LayerNorm eps, say)."""
 
     def move(value: np.ndarray | None, target: np.ndarray | None, origin: np.ndarray | None) -> np.ndarray | None:
         return None if value is None or target is None or origin is None else value + (target - origin)

@@ -7,6 +7,7 @@ from bert_multi import BERTConfig, backends, random_weights
 from bert_multi.cases import CASES
 from bert_multi.conform import Target, run_conformance
 from bert_multi.report import failure_details
+from bert_multi.semantics import PRESETS
 
 CONFIGS = {
     "one_head_one_block": BERTConfig(
@@ -35,10 +36,19 @@ def gpu_targets():
     return targets
 
 
+# Every generation on every configuration it can take (sinusoidal positions need an even width).
+RUNS = [
+    (name, preset)
+    for name, config in sorted(CONFIGS.items())
+    for preset in PRESETS
+    if PRESETS[preset].positions == "learned" or config.num_hiddens % 2 == 0
+]
+
+
 @pytest.mark.skipif(not AVAILABLE, reason="no framework backend is installed")
-@pytest.mark.parametrize("config_name", sorted(CONFIGS))
-def test_every_backend_conforms_on_every_case(config_name):
-    config = CONFIGS[config_name]
+@pytest.mark.parametrize("config_name, preset", RUNS)
+def test_every_backend_conforms_on_every_case(config_name, preset):
+    config = CONFIGS[config_name].with_semantics(preset)
     targets = [Target(name, dtype) for name in AVAILABLE for dtype in ("float32", "float64")] + gpu_targets()
     cases = [(case.name, case.batch(config, seed=4)) for case in CASES]
     report = run_conformance(config, random_weights(config, seed=4, dtype="float64"), targets, cases)

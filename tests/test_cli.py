@@ -8,6 +8,7 @@ from hostile import npz_member
 
 from bert_multi import CONFIGS, backends, random_weights, save_weights
 from bert_multi.cli import main
+from bert_multi.fixtures import FIXTURE_CONFIGS
 
 FRAMEWORKS = [name for name in ("torch", "mxnet") if backends()[name].available]
 needs_framework = pytest.mark.skipif(not FRAMEWORKS, reason="no framework backend is installed")
@@ -105,8 +106,8 @@ def test_list_cases(capsys):
 def test_fixtures_command_writes_small_files(tmp_path, capsys):
     assert main(["fixtures", "--dir", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["one_head.cases.npz", "one_head.weights.npz", "two_blocks.cases.npz", "two_blocks.weights.npz"]
-    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 400_000
+    assert files == sorted(f"{name}.{kind}.npz" for name in FIXTURE_CONFIGS for kind in ("cases", "weights"))
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 512_000
 
 
 SMALL_MODEL = ["--batch-size", "8", "--num-hiddens", "8", "--ffn-num-hiddens", "8", "--max-len", "32"]
