@@ -3,6 +3,7 @@ here, never by editing the product), runs the conformance engine, and checks tha
 and that localisation names the layer where it lives. Most faults come from d2l's own history.
 """
 
+import importlib
 import math
 
 import numpy as np
@@ -214,3 +215,127 @@ def test_without_faults_the_same_run_passes(backend):
     )
     assert report.passed and len(report.checks) == len(CASES)
     assert not np.isnan([c.max_abs for check in report.checks for c in check.outputs]).any()
+
+
+# --- Generations: each preset must be told apart from the others' rules --------------------------------
+
+
+def generation_faults(backend):
+    """Faults that compute another generation's rule; all but dropping biases are the same code in both
+    frameworks, since the two model modules have the same classes."""
+    model = importlib.import_module(f"bert_multi.{backend}.model")
+
+    def interleaved_valid_lens(mp):  # d2l >= 0.16's layout where the preset tiles (d2l <= 0.15)
+        original = model.MultiHeadAttention.__init__
+
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.valid_lens_over_heads = "interleaved"
+
+        mp.setattr(model.MultiHeadAttention, "__init__", init)
+
+    def biases_dropped(mp):  # d2l 0.11's unbiased projections where the preset has biases
+        original = model.MultiHeadAttention.forward
+        layers = ("W_q", "W_k", "W_v", "W_o")
+
+        def forward(self, *args):
+            saved = {name: read_bias(getattr(self, name)) for name in layers}
+            for name in layers:
+                write_bias(getattr(self, name), 0 * saved[name])
+            try:
+                return original(self, *args)
+            finally:
+                for name in layers:
+                    write_bias(getattr(self, name), saved[name])
+
+        mp.setattr(model.MultiHeadAttention, "forward", forward)
+
+    def bias_added(mp):  # a bias where d2l 0.11 has none: W_v(values + 0.1) = W_v values + a constant
+        original = model.MultiHeadAttention.forward
+        mp.setattr(
+            model.MultiHeadAttention,
+            "forward",
+            lambda self, queries, keys, values, valid_lens: original(self, queries, keys, values + 0.1, valid_lens),
+        )
+
+    def sinusoidal_positions(mp):  # d2l 0.11's fixed table where the preset learns its positions
+        def forward(self, tokens, segments, valid_lens):
+            X = self.token_embedding(tokens) + self.segment_embedding(segments)
+            X = model.PositionalEncoding(X.shape[-1], 0.0, max_len=X.shape[1])(X)
+            for blk in self.blks:
+                X = blk(X, valid_lens)
+            return X
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
+
+    def no_sinusoidal_table(mp):  # positions left out, as a learned table at zero would add nothing
+        mp.setattr(model.PositionalEncoding, "forward", lambda self, X: self.dropout(X))
+
+    if backend == "torch":
+        import torch
+
+        def read_bias(layer):
+            return layer.bias.detach().clone()
+
+        def write_bias(layer, value):
+            with torch.no_grad():
+                layer.bias.copy_(value)
+    else:
+
+        def read_bias(layer):
+            return layer.bias.data().copy()
+
+        def write_bias(layer, value):
+            layer.bias.data()[:] = value
+
+    return locals()
+
+
+# preset -> {fault: (the case that must catch it, the layer localisation must name)}
+GENERATION_EXPECTED = {
+    "d2l": {
+        "biases_dropped": ("full_valid_len", "blks.0.attention"),
+        "sinusoidal_positions": ("batch_one", "embedding"),
+    },
+    "d2l-0.12": {
+        "interleaved_valid_lens": ("mixed_valid_lens", "blks.0.attention"),
+        "biases_dropped": ("no_valid_lens", "blks.0.attention"),
+        "sinusoidal_positions": ("single_segment", "embedding"),
+    },
+    "d2l-0.11": {
+        "interleaved_valid_lens": ("mixed_valid_lens", "blks.0.attention"),
+        "bias_added": ("full_valid_len", "blks.0.attention"),
+        "no_sinusoidal_table": ("batch_one", "embedding"),
+    },
+}
+GENERATION_RUNS = [(preset, fault) for preset, faults in GENERATION_EXPECTED.items() for fault in faults]
+
+
+@pytest.mark.parametrize("preset, fault", GENERATION_RUNS)
+@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+def test_another_generations_rule_is_caught_and_localised(backend, preset, fault, monkeypatch):
+    if not backends()[backend].available:
+        pytest.skip(backends()[backend].reason)
+    config = CONFIG.with_semantics(preset)
+    generation_faults(backend)[fault](monkeypatch)
+    catching_case, layer = GENERATION_EXPECTED[preset][fault]
+    cases = [(case.name, case.batch(config, seed=2)) for case in CASES]
+    report = run_conformance(
+        config, random_weights(config, seed=2, dtype="float64"), [Target(backend, "float64")], cases, pairs=False
+    )
+    failing = {check.case: check.first_divergence for check in report.failures()}
+    assert catching_case in failing, f"{fault} went unnoticed by {catching_case} in {preset}"
+    assert {c.name for c in failing.values()} == {layer}
+
+
+@pytest.mark.parametrize("preset", sorted(GENERATION_EXPECTED))
+@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+def test_each_generation_passes_without_faults(backend, preset):
+    if not backends()[backend].available:
+        pytest.skip(backends()[backend].reason)
+    config = CONFIG.with_semantics(preset)
+    cases = [(case.name, case.batch(config, seed=2)) for case in CASES]
+    report = run_conformance(
+        config, random_weights(config, seed=2, dtype="float64"), [Target(backend, "float64")], cases, pairs=False
+    )
+    assert report.passed and len(report.checks) == len(CASES)
