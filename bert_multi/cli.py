@@ -17,7 +17,7 @@ import numpy as np
 from .backend import BACKEND_NAMES, backends, load_backend, parse_device
 from .cases import CASE_NAMES, CASES, Batch, get_case
 from .config import CONFIGS, BERTConfig
-from .conform import Target, run_conformance
+from .conform import Report, Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
 from .files import NpzReader, open_regular
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
@@ -31,7 +31,8 @@ from .pretraining import (
     run_pretraining,
 )
 from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
-from .schema import SUPPORTED_DTYPES, init_weights, random_weights
+from .schema import SUPPORTED_DTYPES, init_weights, random_weights, validate_weights
+from .semantics import PRESETS, RELEASES
 from .weights import load_weights, save_weights
 
 FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
@@ -55,14 +56,31 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     ]
 
 
-def _model_and_weights(spec: str, seed: int) -> tuple[BERTConfig, dict[str, np.ndarray]]:
-    """A built-in config name with random weights from ``seed``, or a canonical weights file."""
+def _model_and_weights(spec: str, seed: int, preset: str | None) -> tuple[BERTConfig, dict[str, np.ndarray]]:
+    """A built-in config name with random weights from ``seed``, or a canonical weights file; computing
+    the generation ``preset`` when one is given (a file's weights must fit its tensors)."""
     if spec in CONFIGS:
+        config = CONFIGS[spec].with_semantics(preset or "d2l")
         # Every tensor random (biases and LayerNorm parameters too), so that every weight is checked.
-        return CONFIGS[spec], random_weights(CONFIGS[spec], seed=seed, dtype="float64")
+        return config, random_weights(config, seed=seed, dtype="float64")
     if Path(spec).exists():
-        return load_weights(spec)
+        config, weights = load_weights(spec)
+        return _as_preset(config, weights, preset), weights
     raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing weights file")
+
+
+def _as_preset(config: BERTConfig, weights: dict[str, np.ndarray], preset: str | None) -> BERTConfig:
+    """A file's config computing the generation ``preset`` instead, if the file's tensors fit it."""
+    if preset is None:
+        return config
+    other = config.with_semantics(preset)
+    try:
+        validate_weights(other, weights)
+    except WeightsError as error:
+        raise WeightsError(
+            f"the file's weights ({config.semantics.name}) do not fit preset {other.semantics.name!r}: {error}"
+        ) from None
+    return other
 
 
 MAX_INPUT_BYTES = 1 << 30  # what an inputs .npz may expand to
@@ -111,7 +129,7 @@ def _check_plot(path: str | None, option: str = "--plot") -> None:
 
 def _run_and_report(
     args: argparse.Namespace, config: BERTConfig, weights: dict[str, np.ndarray], cases: list[tuple[str, Batch]]
-) -> int:
+) -> Report:
     print(f"config: {config}")
     print(f"cases: {', '.join(name for name, _ in cases)}")
     bar = ProgressBar()
@@ -129,15 +147,29 @@ def _run_and_report(
         f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance, "
         f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s"
     )
+    return report
+
+
+def _write_reports(args: argparse.Namespace, reports: dict[str, Report]) -> int:
+    """Write --json and --plot (one plot per generation when there are several); the exit code."""
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        document = (
+            next(iter(reports.values())).to_json()
+            if len(reports) == 1
+            else {preset: report.to_json() for preset, report in reports.items()}
+        )
+        Path(args.json).write_text(json.dumps(document, indent=1))
         print(f"report written to {args.json}")
     if args.plot:
-        print(f"plot written to {plot_report(report, args.plot)}")
-    if not report.checks:
+        for preset, report in reports.items():
+            path = Path(args.plot)
+            if len(reports) > 1:
+                path = path.with_name(f"{path.stem}-{preset}{path.suffix}")
+            print(f"plot written to {plot_report(report, path)}")
+    if not all(report.checks for report in reports.values()):
         print("bert-multi: nothing was checked: no requested backend could run here", file=sys.stderr)
         return 1
-    return 0 if report.passed else 1
+    return 0 if all(report.passed for report in reports.values()) else 1
 
 
 def _check_report_outputs(args: argparse.Namespace) -> None:
@@ -150,19 +182,29 @@ def cmd_conform(args: argparse.Namespace) -> int:
         print(format_cases())
         return 0
     _check_report_outputs(args)
-    config, weights = _model_and_weights(args.config, args.seed)
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
-    return _run_and_report(args, config, weights, [(case.name, case.batch(config, args.seed)) for case in chosen])
+    if args.preset == "all" and args.config not in CONFIGS:
+        raise ValueError("--preset all needs a built-in --config: a weights file holds one generation's tensors")
+    presets = list(PRESETS) if args.preset == "all" else [args.preset]
+    reports = {}
+    for preset in presets:
+        config, weights = _model_and_weights(args.config, args.seed, preset)
+        if len(presets) > 1:
+            print(f"\n== preset {config.semantics.name} (d2l {RELEASES[config.semantics.name]}) ==")
+        cases = [(case.name, case.batch(config, args.seed)) for case in chosen]
+        reports[config.semantics.name] = _run_and_report(args, config, weights, cases)
+    return _write_reports(args, reports)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     _check_report_outputs(args)
     config, weights = load_weights(args.weights)
+    config = _as_preset(config, weights, args.preset)
     if args.inputs:
         cases = _read_inputs(args.inputs)
     else:
         cases = [(case.name, case.batch(config, args.seed)) for case in CASES]
-    return _run_and_report(args, config, weights, cases)
+    return _write_reports(args, {config.semantics.name: _run_and_report(args, config, weights, cases)})
 
 
 def format_cases() -> str:
@@ -183,6 +225,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         args.num_blks,
         dropout=args.dropout,
         max_len=args.max_len,
+        semantics=args.preset,
     )
     weights = init_weights(config, seed=args.seed, dtype=args.dtype)
     print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
@@ -190,6 +233,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     options = {"optimizer": args.optimizer, "lr": args.lr, "mlm_normalization": args.mlm_normalization}
     if args.adam_epsilon_style != "native":
         options["adam_epsilon_style"] = args.adam_epsilon_style
+    if args.freeze_positions:
+        options["train_positions"] = False
 
     bar = ProgressBar()
     runs = []
@@ -339,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cases", type=_split, default=["all"], help="comma-separated case names or 'all' (default); see --list-cases"
     )
     conform.add_argument("--list-cases", action="store_true", help="list the cases and exit")
+    conform.add_argument(
+        "--preset",
+        help=f"the d2l generation to compute: {', '.join(PRESETS)}, a d2l version such as 0.14.4, or 'all' "
+        "(default: d2l, or a weights file's own)",
+    )
     _add_run_options(conform)
     conform.set_defaults(func=cmd_conform)
 
@@ -354,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NPZ",
         help="an .npz with tokens, segments and optionally valid_lens, pred_positions "
         f"(default: the built-in cases: {', '.join(CASE_NAMES)})",
+    )
+    compare.add_argument(
+        "--preset",
+        help="compute the weights as this d2l generation (a preset or a d2l version) instead of the file's own; "
+        "d2l 0.12-0.15 and 1.0 files have the same tensors, so only you can tell them apart",
     )
     _add_run_options(compare)
     compare.set_defaults(func=cmd_compare)
@@ -405,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="d2l uses 0.2; the default 0 keeps the frameworks' runs comparable step by step, "
         "since their dropout masks come from different random generators",
+    )
+    pretrain.add_argument(
+        "--preset", default="d2l", help=f"the d2l generation to train: {', '.join(PRESETS)} or a d2l version"
+    )
+    pretrain.add_argument(
+        "--freeze-positions",
+        action="store_true",
+        help="never train the positional embedding, as d2l 0.16-0.17's PyTorch code did (pos_embedding.data)",
     )
     pretrain.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
     pretrain.add_argument("--device", default="cpu")

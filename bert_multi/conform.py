@@ -26,6 +26,7 @@ from .cases import Batch
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import BERTConfig
 from .errors import BackendUnavailable
+from .schema import validate_weights
 from .weights import load_weights, save_weights
 
 OUTPUT_NAMES = ("encoded", "mlm", "nsp")
@@ -217,6 +218,8 @@ def run_conformance(
     moving weights are exercised. A target whose backend or device is missing here is skipped, with
     the reason, not failed.
     """
+    # Weights that do not fit the config are the caller's mistake, not a target that cannot run here.
+    validate_weights(config, weights)
     started = time.perf_counter()
     report = Report(config, [name for name, _ in cases])
     done = 0

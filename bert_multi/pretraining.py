@@ -263,6 +263,16 @@ def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_
             raise ValueError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
 
 
+def check_positions_option(config: BERTConfig, train_positions: bool) -> None:
+    """Freezing the positional embedding (as d2l 0.16-0.17's PyTorch code did, by adding
+    ``pos_embedding.data``) needs a learned one."""
+    if not train_positions and config.semantics.positions != "learned":
+        raise ValueError(
+            f"there are no positional embeddings to freeze: preset {config.semantics.name!r} adds a fixed "
+            "sinusoidal table"
+        )
+
+
 def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model inputs checked as usual, and the labels: mlm_labels in [0, vocab_size), mlm_weights
     finite and non-negative, nsp_labels in {0, 1}, all with matching shapes. Raises ``InputError``."""
@@ -336,7 +346,8 @@ def run_pretraining(
 ) -> TrainingRun:
     """``steps`` optimizer steps of ``backend_name`` from ``weights`` on ``data``'s batches (drawn from
     ``seed``, so two backends given the same seed see the same batches). ``options`` go to the
-    backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style).
+    backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style,
+    train_positions).
     ``on_step(step, losses)`` is called after each step."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")

@@ -271,3 +271,44 @@ def test_an_activation_the_backend_never_recorded_is_a_fail_row_with_exit_1(monk
     out = capsys.readouterr().out
     assert code == 1
     assert "first divergence at 'blks.1.ffn'" in out and "the compared side has no value" in out, out
+
+
+# --- Generations on the command line ------------------------------------------------------------------
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
+def test_conform_runs_every_generation_with_preset_all(tmp_path, capsys):
+    argv = ["conform", "--config", "tiny", "--preset", "all", "--backends", "torch", "--cases", "mixed_valid_lens"]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    for heading in ("preset d2l (d2l 0.16 - 1.0)", "preset d2l-0.12 (d2l 0.12 - 0.15 (MXNet))", "preset d2l-0.11"):
+        assert f"== {heading}" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert sorted(report) == ["d2l", "d2l-0.11", "d2l-0.12"]
+    assert report["d2l-0.11"]["config"]["semantics"]["positions"] == "sinusoidal"
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
+def test_compare_reads_a_files_generation_and_can_be_told_another(tmp_path, capsys):
+    config = CONFIGS["tiny"].with_semantics("0.14.4")
+    save_weights(tmp_path / "old.npz", config, random_weights(config, seed=3))
+    assert main(["compare", str(tmp_path / "old.npz"), "--backends", "torch", "--no-pairs"]) == 0
+    assert "semantics='d2l-0.12'" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "old.npz"), "--backends", "torch", "--preset", "1.0.3", "--no-pairs"]) == 0
+    assert "semantics='d2l'" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "old.npz"), "--preset", "d2l-0.11"]) == 2
+    assert "the file's weights (d2l-0.12) do not fit preset 'd2l-0.11': missing tensor(s)" in one_line_error(capsys)
+    assert main(["conform", "--config", str(tmp_path / "old.npz"), "--preset", "all"]) == 2
+    assert "--preset all needs a built-in --config" in one_line_error(capsys)
+
+
+@needs_framework
+def test_pretrain_takes_a_preset_and_can_freeze_the_positions(tmp_path, capsys):
+    out = tmp_path / "w.npz"
+    argv = ["pretrain", "--backend", FRAMEWORKS[0], "--steps", "2", "--out", str(out), *SMALL_MODEL]
+    assert main([*argv, "--preset", "0.11.4"]) == 0
+    from bert_multi import load_weights
+
+    assert load_weights(out)[0].semantics.name == "d2l-0.11"
+    assert main([*argv, "--preset", "0.11.4", "--freeze-positions"]) == 2
+    assert "no positional embeddings to freeze" in one_line_error(capsys)

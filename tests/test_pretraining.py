@@ -237,3 +237,49 @@ def test_training_steps_run_in_training_mode(framework, config, batch):
 def test_the_oracle_cannot_train(config, data):
     with pytest.raises(ValueError, match="cannot train"):
         run_pretraining("numpy", config, init_weights(config), data, steps=1, batch_size=4)
+
+
+@pytest.mark.parametrize("preset", ["d2l-0.12", "d2l-0.11"])
+def test_every_generations_loss_matches_the_oracle(framework, data, preset):
+    config = BERTConfig(len(data.vocab), num_hiddens=16, ffn_num_hiddens=24, num_heads=2, num_blks=2, max_len=32)
+    config = config.with_semantics(preset)
+    batch = next(data.batches(16, seed=0))
+    weights = random_weights(config, seed=1, dtype="float64")
+    expected = pretraining_loss(config, weights, check_batch(config, batch))
+    trainer = framework.Pretrainer(framework.build(config, weights, dtype="float64"))
+    assert np.allclose(trainer.loss(batch), expected, rtol=0, atol=1e-9)
+    trainer.step(batch)
+    assert largest_difference(trainer.model.export_weights(), weights) > 1e-4  # and it trains
+
+
+def test_frozen_positions_never_move_while_the_rest_trains(framework, config, data):
+    """d2l 0.16-0.17's PyTorch code added pos_embedding.data, so its positions never trained;
+    train_positions=False reproduces that in either framework."""
+    weights = init_weights(config, seed=7, dtype="float64")
+    for train_positions in (False, True):
+        trainer = framework.Pretrainer(
+            framework.build(config, weights, dtype="float64"), optimizer="adam", train_positions=train_positions
+        )
+        for batch in itertools.islice(data.batches(16, seed=2), 2):
+            trainer.step(batch)
+        after = trainer.model.export_weights()
+        moved = np.abs(after["encoder.pos_embedding"] - weights["encoder.pos_embedding"]).max()
+        assert (moved > 1e-4) == train_positions, (train_positions, moved)
+        assert np.abs(after["encoder.token_embedding.weight"] - weights["encoder.token_embedding.weight"]).max() > 1e-4
+
+
+def test_the_d2l_0_17_pytorch_twin_leaves_the_positions_without_a_gradient(config, batch):
+    torch = pytest.importorskip("torch")
+    from bert_multi.torch import d2l_0_17
+
+    H = config.num_hiddens
+    net = d2l_0_17.BERTModel(
+        config.vocab_size, H, [H], H, config.ffn_num_hiddens, config.num_heads, config.num_blks, 0.0,
+        max_len=config.max_len, key_size=H, query_size=H, value_size=H,
+        hid_in_features=H, mlm_in_features=H, nsp_in_features=H,
+    )  # fmt: skip
+    tensors = [torch.from_numpy(batch[k]) for k in ("tokens", "segments", "valid_lens", "pred_positions")]
+    encoded, mlm, nsp = net(*tensors)
+    (encoded.sum() + mlm.sum() + nsp.sum()).backward()
+    assert net.encoder.pos_embedding.grad is None
+    assert net.encoder.token_embedding.weight.grad is not None

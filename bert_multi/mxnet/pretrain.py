@@ -12,7 +12,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from ..backend import framework_names
-from ..pretraining import LossValues, check_batch, check_training_options
+from ..pretraining import LossValues, check_batch, check_positions_option, check_training_options
 from .backend import NAME_RULES, MXNetBERT, _parameters
 from .model import BERTModel
 
@@ -43,7 +43,8 @@ class Pretrainer:
     ``adam_epsilon_style`` says where Adam's epsilon acts: "mxnet" adds it to sqrt of the raw second
     moment (MXNet folds the bias correction into the learning rate); "torch" adds it to sqrt of the
     bias-corrected second moment, as torch.optim.Adam does. Both compute the same update when epsilon
-    is rescaled each step, which is what "torch" does here.
+    is rescaled each step, which is what "torch" does here. ``train_positions=False`` freezes the
+    positional embedding, as d2l 0.16-0.17's PyTorch code did.
     """
 
     def __init__(
@@ -55,9 +56,17 @@ class Pretrainer:
         adam_epsilon: float = 1e-8,
         adam_betas: tuple[float, float] = (0.9, 0.999),
         adam_epsilon_style: str = "mxnet",
+        train_positions: bool = True,
     ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
+        check_positions_option(model.config, train_positions)
         self.model, self.config = model, model.config
+        # d2l 0.16-0.17's PyTorch code never trained the positional embedding (it added pos_embedding.data).
+        model.module.encoder.train_positions = train_positions
+        if not train_positions:
+            # Framework difference: a Gluon Trainer refuses a parameter whose gradient backward never
+            # updated unless its grad_req is 'null'; torch's optimizers skip a parameter whose grad is None.
+            model.module.encoder.pos_embedding.grad_req = "null"
         self.mlm_normalization = mlm_normalization
         self.adam_epsilon, self.adam_epsilon_style = adam_epsilon, adam_epsilon_style
         self.steps = 0

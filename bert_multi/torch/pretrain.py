@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..backend import framework_names
-from ..pretraining import LossValues, check_batch, check_training_options
+from ..pretraining import LossValues, check_batch, check_positions_option, check_training_options
 from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
 from .model import BERTModel
 
@@ -41,7 +41,8 @@ class Pretrainer:
     ``adam_epsilon_style`` says where Adam's epsilon acts: "torch" adds it to sqrt of the
     bias-corrected second moment (torch.optim.Adam); "mxnet" adds it to sqrt of the raw second moment,
     as MXNet does by folding the bias correction into the learning rate. Both compute the same update
-    when epsilon is rescaled each step, which is what "mxnet" does here.
+    when epsilon is rescaled each step, which is what "mxnet" does here. ``train_positions=False``
+    freezes the positional embedding, as d2l 0.16-0.17's PyTorch code did.
     """
 
     def __init__(
@@ -53,9 +54,13 @@ class Pretrainer:
         adam_epsilon: float = 1e-8,
         adam_betas: tuple[float, float] = (0.9, 0.999),
         adam_epsilon_style: str = "torch",
+        train_positions: bool = True,
     ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
+        check_positions_option(model.config, train_positions)
         self.model, self.config = model, model.config
+        # d2l 0.16-0.17's PyTorch code never trained the positional embedding (it added pos_embedding.data).
+        model.module.encoder.train_positions = train_positions
         self.mlm_normalization = mlm_normalization
         self.adam_epsilon, self.adam_epsilon_style = adam_epsilon, adam_epsilon_style
         self.steps = 0
