@@ -116,7 +116,7 @@ def same_width(num_hiddens: int, **widths: object) -> None:
             raise ValueError(f"{name}={width!r}, but BERT's blocks read and write num_hiddens={num_hiddens} features")
 
 
-class SizedMultiHeadAttention(Generation):
+class SizedMultiHeadAttention(GluonStyleMultiHeadAttention):
     """``MultiHeadAttention(key_size, query_size, value_size, num_hiddens, num_heads, dropout, bias=False)``."""
 
     def __init__(
@@ -131,13 +131,10 @@ class SizedMultiHeadAttention(Generation):
         **kwargs,
     ) -> None:
         same_width(query_size, key_size=key_size, value_size=value_size)
-        over_heads = self._switches.valid_lens_over_heads
-        super().__init__(
-            num_hiddens, num_heads, dropout, bias, num_inputs=query_size, valid_lens_over_heads=over_heads, **kwargs
-        )
+        super().__init__(num_hiddens, num_heads, dropout, bias, num_inputs=query_size, **kwargs)
 
 
-class SizedEncoderBlock(Generation):
+class SizedEncoderBlock(GluonStyleEncoderBlock):
     """``EncoderBlock(key_size, query_size, value_size, num_hiddens, norm_shape, ffn_num_input,
     ffn_num_hiddens, num_heads, dropout, use_bias=False)``."""
 
@@ -154,20 +151,12 @@ class SizedEncoderBlock(Generation):
         dropout: float,
         use_bias: bool = False,
     ) -> None:
-        same_width(
-            num_hiddens,
-            key_size=key_size,
-            query_size=query_size,
-            value_size=value_size,
-            norm_shape=norm_shape,
-            ffn_num_input=ffn_num_input,
-        )
-        super().__init__(
-            num_hiddens, ffn_num_hiddens, num_heads, dropout, use_bias, self._switches.valid_lens_over_heads
-        )
+        widths = dict(key_size=key_size, query_size=query_size, value_size=value_size, ffn_num_input=ffn_num_input)
+        same_width(num_hiddens, norm_shape=norm_shape, **widths)
+        super().__init__(num_hiddens, ffn_num_hiddens, num_heads, dropout, use_bias)
 
 
-class SizedBERTEncoder(Generation):
+class SizedBERTEncoder(GluonStyleBERTEncoder):
     """``BERTEncoder(vocab_size, num_hiddens, norm_shape, ffn_num_input, ffn_num_hiddens, num_heads,
     num_layers, dropout, max_len=1000, key_size=768, query_size=768, value_size=768)``."""
 
@@ -187,26 +176,9 @@ class SizedBERTEncoder(Generation):
         value_size: int = 768,
         **kwargs,
     ) -> None:
-        same_width(
-            num_hiddens,
-            norm_shape=norm_shape,
-            ffn_num_input=ffn_num_input,
-            key_size=key_size,
-            query_size=query_size,
-            value_size=value_size,
-        )
-        super().__init__(
-            vocab_size,
-            num_hiddens,
-            ffn_num_hiddens,
-            num_heads,
-            num_layers,
-            dropout,
-            max_len,
-            semantics=self.preset,
-            train_positions=self.train_positions,
-            **kwargs,
-        )
+        widths = dict(key_size=key_size, query_size=query_size, value_size=value_size, ffn_num_input=ffn_num_input)
+        same_width(num_hiddens, norm_shape=norm_shape, **widths)
+        super().__init__(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout, max_len, **kwargs)
 
 
 class SizedMaskLM(Generation):
@@ -216,7 +188,7 @@ class SizedMaskLM(Generation):
         super().__init__(vocab_size, num_hiddens, num_inputs, **kwargs)
 
 
-class SizedBERTModel(Generation):
+class SizedBERTModel(GluonStyleBERTModel):
     """``BERTModel(vocab_size, num_hiddens, norm_shape, ffn_num_input, ffn_num_hiddens, num_heads,
     num_layers, dropout, max_len=1000, key_size=768, query_size=768, value_size=768,
     hid_in_features=768, mlm_in_features=768, nsp_in_features=768)``."""
@@ -239,25 +211,9 @@ class SizedBERTModel(Generation):
         mlm_in_features: int = 768,
         nsp_in_features: int = 768,
     ) -> None:
-        same_width(
-            num_hiddens,
-            norm_shape=norm_shape,
-            ffn_num_input=ffn_num_input,
-            key_size=key_size,
-            query_size=query_size,
-            value_size=value_size,
-            hid_in_features=hid_in_features,
-            mlm_in_features=mlm_in_features,
-            nsp_in_features=nsp_in_features,
+        widths = dict(key_size=key_size, query_size=query_size, value_size=value_size, ffn_num_input=ffn_num_input)
+        features = dict(
+            hid_in_features=hid_in_features, mlm_in_features=mlm_in_features, nsp_in_features=nsp_in_features
         )
-        super().__init__(
-            vocab_size,
-            num_hiddens,
-            ffn_num_hiddens,
-            num_heads,
-            num_layers,
-            dropout,
-            max_len,
-            semantics=self.preset,
-            train_positions=self.train_positions,
-        )
+        same_width(num_hiddens, norm_shape=norm_shape, **widths, **features)
+        super().__init__(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout, max_len)
