@@ -32,7 +32,7 @@ from .pretraining import (
 )
 from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
 from .schema import SUPPORTED_DTYPES, init_weights, random_weights, validate_weights
-from .semantics import PRESETS, RELEASES
+from .semantics import PRESETS, releases_of
 from .weights import load_weights, save_weights
 
 FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
@@ -190,7 +190,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     for preset in presets:
         config, weights = _model_and_weights(args.config, args.seed, preset)
         if len(presets) > 1:
-            print(f"\n== preset {config.semantics.name} (d2l {RELEASES[config.semantics.name]}) ==")
+            print(f"\n== preset {config.semantics.name} (d2l {releases_of(config.semantics.name)}) ==")
         cases = [(case.name, case.batch(config, args.seed)) for case in chosen]
         reports[config.semantics.name] = _run_and_report(args, config, weights, cases)
     return _write_reports(args, reports)

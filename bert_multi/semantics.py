@@ -75,8 +75,21 @@ PRESETS: dict[str, Semantics] = {
     "d2l-0.12": Semantics(valid_lens_over_heads="tiled"),
     "d2l-0.11": Semantics(positions="sinusoidal", attention_bias=False, valid_lens_over_heads="tiled", nsp_head="mlp"),
 }
-# Which releases each preset reproduces (read from the released packages, d2l==X --no-deps).
-RELEASES: dict[str, str] = {"d2l": "0.16 - 1.0", "d2l-0.12": "0.12 - 0.15 (MXNet)", "d2l-0.11": "0.11 (MXNet)"}
+# The first and last d2l release each preset reproduces (read from the released packages, d2l==X
+# --no-deps), and those whose BERT was MXNet only. Both the version lookup and the labels come from here.
+RELEASES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
+    "d2l-0.11": ((0, 11), (0, 11)),
+    "d2l-0.12": ((0, 12), (0, 15)),
+    "d2l": ((0, 16), (1, 0)),
+}
+MXNET_ONLY = ("d2l-0.11", "d2l-0.12")
+
+
+def releases_of(preset: str) -> str:
+    """The d2l releases a preset reproduces, for people: "0.12 - 0.15 (MXNet)"."""
+    first, last = (".".join(map(str, version)) for version in RELEASES[preset])
+    span = first if first == last else f"{first} - {last}"
+    return f"{span} (MXNet)" if preset in MXNET_ONLY else span
 
 
 def semantics_for(spec: str | Semantics) -> Semantics:
@@ -91,13 +104,12 @@ def semantics_for(spec: str | Semantics) -> Semantics:
     if not match:
         raise ValueError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
     version = (int(match[1]), int(match[2]))
-    if version < (0, 11) or version >= (2, 0):
+    # The newest preset whose first release is not after this one; nothing before BERT arrived, nor
+    # after the newest major version known.
+    starts = sorted((first, name) for name, (first, _) in RELEASES.items())
+    if version < starts[0][0] or version[0] > max(last[0] for _, last in RELEASES.values()):
         raise ValueError(f"d2l {match[1]}.{match[2]} has no BERT chapter this project knows (BERT is in 0.11 to 1.x)")
-    if version < (0, 12):
-        return PRESETS["d2l-0.11"]
-    if version < (0, 16):
-        return PRESETS["d2l-0.12"]
-    return PRESETS["d2l"]
+    return PRESETS[[name for first, name in starts if first <= version][-1]]
 
 
 def sinusoidal_positions(max_len: int, num_hiddens: int) -> np.ndarray:
