@@ -13,6 +13,7 @@ from .backend import (
     intermediate_names,
     load_backend,
 )
+from .checkpoints import Checkpoint, CheckpointInfo, convert, inspect_checkpoint, load_checkpoint, save_checkpoint
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import CONFIGS, BERTConfig
 from .conform import Report, Target, assert_conforms, compare_outputs, run_conformance
@@ -31,6 +32,12 @@ __all__ = [
     "backends",
     "intermediate_names",
     "load_backend",
+    "Checkpoint",
+    "CheckpointInfo",
+    "convert",
+    "inspect_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
     "Comparison",
     "Tolerance",
     "compare_arrays",

@@ -37,7 +37,7 @@ class BERTOutput:
 
     encoded: np.ndarray  # (B, T, H)
     mlm: np.ndarray | None  # (B, P, V), None without pred_positions
-    nsp: np.ndarray  # (B, 2)
+    nsp: np.ndarray | None  # (B, 2), None without an NSP head
     intermediates: OrderedDict[str, np.ndarray] | None = None  # see intermediate_names()
 
 
@@ -48,7 +48,8 @@ def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]
     names, which ``framework_module`` turns into a framework's own. ``embedding`` is the token + segment
     + positional sum (the first block's input); per block, ``attention`` is the multi-head attention
     output, ``addnorm1`` the first residual + LayerNorm, ``ffn`` the feed-forward output and ``output``
-    the block's output; ``pooler`` is tanh(dense(<cls>)), the input of the NSP classifier.
+    the block's output; ``pooler`` is tanh(dense(<cls>)), the input of the NSP classifier, when the model
+    has a pooler.
     """
     sources = OrderedDict(embedding=("encoder.blks.0", "input"))
     for i in range(config.num_blks):
@@ -57,7 +58,11 @@ def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]
         sources[f"blks.{i}.addnorm1"] = (f"{blk}.addnorm1", "output")
         sources[f"blks.{i}.ffn"] = (f"{blk}.ffn", "output")
         sources[f"blks.{i}.output"] = (blk, "output")
-    sources["pooler"] = (nsp_layers(config)[1], "input")
+    if "pooler" in config.heads:
+        # d2l >= 0.12's pooler is BERTModel.hidden (its output is the tanh's); 0.11's is the first half of
+        # the NSP head's MLP, so the classifier's input is the one place to find it.
+        pooled = config.semantics.nsp_head == "pooler"
+        sources["pooler"] = ("hidden", "output") if pooled else (nsp_layers(config)[1], "input")
     return sources
 
 
@@ -167,16 +172,6 @@ def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[st
 def framework_module(path: str, rules: list[tuple[str, str]]) -> str:
     """A canonical module path in a framework's names (the rules are written for parameter names)."""
     return _rename(f"{path}.weight", rules).rsplit(".", 1)[0]
-
-
-def weights_from_framework(
-    config: BERTConfig, rules: list[tuple[str, str]], arrays: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    """Canonical weights from a framework's {structural name: array}, checked against the schema."""
-    canonical = {framework: name for name, framework in framework_names(config, rules).items()}
-    weights = {canonical.get(name, name): array for name, array in arrays.items()}
-    validate_weights(config, weights)
-    return {name: weights[name] for name in canonical.values()}
 
 
 def load_backend(name: str) -> ModuleType:

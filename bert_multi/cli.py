@@ -16,7 +16,16 @@ import numpy as np
 
 from .backend import BACKEND_NAMES, backends, load_backend, parse_device
 from .cases import CASE_NAMES, CASES, Batch, get_case
-from .config import CONFIGS, BERTConfig
+from .checkpoints import (
+    FORMATS,
+    Checkpoint,
+    inspect_checkpoint,
+    load_checkpoint,
+    output_format,
+    read_vocab,
+    save_checkpoint,
+)
+from .config import CONFIGS, HEADS, BERTConfig
 from .conform import Report, Target, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
 from .files import NpzReader, open_regular
@@ -31,9 +40,9 @@ from .pretraining import (
     run_pretraining,
 )
 from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
-from .schema import SUPPORTED_DTYPES, init_weights, random_weights, validate_weights
+from .schema import SUPPORTED_DTYPES, init_weights, random_weights
 from .semantics import PRESETS, releases_of
-from .weights import load_weights, save_weights
+from .weights import save_weights
 
 FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
 
@@ -56,31 +65,34 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     ]
 
 
-def _model_and_weights(spec: str, seed: int, preset: str | None) -> tuple[BERTConfig, dict[str, np.ndarray]]:
-    """A built-in config name with random weights from ``seed``, or a canonical weights file; computing
-    the generation ``preset`` when one is given (a file's weights must fit its tensors)."""
+def _model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -> tuple[BERTConfig, dict]:
+    """A built-in config name with random weights from ``--seed``, or a checkpoint in any format with what
+    the options state about it; computing the generation ``preset`` when one is given."""
     if spec in CONFIGS:
+        stated = [option for option in ("num_heads", "d2l_version", "cast", "key") if getattr(args, option)]
+        if stated:
+            options = ", ".join("--" + option.replace("_", "-") for option in stated)
+            raise ValueError(f"{options}: these describe a checkpoint file, not the built-in config {spec!r}")
         config = CONFIGS[spec].with_semantics(preset or "d2l")
         # Every tensor random (biases and LayerNorm parameters too), so that every weight is checked.
-        return config, random_weights(config, seed=seed, dtype="float64")
+        return config, random_weights(config, seed=args.seed, dtype="float64")
     if Path(spec).exists():
-        config, weights = load_weights(spec)
-        return _as_preset(config, weights, preset), weights
-    raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing weights file")
+        checkpoint = _load(args, spec, preset)
+        return checkpoint.config, checkpoint.weights
+    raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing checkpoint")
 
 
-def _as_preset(config: BERTConfig, weights: dict[str, np.ndarray], preset: str | None) -> BERTConfig:
-    """A file's config computing the generation ``preset`` instead, if the file's tensors fit it."""
-    if preset is None:
-        return config
-    other = config.with_semantics(preset)
-    try:
-        validate_weights(other, weights)
-    except WeightsError as error:
-        raise WeightsError(
-            f"the file's weights ({config.semantics.name}) do not fit preset {other.semantics.name!r}: {error}"
-        ) from None
-    return other
+def _load(args: argparse.Namespace, path: str, preset: str | None) -> Checkpoint:
+    """A checkpoint in any format, with the statements of --num-heads, --preset/--d2l-version, --cast, --key;
+    what was done to read it is said."""
+    checkpoint = load_checkpoint(
+        path, num_heads=args.num_heads, preset=preset, d2l_version=args.d2l_version, dtype=args.cast, key=args.key
+    )
+    for note in checkpoint.info.notes:
+        print(f"note: {note}")
+    if checkpoint.info.ignored:
+        print(f"ignored (not part of d2l's BERTModel): {', '.join(checkpoint.info.ignored)}")
+    return checkpoint
 
 
 MAX_INPUT_BYTES = 1 << 30  # what an inputs .npz may expand to
@@ -131,6 +143,9 @@ def _run_and_report(
     args: argparse.Namespace, config: BERTConfig, weights: dict[str, np.ndarray], cases: list[tuple[str, Batch]]
 ) -> Report:
     print(f"config: {config}")
+    absent = [head for head in HEADS if head not in config.heads]
+    if absent:
+        print(f"absent from this model, so not compared: {', '.join(absent)}")
     print(f"cases: {', '.join(name for name, _ in cases)}")
     bar = ProgressBar()
     try:
@@ -188,7 +203,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     presets = list(PRESETS) if args.preset == "all" else [args.preset]
     reports = {}
     for preset in presets:
-        config, weights = _model_and_weights(args.config, args.seed, preset)
+        config, weights = _model_and_weights(args, args.config, preset)
         if len(presets) > 1:
             print(f"\n== preset {config.semantics.name} (d2l {releases_of(config.semantics.name)}) ==")
         cases = [(case.name, case.batch(config, args.seed)) for case in chosen]
@@ -198,8 +213,8 @@ def cmd_conform(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     _check_report_outputs(args)
-    config, weights = load_weights(args.weights)
-    config = _as_preset(config, weights, args.preset)
+    checkpoint = _load(args, args.weights, args.preset)
+    config, weights = checkpoint.config, checkpoint.weights
     if args.inputs:
         cases = _read_inputs(args.inputs)
     else:
@@ -291,6 +306,29 @@ def _read_corpus(path: str) -> list[str]:
         raise InputError(f"{path}: the corpus is not UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    _check_output(args.json, "--json")
+    info = inspect_checkpoint(args.path, key=args.key)
+    print(info.describe())
+    if args.json:
+        Path(args.json).write_text(json.dumps(info.to_json(), indent=1))
+        print(f"report written to {args.json}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    kind = output_format(args.out)
+    _check_output(args.out, "OUT", directory=kind == "d2l-dir")
+    vocab = read_vocab(args.vocab) if args.vocab else None
+    checkpoint = _load(args, args.source, args.preset)
+    save_checkpoint(
+        args.out, checkpoint.config, checkpoint.weights, framework=args.framework, vocab=vocab or checkpoint.vocab
+    )
+    print(f"config: {checkpoint.config}")
+    print(f"wrote {args.out}: {FORMATS[kind]}")
+    return 0
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
     _check_output(args.dir, "--dir", directory=True)
     for path in write_fixtures(args.dir):
@@ -363,6 +401,23 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
 
 
+def _add_checkpoint_options(parser: argparse.ArgumentParser, preset: bool = True) -> None:
+    """What a user states about a checkpoint that its tensors cannot tell (see bert_multi.load_checkpoint)."""
+    parser.add_argument(
+        "--num-heads", type=int, help="the number of attention heads: required for a d2l file, which cannot reveal it"
+    )
+    if preset:
+        parser.add_argument(
+            "--preset",
+            help=f"the d2l generation: one of {', '.join(PRESETS)} (required when the tensors fit more than one)",
+        )
+    parser.add_argument("--d2l-version", help="the d2l release that saved the file, such as 0.14.4 (or use --preset)")
+    parser.add_argument(
+        "--cast", choices=SUPPORTED_DTYPES, help="cast the weights to this dtype (float16/bfloat16 files need it)"
+    )
+    parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict, e.g. model")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bert-multi", description="d2l's BERT in PyTorch and MXNet, checked against a float64 NumPy oracle."
@@ -389,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the d2l generation to compute: {', '.join(PRESETS)}, a d2l version such as 0.14.4, or 'all' "
         "(default: d2l, or a weights file's own)",
     )
+    _add_checkpoint_options(conform, preset=False)
     _add_run_options(conform)
     conform.set_defaults(func=cmd_conform)
 
@@ -398,7 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare every backend with the oracle on a canonical weights file, "
         "and say where a failing backend first diverges.",
     )
-    compare.add_argument("weights", help="a canonical weights .npz (see save_weights)")
+    compare.add_argument(
+        "weights", help="a checkpoint: canonical .npz, PyTorch .pt/.pth, Gluon .params or a d2l pretrained-model dir"
+    )
     compare.add_argument(
         "--inputs",
         metavar="NPZ",
@@ -410,8 +468,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute the weights as this d2l generation (a preset or a d2l version) instead of the file's own; "
         "d2l 0.12-0.15 and 1.0 files have the same tensors, so only you can tell them apart",
     )
+    _add_checkpoint_options(compare, preset=False)
     _add_run_options(compare)
     compare.set_defaults(func=cmd_compare)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="what a checkpoint is: format, tensors, implied sizes and generations, what it cannot tell",
+        description="Describe a checkpoint in any format bert_multi reads, without loading it into a model.",
+    )
+    inspect.add_argument("path", help="a .npz, .pt/.pth, .params, d2l pretrained-model directory or zip")
+    inspect.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict")
+    inspect.add_argument("--json", metavar="PATH", help="write the description as JSON")
+    inspect.set_defaults(func=cmd_inspect)
+
+    convert = sub.add_parser(
+        "convert",
+        help="convert a checkpoint between .npz, .pt, .params and d2l's pretrained-model directory",
+        description="Read a checkpoint in any format and write it in the format OUT's name asks for: .npz "
+        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), or a directory (d2l's pretrained.params "
+        "+ vocab.json, with --framework). Each is what that framework's d2l code loads with its own strict call.",
+    )
+    convert.add_argument("source", help="the checkpoint to read")
+    convert.add_argument("out", help="where to write; the suffix picks the format (no suffix: a d2l directory)")
+    _add_checkpoint_options(convert)
+    convert.add_argument("--framework", choices=FRAMEWORKS, help="for a d2l directory: whose pretrained.params")
+    convert.add_argument("--vocab", help="for a d2l directory: a JSON list of tokens, when the source has no vocab")
+    convert.set_defaults(func=cmd_convert)
 
     demo = sub.add_parser("demo", help="run the d2l chapter's demo model through every installed backend")
     demo.add_argument("--seed", type=int, default=0, help="seed for the weights and tokens (default 0)")

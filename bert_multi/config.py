@@ -10,6 +10,10 @@ from .semantics import PRESETS, Semantics, semantics_for
 
 # The arguments of d2l 1.0's BERTModel, in order.
 D2L_ARGUMENTS = ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads", "num_blks", "dropout", "max_len")
+# The parts after the encoder, each optional: the pooler (Dense + tanh on <cls>), the masked-LM head and
+# the next-sentence classifier. A pretraining checkpoint has all three; d2l's fine-tuned BERTClassifier
+# keeps the encoder and the pooler only.
+HEADS = ("pooler", "mlm", "nsp")
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,8 @@ class BERTConfig:
 
     ``dropout`` only matters in training mode; inference never applies it. ``semantics`` is a
     ``Semantics``, a preset name ("d2l", "d2l-0.12", "d2l-0.11") or a d2l version ("0.14.4"); the
-    default is d2l 1.0's.
+    default is d2l 1.0's. ``heads`` are the parts after the encoder that the model has (some of
+    ``HEADS``; all by default): a model without a head returns ``None`` for what it cannot compute.
     """
 
     vocab_size: int
@@ -29,10 +34,12 @@ class BERTConfig:
     dropout: float = 0.0
     max_len: int = 1000
     semantics: Semantics = PRESETS["d2l"]
+    heads: tuple[str, ...] = HEADS
 
     def __post_init__(self) -> None:
         semantics = Semantics.from_dict(self.semantics) if isinstance(self.semantics, dict) else self.semantics
         object.__setattr__(self, "semantics", semantics_for(semantics))
+        object.__setattr__(self, "heads", _check_heads(self.heads, self.semantics))
         for name in ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads", "num_blks", "max_len"):
             value = getattr(self, name)
             # bool is an int subclass; True is not a size.
@@ -71,6 +78,8 @@ class BERTConfig:
         data: dict[str, Any] = {name: getattr(self, name) for name in D2L_ARGUMENTS}
         if self.semantics != PRESETS["d2l"]:
             data["semantics"] = self.semantics.to_dict()
+        if self.heads != HEADS:
+            data["heads"] = list(self.heads)
         return data
 
     @classmethod
@@ -91,6 +100,23 @@ class BERTConfig:
     def with_semantics(self, semantics: Semantics | str) -> BERTConfig:
         """The same sizes computing another generation's semantics."""
         return dataclasses.replace(self, semantics=semantics)
+
+
+def _check_heads(heads: object, semantics: Semantics) -> tuple[str, ...]:
+    """``heads`` as a tuple in ``HEADS`` order, or a ``ValueError`` saying which parts cannot go together."""
+    if isinstance(heads, str) or not isinstance(heads, (tuple, list, set, frozenset)):
+        raise ValueError(f"BERTConfig.heads must be a tuple of some of {list(HEADS)}, got {heads!r}")
+    unknown = [head for head in heads if head not in HEADS]
+    if unknown:
+        raise ValueError(f"unknown head(s) {unknown} in BERTConfig.heads: expected some of {list(HEADS)}")
+    chosen = tuple(head for head in HEADS if head in heads)
+    if "nsp" in chosen and "pooler" not in chosen:
+        raise ValueError("BERTConfig.heads: the NSP classifier reads the pooler's output, so 'nsp' needs 'pooler'")
+    if semantics.nsp_head == "mlp" and ("pooler" in chosen) != ("nsp" in chosen):
+        raise ValueError(
+            "BERTConfig.heads: in d2l 0.11 the pooler is the first layer of the NSP head; keep both or neither"
+        )
+    return chosen
 
 
 # Named configurations: "chapter" is the d2l chapter's demo model, "base" has BERT-base's sizes (with

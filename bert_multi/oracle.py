@@ -145,16 +145,19 @@ def forward(
         X = keep(f"blks.{i}.output", layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln", layer_norm_eps))
     encoded = X
     # MaskLM: gather X[b, pred_positions[b, k]], then Dense(H) -> ReLU -> LayerNorm -> Dense(V).
-    mlm = None
-    if pred_positions is not None:
+    # Each head is optional (config.heads): a model without one returns None for what it computes.
+    mlm = nsp = None
+    if pred_positions is not None and "mlm" in config.heads:
         gathered = encoded[np.arange(encoded.shape[0])[:, None], pred_positions]  # (B, P, H)
         hidden = layer_norm(relu(dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2", layer_norm_eps)
         mlm = dense(hidden, weights, "mlm.mlp.3")
     # Pooler: Dense(H) -> tanh on the <cls> vector; NSP: Dense(2) on the pooler output. The same in
     # every generation; where the two layers live (semantics.nsp_head) is a matter of names.
     pooler, classifier = nsp_layers(config)
-    pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, pooler)))
-    nsp = dense(pooled, weights, classifier)
+    if "pooler" in config.heads:
+        pooled = keep("pooler", np.tanh(dense(encoded[:, 0, :], weights, pooler)))
+        if "nsp" in config.heads:
+            nsp = dense(pooled, weights, classifier)
     return BERTOutput(encoded, mlm, nsp, record)
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .backend import load_backend
-from .config import BERTConfig
+from .config import HEADS, BERTConfig
 from .errors import InputError
 from .inputs import check_inputs, get_tokens_and_segments
 
@@ -263,9 +263,13 @@ def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_
             raise ValueError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
 
 
-def check_positions_option(config: BERTConfig, train_positions: bool) -> None:
-    """Freezing the positional embedding (as d2l 0.16-0.17's PyTorch code did, by adding
-    ``pos_embedding.data``) needs a learned one."""
+def check_trainable(config: BERTConfig, train_positions: bool) -> None:
+    """Pretraining needs both pretraining heads; freezing the positional embedding (as d2l 0.16-0.17's
+    PyTorch code did, by adding ``pos_embedding.data``) needs a learned one."""
+    if config.heads != HEADS:
+        raise ValueError(
+            f"pretraining needs the pooler and both heads (MLM and NSP); this model has only {list(config.heads)}"
+        )
     if not train_positions and config.semantics.positions != "learned":
         raise ValueError(
             f"there are no positional embeddings to freeze: preset {config.semantics.name!r} adds a fixed "

@@ -62,14 +62,38 @@ def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
         yield from dense(f"{blk}.ffn.dense2", H, F)
         yield from layer_norm(f"{blk}.addnorm2.ln")
     pooler, classifier = nsp_layers(config)
+    heads = config.heads
     if semantics.nsp_head == "pooler":  # BERTModel registers encoder, hidden, mlm, nsp
-        yield from dense(pooler, H, H)
-        yield from mask_lm()
-        yield from dense(classifier, 2, H)
-    else:  # d2l 0.11's BERTModel registers encoder, nsp, mlm
-        yield from dense(pooler, H, H)
-        yield from dense(classifier, 2, H)
-        yield from mask_lm()
+        if "pooler" in heads:
+            yield from dense(pooler, H, H)
+        if "mlm" in heads:
+            yield from mask_lm()
+        if "nsp" in heads:
+            yield from dense(classifier, 2, H)
+    else:  # d2l 0.11's BERTModel registers encoder, nsp (which holds the pooler), mlm
+        if "nsp" in heads:
+            yield from dense(pooler, H, H)
+            yield from dense(classifier, 2, H)
+        if "mlm" in heads:
+            yield from mask_lm()
+
+
+# (regex, replacement) rules, applied in turn, from canonical names to each framework's structural names
+# (what its own save writes, what d2l's code of that framework loads). PyTorch needs none: the canonical
+# names are its state_dict keys. Gluon's LayerNorm calls its parameters gamma/beta; Gluon fuses the
+# pooler's tanh and the ReLU and tanh inside the heads' MLPs into their Dense layers, so hidden.0 is
+# hidden and those Sequentials are shorter.
+NAME_RULES: dict[str, list[tuple[str, str]]] = {
+    "torch": [],
+    "mxnet": [
+        (r"^mlm\.mlp\.2\.", "mlm.mlp.1."),
+        (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
+        (r"^nsp\.mlp\.2\.", "nsp.mlp.1."),
+        (r"^hidden\.0\.", "hidden."),
+        (r"(\.ln|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
+        (r"(\.ln|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
+    ],
+}
 
 
 def nsp_layers(config: BERTConfig) -> tuple[str, str]:

@@ -15,15 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from .config import BERTConfig
+from .config import D2L_ARGUMENTS, BERTConfig
 from .errors import WeightsError
 from .files import NpzReader, atomic_path, open_regular
 from .schema import SUPPORTED_DTYPES, check_names, iter_param_specs, validate_weights
 
 FORMAT_NAME = "bert_multi.weights"
 # The newest version this bert_multi reads. Version 2 adds the config's semantics (a d2l generation
-# other than 1.0's); a file of a d2l 1.0 config is still written as version 1, exactly as before, so
-# that releases that predate generations read it, and refuse the others instead of misreading them.
+# other than 1.0's) and heads (when some are absent); a file of a complete d2l 1.0 model is still
+# written as version 1, exactly as before, so that releases that predate these read it, and refuse the
+# others instead of misreading them.
 FORMAT_VERSION = 2
 MANIFEST_KEY = "__manifest__"
 MAX_MANIFEST_BYTES = 1 << 24  # a BERT-base manifest is about 20 KB
@@ -40,7 +41,7 @@ def tensor_sha256(array: np.ndarray) -> str:
 def make_manifest(config: BERTConfig, weights: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
     return {
         "format": FORMAT_NAME,
-        "format_version": 2 if "semantics" in config.to_dict() else 1,
+        "format_version": 1 if config.to_dict().keys() == set(D2L_ARGUMENTS) else 2,
         "config": config.to_dict(),
         "dtype": dtype,
         "tensors": {name: tensor_sha256(array) for name, array in weights.items()},

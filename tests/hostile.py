@@ -312,7 +312,7 @@ def _params_with(first_array: bytes) -> bytes:
     return struct.pack("<QQQ", 0x112, 0, 1) + first_array + struct.pack("<Q", 1) + struct.pack("<Q", 1) + b"w"
 
 
-def hostile_params() -> dict[str, tuple[bytes, str]]:
+def hostile_params() -> dict[str, tuple[bytes, str | dict[str, str]]]:
     one = np.arange(3, dtype=np.float32)
     valid = params_bytes({"w": one})
     return {
@@ -339,8 +339,11 @@ def hostile_params() -> dict[str, tuple[bytes, str]]:
         "trailing bytes": (valid + b"xyz", "3 unexpected bytes"),
         "MXNet < 1.0 array": (_params_with(struct.pack("<II", 0xF993FAC8, 1)), "not an NDArray magic"),
         "a name twice": (params_bytes([("w", one), ("w", one)]), "appear more than once"),
-        "a torch checkpoint": (zip_members_bytes(), "looks like a zip archive"),
-        "empty file": (b"", "looks like not a format"),
+        "a torch checkpoint": (
+            zip_members_bytes(),
+            {"params": "looks like a zip archive", "mxnet": "this is a PyTorch state_dict file"},
+        ),
+        "empty file": (b"", {"params": "looks like not a format", "mxnet": "not a format bert_multi reads"}),
     }
 
 
@@ -354,20 +357,26 @@ def hostile_torch() -> dict[str, tuple[bytes, str]]:
     valid = torch_state()
     name = "hidden.0.bias"
     return {
-        "bfloat16 tensor": (torch_bytes({**valid, name: valid[name].bfloat16()}), "has dtype torch.bfloat16"),
+        "bfloat16 tensor": (
+            torch_bytes({**valid, name: valid[name].bfloat16()}),
+            "is bfloat16; bert_multi computes in float32 or float64, and casts only when asked",
+        ),
         "quantized tensor": (torch_bytes({**valid, name: quantized(valid[name])}), "is quantized"),
         "sparse tensor": (torch_bytes({**valid, name: valid[name].to_sparse()}), "is torch.sparse_coo"),
         "meta tensor": (torch_bytes({**valid, name: torch.empty(4, device="meta")}), "meta"),
         "legacy (pre-1.6) format": (torch_bytes(valid, _use_new_zipfile_serialization=False), "only the zip format"),
-        "a Gluon .params file": (params_bytes(gluon_weights()), "looks like an MXNet NDArray file"),
+        "a Gluon .params file": (params_bytes(gluon_weights()), "this is a Gluon parameter file"),
         "records that lie about their size": (patch_zip(torch_bytes(valid), size=GIB3), "declare"),
         "garbage pickle": (zip_members_bytes_with_pickle(torch_bytes(valid), b"\x80\x02garbage"), "not a readable"),
         "a pickle calling os.system": (
             zip_members_bytes_with_pickle(torch_bytes(valid), b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00echo\x85R."),
             "not a readable",
         ),
-        "an int64 tensor": (torch_bytes({**valid, name: valid[name].long()}), "has dtype torch.int64"),
-        "empty file": (b"", "looks like not a format"),
+        "an int64 tensor": (
+            torch_bytes({**valid, name: valid[name].long()}),
+            "has dtype int64; expected floating-point weights",
+        ),
+        "empty file": (b"", "not a format bert_multi reads"),
     }
 
 

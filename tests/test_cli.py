@@ -90,7 +90,7 @@ def test_compare_on_the_users_own_weights_and_inputs(tmp_path, capsys):
         (["conform", "--devices", "tpu"], "unknown device 'tpu'"),
         (["conform", "--cases", "nope"], "unknown case 'nope'"),
         (["conform", "--config", "missing.npz"], "neither a built-in config"),
-        (["compare", "missing.npz"], "no such weights file"),
+        (["compare", "missing.npz"], "no such checkpoint"),
     ],
 )
 def test_mistakes_are_explained_with_exit_2(argv, message, capsys):
@@ -184,7 +184,7 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         pytest.fail("the work started before the bad argument was reported")
 
-    for name in ("run_conformance", "run_pretraining", "write_fixtures", "load_weights"):
+    for name in ("run_conformance", "run_pretraining", "write_fixtures", "load_checkpoint"):
         monkeypatch.setattr(cli, name, refuse)
 
 
@@ -297,7 +297,10 @@ def test_compare_reads_a_files_generation_and_can_be_told_another(tmp_path, caps
     assert main(["compare", str(tmp_path / "old.npz"), "--backends", "torch", "--preset", "1.0.3", "--no-pairs"]) == 0
     assert "semantics='d2l'" in capsys.readouterr().out
     assert main(["compare", str(tmp_path / "old.npz"), "--preset", "d2l-0.11"]) == 2
-    assert "the file's weights (d2l-0.12) do not fit preset 'd2l-0.11': missing tensor(s)" in one_line_error(capsys)
+    assert (
+        "the file's weights (d2l-0.12) do not fit the stated generation 'd2l-0.11': missing tensor(s)"
+        in one_line_error(capsys)
+    )
     assert main(["conform", "--config", str(tmp_path / "old.npz"), "--preset", "all"]) == 2
     assert "--preset all needs a built-in --config" in one_line_error(capsys)
 

@@ -60,9 +60,9 @@ def test_weights_travel_between_frameworks_through_files(tmp_path):
     # and through each framework's own checkpoint format: Gluon .params -> torch state_dict -> canonical
     mxnet_backend.save_checkpoint(tmp_path / "gluon.params", CONFIG, original)
     torch_backend.save_checkpoint(
-        tmp_path / "torch.pt", CONFIG, mxnet_backend.load_checkpoint(tmp_path / "gluon.params", CONFIG)
+        tmp_path / "torch.pt", CONFIG, mxnet_backend.load_checkpoint(tmp_path / "gluon.params", CONFIG).weights
     )
-    final = torch_backend.load_checkpoint(tmp_path / "torch.pt", CONFIG)
+    final = torch_backend.load_checkpoint(tmp_path / "torch.pt", CONFIG).weights
     assert all(final[name].tobytes() == original[name].tobytes() for name in original)
 
 

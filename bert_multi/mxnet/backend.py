@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections import OrderedDict
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 
+from .. import checkpoints, schema
 from ..backend import (
     BackendModel,
     BERTOutput,
@@ -21,27 +23,19 @@ from ..backend import (
     intermediate_sources,
     parse_device,
     prepare_weights,
-    weights_from_framework,
 )
+from ..checkpoints import Checkpoint
 from ..config import BERTConfig
 from ..files import atomic_path
-from ..gluon_params import read_params
 from ..inputs import ModelInputs
 from .model import BERTModel
 
 NAME = "mxnet"
 
-# (regex, replacement) rules from canonical names to Gluon's structural names (save_parameters keys):
-# LayerNorm calls its parameters gamma/beta; the pooler's tanh and the ReLU and tanh inside the heads'
-# MLPs are fused into their Dense layers, so hidden.0 is hidden and those Sequentials are shorter.
-NAME_RULES: list[tuple[str, str]] = [
-    (r"^mlm\.mlp\.2\.", "mlm.mlp.1."),
-    (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
-    (r"^nsp\.mlp\.2\.", "nsp.mlp.1."),
-    (r"^hidden\.0\.", "hidden."),
-    (r"(\.ln|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
-    (r"(\.ln|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
-]
+# (regex, replacement) rules from canonical names to Gluon's structural names (save_parameters keys).
+# Framework difference: LayerNorm calls its parameters gamma/beta, and Gluon fuses activations into its
+# Dense layers, so the heads' Sequentials are shorter (the table and why: schema.NAME_RULES).
+NAME_RULES = schema.NAME_RULES[NAME]
 
 
 # The LayerNorm epsilon the kernels really use. Framework difference: MXNet passes operator parameters
@@ -148,15 +142,19 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
         )
 
 
-def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
-    """Canonical weights from a d2l 1.0 Gluon checkpoint (a ``.params`` file from ``save_parameters``).
+def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, **statements: Any) -> Checkpoint:
+    """A Gluon checkpoint of any d2l generation (``net.save_parameters(path)``, or a d2l pretrained-model
+    directory of MXNet's), as a ``Checkpoint``: config, canonical weights, vocab.
 
-    Read by ``bert_multi.gluon_params``, not by MXNet, whose C++ reader trusts every size in the file.
+    Without ``config`` the sizes come from the file, and what it cannot reveal is stated: ``num_heads``,
+    and ``preset`` or ``d2l_version`` where the tensors fit more than one generation (see
+    ``bert_multi.load_checkpoint``, which reads every format, for all the options). Any problem is a
+    ``WeightsError`` that says what to do; another framework's file names the reader it needs.
     """
     # Framework difference: MXNet's own reader (npx.load) crashes the process on a header claiming
-    # ndim = 0xFFFFFFFF, so bert_multi parses the format itself; torch.load is used once the file's
-    # zip layout is checked.
-    return weights_from_framework(config, NAME_RULES, read_params(path))
+    # ndim = 0xFFFFFFFF, so bert_multi parses the format itself (bert_multi.gluon_params); torch.load is
+    # used once the file's zip layout is checked.
+    return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 
 
 def build(
@@ -176,7 +174,7 @@ def build(
     dtype, weights = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     context = to_framework_device(target)
-    module = BERTModel(*config.d2l_args(), semantics=config.semantics)
+    module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
     # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
     # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
     module.initialize(mx.init.Zero(), ctx=context)

@@ -4,7 +4,17 @@ Importing this package imports torch.
 """
 
 from ..inputs import get_tokens_and_segments
-from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, TorchBERT, build, load_checkpoint, save_checkpoint, tf32_enabled
+from .backend import (
+    LAYER_NORM_EPS,
+    NAME,
+    NAME_RULES,
+    TorchBERT,
+    build,
+    load_checkpoint,
+    read_state_dict,
+    save_checkpoint,
+    tf32_enabled,
+)
 from .model import (
     AddNorm,
     BERTEncoder,
@@ -29,6 +39,7 @@ __all__ = [
     "tf32_enabled",
     "build",
     "load_checkpoint",
+    "read_state_dict",
     "save_checkpoint",
     "Pretrainer",
     "pretraining_loss",

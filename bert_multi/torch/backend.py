@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
+from .. import checkpoints, schema
 from ..backend import (
     BackendModel,
     BERTOutput,
@@ -24,8 +26,8 @@ from ..backend import (
     intermediate_sources,
     parse_device,
     prepare_weights,
-    weights_from_framework,
 )
+from ..checkpoints import Checkpoint
 from ..config import BERTConfig
 from ..errors import WeightsError
 from ..files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
@@ -35,8 +37,8 @@ from .model import BERTModel
 NAME = "torch"
 
 # (regex, replacement) rules from canonical names to this framework's structural names: none, since
-# the canonical names are d2l's PyTorch state_dict keys.
-NAME_RULES: list[tuple[str, str]] = []
+# the canonical names are d2l's PyTorch state_dict keys (the table for every framework: schema.NAME_RULES).
+NAME_RULES = schema.NAME_RULES[NAME]
 
 # The LayerNorm epsilon the kernels really use: torch keeps it as a Python float (a double), so 1e-5.
 LAYER_NORM_EPS = 1e-5
@@ -162,28 +164,79 @@ def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
 
 
 def _to_numpy_checked(path: str | os.PathLike, name: str, tensor: torch.Tensor) -> np.ndarray:
-    """A checkpoint tensor's values as a NumPy array, or a ``WeightsError`` saying why it has none."""
+    """A checkpoint tensor's values as a NumPy array, or a ``WeightsError`` saying why it has none.
+    bfloat16, which NumPy lacks, comes back as float32 (exactly: every bfloat16 is a float32)."""
     if tensor.is_quantized or tensor.layout != torch.strided or tensor.is_meta:
         kind = "quantized" if tensor.is_quantized else "on the meta device" if tensor.is_meta else str(tensor.layout)
         raise WeightsError(f"{path}: tensor {name!r} is {kind}; expected a dense tensor of values")
-    if tensor.dtype not in TORCH_DTYPES.values():
-        raise WeightsError(f"{path}: tensor {name!r} has dtype {tensor.dtype}, expected torch.float32 or torch.float64")
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
     # detach: a saved nn.Parameter (named_parameters()) requires grad; copy: tensors may share storage.
-    return tensor.detach().numpy().copy()
+    try:
+        return tensor.detach().numpy().copy()
+    except TypeError as error:  # a dtype NumPy has no equivalent of (complex32, float8, ...)
+        raise WeightsError(
+            f"{path}: tensor {name!r} has dtype {tensor.dtype}, which NumPy cannot hold ({error})"
+        ) from None
 
 
 def _load_failure(error: Exception) -> str:
-    """Why ``torch.load`` failed, in a line. Its weights_only refusal runs to a page, and advises
-    ``weights_only=False``: the one thing never to do with a file of unknown origin."""
+    """Why ``torch.load`` failed, in a line that says what to do. Its weights_only refusal runs to a
+    page and advises ``weights_only=False``: the one thing never to do with a file of unknown origin."""
     text = str(error)
-    if "WeightsUnpickler error:" in text:
-        detail = text.split("WeightsUnpickler error:", 1)[1].strip().splitlines()[0]
-        return f"its pickle asks for more than tensors and containers ({detail}); only those are ever unpickled"
-    return reason(error)
+    if "Weights only load failed" not in text:
+        return reason(error)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found and found[1].startswith("torch.nn.parameter.Uninitialized"):
+        return (
+            "it was saved before the model's first forward pass: d2l 1.0's lazy layers (nn.LazyLinear) had "
+            "no shapes yet, so it holds no weights. Run one forward pass on a batch, then save "
+            "net.state_dict() again"
+        )
+    if found:
+        return (
+            f"it is a pickled object ({found[1]}), not a state_dict of tensors: torch.save(net) stores "
+            "classes by reference, and unpickling them would run code, which bert_multi never does. Load it "
+            "with the code that saved it, then save net.state_dict() instead"
+        )
+    detail = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()[0]
+    return f"its pickle asks for more than tensors and containers ({detail}); only those are ever unpickled"
 
 
-def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np.ndarray]:
-    """Canonical weights from a d2l 1.0 PyTorch checkpoint (a ``state_dict`` saved by ``torch.save``).
+def _is_state_dict(value: object) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
+
+
+def _find_state_dict(path: str | os.PathLike, loaded: object, key: str | None) -> tuple[dict, list[str]]:
+    """The state_dict in what ``torch.load`` returned: the object itself, or, with ``key``, the entry of
+    a wrapper such as ``{'model': net.state_dict(), 'epoch': 3}``; and a note saying which was used."""
+    if key is not None:
+        if not isinstance(loaded, dict) or key not in loaded:
+            keys = sorted(map(str, loaded)) if isinstance(loaded, dict) else []
+            raise WeightsError(f"{path}: key {key!r} asked for, but the file's top-level keys are {keys[:8]}")
+        if not _is_state_dict(loaded[key]):
+            raise WeightsError(f"{path}: the entry {key!r} is not a state_dict (a dict of name -> tensor)")
+        return loaded[key], [f"read the state_dict under the key {key!r}"]
+    if _is_state_dict(loaded):
+        return loaded, []
+    if isinstance(loaded, dict):
+        holders = [str(k) for k, value in loaded.items() if _is_state_dict(value)]
+        keys = [str(k) for k in loaded]
+        where = (
+            f"the state_dict is under {holders}: pass key={holders[0]!r} (--key {holders[0]})"
+            if holders
+            else "none of its entries is a state_dict (a dict of name -> tensor)"
+        )
+        raise WeightsError(f"{path}: the file holds a dict with the keys {keys[:8]}, not a state_dict; {where}")
+    raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(loaded).__name__}")
+
+
+def read_state_dict(
+    path: str | os.PathLike, key: str | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """The named tensors of a PyTorch checkpoint as NumPy arrays under the file's own names, their own
+    dtypes (bfloat16 arrives as float32), and notes on how they were found (``key``: the entry of a
+    wrapper dict holding the state_dict).
 
     Read with ``weights_only=True``: tensors and containers only, nothing else is unpickled. The
     archive's sizes are checked before torch reads it, and any failure is a ``WeightsError``.
@@ -193,15 +246,27 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig) -> dict[str, np
         # format is parsed by bert_multi itself, since MXNet's C++ reader trusts every size in it.
         _check_archive(file, path)
         try:
-            state = torch.load(file, map_location="cpu", weights_only=True)
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - a corrupt archive escapes torch.load as many types
             raise WeightsError(
                 f"{path}: not a readable PyTorch state_dict checkpoint: {_load_failure(error)}"
             ) from None
-    if not isinstance(state, dict) or not all(isinstance(value, torch.Tensor) for value in state.values()):
-        raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(state).__name__}")
+    state, notes = _find_state_dict(path, loaded, key)
     arrays = {str(name): _to_numpy_checked(path, str(name), tensor) for name, tensor in state.items()}
-    return weights_from_framework(config, NAME_RULES, arrays)
+    dtypes = {str(name): str(tensor.dtype).removeprefix("torch.") for name, tensor in state.items()}
+    return arrays, dtypes, notes
+
+
+def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, **statements: Any) -> Checkpoint:
+    """A PyTorch checkpoint of any d2l generation (``torch.save(net.state_dict())``, or a d2l
+    pretrained-model directory of PyTorch's), as a ``Checkpoint``: config, canonical weights, vocab.
+
+    Without ``config`` the sizes come from the file, and what it cannot reveal is stated: ``num_heads``,
+    and ``preset`` or ``d2l_version`` where the tensors fit more than one generation (see
+    ``bert_multi.load_checkpoint``, which reads every format, for all the options). Any problem is a
+    ``WeightsError`` that says what to do; another framework's file names the reader it needs.
+    """
+    return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 
 
 def build(
@@ -222,7 +287,7 @@ def build(
     # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
     # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
     with torch.device("meta"):
-        module = BERTModel(*config.d2l_args(), semantics=config.semantics)
+        module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
     module.to(dtype=TORCH_DTYPES[dtype]).to_empty(device=torch_device)
     names = framework_names(config, NAME_RULES)
     state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}

@@ -17,6 +17,7 @@ import math
 import torch
 from torch import nn
 
+from ..config import HEADS
 from ..semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 
@@ -283,7 +284,8 @@ class NextSentencePredMLP(nn.Module):
 
 
 class BERTModel(nn.Module):
-    """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat or None, nsp_Y_hat)."""
+    """Encoder, pooler and both pretraining heads; returns (encoded_X, mlm_Y_hat, nsp_Y_hat), None for
+    what the model has no head for (and mlm_Y_hat without pred_positions)."""
 
     def __init__(
         self,
@@ -296,9 +298,11 @@ class BERTModel(nn.Module):
         max_len: int = 1000,
         semantics: Semantics | str = PRESETS["d2l"],
         train_positions: bool = True,
+        heads: tuple[str, ...] = HEADS,
     ) -> None:
         super().__init__()
         semantics = semantics_for(semantics)
+        self.heads = heads
         self.encoder = BERTEncoder(
             vocab_size,
             num_hiddens,
@@ -310,23 +314,32 @@ class BERTModel(nn.Module):
             semantics=semantics,
             train_positions=train_positions,
         )
+        # Each head is optional (a fine-tuned encoder keeps only the pooler); d2l always builds all three.
         self.pooled = semantics.nsp_head == "pooler"
         if self.pooled:
-            # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
-            # Gluon fuses the activation into the Dense (hence hidden.weight).
-            self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())
-            self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
-            self.nsp = NextSentencePred(num_inputs=num_hiddens)
+            if "pooler" in heads:
+                # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
+                # Gluon fuses the activation into the Dense (hence hidden.weight).
+                self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())
+            if "mlm" in heads:
+                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+            if "nsp" in heads:
+                self.nsp = NextSentencePred(num_inputs=num_hiddens)
         else:  # d2l 0.11: the NSP head pools <cls> itself, and is made before MaskLM
-            self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)
-            self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+            if "nsp" in heads:
+                self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)
+            if "mlm" in heads:
+                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
 
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         encoded_X = self.encoder(tokens, segments, valid_lens)
-        if pred_positions is not None:
+        mlm_Y_hat = nsp_Y_hat = None
+        if pred_positions is not None and "mlm" in self.heads:
             mlm_Y_hat = self.mlm(encoded_X, pred_positions)
-        else:
-            mlm_Y_hat = None
         # The pooler reads position 0, the <cls> token.
-        nsp_Y_hat = self.nsp(self.hidden(encoded_X[:, 0, :])) if self.pooled else self.nsp(encoded_X)
+        if not self.pooled and "nsp" in self.heads:
+            nsp_Y_hat = self.nsp(encoded_X)
+        elif "pooler" in self.heads:
+            pooled = self.hidden(encoded_X[:, 0, :])
+            nsp_Y_hat = self.nsp(pooled) if "nsp" in self.heads else None
         return encoded_X, mlm_Y_hat, nsp_Y_hat

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..backend import framework_names
-from ..pretraining import LossValues, check_batch, check_positions_option, check_training_options
+from ..pretraining import LossValues, check_batch, check_trainable, check_training_options
 from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
 from .model import BERTModel
 
@@ -57,7 +57,7 @@ class Pretrainer:
         train_positions: bool = True,
     ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
-        check_positions_option(model.config, train_positions)
+        check_trainable(model.config, train_positions)
         self.model, self.config = model, model.config
         # d2l 0.16-0.17's PyTorch code never trained the positional embedding (it added pos_embedding.data).
         model.module.encoder.train_positions = train_positions

@@ -1,0 +1,225 @@
+"""Optional heads, reading and writing every checkpoint format, and the ``inspect``/``convert`` commands.
+(Files saved by the original d2l code: ``conformance/test_original_checkpoints.py``.)"""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import bert_multi
+from bert_multi import (
+    BERTConfig,
+    WeightsError,
+    backends,
+    convert,
+    inspect_checkpoint,
+    load_backend,
+    load_checkpoint,
+    param_shapes,
+    random_weights,
+    save_checkpoint,
+)
+from bert_multi.cases import CASES
+from bert_multi.cli import main
+from bert_multi.config import HEADS
+from bert_multi.conform import Target, run_conformance
+from bert_multi.semantics import PRESETS
+
+AVAILABLE = {name for name, status in backends().items() if status.available}
+FRAMEWORKS = sorted(AVAILABLE - {"numpy"})
+# Every heads choice a generation allows (d2l 0.11's pooler is part of its NSP head).
+HEAD_CHOICES = [
+    (preset, heads)
+    for preset in PRESETS
+    for count in range(len(HEADS) + 1)
+    for heads in itertools.combinations(HEADS, count)
+    if not ("nsp" in heads and "pooler" not in heads)
+    and not (preset == "d2l-0.11" and ("pooler" in heads) != ("nsp" in heads))
+]
+
+
+def small(preset="d2l", heads=HEADS, **sizes):
+    base = dict(vocab_size=13, num_hiddens=8, ffn_num_hiddens=6, num_heads=2, num_blks=2, max_len=10)
+    return BERTConfig(**{**base, **sizes}, semantics=preset, heads=heads)
+
+
+# --- Optional heads ------------------------------------------------------------------------------------
+
+
+def test_heads_are_checked_and_kept_in_one_order():
+    assert small(heads=["nsp", "pooler"]).heads == ("pooler", "nsp")
+    with pytest.raises(ValueError, match="'nsp' needs 'pooler'"):
+        small(heads=("nsp",))
+    with pytest.raises(ValueError, match="in d2l 0.11 the pooler is the first layer of the NSP head"):
+        small("d2l-0.11", heads=("pooler",))
+    with pytest.raises(ValueError, match="unknown head"):
+        small(heads=("pooler", "classifier"))
+    with pytest.raises(ValueError, match="must be a tuple"):
+        small(heads="pooler")
+    assert "heads" not in small().to_dict() and small(heads=()).to_dict()["heads"] == []
+    assert BERTConfig.from_dict(small(heads=("mlm",)).to_dict()) == small(heads=("mlm",))
+
+
+@pytest.mark.parametrize("preset, heads", HEAD_CHOICES, ids=[f"{p}-{'+'.join(h) or 'none'}" for p, h in HEAD_CHOICES])
+def test_a_model_without_a_head_has_none_of_its_weights_and_returns_none_for_it(preset, heads):
+    config = small(preset, heads)
+    full = small(preset)
+    names = list(param_shapes(config))
+    # The schema is the full one with the absent parts' tensors taken out, in the same order.
+    assert names == [name for name in param_shapes(full) if name in names]
+    assert any(name.startswith("mlm.") for name in names) == ("mlm" in heads)
+    weights = random_weights(full, seed=5, dtype="float64")
+    batch = CASES[0].batch(config)
+    reference = load_backend("numpy").build(full, weights)(**batch, intermediates=True)
+    out = load_backend("numpy").build(config, {n: weights[n] for n in names})(**batch, intermediates=True)
+    np.testing.assert_array_equal(out.encoded, reference.encoded)  # the encoder does not depend on the heads
+    for head, output in (("mlm", out.mlm), ("nsp", out.nsp)):
+        if head in heads:
+            np.testing.assert_array_equal(output, getattr(reference, head))
+        else:
+            assert output is None
+    assert ("pooler" in out.intermediates) == ("pooler" in heads)
+    for framework in FRAMEWORKS:
+        model = load_backend(framework).build(config, {n: weights[n] for n in names}, dtype="float64")
+        got = model(**batch, intermediates=True)
+        assert list(got.intermediates) == list(out.intermediates)
+        assert (got.mlm is None, got.nsp is None) == (out.mlm is None, out.nsp is None)
+        assert list(model.export_weights()) == names
+
+
+def test_conformance_compares_what_exists_and_the_report_says_what_was_absent(capsys, tmp_path):
+    config = small(heads=("pooler",))
+    weights = random_weights(config, seed=2, dtype="float64")
+    report = run_conformance(config, weights, [Target("numpy", "float32")], [(c.name, c.batch(config)) for c in CASES])
+    assert report.passed and report.checks
+    compared = {c.name for check in report.checks for c in check.outputs}
+    assert compared == {"encoded"}
+    assert all("pooler" in {c.name for c in check.intermediates} for check in report.checks)
+    save_checkpoint(tmp_path / "encoder.npz", config, weights)
+    assert main(["compare", str(tmp_path / "encoder.npz"), "--backends", "numpy", "--no-pairs"]) == 0
+    assert "absent from this model, so not compared: mlm, nsp" in capsys.readouterr().out
+
+
+def test_pretraining_needs_both_heads():
+    from bert_multi.pretraining import check_trainable
+
+    with pytest.raises(ValueError, match="pretraining needs the pooler and both heads"):
+        check_trainable(small(heads=("pooler", "mlm")), True)
+
+
+# --- Every format, both ways --------------------------------------------------------------------------
+
+SUFFIXES = {"npz": ".npz", "torch": ".pt", "mxnet": ".params"}
+
+
+def writable_formats():
+    """The formats this environment can write: canonical always, each framework's when installed."""
+    return ["npz", *(f for f in ("torch", "mxnet") if f in AVAILABLE)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    choice=st.sampled_from(HEAD_CHOICES),
+    sizes=st.fixed_dictionaries(
+        {
+            "vocab_size": st.integers(3, 12),
+            "num_hiddens": st.sampled_from([2, 4, 6]),
+            "ffn_num_hiddens": st.integers(1, 5),
+            "num_blks": st.integers(1, 3),
+            "max_len": st.integers(1, 6),
+        }
+    ),
+    dtype=st.sampled_from(["float32", "float64"]),
+    route=st.lists(st.sampled_from(["npz", "torch", "mxnet", "dir-torch", "dir-mxnet"]), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_any_config_round_trips_bit_identically_through_every_format(tmp_path, choice, sizes, dtype, route, seed):
+    preset, heads = choice
+    if preset == "d2l-0.11":  # no file holds its computed table's length: d2l 0.11's default is read back
+        sizes = {**sizes, "max_len": 1000}
+    config = BERTConfig(**sizes, num_heads=2, semantics=preset, heads=heads)
+    weights = random_weights(config, seed=seed, dtype=dtype)
+    vocab = [f"t{i}" for i in range(config.vocab_size)]
+    source = tmp_path / f"start-{seed}.npz"
+    save_checkpoint(source, config, weights)
+    for step, kind in enumerate(route):
+        framework = kind.removeprefix("dir-")
+        if framework not in ("npz", *AVAILABLE):
+            continue
+        target = tmp_path / (f"{seed}-{step}-{kind}" + ("" if kind.startswith("dir") else SUFFIXES[kind]))
+        convert(source, target, framework=framework if kind.startswith("dir") else None, vocab=vocab,
+                num_heads=2, preset=preset)  # fmt: skip
+        source = target
+    loaded = load_checkpoint(source, num_heads=2, preset=preset)
+    assert loaded.config == config
+    assert list(loaded.weights) == list(weights)
+    assert all(
+        loaded.weights[n].dtype == weights[n].dtype and loaded.weights[n].tobytes() == weights[n].tobytes()
+        for n in weights
+    )
+
+
+@pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
+def test_names_of_another_family_say_which_it_looks_like(tmp_path):
+    import torch
+
+    torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(3, 2)}, tmp_path / "hf.pt")
+    with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT") as raised:
+        load_checkpoint(tmp_path / "hf.pt", num_heads=1)
+    assert "The file has ['bert.embeddings.word_embeddings.weight']" in str(raised.value)
+    assert "encoder.token_embedding.weight" in str(raised.value)  # next to what a d2l BERT has
+
+
+def test_a_canonical_file_records_everything_and_statements_must_agree(tmp_path):
+    config = small("d2l-0.12")
+    save_checkpoint(tmp_path / "w.npz", config, random_weights(config))
+    assert load_checkpoint(tmp_path / "w.npz").config == config
+    with pytest.raises(WeightsError, match="records num_heads=2; 4 was stated"):
+        load_checkpoint(tmp_path / "w.npz", num_heads=4)
+    with pytest.raises(ValueError, match="not both"):
+        load_checkpoint(tmp_path / "w.npz", preset="d2l", d2l_version="1.0")
+    info = inspect_checkpoint(tmp_path / "w.npz")
+    assert (info.format, info.config, info.unknowns) == ("npz", config, {})
+
+
+@pytest.mark.skipif("mxnet" not in AVAILABLE, reason="needs the mxnet backend to write a Gluon file")
+def test_d2l_0_11_needs_no_statement_of_its_generation_only_of_its_heads(tmp_path):
+    config = small("d2l-0.11", max_len=1000)
+    load_backend("mxnet").save_checkpoint(tmp_path / "old.params", config, random_weights(config))
+    info = inspect_checkpoint(tmp_path / "old.params")
+    assert info.presets == ("d2l-0.11",) and set(info.unknowns) == {"num_heads", "max_len"}
+    assert load_checkpoint(tmp_path / "old.params", num_heads=2).config == config
+
+
+# --- The commands -------------------------------------------------------------------------------------
+
+
+def test_inspect_prints_a_table_and_writes_json(tmp_path, capsys):
+    config = small()
+    save_checkpoint(tmp_path / "w.npz", config, random_weights(config))
+    assert main(["inspect", str(tmp_path / "w.npz"), "--json", str(tmp_path / "info.json")]) == 0
+    out = capsys.readouterr().out
+    assert "tensor" in out and "encoder.blks.1.ffn.dense2.bias" in out and "fits: d2l (d2l 0.16 - 1.0)" in out
+    document = json.loads((tmp_path / "info.json").read_text())
+    assert document["config"] == config.to_dict() and len(document["tensors"]) == len(param_shapes(config))
+
+
+@pytest.mark.skipif("mxnet" not in AVAILABLE, reason="needs the mxnet backend")
+def test_convert_states_what_the_file_cannot_tell_and_compare_reads_any_format(tmp_path, capsys):
+    config = small()
+    load_backend("mxnet").save_checkpoint(tmp_path / "d2l.params", config, random_weights(config))
+    assert main(["convert", str(tmp_path / "d2l.params"), str(tmp_path / "out.npz")]) == 2
+    assert "num_heads is required" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "d2l.params"), str(tmp_path / "out.npz"), "--num-heads", "2",
+                 "--d2l-version", "1.0.3"]) == 0  # fmt: skip
+    assert "wrote" in capsys.readouterr().out
+    assert bert_multi.load_weights(tmp_path / "out.npz")[0] == config
+    assert main(["compare", str(tmp_path / "d2l.params"), "--num-heads", "2", "--preset", "d2l", "--backends",
+                 "numpy", "--no-pairs"]) == 0  # fmt: skip
+    assert main(["convert", str(tmp_path / "d2l.params"), str(tmp_path / "out.txt"), "--num-heads", "2"]) == 2
+    assert "unknown output suffix '.txt'" in capsys.readouterr().err
+    assert main(["conform", "--config", "tiny", "--num-heads", "2"]) == 2
+    assert "--num-heads: these describe a checkpoint file" in capsys.readouterr().err
