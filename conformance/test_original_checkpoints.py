@@ -6,7 +6,9 @@ itself recorded (``d2l-1.0.3-*.npz``): so a file read right gives those numbers 
 file read wrong says what to do.
 """
 
+import dataclasses
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -91,6 +93,56 @@ def test_each_original_file_loads_to_the_numbers_it_holds_and_computes_what_d2l_
         got = oracle(**inputs).encoded
         comparison = compare_arrays("encoded", got, expected, tolerance_for("float32", "cpu"))
         assert comparison.passed, comparison.describe()
+
+
+sys.path.insert(0, str(HERE))
+from generate import RELEASES  # noqa: E402
+
+RUNS = [(release, framework, preset) for release, framework, preset, _ in RELEASES]
+
+
+@pytest.mark.parametrize("release, framework, preset", RUNS, ids=[f"d2l-{r}-{f}" for r, f, _ in RUNS])
+def test_every_releases_own_checkpoint_inspects_loads_computes_and_converts(release, framework, preset, tmp_path):
+    """Each release of generate.py's list saved its model in its own format; read with the release
+    stated, it gives back the weights and the outputs that release recorded, in either framework."""
+    if framework == "torch" and "torch" not in AVAILABLE:
+        pytest.skip("needs the torch backend to read a PyTorch file")
+    path = FILES / f"d2l-{release}-{framework}{'.pt' if framework == 'torch' else '.params'}"
+    info = inspect_checkpoint(path)
+    assert (info.framework, info.heads) == (framework, ("pooler", "mlm", "nsp"))
+    assert info.presets == (("d2l-0.11",) if preset == "d2l-0.11" else ("d2l", "d2l-0.12"))
+    config, canonical = load_weights(HERE / f"weights-{preset}.npz")
+    checkpoint = load_checkpoint(path, num_heads=config.num_heads, d2l_version=release)
+    # dropout is no weight, and d2l 0.11's computed table stores no max_len: the release's default is read
+    stored_as = {"dropout": 0.0, "max_len": 1000 if preset == "d2l-0.11" else config.max_len}
+    assert checkpoint.config == dataclasses.replace(config, **stored_as)
+    assert all(checkpoint.weights[n].tobytes() == canonical[n].astype(np.float32).tobytes() for n in canonical)
+    with np.load(HERE / f"d2l-{release}-{framework}.npz", allow_pickle=False) as recorded:
+        oracle = bert_multi.load_backend("numpy").build(
+            checkpoint.config, checkpoint.weights, layer_norm_eps=float(recorded["layer_norm_eps"])
+        )
+        cases = sorted({key.split("/")[0] for key in recorded.files if "/float32/" in key})
+        for case in cases:
+            inputs = {
+                k: recorded.get(f"{case}/inputs/{k}") for k in ("tokens", "segments", "valid_lens", "pred_positions")
+            }
+            out = oracle(**inputs)
+            for output in ("encoded", "mlm", "nsp"):
+                if f"{case}/float32/{output}" in recorded.files:
+                    comparison = compare_arrays(
+                        output,
+                        getattr(out, output),
+                        recorded[f"{case}/float32/{output}"],
+                        tolerance_for("float32", "cpu"),
+                    )
+                    assert comparison.passed, f"{case}: {comparison.describe()}"
+    other = {"torch": "mxnet", "mxnet": "torch"}[framework]
+    if other in AVAILABLE:
+        target = tmp_path / ("other.pt" if other == "torch" else "other.params")
+        convert(path, target, num_heads=config.num_heads, d2l_version=release)
+        again = bert_multi.load_backend(other).load_checkpoint(target, num_heads=config.num_heads, d2l_version=release)
+        assert again.config == checkpoint.config
+        assert all(again.weights[n].tobytes() == checkpoint.weights[n].tobytes() for n in canonical)
 
 
 def test_a_d2l_pretrained_model_zip_reads_like_its_directory(tmp_path):

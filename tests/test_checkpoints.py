@@ -22,10 +22,12 @@ from bert_multi import (
     random_weights,
     save_checkpoint,
 )
+from bert_multi.backend import framework_names
 from bert_multi.cases import CASES
 from bert_multi.cli import main
 from bert_multi.config import HEADS
 from bert_multi.conform import Target, run_conformance
+from bert_multi.schema import NAME_RULES
 from bert_multi.semantics import PRESETS
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
@@ -162,6 +164,17 @@ def test_any_config_round_trips_bit_identically_through_every_format(tmp_path, c
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dtype_casts_every_tensor_to_what_was_asked(tmp_path, dtype):
+    config = small()
+    weights = random_weights(config, seed=4, dtype="float64")
+    save_checkpoint(tmp_path / "w.npz", config, weights)
+    loaded = load_checkpoint(tmp_path / "w.npz", dtype=dtype).weights
+    for name, array in weights.items():
+        assert loaded[name].dtype == np.dtype(dtype)
+        assert loaded[name].tobytes() == array.astype(dtype).tobytes()
+
+
 @pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
 def test_names_of_another_family_say_which_it_looks_like(tmp_path):
     import torch
@@ -223,3 +236,42 @@ def test_convert_states_what_the_file_cannot_tell_and_compare_reads_any_format(t
     assert "unknown output suffix '.txt'" in capsys.readouterr().err
     assert main(["conform", "--config", "tiny", "--num-heads", "2"]) == 2
     assert "--num-heads: these describe a checkpoint file" in capsys.readouterr().err
+
+
+# --- d2l pretrained-model directories and zips are hostile until checked --------------------------------
+
+
+def gluon_directory(tmp_path, vocab):
+    """A d2l directory holding a Gluon pretrained.params (written without MXNet) and ``vocab``."""
+    from hostile import params_bytes
+
+    config = small()
+    directory = tmp_path / "bert.small"
+    directory.mkdir()
+    names = framework_names(config, NAME_RULES["mxnet"])
+    arrays = [(names[n], a) for n, a in random_weights(config).items()]
+    (directory / "pretrained.params").write_bytes(params_bytes(arrays))
+    (directory / "vocab.json").write_text(vocab)
+    return config, directory
+
+
+def test_a_d2l_directory_is_read_without_any_framework_and_its_vocab_checked(tmp_path):
+    config, directory = gluon_directory(tmp_path, json.dumps([f"t{i}" for i in range(13)]))
+    checkpoint = load_checkpoint(directory, num_heads=2, preset="d2l")
+    assert checkpoint.config == config and checkpoint.vocab[:2] == ["t0", "t1"]
+    (directory / "vocab.json").write_text(json.dumps(["a", "b"]))
+    with pytest.raises(WeightsError, match="vocab.json has 2 tokens, but the token embedding has 13 rows"):
+        load_checkpoint(directory, num_heads=2, preset="d2l")
+    for bad, why in (("[" * 100_000 + "]" * 100_000, "not valid JSON"), ('{"a": 1}', "a JSON list of tokens")):
+        (directory / "vocab.json").write_text(bad)
+        with pytest.raises(WeightsError, match=why):
+            inspect_checkpoint(directory)
+
+
+def test_a_zip_member_claiming_to_expand_beyond_reason_is_refused_before_it_is_extracted(tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "bomb.zip", "w", compression=zipfile.ZIP_DEFLATED) as out:
+        out.writestr("bert.small/pretrained.params", b"\0" * (64 << 20))
+    with pytest.raises(WeightsError, match="claims to expand from"):
+        inspect_checkpoint(tmp_path / "bomb.zip")

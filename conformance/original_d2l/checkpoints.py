@@ -1,5 +1,7 @@
-"""Checkpoints saved by the ORIGINAL d2l 1.0.3 code, the way its users save them, mistakes included;
-and a checker that loads bert_multi's converted files back into that code with its own strict calls.
+"""Checkpoints saved by the ORIGINAL d2l code: by d2l 1.0.3 the way its users save them, mistakes
+included, and by every release of generate.py's list in its own format (``d2l-RELEASE-FRAMEWORK.pt``
+or ``.params``); and a checker that loads bert_multi's converted files back into d2l 1.0.3 with its
+own strict calls.
 
     .venv/bin/python conformance/original_d2l/checkpoints.py            write checkpoints/ (the fixtures)
     .venv/bin/python conformance/original_d2l/checkpoints.py --check    convert each fixture with
@@ -67,6 +69,7 @@ def write_torch() -> None:
 
     sizes, config, weights, batch = _child_setup()  # first: it stubs what d2l imports and BERT never uses
     d2l = importlib.import_module("d2l.torch")
+    torch.manual_seed(0)  # the classifier's task head and the unsaved lazy model: the same bytes every run
     OUT.mkdir(exist_ok=True)
 
     def make():
@@ -115,6 +118,7 @@ def write_mxnet() -> None:
 
     sizes, config, weights, batch = _child_setup()  # first: it stubs what d2l imports and BERT never uses
     d2l = importlib.import_module("d2l.mxnet")
+    mx.random.seed(0)  # the classifier's task head: the same bytes every run
     from bert_multi.backend import framework_names
     from bert_multi.mxnet import NAME_RULES
 
@@ -150,6 +154,34 @@ def write_mxnet() -> None:
     directory.mkdir(exist_ok=True)
     net.save_parameters(str(directory / "pretrained.params"))
     (directory / "vocab.json").write_text(json.dumps(VOCAB))
+
+
+def write_release(release: str, framework: str, preset: str, build: str) -> None:
+    """A checkpoint saved by one release of generate.py's list, in its own framework's format, of the
+    weights whose outputs generate.py recorded for it."""
+    sys.path.insert(0, str(HERE))
+    from generate import CASES, SEED, _run_mxnet, _run_torch, _StubFinder
+
+    sys.meta_path.insert(0, _StubFinder())
+    from bert_multi import load_weights
+    from bert_multi.backend import framework_names
+    from bert_multi.cases import get_case
+
+    d2l = importlib.import_module("d2l" if release.startswith("0.11") else f"d2l.{framework}")
+    config, weights = load_weights(HERE / f"weights-{preset}.npz")
+    sizes = {"V": config.vocab_size, "H": config.num_hiddens, "F": config.ffn_num_hiddens,
+             "heads": config.num_heads, "blocks": config.num_blks, "dropout": config.dropout,
+             "max_len": config.max_len, "d2l": d2l}  # fmt: skip
+    net = eval(build, sizes)
+    batches = [(CASES[0], get_case(CASES[0]).batch(config, SEED))]
+    (_run_torch if framework == "torch" else _run_mxnet)(net, config, weights, "float32", batches, framework_names)
+    OUT.mkdir(exist_ok=True)
+    if framework == "torch":
+        import torch
+
+        torch.save(net.state_dict(), OUT / f"d2l-{release}-torch.pt")
+    else:
+        net.save_parameters(str(OUT / f"d2l-{release}-mxnet.params"))
 
 
 def check(framework: str, converted: Path) -> None:
@@ -195,10 +227,10 @@ def _report(path: Path, encoded: np.ndarray, recorded) -> None:
         raise SystemExit(f"{path}: outputs differ from the original's by {error}")
 
 
-def _in_release(*child_args: str) -> None:
+def _in_release(*child_args: str, version: str = RELEASE) -> None:
     with tempfile.TemporaryDirectory() as directory:
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", directory, f"d2l=={RELEASE}"],
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", directory, f"d2l=={version}"],
             check=True,
         )
         environment = {**os.environ, "PYTHONPATH": directory}
@@ -214,12 +246,19 @@ def main() -> None:
         action, framework, *rest = args.child
         if action == "write":
             (write_torch if framework == "torch" else write_mxnet)()
+        elif action == "release":
+            write_release(framework, *rest)
         else:
             check(framework, Path(rest[0]))
         return
     if not args.check:
         for framework in ("torch", "mxnet"):
             _in_release("write", framework)
+        sys.path.insert(0, str(HERE))
+        from generate import RELEASES
+
+        for release, framework, preset, build in RELEASES:
+            _in_release("release", release, framework, preset, build, version=release)
         total = sum(path.stat().st_size for path in OUT.rglob("*") if path.is_file())
         print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
         return
