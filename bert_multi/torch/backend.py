@@ -236,7 +236,8 @@ def read_state_dict(
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
     """The named tensors of a PyTorch checkpoint as NumPy arrays under the file's own names, their own
     dtypes (bfloat16 arrives as float32), and notes on how they were found (``key``: the entry of a
-    wrapper dict holding the state_dict).
+    wrapper dict holding the state_dict). Gluon's counterpart is ``bert_multi.gluon_params.read_params``,
+    which needs no MXNet.
 
     Read with ``weights_only=True``: tensors and containers only, nothing else is unpickled. The
     archive's sizes are checked before torch reads it, and any failure is a ``WeightsError``.
