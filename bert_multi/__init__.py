@@ -13,12 +13,20 @@ from .backend import (
     intermediate_names,
     load_backend,
 )
-from .checkpoints import Checkpoint, CheckpointInfo, convert, inspect_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoints import (
+    Checkpoint,
+    CheckpointInfo,
+    convert,
+    from_huggingface,
+    inspect_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import CONFIGS, BERTConfig
 from .conform import Report, Target, assert_conforms, compare_outputs, run_conformance
 from .errors import BackendUnavailable, InputError, WeightsError
-from .inputs import ModelInputs, check_inputs, get_tokens_and_segments
+from .inputs import ModelInputs, check_inputs, get_tokens_and_segments, valid_lens_from_attention_mask
 from .schema import init_weights, param_shapes, random_weights, validate_weights
 from .weights import load_weights, save_weights
 
@@ -35,6 +43,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointInfo",
     "convert",
+    "from_huggingface",
     "inspect_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
@@ -55,6 +64,7 @@ __all__ = [
     "ModelInputs",
     "check_inputs",
     "get_tokens_and_segments",
+    "valid_lens_from_attention_mask",
     "init_weights",
     "param_shapes",
     "random_weights",

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import huggingface
 from .backend import framework_names, load_backend
 from .config import HEADS, BERTConfig
 from .errors import WeightsError
@@ -45,6 +46,7 @@ FORMATS = {
     "gluon": "Gluon parameter file (save_parameters)",
     "d2l-dir": "d2l pretrained-model directory (pretrained.params + vocab.json)",
     "d2l-zip": "d2l pretrained-model zip (pretrained.params + vocab.json)",
+    "hf-dir": "HuggingFace BERT directory (config.json + model.safetensors or pytorch_model.bin)",
 }
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
 FRAMEWORK_SUFFIXES = {".pt": "torch", ".pth": "torch", ".params": "mxnet"}
@@ -109,7 +111,7 @@ class CheckpointInfo:
         lines.append(f"{len(self.tensors)} tensors, {total:,} numbers")
         lines.append("sizes: " + ", ".join(f"{name}={value}" for name, value in self.sizes.items()))
         lines.append(f"heads: {', '.join(self.heads) or 'none (encoder only)'}")
-        fits = [f"{name} (d2l {releases_of(name)})" for name in self.presets]
+        fits = [f"{name} ({releases_of(name)})" for name in self.presets]
         lines.append(f"fits: {'; '.join(fits)}")
         if self.config is not None:
             lines.append(f"config (recorded in the file): {self.config}")
@@ -175,6 +177,8 @@ def _is_directory(path: Path) -> bool:
 def _sniff(path: Path) -> tuple[str, str | None]:
     """(format, framework) from a file's first bytes and, for a zip, its member names; a file named
     ``.npz`` is read as canonical weights."""
+    if _is_directory(path) and huggingface.is_directory(path):
+        return "hf-dir", None
     if _is_directory(path):
         params = path / PARAMS_FILE
         if not params.is_file():
@@ -296,6 +300,9 @@ def _read(path: Path, key: str | None) -> _Raw:
             raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
         config, weights = load_weights(path)
         raw = _Raw(kind, None, weights, {}, [], config=config)
+    elif kind == "hf-dir":
+        config, arrays, dtypes, notes = huggingface.read_directory(path)
+        raw = _Raw(kind, None, arrays, dtypes, notes, config=config)
     elif kind == "d2l-dir":
         raw = _read_d2l_dir(path, key)
     elif kind == "d2l-zip":
@@ -401,7 +408,7 @@ def _unknowns(layout: _Layout) -> dict[str, str]:
         "fits), and a wrong count loads and computes a different function; state it with num_heads= (--num-heads)"
     }
     if len(layout.presets) > 1:
-        fits = " and ".join(f"{name} (d2l {releases_of(name)})" for name in layout.presets)
+        fits = " and ".join(f"{name} ({releases_of(name)})" for name in layout.presets)
         unknowns["the generation"] = (
             f"the tensors fit {fits}, which copy valid_lens over the heads differently (interleaved in 0.16+, "
             "tiled in 0.12-0.15) and so differ when a batch mixes lengths; state it with preset= or "
@@ -525,7 +532,7 @@ def _config_from_layout(path: Path, layout: _Layout, num_heads: int | None, sema
             raise WeightsError(f"{path}: the generation is required: {unknowns['the generation']}")
         semantics = PRESETS[layout.presets[0]]
     elif semantics.name not in layout.presets:
-        fits = ", ".join(f"{name} (d2l {releases_of(name)})" for name in layout.presets)
+        fits = ", ".join(f"{name} ({releases_of(name)})" for name in layout.presets)
         raise WeightsError(
             f"{path}: the stated generation {semantics.name!r} does not fit the file, whose tensor names fit {fits}"
         )
@@ -644,11 +651,15 @@ def save_checkpoint(
         save_weights(path, config, weights)
     elif kind in ("torch", "gluon"):
         load_backend(FRAMEWORK_SUFFIXES[Path(path).suffix.lower()]).save_checkpoint(path, config, weights)
+    elif framework == "huggingface":
+        huggingface.write_directory(path, config, weights)
+        kind = "hf-dir"
     else:
         if framework not in FRAMEWORK_LABELS:
             raise ValueError(
-                f"{path}: a d2l pretrained-model directory holds one framework's {PARAMS_FILE}: "
-                f"say which with framework= (--framework), one of {list(FRAMEWORK_LABELS)}"
+                f"{path}: a directory is a d2l pretrained-model directory, holding one framework's {PARAMS_FILE}, "
+                f"or a HuggingFace one: say which with framework= (--framework), one of "
+                f"{[*FRAMEWORK_LABELS, 'huggingface']}"
             )
         if vocab is None:
             raise ValueError(
@@ -679,3 +690,14 @@ def convert(
     checkpoint = load_checkpoint(source, **statements)
     save_checkpoint(target, checkpoint.config, checkpoint.weights, framework=framework, vocab=vocab or checkpoint.vocab)
     return checkpoint
+
+
+def from_huggingface(path: str | Path, dtype: object = None) -> Checkpoint:
+    """A HuggingFace BERT directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) as a
+    ``Checkpoint`` of the ``bert`` preset: its config says everything, so nothing needs stating."""
+    if not (_is_directory(Path(path)) and huggingface.is_directory(Path(path))):
+        raise WeightsError(
+            f"{path}: not a HuggingFace model directory: expected {huggingface.CONFIG_FILE} and "
+            f"{huggingface.SAFETENSORS_FILE} or {huggingface.TORCH_FILE}"
+        )
+    return load_checkpoint(path, dtype=dtype)

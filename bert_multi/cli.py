@@ -205,7 +205,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
     for preset in presets:
         config, weights = _model_and_weights(args, args.config, preset)
         if len(presets) > 1:
-            print(f"\n== preset {config.semantics.name} (d2l {releases_of(config.semantics.name)}) ==")
+            print(f"\n== preset {config.semantics.name} ({releases_of(config.semantics.name)}) ==")
         cases = [(case.name, case.batch(config, args.seed)) for case in chosen]
         reports[config.semantics.name] = _run_and_report(args, config, weights, cases)
     return _write_reports(args, reports)
@@ -492,7 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("source", help="the checkpoint to read")
     convert.add_argument("out", help="where to write; the suffix picks the format (no suffix: a d2l directory)")
     _add_checkpoint_options(convert)
-    convert.add_argument("--framework", choices=FRAMEWORKS, help="for a d2l directory: whose pretrained.params")
+    convert.add_argument(
+        "--framework",
+        choices=[*FRAMEWORKS, "huggingface"],
+        help="for a directory: a d2l one with this framework's pretrained.params, or a HuggingFace one",
+    )
     convert.add_argument("--vocab", help="for a d2l directory: a JSON list of tokens, when the source has no vocab")
     convert.set_defaults(func=cmd_convert)
 

@@ -111,3 +111,27 @@ def check_inputs(
         pred_positions = pred_positions.astype(np.int64)
 
     return ModelInputs(tokens.astype(np.int64), segments.astype(np.int64), valid_lens, pred_positions)
+
+
+def valid_lens_from_attention_mask(attention_mask: object) -> np.ndarray:
+    """d2l's ``valid_lens`` (B,) from a HuggingFace-style ``attention_mask`` (B, T) of 1s then 0s.
+
+    A right-padded mask says the same as a valid length, so BERT computes the same function from either.
+    A mask that no length can express (left padding, holes in it, values other than 0 and 1) is an
+    ``InputError`` naming the first such row: d2l's BERT masks keys by length only.
+    """
+    mask = _as_array("attention_mask", attention_mask, kinds="iub")
+    if mask.ndim != 2:
+        raise InputError(f"attention_mask must have shape (B, T), got {mask.shape}")
+    if not np.isin(mask, (0, 1)).all():
+        offender = _first_offender("attention_mask", mask, ~np.isin(mask, (0, 1)))
+        raise InputError(f"attention_mask must hold only 0 and 1; {offender}")
+    lengths = mask.sum(axis=1)
+    right_padded = mask == (np.arange(mask.shape[1])[None, :] < lengths[:, None])
+    if not right_padded.all():
+        row = int(np.flatnonzero(~right_padded.all(axis=1))[0])
+        raise InputError(
+            f"attention_mask row {row} is {mask[row].astype(int).tolist()}: valid_lens express right padding "
+            "only (1s, then 0s); left padding or holes have no valid_lens: re-pad on the right"
+        )
+    return lengths.astype(np.int64)

@@ -27,6 +27,11 @@ MASK_VALUE = -1e6  # d2l masks scores with -1e6, not -inf: a row with no valid k
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm and gluon.nn.LayerNorm default
 
 
+def kernel_eps(eps: float) -> float:
+    """The LayerNorm epsilon this backend really computes with when asked for ``eps``: exactly it."""
+    return eps
+
+
 def dense(X: np.ndarray, weights: dict, prefix: str, bias: bool = True) -> np.ndarray:
     """y = x W^T + b, with W stored (out, in) as in torch.nn.Linear and gluon.nn.Dense."""
     Y = X @ weights[f"{prefix}.weight"].T
@@ -35,6 +40,19 @@ def dense(X: np.ndarray, weights: dict, prefix: str, bias: bool = True) -> np.nd
 
 def relu(X: np.ndarray) -> np.ndarray:
     return np.maximum(X, 0)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; math.erf is correctly rounded in float64
+
+
+def activation(X: np.ndarray, kind: str) -> np.ndarray:
+    """The FFN's and the MLM transform's nonlinearity (``semantics.activation``)."""
+    if kind == "relu":  # d2l
+        return relu(X)
+    if kind == "gelu":  # original BERT: x * Phi(x), Phi the standard normal CDF, in its exact erf form
+        return (0.5 * X * (1.0 + _erf(X / math.sqrt(2.0)))).astype(X.dtype)
+    # "gelu_tanh": the tanh approximation some BERT checkpoints were trained with
+    return 0.5 * X * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (X + 0.044715 * X**3)))
 
 
 def layer_norm(X: np.ndarray, weights: dict, prefix: str, eps: float = LAYER_NORM_EPS) -> np.ndarray:
@@ -100,9 +118,9 @@ def multi_head_attention(
     return dense(merge_heads(attention @ values, num_heads), weights, f"{prefix}.W_o", bias)
 
 
-def position_wise_ffn(X: np.ndarray, weights: dict, prefix: str) -> np.ndarray:
-    """Dense(H -> F) -> ReLU -> Dense(F -> H), no dropout inside."""
-    return dense(relu(dense(X, weights, f"{prefix}.dense1")), weights, f"{prefix}.dense2")
+def position_wise_ffn(X: np.ndarray, weights: dict, prefix: str, kind: str = "relu") -> np.ndarray:
+    """Dense(H -> F) -> ReLU (GELU in original BERT) -> Dense(F -> H), no dropout inside."""
+    return dense(activation(dense(X, weights, f"{prefix}.dense1"), kind), weights, f"{prefix}.dense2")
 
 
 def forward(
@@ -110,12 +128,13 @@ def forward(
     weights: dict,
     inputs: ModelInputs,
     record: OrderedDict[str, np.ndarray] | None = None,
-    layer_norm_eps: float = LAYER_NORM_EPS,
+    layer_norm_eps: float | None = None,
 ) -> BERTOutput:
     """The whole model on checked inputs; named activations go into ``record`` when it is given.
 
-    ``layer_norm_eps`` is 1e-5 by the semantics; a backend whose framework stores it differently
-    (MXNet keeps it as a C float) is compared against the oracle run with that framework's value.
+    ``layer_norm_eps`` is the semantics' (1e-5 in d2l, 1e-12 in original BERT) unless given: a backend
+    whose framework stores it differently (MXNet keeps it as a C float) is compared against the oracle
+    run with that framework's value.
     """
 
     def keep(name: str, value: np.ndarray) -> np.ndarray:
@@ -126,12 +145,15 @@ def forward(
     tokens, segments, valid_lens, pred_positions = inputs
     T = tokens.shape[1]
     semantics = config.semantics
+    eps = semantics.layer_norm_eps if layer_norm_eps is None else layer_norm_eps
     # Input representation: token + segment + positional embedding; no LayerNorm, no scaling.
     X = weights["encoder.token_embedding.weight"][tokens] + weights["encoder.segment_embedding.weight"][segments]
     if semantics.positions == "learned":  # d2l >= 0.12: a learned (1, max_len, H) parameter
         X = X + weights["encoder.pos_embedding"][:, :T, :]
     else:  # d2l 0.11: the fixed sin/cos table of d2l.PositionalEncoding (its dropout: off at inference)
         X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[:T]
+    if semantics.embedding_norm:  # original BERT: LayerNorm (then dropout, off here) on the sum; d2l has none
+        X = layer_norm(X, weights, "encoder.embedding_norm", eps)
     keep("embedding", X)
     # Post-LayerNorm encoder blocks: Y = LN(X + MHA(X)), out = LN(Y + FFN(Y)); dropout off.
     for i in range(config.num_blks):
@@ -140,17 +162,21 @@ def forward(
             f"blks.{i}.attention",
             multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads, semantics),
         )
-        Y = keep(f"blks.{i}.addnorm1", layer_norm(X + attention, weights, f"{blk}.addnorm1.ln", layer_norm_eps))
-        ffn = keep(f"blks.{i}.ffn", position_wise_ffn(Y, weights, f"{blk}.ffn"))
-        X = keep(f"blks.{i}.output", layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln", layer_norm_eps))
+        Y = keep(f"blks.{i}.addnorm1", layer_norm(X + attention, weights, f"{blk}.addnorm1.ln", eps))
+        ffn = keep(f"blks.{i}.ffn", position_wise_ffn(Y, weights, f"{blk}.ffn", semantics.activation))
+        X = keep(f"blks.{i}.output", layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln", eps))
     encoded = X
-    # MaskLM: gather X[b, pred_positions[b, k]], then Dense(H) -> ReLU -> LayerNorm -> Dense(V).
+    # MaskLM: gather X[b, pred_positions[b, k]], then Dense(H) -> ReLU (GELU) -> LayerNorm -> Dense(V).
     # Each head is optional (config.heads): a model without one returns None for what it computes.
     mlm = nsp = None
     if pred_positions is not None and "mlm" in config.heads:
         gathered = encoded[np.arange(encoded.shape[0])[:, None], pred_positions]  # (B, P, H)
-        hidden = layer_norm(relu(dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2", layer_norm_eps)
-        mlm = dense(hidden, weights, "mlm.mlp.3")
+        transformed = activation(dense(gathered, weights, "mlm.mlp.0"), semantics.activation)
+        hidden = layer_norm(transformed, weights, "mlm.mlp.2", eps)
+        if semantics.mlm_decoder == "own":  # d2l: a Dense(V) of its own
+            mlm = dense(hidden, weights, "mlm.mlp.3")
+        else:  # original BERT: the token embedding, transposed, plus the decoder's own bias
+            mlm = hidden @ weights["encoder.token_embedding.weight"].T + weights["mlm.mlp.3.bias"]
     # Pooler: Dense(H) -> tanh on the <cls> vector; NSP: Dense(2) on the pooler output. The same in
     # every generation; where the two layers live (semantics.nsp_head) is a matter of names.
     pooler, classifier = nsp_layers(config)
@@ -195,7 +221,9 @@ class NumpyBERT(BackendModel):
 
     backend = NAME
 
-    def __init__(self, config: BERTConfig, weights: dict[str, np.ndarray], dtype: str, layer_norm_eps: float) -> None:
+    def __init__(
+        self, config: BERTConfig, weights: dict[str, np.ndarray], dtype: str, layer_norm_eps: float | None
+    ) -> None:
         super().__init__(config, dtype, parse_device("cpu"))
         self.weights = weights
         self.layer_norm_eps = layer_norm_eps
@@ -216,7 +244,7 @@ def build(
     weights: dict[str, np.ndarray],
     device: str = "cpu",
     dtype: object = "float64",
-    layer_norm_eps: float = LAYER_NORM_EPS,
+    layer_norm_eps: float | None = None,
 ) -> NumpyBERT:
     """The oracle model on canonical ``weights``, cast to ``dtype`` (float64 by default)."""
     if parse_device(device).kind != "cpu":

@@ -45,7 +45,10 @@ def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
     def mask_lm() -> Iterator[tuple[str, ParamSpec]]:
         yield from dense("mlm.mlp.0", H, H)
         yield from layer_norm("mlm.mlp.2")
-        yield from dense("mlm.mlp.3", V, H)
+        if semantics.mlm_decoder == "own":
+            yield from dense("mlm.mlp.3", V, H)
+        else:  # tied to the token embedding: only the decoder's bias is its own
+            yield "mlm.mlp.3.bias", ParamSpec((V,), "bias")
 
     # torch's state_dict lists a module's own parameters before its children's, so a learned
     # positional embedding (a bare nn.Parameter of the encoder) comes first; a sinusoidal table is none.
@@ -53,6 +56,8 @@ def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
         yield "encoder.pos_embedding", ParamSpec((1, config.max_len, H), "embedding")
     yield "encoder.token_embedding.weight", ParamSpec((V, H), "embedding")
     yield "encoder.segment_embedding.weight", ParamSpec((2, H), "embedding")
+    if semantics.embedding_norm:
+        yield from layer_norm("encoder.embedding_norm")
     for i in range(config.num_blks):
         blk = f"encoder.blks.{i}"
         for projection in ("W_q", "W_k", "W_v", "W_o"):
@@ -90,8 +95,8 @@ NAME_RULES: dict[str, list[tuple[str, str]]] = {
         (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
         (r"^nsp\.mlp\.2\.", "nsp.mlp.1."),
         (r"^hidden\.0\.", "hidden."),
-        (r"(\.ln|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
-        (r"(\.ln|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
+        (r"(\.ln|\.embedding_norm|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
+        (r"(\.ln|\.embedding_norm|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
     ],
 }
 

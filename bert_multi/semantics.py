@@ -35,11 +35,29 @@ class Semantics:
     """"pooler": ``hidden`` (Dense + tanh on <cls>) in BERTModel, then ``nsp.output`` Dense(2) (d2l >=
     0.12); "mlp": the NSP head reads <cls> itself, ``nsp.mlp`` = Dense(H, tanh), Dense(2) (d2l 0.11)."""
 
+    embedding_norm: bool = False
+    """Whether a LayerNorm (then dropout) follows the embedding sum: original BERT's (``bert``); d2l has none."""
+
+    activation: str = "relu"
+    """The nonlinearity of the FFN and the MLM transform: "relu" (d2l); "gelu", exact erf form
+    x * Phi(x) (original BERT); "gelu_tanh", its tanh approximation (some BERT checkpoints)."""
+
+    layer_norm_eps: float = 1e-5
+    """Every LayerNorm's epsilon: 1e-5, both frameworks' default (d2l); 1e-12 in original BERT."""
+
+    mlm_decoder: str = "own"
+    """The MLM head's last layer: "own", a Dense(V) of its own (d2l, ``mlm.mlp.3``); "tied", the token
+    embedding's weight plus its own bias ``mlm.mlp.3.bias`` (original BERT)."""
+
     def __post_init__(self) -> None:
         for field, allowed in CHOICES.items():
             value = getattr(self, field)
             if value not in allowed or type(value) is not type(allowed[0]):
                 raise ValueError(f"Semantics.{field} is {value!r}; expected one of {list(allowed)}")
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"Semantics.layer_norm_eps is {eps!r}; expected a number in (0, 1)")
+        object.__setattr__(self, "layer_norm_eps", float(eps))
 
     def __repr__(self) -> str:
         # A preset reads as its name, which BERTConfig(semantics=...) accepts.
@@ -53,27 +71,42 @@ class Semantics:
         return next((name for name, preset in PRESETS.items() if preset == self), "custom")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # The switches added after weight-file format version 2 appear only where they differ from d2l's:
+        # a d2l generation's file reads as before, and a release that predates them refuses one using them.
+        defaults = Semantics()
+        return {
+            name: value
+            for name, value in dataclasses.asdict(self).items()
+            if name in FIRST_SWITCHES or value != getattr(defaults, name)
+        }
 
     @classmethod
     def from_dict(cls, data: object) -> Semantics:
         """Inverse of ``to_dict``; unknown or missing switches are a ``ValueError``."""
-        if not isinstance(data, dict) or set(data) != set(CHOICES):
-            raise ValueError(f"semantics must be a dict of the switches {list(CHOICES)}, got {data!r}")
+        switches = [field.name for field in dataclasses.fields(cls)]
+        if not isinstance(data, dict) or not set(FIRST_SWITCHES) <= set(data) or not set(data) <= set(switches):
+            raise ValueError(f"semantics must be a dict of the switches {switches}, got {data!r}")
         return cls(**data)
 
 
+# The switches of weight-file format version 2; a later one, absent from a file, is d2l's.
+FIRST_SWITCHES = ("positions", "attention_bias", "valid_lens_over_heads", "nsp_head")
 CHOICES: dict[str, tuple] = {
     "positions": ("learned", "sinusoidal"),
     "attention_bias": (True, False),
     "valid_lens_over_heads": ("interleaved", "tiled"),
     "nsp_head": ("pooler", "mlp"),
+    "embedding_norm": (False, True),
+    "activation": ("relu", "gelu", "gelu_tanh"),
+    "mlm_decoder": ("own", "tied"),
 }
 
 PRESETS: dict[str, Semantics] = {
     "d2l": Semantics(),
     "d2l-0.12": Semantics(valid_lens_over_heads="tiled"),
     "d2l-0.11": Semantics(positions="sinusoidal", attention_bias=False, valid_lens_over_heads="tiled", nsp_head="mlp"),
+    # Devlin et al.'s BERT as HuggingFace's BertModel computes it (DESIGN.md, "Original BERT").
+    "bert": Semantics(embedding_norm=True, activation="gelu", layer_norm_eps=1e-12, mlm_decoder="tied"),
 }
 # The first and last d2l release each preset reproduces (read from the released packages, d2l==X
 # --no-deps), and those whose BERT was MXNet only. Both the version lookup and the labels come from here.
@@ -86,10 +119,12 @@ MXNET_ONLY = ("d2l-0.11", "d2l-0.12")
 
 
 def releases_of(preset: str) -> str:
-    """The d2l releases a preset reproduces, for people: "0.12 - 0.15 (MXNet)"."""
+    """What a preset reproduces, for people: "d2l 0.12 - 0.15 (MXNet)", or the original BERT."""
+    if preset not in RELEASES:
+        return "the original BERT (Devlin et al. 2018; HuggingFace's BertModel)"
     first, last = (".".join(map(str, version)) for version in RELEASES[preset])
     span = first if first == last else f"{first} - {last}"
-    return f"{span} (MXNet)" if preset in MXNET_ONLY else span
+    return f"d2l {span} (MXNet)" if preset in MXNET_ONLY else f"d2l {span}"
 
 
 def semantics_for(spec: str | Semantics) -> Semantics:

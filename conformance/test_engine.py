@@ -45,7 +45,7 @@ def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forg
         oracle = load_backend("numpy").build(config, weights, device, dtype, layer_norm_eps=eps)
         return Fake(config, oracle.weights, oracle.dtype, eps)
 
-    return SimpleNamespace(NAME=name, LAYER_NORM_EPS=eps, build=build)
+    return SimpleNamespace(NAME=name, kernel_eps=lambda stated: eps, build=build)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ here, never by editing the product), runs the conformance engine, and checks tha
 and that localisation names the layer where it lives. Most faults come from d2l's own history.
 """
 
+import dataclasses
 import importlib
 import math
 
@@ -271,8 +272,34 @@ def generation_faults(backend):
     def no_sinusoidal_table(mp):  # positions left out, as a learned table at zero would add nothing
         mp.setattr(model.PositionalEncoding, "forward", lambda self, X: self.dropout(X))
 
+    def embedding_norm_dropped(mp):  # d2l's plain embedding sum where original BERT normalises it
+        original = model.BERTEncoder.__init__
+
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            self.embedding_norm.forward = lambda X: X
+
+        mp.setattr(model.BERTEncoder, "__init__", init)
+
+    def eps_of_d2l(mp):  # LayerNorm eps 1e-5 (both frameworks' default) where original BERT uses 1e-12
+        original = model.BERTModel.__init__
+
+        def init(self, *args, semantics, **kwargs):
+            original(self, *args, semantics=dataclasses.replace(semantics, layer_norm_eps=1e-5), **kwargs)
+
+        mp.setattr(model.BERTModel, "__init__", init)
+
     if backend == "torch":
         import torch
+
+        def relu_for_gelu(mp):  # d2l's ReLU where original BERT has GELU
+            mp.setattr(model, "_activation", lambda kind: torch.nn.ReLU())
+
+        def tanh_for_erf(mp):  # GELU's tanh approximation where the checkpoint uses the exact erf form
+            mp.setattr(model, "_activation", lambda kind: torch.nn.GELU(approximate="tanh"))
+
+        def untied_decoder(mp):  # a decoder that is not the token embedding (here: its rows reversed)
+            mp.setattr(model.TiedDecoder, "forward", lambda self, X: X @ self.embedding.weight.flip(0).T + self.bias)
 
         def read_bias(layer):
             return layer.bias.detach().clone()
@@ -281,6 +308,20 @@ def generation_faults(backend):
             with torch.no_grad():
                 layer.bias.copy_(value)
     else:
+        from mxnet import np as mx_np
+
+        def relu_for_gelu(mp):  # d2l's ReLU where original BERT has GELU
+            mp.setattr(model, "gelu", lambda X, approximate=False: mx_np.maximum(X, 0))
+
+        def tanh_for_erf(mp):  # GELU's tanh approximation where the checkpoint uses the exact erf form
+            original = model.gelu
+            mp.setattr(model, "gelu", lambda X, approximate=False: original(X, approximate=True))
+
+        def untied_decoder(mp):  # a decoder that is not the token embedding (here: its rows reversed)
+            def forward(self, X):
+                return mx_np.dot(X, self.embedding.weight.data(ctx=X.ctx)[::-1].T) + self.bias.data(ctx=X.ctx)
+
+            mp.setattr(model.TiedDecoder, "forward", forward)
 
         def read_bias(layer):
             return layer.bias.data().copy()
@@ -306,6 +347,13 @@ GENERATION_EXPECTED = {
         "interleaved_valid_lens": ("mixed_valid_lens", "blks.0.attention"),
         "bias_added": ("full_valid_len", "blks.0.attention"),
         "no_sinusoidal_table": ("batch_one", "embedding"),
+    },
+    "bert": {
+        "embedding_norm_dropped": ("batch_one", "embedding"),
+        "relu_for_gelu": ("batch_one", "blks.0.ffn"),
+        "tanh_for_erf": ("batch_one", "blks.0.ffn"),
+        "eps_of_d2l": ("batch_one", "embedding"),
+        "untied_decoder": ("edge_pred_positions", "mlm"),
     },
 }
 GENERATION_RUNS = [(preset, fault) for preset, faults in GENERATION_EXPECTED.items() for fault in faults]

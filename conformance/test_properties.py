@@ -53,8 +53,9 @@ def test_random_configs_and_inputs_agree_with_the_oracle(framework, data):
     config = data.draw(configs(), label="config")
     batch = data.draw(batches(config), label="batch")
     weights = random_weights(config, seed=data.draw(st.integers(0, 1000)), dtype="float64")
-    # Against the oracle run with the LayerNorm eps this framework really uses (MXNet: float32(1e-5)).
-    oracle = load_backend("numpy").build(config, weights, layer_norm_eps=framework.LAYER_NORM_EPS)
+    # Against the oracle run with the LayerNorm eps this framework really uses (MXNet: a float32).
+    eps = framework.kernel_eps(config.semantics.layer_norm_eps)
+    oracle = load_backend("numpy").build(config, weights, layer_norm_eps=eps)
     reference = oracle(**batch, intermediates=True)
     for dtype in ("float64", "float32"):
         assert_conforms(framework.build(config, weights, dtype=dtype)(**batch, intermediates=True), reference, dtype)

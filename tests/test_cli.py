@@ -281,10 +281,11 @@ def test_conform_runs_every_generation_with_preset_all(tmp_path, capsys):
     argv = ["conform", "--config", "tiny", "--preset", "all", "--backends", "torch", "--cases", "mixed_valid_lens"]
     assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    for heading in ("preset d2l (d2l 0.16 - 1.0)", "preset d2l-0.12 (d2l 0.12 - 0.15 (MXNet))", "preset d2l-0.11"):
+    for heading in ("preset d2l (d2l 0.16 - 1.0)", "preset d2l-0.12 (d2l 0.12 - 0.15 (MXNet))", "preset d2l-0.11",
+                    "preset bert (the original BERT"):  # fmt: skip
         assert f"== {heading}" in out
     report = json.loads((tmp_path / "r.json").read_text())
-    assert sorted(report) == ["d2l", "d2l-0.11", "d2l-0.12"]
+    assert sorted(report) == ["bert", "d2l", "d2l-0.11", "d2l-0.12"]
     assert report["d2l-0.11"]["config"]["semantics"]["positions"] == "sinusoidal"
 
 

@@ -23,7 +23,7 @@ if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from ..inputs import get_tokens_and_segments  # noqa: E402
-from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, MXNetBERT, build, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
+from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, MXNetBERT, build, kernel_eps, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
 from .model import (  # noqa: E402
     AddNorm,
     BERTEncoder,
@@ -42,6 +42,7 @@ from .pretrain import Pretrainer, pretraining_loss  # noqa: E402
 
 __all__ = [
     "LAYER_NORM_EPS",
+    "kernel_eps",
     "NAME",
     "NAME_RULES",
     "MXNetBERT",

@@ -38,10 +38,15 @@ NAME = "mxnet"
 NAME_RULES = schema.NAME_RULES[NAME]
 
 
-# The LayerNorm epsilon the kernels really use. Framework difference: MXNet passes operator parameters
-# as C floats, so even a float64 LayerNorm uses float32(1e-5) = 9.99999974737875e-06; torch uses 1e-5.
-# The conformance engine compares this backend with the oracle run at this value (README, tolerances).
-LAYER_NORM_EPS = float(np.float32(1e-5))
+def kernel_eps(eps: float) -> float:
+    """The LayerNorm epsilon the kernels really use when asked for ``eps``. Framework difference: MXNet
+    passes operator parameters as C floats, so even a float64 LayerNorm uses float32(1e-5) =
+    9.99999974737875e-06; torch uses 1e-5. The conformance engine compares this backend with the oracle
+    run at this value (README, tolerances)."""
+    return float(np.float32(eps))
+
+
+LAYER_NORM_EPS = kernel_eps(1e-5)  # d2l's
 
 
 def to_framework_device(device: Device) -> mx.Context:

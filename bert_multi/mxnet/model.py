@@ -34,7 +34,31 @@ def _dense(
     # Framework difference: Gluon's Dense infers its input width on the first forward when in_units=0
     # (deferred initialisation); torch needs the width up front or a Lazy layer. Gluon's Dense also
     # flattens its input to 2-D by default, so sequence layers pass flatten=False.
+    if activation in ("gelu", "gelu_tanh"):
+        approximate = activation == "gelu_tanh"
+        return GELUDense(num_outputs, use_bias=bias, flatten=flatten, in_units=num_inputs or 0, approximate=approximate)
     return nn.Dense(num_outputs, activation=activation, use_bias=bias, flatten=flatten, in_units=num_inputs or 0)
+
+
+def gelu(X: np.ndarray, approximate: bool = False) -> np.ndarray:
+    """x * Phi(x): exact (erf) or its tanh approximation. Written out: MXNet's own LeakyReLU 'gelu' is
+    1.5e-7 off the erf form even in float64, while npx.erf is exact."""
+    if approximate:
+        return 0.5 * X * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (X + 0.044715 * X**3)))
+    return 0.5 * X * (1.0 + npx.erf(X / math.sqrt(2.0)))
+
+
+class GELUDense(nn.Dense):
+    """A Dense followed by GELU, in one block. Framework difference: Gluon fuses a Dense's activation
+    into it (so d2l's Gluon MLPs are shorter than torch's), but has no fused GELU; this keeps the fused
+    layout, and so the parameter names, for original BERT's GELU."""
+
+    def __init__(self, *args, approximate: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.approximate = approximate
+
+    def forward(self, X):
+        return gelu(super().forward(X), self.approximate)
 
 
 def masked_softmax(X: np.ndarray, valid_lens: np.ndarray | None) -> np.ndarray:
@@ -119,12 +143,14 @@ class MultiHeadAttention(nn.Block):
 
 
 class PositionWiseFFN(nn.Block):
-    """Dense -> ReLU -> Dense, applied at every position."""
+    """Dense -> ReLU (GELU in original BERT) -> Dense, applied at every position."""
 
-    def __init__(self, ffn_num_hiddens: int, ffn_num_outputs: int, num_inputs: int | None = None) -> None:
+    def __init__(
+        self, ffn_num_hiddens: int, ffn_num_outputs: int, num_inputs: int | None = None, activation: str = "relu"
+    ) -> None:
         super().__init__()
-        # Framework difference: Gluon fuses the ReLU into dense1; torch keeps it as its own module.
-        self.dense1 = _dense(ffn_num_hiddens, num_inputs, activation="relu")
+        # Framework difference: Gluon fuses the activation into dense1; torch keeps it as its own module.
+        self.dense1 = _dense(ffn_num_hiddens, num_inputs, activation=activation)
         self.dense2 = _dense(ffn_num_outputs, ffn_num_hiddens)
 
     def forward(self, X):
@@ -134,12 +160,12 @@ class PositionWiseFFN(nn.Block):
 class AddNorm(nn.Block):
     """Residual connection, then LayerNorm (post-LN): LN(dropout(Y) + X)."""
 
-    def __init__(self, dropout: float, num_inputs: int | None = None) -> None:
+    def __init__(self, dropout: float, num_inputs: int | None = None, eps: float = 1e-5) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         # Framework difference: Gluon's LayerNorm infers the normalised width (in_channels=0) and names
         # its parameters gamma/beta; torch's needs the shape and calls them weight/bias. Both eps=1e-5.
-        self.ln = nn.LayerNorm(in_channels=num_inputs or 0)
+        self.ln = nn.LayerNorm(epsilon=eps, in_channels=num_inputs or 0)
 
     def forward(self, X, Y):
         return self.ln(self.dropout(Y) + X)
@@ -170,6 +196,8 @@ class TransformerEncoderBlock(nn.Block):
         dropout: float,
         use_bias: bool = False,
         valid_lens_over_heads: str = "interleaved",
+        activation: str = "relu",
+        layer_norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.attention = MultiHeadAttention(
@@ -180,9 +208,9 @@ class TransformerEncoderBlock(nn.Block):
             num_inputs=num_hiddens,
             valid_lens_over_heads=valid_lens_over_heads,
         )
-        self.addnorm1 = AddNorm(dropout, num_inputs=num_hiddens)
-        self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens)
-        self.addnorm2 = AddNorm(dropout, num_inputs=num_hiddens)
+        self.addnorm1 = AddNorm(dropout, num_inputs=num_hiddens, eps=layer_norm_eps)
+        self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens, activation=activation)
+        self.addnorm2 = AddNorm(dropout, num_inputs=num_hiddens, eps=layer_norm_eps)
 
     def forward(self, X, valid_lens):
         Y = self.addnorm1(X, self.attention(X, X, X, valid_lens))
@@ -213,6 +241,10 @@ class BERTEncoder(nn.Block):
         self.segment_embedding = nn.Embedding(2, num_hiddens)
         if not self.learned_positions:  # d2l 0.11: fixed sinusoidal positions, then dropout
             self.pos_encoding = PositionalEncoding(num_hiddens, dropout, max_len)
+        self.embedding_norm = None
+        if semantics.embedding_norm:  # original BERT: LayerNorm, then dropout, on the embedding sum
+            self.embedding_norm = nn.LayerNorm(epsilon=semantics.layer_norm_eps, in_channels=num_hiddens)
+            self.embedding_dropout = nn.Dropout(dropout)
         self.blks = nn.Sequential()
         for _ in range(num_blks):
             # BERT's encoder asks for bias in attention (d2l >= 0.12), though d2l's attention defaults to none.
@@ -223,6 +255,8 @@ class BERTEncoder(nn.Block):
                 dropout,
                 semantics.attention_bias,
                 semantics.valid_lens_over_heads,
+                semantics.activation,
+                semantics.layer_norm_eps,
             )
             self.blks.add(block)
         if self.learned_positions:
@@ -240,20 +274,46 @@ class BERTEncoder(nn.Block):
             X = X + positions[:, : X.shape[1], :]
         else:
             X = self.pos_encoding(X)
+        if self.embedding_norm is not None:
+            X = self.embedding_dropout(self.embedding_norm(X))
         for blk in self.blks:
             X = blk(X, valid_lens)
         return X
 
 
-class MaskLM(nn.Block):
-    """Masked-LM head: gather the encodings at pred_positions, then Dense -> ReLU -> LayerNorm -> Dense(V)."""
+class TiedDecoder(nn.Block):
+    """Original BERT's MLM decoder: logits = X E^T + bias, E the token embedding's weight (tied)."""
 
-    def __init__(self, vocab_size: int, num_hiddens: int, num_inputs: int | None = None, **kwargs) -> None:
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.bias = self.params.get("bias", shape=(embedding.weight.shape[0],), init="zeros")
+        # Framework difference: Gluon registers any Block assigned as an attribute, torch any Module; the
+        # embedding already belongs to the encoder, so it is held without registering (saved once, there).
+        object.__setattr__(self, "embedding", embedding)
+
+    def forward(self, X):
+        return np.dot(X, self.embedding.weight.data(ctx=X.ctx).T) + self.bias.data(ctx=X.ctx)
+
+
+class MaskLM(nn.Block):
+    """Masked-LM head: gather the encodings at pred_positions, then Dense -> ReLU -> LayerNorm -> Dense(V)
+    (original BERT: GELU, and a decoder tied to the token embedding)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        num_inputs: int | None = None,
+        activation: str = "relu",
+        layer_norm_eps: float = 1e-5,
+        tied_embedding: nn.Embedding | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.mlp = nn.Sequential()
-        self.mlp.add(_dense(num_hiddens, num_inputs, activation="relu"))
-        self.mlp.add(nn.LayerNorm(in_channels=num_hiddens))
-        self.mlp.add(_dense(vocab_size, num_hiddens))
+        self.mlp.add(_dense(num_hiddens, num_inputs, activation=activation))
+        self.mlp.add(nn.LayerNorm(epsilon=layer_norm_eps, in_channels=num_hiddens))
+        self.mlp.add(_dense(vocab_size, num_hiddens) if tied_embedding is None else TiedDecoder(tied_embedding))
 
     def forward(self, X, pred_positions):
         num_pred_positions = pred_positions.shape[1]
@@ -326,20 +386,23 @@ class BERTModel(nn.Block):
         )
         # Each head is optional (a fine-tuned encoder keeps only the pooler); d2l always builds all three.
         self.pooled = semantics.nsp_head == "pooler"
+        mlm_options = dict(activation=semantics.activation, layer_norm_eps=semantics.layer_norm_eps)
+        if semantics.mlm_decoder == "tied":  # original BERT
+            mlm_options["tied_embedding"] = self.encoder.token_embedding
         if self.pooled:
             if "pooler" in heads:
                 # Framework difference: Gluon fuses the tanh into the Dense (hence hidden.weight); torch stacks
                 # Linear and Tanh in a Sequential (hence hidden.0.weight).
                 self.hidden = _dense(num_hiddens, num_hiddens, activation="tanh", flatten=True)
             if "mlm" in heads:
-                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens, **mlm_options)
             if "nsp" in heads:
                 self.nsp = NextSentencePred(num_inputs=num_hiddens)
         else:  # d2l 0.11: the NSP head pools <cls> itself, and is made before MaskLM
             if "nsp" in heads:
                 self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)
             if "mlm" in heads:
-                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens, **mlm_options)
 
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         encoded_X = self.encoder(tokens, segments, valid_lens)

@@ -10,6 +10,7 @@ from .backend import (
     NAME_RULES,
     TorchBERT,
     build,
+    kernel_eps,
     load_checkpoint,
     read_state_dict,
     save_checkpoint,
@@ -33,6 +34,7 @@ from .pretrain import Pretrainer, pretraining_loss
 
 __all__ = [
     "LAYER_NORM_EPS",
+    "kernel_eps",
     "NAME",
     "NAME_RULES",
     "TorchBERT",

@@ -40,8 +40,14 @@ NAME = "torch"
 # the canonical names are d2l's PyTorch state_dict keys (the table for every framework: schema.NAME_RULES).
 NAME_RULES = schema.NAME_RULES[NAME]
 
-# The LayerNorm epsilon the kernels really use: torch keeps it as a Python float (a double), so 1e-5.
-LAYER_NORM_EPS = 1e-5
+
+def kernel_eps(eps: float) -> float:
+    """The LayerNorm epsilon the kernels really use when asked for ``eps``: torch keeps it as a Python
+    float (a double), so exactly ``eps``."""
+    return eps
+
+
+LAYER_NORM_EPS = kernel_eps(1e-5)  # d2l's
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

@@ -29,6 +29,11 @@ def _dense(num_outputs: int, num_inputs: int | None = None, bias: bool = True) -
     return nn.Linear(num_inputs, num_outputs, bias=bias)
 
 
+def _activation(kind: str) -> nn.Module:
+    # "gelu" is the exact erf form (original BERT), "gelu_tanh" its tanh approximation; d2l uses ReLU.
+    return {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh")}[kind]
+
+
 def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last axis; key positions >= valid_len are scored -1e6 first.
 
@@ -113,13 +118,16 @@ class MultiHeadAttention(nn.Module):
 
 
 class PositionWiseFFN(nn.Module):
-    """Dense -> ReLU -> Dense, applied at every position."""
+    """Dense -> ReLU (GELU in original BERT) -> Dense, applied at every position."""
 
-    def __init__(self, ffn_num_hiddens: int, ffn_num_outputs: int, num_inputs: int | None = None) -> None:
+    def __init__(
+        self, ffn_num_hiddens: int, ffn_num_outputs: int, num_inputs: int | None = None, activation: str = "relu"
+    ) -> None:
         super().__init__()
-        # Framework difference: torch keeps the ReLU as its own module; Gluon fuses it into dense1.
+        # Framework difference: torch keeps the activation as its own module (d2l calls it relu); Gluon
+        # fuses a ReLU into dense1.
         self.dense1 = _dense(ffn_num_hiddens, num_inputs)
-        self.relu = nn.ReLU()
+        self.relu = _activation(activation)
         self.dense2 = _dense(ffn_num_outputs, ffn_num_hiddens)
 
     def forward(self, X):
@@ -129,12 +137,12 @@ class PositionWiseFFN(nn.Module):
 class AddNorm(nn.Module):
     """Residual connection, then LayerNorm (post-LN): LN(dropout(Y) + X)."""
 
-    def __init__(self, norm_shape, dropout: float) -> None:
+    def __init__(self, norm_shape, dropout: float, eps: float = 1e-5) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         # Framework difference: torch's LayerNorm needs the normalised shape and names its parameters
         # weight/bias; Gluon's infers the shape and calls them gamma/beta. Both default to eps=1e-5.
-        self.ln = nn.LayerNorm(norm_shape)
+        self.ln = nn.LayerNorm(norm_shape, eps=eps)
 
     def forward(self, X, Y):
         return self.ln(self.dropout(Y) + X)
@@ -165,6 +173,8 @@ class TransformerEncoderBlock(nn.Module):
         dropout: float,
         use_bias: bool = False,
         valid_lens_over_heads: str = "interleaved",
+        activation: str = "relu",
+        layer_norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         self.attention = MultiHeadAttention(
@@ -175,9 +185,9 @@ class TransformerEncoderBlock(nn.Module):
             num_inputs=num_hiddens,
             valid_lens_over_heads=valid_lens_over_heads,
         )
-        self.addnorm1 = AddNorm(num_hiddens, dropout)
-        self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens)
-        self.addnorm2 = AddNorm(num_hiddens, dropout)
+        self.addnorm1 = AddNorm(num_hiddens, dropout, layer_norm_eps)
+        self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens, activation=activation)
+        self.addnorm2 = AddNorm(num_hiddens, dropout, layer_norm_eps)
 
     def forward(self, X, valid_lens):
         Y = self.addnorm1(X, self.attention(X, X, X, valid_lens))
@@ -208,6 +218,10 @@ class BERTEncoder(nn.Module):
         self.segment_embedding = nn.Embedding(2, num_hiddens)
         if not self.learned_positions:  # d2l 0.11: fixed sinusoidal positions, then dropout
             self.pos_encoding = PositionalEncoding(num_hiddens, dropout, max_len)
+        self.embedding_norm = None
+        if semantics.embedding_norm:  # original BERT: LayerNorm, then dropout, on the embedding sum
+            self.embedding_norm = nn.LayerNorm(num_hiddens, eps=semantics.layer_norm_eps)
+            self.embedding_dropout = nn.Dropout(dropout)
         self.blks = nn.Sequential()
         for i in range(num_blks):
             # BERT's encoder asks for bias in attention (d2l >= 0.12), though d2l's attention defaults to none.
@@ -218,6 +232,8 @@ class BERTEncoder(nn.Module):
                 dropout,
                 semantics.attention_bias,
                 semantics.valid_lens_over_heads,
+                semantics.activation,
+                semantics.layer_norm_eps,
             )
             self.blks.add_module(f"{i}", block)
         if self.learned_positions:
@@ -233,18 +249,48 @@ class BERTEncoder(nn.Module):
             X = X + positions[:, : X.shape[1], :]
         else:
             X = self.pos_encoding(X)
+        if self.embedding_norm is not None:
+            X = self.embedding_dropout(self.embedding_norm(X))
         for blk in self.blks:
             X = blk(X, valid_lens)
         return X
 
 
-class MaskLM(nn.Module):
-    """Masked-LM head: gather the encodings at pred_positions, then Dense -> ReLU -> LayerNorm -> Dense(V)."""
+class TiedDecoder(nn.Module):
+    """Original BERT's MLM decoder: logits = X E^T + bias, E the token embedding's weight (tied)."""
 
-    def __init__(self, vocab_size: int, num_hiddens: int, num_inputs: int | None = None, **kwargs) -> None:
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(embedding.num_embeddings))
+        # Framework difference: torch registers any Module assigned as an attribute, Gluon any Block; the
+        # embedding already belongs to the encoder, so it is held without registering (saved once, there).
+        object.__setattr__(self, "embedding", embedding)
+
+    def forward(self, X):
+        return X @ self.embedding.weight.T + self.bias
+
+
+class MaskLM(nn.Module):
+    """Masked-LM head: gather the encodings at pred_positions, then Dense -> ReLU -> LayerNorm -> Dense(V)
+    (original BERT: GELU, and a decoder tied to the token embedding)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_hiddens: int,
+        num_inputs: int | None = None,
+        activation: str = "relu",
+        layer_norm_eps: float = 1e-5,
+        tied_embedding: nn.Embedding | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
+        decoder = _dense(vocab_size, num_hiddens) if tied_embedding is None else TiedDecoder(tied_embedding)
         self.mlp = nn.Sequential(
-            _dense(num_hiddens, num_inputs), nn.ReLU(), nn.LayerNorm(num_hiddens), _dense(vocab_size, num_hiddens)
+            _dense(num_hiddens, num_inputs),
+            _activation(activation),
+            nn.LayerNorm(num_hiddens, eps=layer_norm_eps),
+            decoder,
         )
 
     def forward(self, X, pred_positions):
@@ -316,20 +362,23 @@ class BERTModel(nn.Module):
         )
         # Each head is optional (a fine-tuned encoder keeps only the pooler); d2l always builds all three.
         self.pooled = semantics.nsp_head == "pooler"
+        mlm_options = dict(activation=semantics.activation, layer_norm_eps=semantics.layer_norm_eps)
+        if semantics.mlm_decoder == "tied":  # original BERT
+            mlm_options["tied_embedding"] = self.encoder.token_embedding
         if self.pooled:
             if "pooler" in heads:
                 # Framework difference: torch stacks Dense and Tanh in a Sequential (hence hidden.0.weight);
                 # Gluon fuses the activation into the Dense (hence hidden.weight).
                 self.hidden = nn.Sequential(nn.Linear(num_hiddens, num_hiddens), nn.Tanh())
             if "mlm" in heads:
-                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens, **mlm_options)
             if "nsp" in heads:
                 self.nsp = NextSentencePred(num_inputs=num_hiddens)
         else:  # d2l 0.11: the NSP head pools <cls> itself, and is made before MaskLM
             if "nsp" in heads:
                 self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)
             if "mlm" in heads:
-                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens)
+                self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens, **mlm_options)
 
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         encoded_X = self.encoder(tokens, segments, valid_lens)

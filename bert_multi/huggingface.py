@@ -1,0 +1,297 @@
+"""HuggingFace BERT checkpoints, read and written without transformers.
+
+A HuggingFace BERT is a directory holding ``config.json`` and its weights, ``model.safetensors`` or (older)
+``pytorch_model.bin``. Its config says every size, the number of heads included, so nothing needs stating.
+Names map to the canonical ones by one table (``NAMES``); buffers such as ``position_ids`` and the
+decoder weight tied to the word embeddings are ignored by name (the tie is checked). safetensors is
+parsed here, every size checked against the file before anything is read; ``pytorch_model.bin`` goes to
+torch with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import load_backend
+from .config import HEADS, BERTConfig
+from .errors import WeightsError
+from .files import atomic_path, check_shape, file_size, open_regular, reason
+from .schema import param_shapes
+from .semantics import PRESETS, Semantics
+
+CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header
+MAX_CONFIG_BYTES = 1 << 20
+
+# (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
+# weight or bias.
+NAMES: list[tuple[str, str]] = [
+    ("embeddings.word_embeddings.weight", "encoder.token_embedding.weight"),
+    ("embeddings.position_embeddings.weight", "encoder.pos_embedding"),  # (P, H) there, (1, P, H) here
+    ("embeddings.token_type_embeddings.weight", "encoder.segment_embedding.weight"),
+    ("embeddings.LayerNorm.{p}", "encoder.embedding_norm.{p}"),
+    ("encoder.layer.{i}.attention.self.query.{p}", "encoder.blks.{i}.attention.W_q.{p}"),
+    ("encoder.layer.{i}.attention.self.key.{p}", "encoder.blks.{i}.attention.W_k.{p}"),
+    ("encoder.layer.{i}.attention.self.value.{p}", "encoder.blks.{i}.attention.W_v.{p}"),
+    ("encoder.layer.{i}.attention.output.dense.{p}", "encoder.blks.{i}.attention.W_o.{p}"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "encoder.blks.{i}.addnorm1.ln.{p}"),
+    ("encoder.layer.{i}.intermediate.dense.{p}", "encoder.blks.{i}.ffn.dense1.{p}"),
+    ("encoder.layer.{i}.output.dense.{p}", "encoder.blks.{i}.ffn.dense2.{p}"),
+    ("encoder.layer.{i}.output.LayerNorm.{p}", "encoder.blks.{i}.addnorm2.ln.{p}"),
+    ("pooler.dense.{p}", "hidden.0.{p}"),
+    ("cls.predictions.transform.dense.{p}", "mlm.mlp.0.{p}"),
+    ("cls.predictions.transform.LayerNorm.{p}", "mlm.mlp.2.{p}"),
+    ("cls.predictions.bias", "mlm.mlp.3.bias"),
+    ("cls.predictions.decoder.weight", "mlm.mlp.3.weight"),  # only when not tied to the word embeddings
+    ("cls.seq_relationship.{p}", "nsp.output.{p}"),
+]
+
+
+def _translate(name: str, to_canonical: bool) -> str | None:
+    """``name`` in the other naming by the row of ``NAMES`` it matches, or None."""
+    for hf, canonical in NAMES:
+        source, target = (hf, canonical) if to_canonical else (canonical, hf)
+        regex = re.escape(source).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", "(?P<p>weight|bias)")
+        match = re.fullmatch(regex, name)
+        if match:
+            return target.format(**match.groupdict())
+    return None
+
+
+# Buffers, not weights.
+IGNORED = (r"(bert\.)?embeddings\.position_ids",)
+DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
+# hidden_act -> semantics.activation: HuggingFace's "gelu" is the erf form, its tanh forms have 3 names.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
+                      "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
+
+
+def is_directory(path: Path) -> bool:
+    """Whether ``path`` is a HuggingFace model directory (a config and weights in a format read here)."""
+    return (path / CONFIG_FILE).is_file() and any((path / name).is_file() for name in (SAFETENSORS_FILE, TORCH_FILE))
+
+
+# --- safetensors ----------------------------------------------------------------------------------------
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every tensor of a safetensors file as NumPy arrays, and each one's own dtype (bfloat16 arrives
+    as float32, exactly). Each header entry is checked against the bytes really there first."""
+
+    def fail(message: str) -> WeightsError:
+        return WeightsError(f"{path}: not a readable safetensors file: {message}")
+
+    with open_regular(path, "safetensors file", WeightsError) as file:
+        size = file_size(file)
+        head = file.read(8)
+        if len(head) < 8:
+            raise fail(f"{size} bytes, shorter than the 8-byte header length")
+        (header_size,) = struct.unpack("<Q", head)
+        if header_size > min(MAX_HEADER_BYTES, size - 8):
+            raise fail(f"its header claims {header_size} bytes, the file has {size - 8} after the length")
+        try:
+            header = json.loads(file.read(header_size))
+        except (ValueError, RecursionError) as error:
+            raise fail(f"its header is not JSON: {reason(error)}") from None
+        if not isinstance(header, dict):
+            raise fail("its header is not a JSON object")
+        header.pop("__metadata__", None)
+        data_size = size - 8 - header_size
+        arrays: dict[str, np.ndarray] = {}
+        dtypes: dict[str, str] = {}
+        for name, entry in header.items():
+            if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+                raise fail(f"tensor {name!r}: expected dtype, shape and data_offsets, got {entry!r:.200}")
+            kind, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+            if kind != "BF16" and kind not in SAFETENSORS_DTYPES:
+                raise fail(f"tensor {name!r} has dtype {kind!r}, which bert_multi does not read")
+            dtype = np.dtype("<u2" if kind == "BF16" else SAFETENSORS_DTYPES[kind]).newbyteorder("<")
+            valid = isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+            valid = valid and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
+            if not valid:
+                raise fail(f"tensor {name!r}: shape and data_offsets must be lists of non-negative ints")
+            try:
+                check_shape(tuple(shape), dtype)
+            except ValueError as error:
+                raise fail(f"tensor {name!r}: {error}") from None
+            begin, end = offsets
+            if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
+                raise fail(f"tensor {name!r}: data_offsets {offsets} do not hold shape {shape} of {kind} "
+                           f"within the file's {data_size} data bytes")  # fmt: skip
+            file.seek(8 + header_size + begin)
+            array = np.frombuffer(file.read(end - begin), dtype=dtype).reshape(shape)
+            if kind == "BF16":  # bfloat16 is the top half of a float32
+                array = (array.astype("<u4") << 16).view("<f4")
+            arrays[name] = array.astype(array.dtype.newbyteorder("="))
+            dtypes[name] = "bfloat16" if kind == "BF16" else dtype.name
+    return arrays, dtypes
+
+
+def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """``arrays`` as a safetensors file, atomically (float32/float64, little-endian, C order)."""
+    kinds = {"float64": "F64", "float32": "F32"}
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, array in arrays.items():
+        size = array.size * array.dtype.itemsize
+        header[name] = {
+            "dtype": kinds[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with atomic_path(path) as tmp_path, open(tmp_path, "wb") as out:
+        out.write(struct.pack("<Q", len(encoded)) + encoded)
+        for array in arrays.values():
+            out.write(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
+
+
+# --- Directories ------------------------------------------------------------------------------------------
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    with open_regular(path, "HuggingFace config", WeightsError) as file:
+        data = file.read(MAX_CONFIG_BYTES + 1)
+    try:
+        hf = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise WeightsError(f"{path}: not valid JSON: {reason(error)}") from None
+    if not isinstance(hf, dict) or len(data) > MAX_CONFIG_BYTES:
+        raise WeightsError(f"{path}: expected a JSON object of at most {MAX_CONFIG_BYTES} bytes")
+    return hf
+
+
+def _semantics(path: Path, hf: dict[str, Any], tied: bool) -> Semantics:
+    """The switches a HuggingFace BERT config asks for, or a ``WeightsError`` naming what bert_multi lacks."""
+    if hf.get("model_type", "bert") != "bert":
+        raise WeightsError(f"{path}: a {hf['model_type']!r} model, not BERT (model_type 'bert')")
+    for key, wanted in (("position_embedding_type", "absolute"), ("type_vocab_size", 2), ("is_decoder", False)):
+        if hf.get(key, wanted) != wanted:
+            raise WeightsError(f"{path}: {key} is {hf[key]!r}; bert_multi computes BERT with {key} {wanted!r}")
+    act = hf.get("hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        raise WeightsError(f"{path}: hidden_act {act!r} is not one bert_multi computes: {sorted(ACTIVATIONS)}")
+    eps = hf.get("layer_norm_eps", 1e-12)
+    return dataclasses.replace(
+        PRESETS["bert"], activation=ACTIVATIONS[act], layer_norm_eps=eps, mlm_decoder="tied" if tied else "own"
+    )
+
+
+def _canonical_name(name: str) -> str | None:
+    bare = name.removeprefix("bert.")
+    bare = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", bare))  # TensorFlow-era LayerNorm names
+    return _translate(bare, to_canonical=True)
+
+
+def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray], dict[str, str], list[str]]:
+    """(config, canonical arrays, their own dtypes, notes) of a HuggingFace BERT directory."""
+    path = Path(path)
+    hf = _read_config(path / CONFIG_FILE)
+    if (path / SAFETENSORS_FILE).is_file():
+        own, dtypes = read_safetensors(path / SAFETENSORS_FILE)
+        source = SAFETENSORS_FILE
+    else:
+        own, dtypes, _ = load_backend("torch").read_state_dict(path / TORCH_FILE)
+        source = TORCH_FILE
+    notes = [f"read {source} and {CONFIG_FILE}"]
+    decoder = own.get("cls.predictions.decoder.weight")
+    embedding = own.get("bert.embeddings.word_embeddings.weight", own.get("embeddings.word_embeddings.weight"))
+    tied = decoder is None or (embedding is not None and np.array_equal(decoder, embedding))
+    if decoder is not None and tied:
+        del own["cls.predictions.decoder.weight"]  # the same numbers as the word embeddings, saved twice
+    if DECODER_BIAS in own:  # the bias the decoder really adds; transformers may also keep its twin
+        own[BIAS] = own.pop(DECODER_BIAS)
+        dtypes[BIAS] = dtypes[DECODER_BIAS]
+    arrays, kinds, unknown = {}, {}, []
+    for name, array in own.items():
+        canonical = _canonical_name(name)
+        if canonical is None:
+            if not any(re.fullmatch(pattern, name) for pattern in IGNORED):
+                unknown.append(name)
+            continue
+        arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
+        kinds[canonical] = dtypes[name]
+    if unknown:
+        raise WeightsError(
+            f"{path}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
+            + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        )
+    heads = tuple(
+        head
+        for head, probe in zip(HEADS, ("hidden.0.weight", "mlm.mlp.0.weight", "nsp.output.weight"))
+        if probe in arrays
+    )
+    try:
+        config = BERTConfig(
+            vocab_size=int(hf["vocab_size"]),
+            num_hiddens=int(hf["hidden_size"]),
+            ffn_num_hiddens=int(hf["intermediate_size"]),
+            num_heads=int(hf["num_attention_heads"]),
+            num_blks=int(hf["num_hidden_layers"]),
+            max_len=int(hf["max_position_embeddings"]),
+            semantics=_semantics(path, hf, tied),
+            heads=heads,
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise WeightsError(f"{path / CONFIG_FILE}: not a usable BERT config: {reason(error)}") from None
+    return config, arrays, kinds, notes
+
+
+def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+    """A HuggingFace BERT directory (``config.json``, ``model.safetensors``) that transformers loads with
+    ``from_pretrained``: ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none."""
+    semantics = config.semantics
+    if not (semantics.embedding_norm and semantics.positions == "learned" and semantics.attention_bias
+            and semantics.valid_lens_over_heads == "interleaved" and semantics.nsp_head == "pooler"):  # fmt: skip
+        raise ValueError(
+            f"a HuggingFace BERT computes the original BERT; this model computes {semantics!r}, which it cannot "
+            "express (it needs the embedding LayerNorm, learned positions, biased attention, interleaved heads)"
+        )
+    if config.heads not in (HEADS, ("pooler",), ()):
+        raise ValueError(f"transformers has no BERT class with exactly the heads {list(config.heads)}")
+    full = config.heads == HEADS
+    prefix = "bert." if full else ""
+    inverse = {}
+    for name in param_shapes(config):
+        hf_name = _translate(name, to_canonical=False)
+        assert hf_name is not None, name  # every canonical name of the original BERT has a row
+        inverse[name] = hf_name if hf_name.startswith("cls.") else prefix + hf_name
+    arrays = {
+        inverse[name]: (array[0] if name == "encoder.pos_embedding" else array) for name, array in weights.items()
+    }
+    if BIAS in arrays:  # under both names, as transformers keeps it when the decoder is untied
+        arrays[DECODER_BIAS] = arrays[BIAS]
+    act = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}[semantics.activation]
+    hf = {
+        "architectures": ["BertForPreTraining" if full else "BertModel"],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.num_hiddens,
+        "num_hidden_layers": config.num_blks,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.ffn_num_hiddens,
+        "hidden_act": act,
+        "max_position_embeddings": config.max_len,
+        "type_vocab_size": 2,
+        "layer_norm_eps": semantics.layer_norm_eps,
+        "tie_word_embeddings": semantics.mlm_decoder == "tied",
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.dropout,
+        "torch_dtype": next(iter(weights.values())).dtype.name,
+    }
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_safetensors(directory / SAFETENSORS_FILE, arrays, {"format": "pt"})
+    with atomic_path(directory / CONFIG_FILE) as tmp_path:
+        Path(tmp_path).write_text(json.dumps(hf, indent=2))

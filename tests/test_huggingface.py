@@ -1,0 +1,237 @@
+"""The original BERT (``bert`` preset) against an independent implementation, HuggingFace transformers:
+models built locally (never downloaded), saved in both of its file formats, imported, and computed by
+every backend; and the importer's own parts (safetensors, attention masks, names)."""
+
+import dataclasses
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+
+import bert_multi as bm
+from bert_multi import InputError, WeightsError, backends
+from bert_multi.cases import CASES
+from bert_multi.compare import compare_arrays, tolerance_for
+from bert_multi.huggingface import read_safetensors, write_safetensors
+
+AVAILABLE = [name for name, status in backends().items() if status.available]
+
+
+def transformers_or_skip():
+    return pytest.importorskip("transformers", reason="transformers is the independent reference (requirements.lock)")
+
+
+# (id, BertConfig arguments, the class, how it is saved)
+MODELS = [
+    ("pretraining-erf-gelu", dict(hidden_size=12, num_attention_heads=3), "BertForPreTraining", "safetensors"),
+    (
+        "one-head-tanh-gelu",
+        dict(hidden_size=7, num_attention_heads=1, hidden_act="gelu_pytorch_tanh"),
+        "BertForPreTraining",
+        "pytorch_model.bin",
+    ),  # fmt: skip
+    (
+        "eight-heads-relu-untied",
+        dict(hidden_size=16, num_attention_heads=8, hidden_act="relu", tie_word_embeddings=False),
+        "BertForPreTraining",
+        "safetensors",
+    ),  # fmt: skip
+    ("encoder-and-pooler", dict(hidden_size=10, num_attention_heads=2), "BertModel", "safetensors"),
+    ("encoder-only", dict(hidden_size=6, num_attention_heads=2), "BertModel-no-pooler", "pytorch_model.bin"),
+]
+
+
+def hf_model(spec, tmp_path):
+    """A randomised transformers model in float64 (every tensor drawn, LayerNorms and biases too), saved."""
+    transformers = transformers_or_skip()
+    import torch
+
+    name, arguments, kind, fmt = spec
+    config = transformers.BertConfig(vocab_size=19, num_hidden_layers=2, intermediate_size=9,
+                                     max_position_embeddings=11, **arguments)  # fmt: skip
+    config._attn_implementation = "eager"
+    if kind == "BertForPreTraining":
+        model = transformers.BertForPreTraining(config)
+    else:
+        model = transformers.BertModel(config, add_pooling_layer=kind == "BertModel")
+    model = model.eval().double()
+    generator = torch.Generator().manual_seed(sum(map(ord, name)))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64) * 0.5)
+    directory = tmp_path / name
+    model.save_pretrained(directory)
+    if fmt == "pytorch_model.bin":  # the format transformers wrote before safetensors: a torch.save'd state_dict
+        (directory / "model.safetensors").unlink()
+        torch.save(model.state_dict(), directory / "pytorch_model.bin")
+    return model, directory
+
+
+def hf_outputs(model, batch):
+    """transformers' outputs on a batch, the valid_lens given as the attention mask they mean."""
+    import torch
+
+    T = batch["tokens"].shape[1]
+    mask = (
+        None if batch["valid_lens"] is None else (np.arange(T)[None, :] < batch["valid_lens"][:, None]).astype(np.int64)
+    )
+    inputs = {
+        "input_ids": torch.from_numpy(batch["tokens"]),
+        "attention_mask": None if mask is None else torch.from_numpy(mask),
+        "token_type_ids": torch.from_numpy(batch["segments"]),
+    }
+    with torch.no_grad():
+        out = model(**inputs)
+        encoder = getattr(model, "bert", model)(**inputs)  # BertForPreTraining's own BertModel
+    result = {"encoded": encoder.last_hidden_state.numpy()}
+    if encoder.pooler_output is not None:
+        result["pooler"] = encoder.pooler_output.numpy()
+    if hasattr(out, "prediction_logits") and batch["pred_positions"] is not None:
+        rows = np.arange(len(batch["pred_positions"]))[:, None]
+        result["mlm"] = out.prediction_logits.numpy()[rows, batch["pred_positions"]]
+    if hasattr(out, "seq_relationship_logits"):
+        result["nsp"] = out.seq_relationship_logits.numpy()
+    return result
+
+
+@pytest.mark.parametrize("spec", MODELS, ids=[m[0] for m in MODELS])
+def test_every_backend_computes_what_transformers_computes(spec, tmp_path):
+    if "torch" not in AVAILABLE:
+        pytest.skip("transformers needs torch")
+    model, directory = hf_model(spec, tmp_path)
+    checkpoint = bm.from_huggingface(directory)
+    info = bm.inspect_checkpoint(directory)
+    assert info.format == "hf-dir" and info.config == checkpoint.config
+    expected_heads = {"BertForPreTraining": ("pooler", "mlm", "nsp"), "BertModel": ("pooler",)}.get(spec[2], ())
+    assert checkpoint.config.heads == expected_heads
+    assert checkpoint.config.semantics.mlm_decoder == ("own" if "untied" in spec[0] else "tied")
+    checked = 0
+    for case in CASES:
+        batch = case.batch(checkpoint.config, seed=3)
+        if batch["valid_lens"] is not None and batch["valid_lens"].ndim == 2:
+            continue  # a length per query has no attention_mask in transformers
+        reference = hf_outputs(model, batch)
+        for backend in AVAILABLE:
+            for dtype in ("float64", "float32"):
+                out = bm.load_backend(backend).build(checkpoint.config, checkpoint.weights, dtype=dtype)(
+                    **batch, intermediates=True
+                )
+                got = {
+                    "encoded": out.encoded,
+                    "mlm": out.mlm,
+                    "nsp": out.nsp,
+                    "pooler": out.intermediates.get("pooler"),
+                }
+                for name, value in reference.items():
+                    comparison = compare_arrays(name, got[name], value, tolerance_for(dtype, "cpu"))
+                    assert comparison.passed, f"{case.name} {backend} {dtype}: {comparison.describe()}"
+                    checked += 1
+                assert {k for k, v in got.items() if v is not None} == set(reference)  # nothing more, nothing less
+    assert checked > 0
+
+
+def test_a_round_trip_through_every_format_comes_back_to_transformers(tmp_path):
+    transformers = transformers_or_skip()
+    model, directory = hf_model(MODELS[0], tmp_path)
+    route = [tmp_path / "a.npz", tmp_path / "a.pt"]
+    if "mxnet" in AVAILABLE:
+        route.append(tmp_path / "a.params")
+    source = directory
+    for target in route:
+        bm.convert(source, target, num_heads=3, preset=bm.load_checkpoint(directory).config.semantics)
+        source = target
+    bm.convert(source, tmp_path / "back", framework="huggingface", num_heads=3, preset="bert")
+    again = transformers.BertForPreTraining.from_pretrained(tmp_path / "back", attn_implementation="eager").eval()
+    assert again.dtype.is_floating_point
+    batch = CASES[0].batch(bm.load_checkpoint(directory).config, seed=3)
+    before, after = hf_outputs(model, batch), hf_outputs(again.double(), batch)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+# --- The importer's parts, without transformers --------------------------------------------------------
+
+
+def test_safetensors_round_trip_and_hostile_headers(tmp_path):
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4)}
+    write_safetensors(tmp_path / "t.safetensors", arrays, {"format": "pt"})
+    back, dtypes = read_safetensors(tmp_path / "t.safetensors")
+    assert dtypes == {"a": "float32", "b": "float64"}
+    assert all(back[n].tobytes() == arrays[n].tobytes() for n in arrays)
+    data = (tmp_path / "t.safetensors").read_bytes()
+    (header_size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_size])
+    bad = {
+        "header longer than the file": struct.pack("<Q", 2**40) + data[8:],
+        "truncated": data[:-3],
+        "offsets past the data": _with_header(header, data, "a", data_offsets=[0, 10**9]),
+        "shape and offsets disagree": _with_header(header, data, "a", shape=[3, 3]),
+        "unknown dtype": _with_header(header, data, "a", dtype="F8_E4M3"),
+        "not JSON": struct.pack("<Q", 3) + b"{x}",
+    }
+    for case, content in bad.items():
+        (tmp_path / "bad.safetensors").write_bytes(content)
+        with pytest.raises(WeightsError, match="not a readable safetensors file"):
+            read_safetensors(tmp_path / "bad.safetensors")
+        assert case
+
+
+def _with_header(header, data, name, **changes):
+    (size,) = struct.unpack("<Q", data[:8])
+    changed = {**header, name: {**header[name], **changes}}
+    encoded = json.dumps(changed).encode()
+    return struct.pack("<Q", len(encoded)) + encoded + data[8 + size :]
+
+
+def test_bfloat16_in_safetensors_is_read_exactly_and_cast_only_when_asked(tmp_path):
+    values = np.array([1.0, -2.5, 3.140625], dtype=np.float32)  # exact in bfloat16
+    raw = (values.view(np.uint32) >> 16).astype("<u2").tobytes()
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}}).encode()
+    (tmp_path / "bf.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + raw)
+    arrays, dtypes = read_safetensors(tmp_path / "bf.safetensors")
+    assert dtypes == {"w": "bfloat16"} and arrays["w"].tolist() == values.tolist()
+
+
+def test_attention_masks_become_valid_lens_when_a_length_can_say_them():
+    assert bm.valid_lens_from_attention_mask(np.array([[1, 1, 0], [1, 1, 1], [0, 0, 0]])).tolist() == [2, 3, 0]
+    for mask, why in (([[0, 1, 1]], "row 0 is \\[0, 1, 1\\]: valid_lens express right padding only"),
+                      ([[1, 1], [1, 0], [1, 0], [0, 1]], "row 3"),
+                      ([[1, 2]], "only 0 and 1"),
+                      ([1, 1], "shape \\(B, T\\)")):  # fmt: skip
+        with pytest.raises(InputError, match=why):
+            bm.valid_lens_from_attention_mask(np.array(mask))
+
+
+def test_the_bert_preset_by_hand_embedding_layernorm_and_tied_decoder():
+    """Two features: LayerNorm maps a pair (a, b) to +-(a - b)/2 / sqrt(((a - b)/2)^2 + eps), times gamma plus
+    beta; the MLM logits are the transformed vector times E^T plus the decoder's own bias."""
+    config = bm.BERTConfig(5, 2, 3, 1, 1, max_len=4, semantics="bert")
+    weights = bm.random_weights(config, seed=7, dtype="float64")
+    tokens, segments = np.array([[1, 4, 2]]), np.array([[0, 1, 1]])
+    out = bm.load_backend("numpy").build(config, weights)(
+        tokens, segments, pred_positions=np.array([[2]]), intermediates=True
+    )
+    summed = (weights["encoder.token_embedding.weight"][tokens] + weights["encoder.segment_embedding.weight"][segments]
+              + weights["encoder.pos_embedding"][:, :3])  # fmt: skip
+    half_gap = (summed[..., 0] - summed[..., 1])[..., None] / 2 * np.array([1.0, -1.0])  # x - mean
+    normed = half_gap / np.sqrt(half_gap[..., :1] ** 2 + 1e-12)  # the variance of the pair is half_gap^2
+    by_hand = normed * weights["encoder.embedding_norm.weight"] + weights["encoder.embedding_norm.bias"]
+    np.testing.assert_allclose(out.intermediates["embedding"], by_hand, rtol=0, atol=1e-12)
+    x = out.encoded[0, 2] @ weights["mlm.mlp.0.weight"].T + weights["mlm.mlp.0.bias"]
+    gelu = np.array([0.5 * v * (1 + math.erf(v / 2**0.5)) for v in x])
+    centred = gelu - gelu.mean()
+    normed = centred / np.sqrt(centred.var() + 1e-12) * weights["mlm.mlp.2.weight"] + weights["mlm.mlp.2.bias"]
+    logits = weights["encoder.token_embedding.weight"] @ normed + weights["mlm.mlp.3.bias"]
+    np.testing.assert_allclose(out.mlm[0, 0], logits, rtol=0, atol=1e-12)
+    assert "mlm.mlp.3.weight" not in weights  # tied: the decoder has no weight of its own
+
+
+def test_a_d2l_model_cannot_pass_for_a_huggingface_one(tmp_path):
+    config = bm.BERTConfig(5, 2, 3, 1, 1, max_len=4)
+    with pytest.raises(ValueError, match="cannot express"):
+        bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
+    other = dataclasses.replace(config, semantics="bert", heads=("mlm",))
+    with pytest.raises(ValueError, match="no BERT class with exactly the heads"):
+        bm.save_checkpoint(tmp_path / "hf", other, bm.random_weights(other), framework="huggingface")
