@@ -27,8 +27,11 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "numpy": ("bert_multi.oracle", "numpy"),
     "torch": ("bert_multi.torch", "pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)"),
     "mxnet": ("bert_multi.mxnet", "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)"),
+    "transformers": ("bert_multi.transformers_reference", "pip install 'bert_multi[torch,reference]' (transformers)"),
 }
 BACKEND_NAMES = tuple(_BACKENDS)
+FRAMEWORKS = ("torch", "mxnet")  # the two implementations this project writes
+REFERENCES = ("transformers",)  # independent implementations of the original BERT, to compare with
 
 
 @dataclass(frozen=True)

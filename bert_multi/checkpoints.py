@@ -518,7 +518,8 @@ def _check_framework(path: Path, kind: str, found: str | None, wanted: str) -> N
         written = f", written by {FRAMEWORK_LABELS[found]}" if found else ""
         raise WeightsError(
             f"{path}: this is a {FORMATS[kind]}{written}, not a {FRAMEWORK_LABELS[wanted]} checkpoint: read it "
-            f"with {READERS[found]} or bert_multi.load_checkpoint (any format), or convert it: "
+            f"with {'bert_multi.from_huggingface' if kind == 'hf-dir' else READERS[found]} or "
+            "bert_multi.load_checkpoint (any format), or convert it: "
             f"bert-multi convert {path} OUT"
         )
 

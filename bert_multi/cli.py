@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import BACKEND_NAMES, backends, load_backend, parse_device
+from .backend import BACKEND_NAMES, REFERENCES, backends, load_backend, parse_device
+from .backend import FRAMEWORKS as FRAMEWORK_BACKENDS
 from .cases import CASE_NAMES, CASES, Batch, get_case
 from .checkpoints import (
     FORMATS,
@@ -44,7 +45,7 @@ from .schema import SUPPORTED_DTYPES, init_weights, random_weights
 from .semantics import PRESETS, releases_of
 from .weights import save_weights
 
-FRAMEWORKS = [name for name in BACKEND_NAMES if name != "numpy"]
+FRAMEWORKS = list(FRAMEWORK_BACKENDS)
 
 
 def _split(text: str) -> list[str]:
@@ -52,6 +53,8 @@ def _split(text: str) -> list[str]:
 
 
 def _targets(args: argparse.Namespace) -> list[Target]:
+    if args.reference and args.reference not in args.backends:
+        args.backends = [*args.backends, args.reference]
     for name in args.backends:
         if name not in BACKEND_NAMES:
             raise ValueError(f"unknown backend {name!r}: expected some of {list(BACKEND_NAMES)}")
@@ -343,7 +346,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The d2l chapter's demo: its model and inputs through every installed backend."""
+    """The d2l chapter's demo: its model and inputs through every installed framework backend (the
+    references compute the original BERT, not d2l's)."""
     config = CONFIGS["chapter"]
     weights = init_weights(config, seed=args.seed)
     rng = np.random.default_rng(args.seed)
@@ -354,6 +358,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"d2l chapter demo: {config}")
     rows = []
     for name, status in backends().items():
+        if name in REFERENCES:
+            continue
         if not status.available:
             rows.append((name, "-", "-", "-", "-", "-", f"skipped: {status.reason}"))
             continue
@@ -396,6 +402,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
     parser.add_argument(
         "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
+    )
+    parser.add_argument(
+        "--reference",
+        choices=REFERENCES,
+        help="add an independent implementation of the original BERT as one more row (the bert preset only)",
     )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")

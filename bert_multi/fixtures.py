@@ -25,12 +25,13 @@ DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
 SEED = 0
 # Small on purpose (the files stay in the tens of kilobytes): two heads and two blocks, and one head,
 # one block with a width that is not a power of two; then each earlier d2l generation, with two heads
-# so that tiling valid_lens over them matters.
+# so that tiling valid_lens over them matters, and the original BERT.
 FIXTURE_CONFIGS: dict[str, BERTConfig] = {
     "two_blocks": BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=8),
     "one_head": BERTConfig(vocab_size=19, num_hiddens=6, ffn_num_hiddens=10, num_heads=1, num_blks=1, max_len=7),
     "d2l_0_12": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics="d2l-0.12"),
     "d2l_0_11": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics="d2l-0.11"),
+    "bert": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics="bert"),
 }
 INPUT_FIELDS = ("tokens", "segments", "valid_lens", "pred_positions")
 

@@ -248,9 +248,21 @@ def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray],
     return config, arrays, kinds, notes
 
 
-def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
-    """A HuggingFace BERT directory (``config.json``, ``model.safetensors``) that transformers loads with
-    ``from_pretrained``: ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none."""
+def hf_names(config: BERTConfig) -> dict[str, str]:
+    """Canonical name -> transformers' name, in the schema's order (``bert.`` prefixed when the model has
+    both heads: ``BertForPreTraining`` holds a ``BertModel`` as ``bert``)."""
+    prefix = "bert." if config.heads == HEADS else ""
+    names = {}
+    for name in param_shapes(config):
+        hf_name = _translate(name, to_canonical=False)
+        assert hf_name is not None, name  # every canonical name of the original BERT has a row
+        names[name] = hf_name if hf_name.startswith("cls.") else prefix + hf_name
+    return names
+
+
+def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(config.json's fields, arrays under transformers' names) of a model transformers can compute:
+    ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none; else a ``ValueError``."""
     semantics = config.semantics
     if not (semantics.embedding_norm and semantics.positions == "learned" and semantics.attention_bias
             and semantics.valid_lens_over_heads == "interleaved" and semantics.nsp_head == "pooler"):  # fmt: skip
@@ -261,18 +273,12 @@ def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.
     if config.heads not in (HEADS, ("pooler",), ()):
         raise ValueError(f"transformers has no BERT class with exactly the heads {list(config.heads)}")
     full = config.heads == HEADS
-    prefix = "bert." if full else ""
-    inverse = {}
-    for name in param_shapes(config):
-        hf_name = _translate(name, to_canonical=False)
-        assert hf_name is not None, name  # every canonical name of the original BERT has a row
-        inverse[name] = hf_name if hf_name.startswith("cls.") else prefix + hf_name
+    inverse = hf_names(config)
     arrays = {
         inverse[name]: (array[0] if name == "encoder.pos_embedding" else array) for name, array in weights.items()
     }
     if BIAS in arrays:  # under both names, as transformers keeps it when the decoder is untied
         arrays[DECODER_BIAS] = arrays[BIAS]
-    act = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}[semantics.activation]
     hf = {
         "architectures": ["BertForPreTraining" if full else "BertModel"],
         "model_type": "bert",
@@ -281,7 +287,7 @@ def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.
         "num_hidden_layers": config.num_blks,
         "num_attention_heads": config.num_heads,
         "intermediate_size": config.ffn_num_hiddens,
-        "hidden_act": act,
+        "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}[semantics.activation],
         "max_position_embeddings": config.max_len,
         "type_vocab_size": 2,
         "layer_norm_eps": semantics.layer_norm_eps,
@@ -290,6 +296,13 @@ def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.
         "attention_probs_dropout_prob": config.dropout,
         "torch_dtype": next(iter(weights.values())).dtype.name,
     }
+    return hf, arrays
+
+
+def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+    """A HuggingFace BERT directory (``config.json``, ``model.safetensors``) that transformers loads with
+    ``from_pretrained`` (see ``to_huggingface`` for which models it can hold)."""
+    hf, arrays = to_huggingface(config, weights)
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     write_safetensors(directory / SAFETENSORS_FILE, arrays, {"format": "pt"})

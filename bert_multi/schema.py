@@ -18,7 +18,8 @@ from .errors import WeightsError
 
 SUPPORTED_DTYPES = ("float32", "float64")
 
-Role = Literal["embedding", "dense_weight", "bias", "ln_gamma", "ln_beta"]
+# "tied_embedding": the token embedding when it is also the MLM decoder's weight (original BERT).
+Role = Literal["embedding", "tied_embedding", "dense_weight", "bias", "ln_gamma", "ln_beta"]
 
 
 class ParamSpec(NamedTuple):
@@ -54,7 +55,8 @@ def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
     # positional embedding (a bare nn.Parameter of the encoder) comes first; a sinusoidal table is none.
     if semantics.positions == "learned":
         yield "encoder.pos_embedding", ParamSpec((1, config.max_len, H), "embedding")
-    yield "encoder.token_embedding.weight", ParamSpec((V, H), "embedding")
+    tied = semantics.mlm_decoder == "tied" and "mlm" in config.heads
+    yield "encoder.token_embedding.weight", ParamSpec((V, H), "tied_embedding" if tied else "embedding")
     yield "encoder.segment_embedding.weight", ParamSpec((2, H), "embedding")
     if semantics.embedding_norm:
         yield from layer_norm("encoder.embedding_norm")
@@ -149,7 +151,7 @@ def init_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32") -
     """
 
     def bert_init(spec: ParamSpec, z: np.ndarray) -> np.ndarray:
-        if spec.role in ("embedding", "dense_weight"):
+        if spec.role in ("embedding", "tied_embedding", "dense_weight"):
             return 0.02 * z
         return np.full(spec.shape, 1.0 if spec.role == "ln_gamma" else 0.0)
 
@@ -167,7 +169,9 @@ def random_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32")
     def all_random(spec: ParamSpec, z: np.ndarray) -> np.ndarray:
         if spec.role == "embedding":
             return z
-        if spec.role == "dense_weight":
+        # A tied token embedding is the decoder's weight too: scaled like one, its logits stay of order
+        # one (unit-variance rows over H features would make them of order sqrt(H), 28 at BERT-base).
+        if spec.role in ("dense_weight", "tied_embedding"):
             return z / np.sqrt(spec.shape[1])
         if spec.role == "ln_gamma":
             return 1.0 + 0.1 * z

@@ -31,7 +31,7 @@ from bert_multi.schema import NAME_RULES
 from bert_multi.semantics import PRESETS
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
-FRAMEWORKS = sorted(AVAILABLE - {"numpy"})
+FRAMEWORKS = sorted(AVAILABLE & {"torch", "mxnet"})
 # Every heads choice a generation allows (d2l 0.11's pooler is part of its NSP head).
 HEAD_CHOICES = [
     (preset, heads)

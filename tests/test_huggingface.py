@@ -235,3 +235,31 @@ def test_a_d2l_model_cannot_pass_for_a_huggingface_one(tmp_path):
     other = dataclasses.replace(config, semantics="bert", heads=("mlm",))
     with pytest.raises(ValueError, match="no BERT class with exactly the heads"):
         bm.save_checkpoint(tmp_path / "hf", other, bm.random_weights(other), framework="huggingface")
+
+
+def test_transformers_is_one_more_row_of_a_conformance_report(tmp_path, capsys):
+    transformers_or_skip()
+    from bert_multi.cli import main
+
+    argv = ["conform", "--config", "tiny", "--backends", "torch", "--reference", "transformers", "--cases",
+            "mixed_valid_lens,valid_lens_2d,valid_len_zero,edge_pred_positions"]  # fmt: skip
+    assert main([*argv, "--preset", "bert", "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {(check["target"], check["reference"]) for check in report["checks"]}
+    assert ("transformers float32 cpu", "oracle") in rows and ("transformers float64 cpu", "oracle") in rows
+    assert any(target.startswith("torch") and "transformers" in reference for target, reference in rows)
+    capsys.readouterr()
+    assert main([*argv, "--preset", "d2l"]) == 0  # transformers cannot compute d2l's BERT: a SKIP row, not a failure
+    assert "SKIP" in capsys.readouterr().out
+
+
+def test_a_huggingface_directory_is_a_checkpoint_like_any_other(tmp_path, capsys):
+    from bert_multi.cli import main
+
+    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
+    assert main(["inspect", str(tmp_path / "hf")]) == 0
+    assert "HuggingFace BERT directory" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "hf"), "--backends", "numpy", "--no-pairs"]) == 0
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "w.npz")]) == 0
+    assert bm.load_weights(tmp_path / "w.npz")[0] == config

@@ -1,0 +1,137 @@
+"""HuggingFace transformers' ``BertForPreTraining`` / ``BertModel`` as one more backend: an independent
+implementation of the original BERT, compared like any other (eager attention, TF32 off).
+
+It computes the ``bert`` preset and its variants (GELU or ReLU, any LayerNorm eps, tied or own decoder);
+a d2l generation is a ``ValueError`` at build, which a conformance run reports as a SKIP row. valid_lens
+become transformers' additive attention mask, (B, 1, T, T), so a length per query works too.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+import transformers
+
+from .backend import BackendModel, BERTOutput, Device, parse_device, prepare_weights
+from .config import BERTConfig
+from .huggingface import hf_names, to_huggingface
+from .inputs import ModelInputs
+from .torch.backend import TORCH_DTYPES, tf32_enabled, to_framework_device
+
+NAME = "transformers"
+
+
+def kernel_eps(eps: float) -> float:
+    """transformers' LayerNorm is torch's: it computes with exactly ``eps``."""
+    return eps
+
+
+class TransformersBERT(BackendModel):
+    """A transformers BERT (``.module``) holding canonical weights, run in eval mode without gradients."""
+
+    backend = NAME
+
+    def __init__(self, config: BERTConfig, module: torch.nn.Module, dtype: str, device: Device, torch_device) -> None:
+        super().__init__(config, dtype, device)
+        self.module, self.torch_device = module, torch_device
+        self.bert = getattr(module, "bert", module)  # BertForPreTraining wraps a BertModel
+
+    def _sources(self) -> OrderedDict[str, torch.nn.Module]:
+        """Where each named activation is the output of a transformers module."""
+        sources = OrderedDict(embedding=self.bert.embeddings)
+        for i, layer in enumerate(self.bert.encoder.layer):
+            sources[f"blks.{i}.attention"] = layer.attention.output.dense  # before its dropout and LayerNorm
+            sources[f"blks.{i}.addnorm1"] = layer.attention.output
+            sources[f"blks.{i}.ffn"] = layer.output.dense
+            sources[f"blks.{i}.output"] = layer.output
+        if self.bert.pooler is not None:
+            sources["pooler"] = self.bert.pooler
+        return sources
+
+    def _mask(self, valid_lens: np.ndarray | None, T: int) -> torch.Tensor | None:
+        if valid_lens is None:
+            return None
+        lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens  # (B, T_q)
+        keep = np.arange(T)[None, None, :] < lens[:, :, None]  # (B, T_q, T_k)
+        dtype = TORCH_DTYPES[self.dtype]
+        additive = np.where(keep, 0.0, torch.finfo(dtype).min)[:, None]  # (B, 1, T_q, T_k), added to the scores
+        return torch.from_numpy(additive).to(self.torch_device, dtype)
+
+    def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        tokens, segments, valid_lens, pred_positions = inputs
+        record: OrderedDict[str, np.ndarray] = OrderedDict()
+        hooks = []
+        if intermediates:
+            for name, module in self._sources().items():
+                record[name] = None
+
+                def keep(module, args, output, name=name):
+                    record[name] = (output[0] if isinstance(output, tuple) else output).detach().cpu().numpy()
+
+                hooks.append(module.register_forward_hook(keep))
+        arguments = {
+            "input_ids": torch.from_numpy(tokens).to(self.torch_device),
+            "token_type_ids": torch.from_numpy(segments).to(self.torch_device),
+            "attention_mask": self._mask(valid_lens, tokens.shape[1]),
+        }
+        try:
+            with torch.no_grad(), tf32_enabled(False):
+                out = self.module(**arguments, output_hidden_states=True)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        encoded = out.hidden_states[-1]
+        mlm = nsp = None
+        if self.module is not self.bert:
+            nsp = out.seq_relationship_logits.cpu().numpy()
+            if pred_positions is not None:
+                rows = np.arange(len(pred_positions))[:, None]
+                mlm = out.prediction_logits.cpu().numpy()[rows, pred_positions]
+        return BERTOutput(encoded.cpu().numpy(), mlm, nsp, record if intermediates else None)
+
+    def export_weights(self) -> dict[str, np.ndarray]:
+        state = self.module.state_dict()
+        weights = {}
+        for name, hf_name in hf_names(self.config).items():
+            array = state[hf_name].detach().cpu().numpy().copy()
+            weights[name] = array[None] if name == "encoder.pos_embedding" else array
+        return weights
+
+    def framework_info(self) -> dict[str, object]:
+        info: dict[str, object] = {
+            "framework": f"transformers {transformers.__version__} (torch {torch.__version__})",
+            "threads": torch.get_num_threads(),
+        }
+        if self.device.kind == "gpu":
+            info["tf32"] = False
+        return info
+
+
+def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32"):
+    """transformers' BERT for ``config`` holding exactly ``weights``, in ``dtype`` on ``device``."""
+    dtype, weights = prepare_weights(config, weights, dtype)
+    hf, arrays = to_huggingface(config, weights)  # a ValueError for what transformers cannot compute
+    target = parse_device(device)
+    torch_device = to_framework_device(target)
+    hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
+    hf_config._attn_implementation = "eager"
+    if hf["architectures"] == ["BertForPreTraining"]:
+        module = transformers.BertForPreTraining(hf_config)
+    else:
+        module = transformers.BertModel(hf_config, add_pooling_layer="pooler" in config.heads)
+    module = module.to(TORCH_DTYPES[dtype]).eval()
+    state = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    # The decoder's weight is the tied word embedding; position_ids is a buffer; neither is a weight.
+    missing = [
+        name for name in missing if name not in ("cls.predictions.decoder.weight",) and "position_ids" not in name
+    ]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"transformers' BERT and bert_multi's names disagree: missing {missing}, unexpected {unexpected}"
+        )
+    if config.semantics.mlm_decoder == "tied" and hasattr(module, "cls"):
+        module.tie_weights()
+    return TransformersBERT(config, module.to(torch_device), dtype, target, torch_device)
