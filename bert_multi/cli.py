@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import lessons
 from .backend import BACKEND_NAMES, REFERENCES, backends, load_backend, parse_device
 from .backend import FRAMEWORKS as FRAMEWORK_BACKENDS
 from .cases import CASE_NAMES, CASES, Batch, get_case
@@ -332,6 +334,46 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lessons(args: argparse.Namespace) -> int:
+    """List the framework-differences guide's sections, or run one in both frameworks side by side."""
+    sections = lessons.read_guide()
+    if args.section is None:
+        for section in sections:
+            print(f"{section.number}. {section.title}")
+        print(f"\nbert-multi lessons N runs section N in both frameworks; the guide: {lessons.GUIDE}")
+        return 0
+    section = next((s for s in sections if s.number == args.section), None)
+    if section is None:
+        raise ValueError(f"no section {args.section}: the guide has sections 1 to {len(sections)}")
+    print(f"{section.number}. {section.title}\n")
+    status = backends()
+    parts = []  # per sample: (header, code lines, printed lines, verdict)
+    for sample in section.samples:
+        outcome = lessons.run([sample])[0] if status[sample.framework].available else None
+        printed = outcome.printed.rstrip() if outcome else f"(not run: {status[sample.framework].reason})"
+        verdict = "" if outcome is None else ("as the guide says" if outcome.as_written else "NOT as the guide says")
+        parts.append((f"{lessons.LABELS[sample.framework]}:", sample.code.splitlines(), printed.splitlines(), verdict))
+    code_rows = max(len(code) for _, code, _, _ in parts)
+    printed_rows = max(len(printed) for _, _, printed, _ in parts)
+    columns = [
+        [
+            header,
+            *code,
+            *[""] * (code_rows - len(code)),
+            "",
+            "prints:",
+            *printed,
+            *[""] * (printed_rows - len(printed)),
+            verdict,
+        ]  # fmt: skip
+        for header, code, printed, verdict in parts
+    ]
+    width = max(len(line) for line in columns[0]) + 4
+    for row in itertools.zip_longest(*columns, fillvalue=""):
+        print("".join(f"{cell:<{width}}" for cell in row).rstrip())
+    return 0
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
     _check_output(args.dir, "--dir", directory=True)
     for path in write_fixtures(args.dir):
@@ -580,6 +622,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where to write them (default: {DEFAULT_DIRECTORY}, run from the repository root)",
     )
     fixtures.set_defaults(func=cmd_fixtures)
+
+    lessons_parser = sub.add_parser(
+        "lessons",
+        help="how PyTorch and MXNet differ: list the guide's sections, or run one in both frameworks",
+        description="The framework-differences guide (docs/framework-differences.md), section by section: "
+        "each sample run in its framework, printed side by side with the other's.",
+    )
+    lessons_parser.add_argument("section", nargs="?", type=int, help="the section to run (default: list them)")
+    lessons_parser.set_defaults(func=cmd_lessons)
 
     listing = sub.add_parser("backends", help="list the backends and whether each can run here")
     listing.set_defaults(func=cmd_backends)

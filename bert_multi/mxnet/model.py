@@ -32,8 +32,9 @@ def _dense(
     flatten: bool = False,
 ) -> nn.Block:
     # Framework difference: Gluon's Dense infers its input width on the first forward when in_units=0
-    # (deferred initialisation); torch needs the width up front or a Lazy layer. Gluon's Dense also
-    # flattens its input to 2-D by default, so sequence layers pass flatten=False.
+    # (deferred initialisation; docs/framework-differences.md, "Layers that learn their input width");
+    # torch needs the width up front or a Lazy layer. Gluon's Dense also flattens its input to 2-D by
+    # default, so sequence layers pass flatten=False.
     if activation in ("gelu", "gelu_tanh"):
         approximate = activation == "gelu_tanh"
         return GELUDense(num_outputs, use_bias=bias, flatten=flatten, in_units=num_inputs or 0, approximate=approximate)
@@ -124,7 +125,8 @@ class MultiHeadAttention(nn.Block):
             valid_lens = valid_lens.repeat(self.num_heads, axis=0)
         elif valid_lens is not None:
             # d2l <= 0.15 tiled them, (b0, b1, ..., b0, b1, ...): its bug, reproduced. Framework
-            # difference: NumPy's and MXNet's repeat interleave; torch's Tensor.repeat tiles (like np.tile).
+            # difference: NumPy's and MXNet's repeat interleave; torch's Tensor.repeat tiles (like np.tile)
+            # (docs/framework-differences.md, "`repeat` means opposite things").
             valid_lens = np.tile(valid_lens, (self.num_heads,) + (1,) * (valid_lens.ndim - 1))
         output = self.attention(queries, keys, values, valid_lens)
         return self.W_o(self.transpose_output(output))

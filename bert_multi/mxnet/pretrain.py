@@ -72,7 +72,8 @@ class Pretrainer:
         self.steps = 0
         params = model.module.collect_params()
         # Framework difference: Gluon's Trainer takes its hyper-parameters as a dict and scales
-        # gradients by 1 / the batch size passed to step(); the loss is already a mean, so step(1).
+        # gradients by 1 / the batch size passed to step(); the loss is already a mean, so step(1)
+        # (docs/framework-differences.md: "who divides by the batch size", "Adam's epsilon").
         hyper = {"learning_rate": lr}
         if optimizer == "adam":
             hyper.update(epsilon=adam_epsilon, beta1=adam_betas[0], beta2=adam_betas[1])

@@ -23,7 +23,8 @@ from ..semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 def _dense(num_outputs: int, num_inputs: int | None = None, bias: bool = True) -> nn.Module:
     # Framework difference: torch needs the input width up front or a Lazy layer that infers it on the
-    # first forward; Gluon's Dense takes in_units=0 to mean "infer it" (deferred initialisation).
+    # first forward; Gluon's Dense takes in_units=0 to mean "infer it" (deferred initialisation;
+    # docs/framework-differences.md, "Layers that learn their input width").
     if num_inputs is None:
         return nn.LazyLinear(num_outputs, bias=bias)
     return nn.Linear(num_inputs, num_outputs, bias=bias)
@@ -99,7 +100,8 @@ class MultiHeadAttention(nn.Module):
             valid_lens = torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)
         elif valid_lens is not None:
             # d2l <= 0.15 tiled them, (b0, b1, ..., b0, b1, ...): its bug, reproduced. Framework
-            # difference: torch's Tensor.repeat tiles (like np.tile); NumPy's and MXNet's repeat interleave.
+            # difference: torch's Tensor.repeat tiles (like np.tile); NumPy's and MXNet's repeat interleave
+            # (docs/framework-differences.md, "`repeat` means opposite things").
             valid_lens = valid_lens.repeat(self.num_heads, *[1] * (valid_lens.dim() - 1))
         output = self.attention(queries, keys, values, valid_lens)
         return self.W_o(self.transpose_output(output))

@@ -66,7 +66,8 @@ class Pretrainer:
         self.steps = 0
         params = model.module.parameters()
         # Framework difference: a torch optimizer holds the parameters; Gluon's Trainer does too, but
-        # takes its hyper-parameters as a dict and scales gradients by 1 / the batch size it is given.
+        # takes its hyper-parameters as a dict and scales gradients by 1 / the batch size it is given
+        # (docs/framework-differences.md: "who divides by the batch size", "Adam's epsilon").
         self.optimizer = (
             torch.optim.SGD(params, lr=lr)
             if optimizer == "sgd"

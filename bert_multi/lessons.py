@@ -1,0 +1,138 @@
+"""The framework-differences guide (``docs/framework-differences.md``), executable.
+
+Each ``## `` section of the guide holds samples: a fenced block tagged ``python torch`` or ``python mxnet``,
+followed at once by a ``text`` block with exactly what it prints. ``run`` executes the samples of one
+framework in a child process, each in a namespace of its own; a sample that changes the process itself
+(``npx.set_np()``, ``torch.set_default_dtype``) is tagged ``fresh`` and gets a process of its own.
+``check`` compares what they print with what the guide says they print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "framework-differences.md"
+FRAMEWORKS = ("torch", "mxnet")
+LABELS = {"torch": "PyTorch", "mxnet": "MXNet/Gluon"}
+
+# Runs in the child: every sample from stdin, each with its own namespace and captured stdout.
+_CHILD = """
+import contextlib, io, json, sys, traceback
+results = []
+for code in json.load(sys.stdin):
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            exec(compile(code, "<sample>", "exec"), {"__name__": "__sample__"})
+    except BaseException:
+        buffer.write("the sample raised " + traceback.format_exc().strip().splitlines()[-1] + "\\n")
+    results.append(buffer.getvalue())
+sys.stdout.write("\\n" + json.dumps(results))
+"""
+
+
+@dataclass(frozen=True)
+class Sample:
+    framework: str
+    code: str
+    expected: str  # what the guide says it prints
+    line: int  # where the code starts in the guide
+    fresh: bool = False  # needs a Python process of its own
+
+
+@dataclass
+class Section:
+    number: int
+    title: str
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sample: Sample
+    printed: str
+
+    @property
+    def as_written(self) -> bool:
+        return self.printed.rstrip() == self.sample.expected.rstrip()
+
+
+def read_guide(path: str | Path = GUIDE) -> list[Section]:
+    """The guide's sections and samples; a sample without its output block is a ``ValueError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: the framework-differences guide is not there (it ships with the repository)")
+    lines = path.read_text().splitlines()
+    sections: list[Section] = []
+    blocks: list[tuple[Section | None, str, str, int]] = []  # (section, info, body, first line) per fenced block
+    index = 0
+    while index < len(lines):
+        heading = re.match(r"## (\d+)\. (.+)", lines[index])
+        if heading:
+            sections.append(Section(int(heading[1]), heading[2]))
+        elif lines[index].startswith("```"):
+            start = index + 1
+            end = next((j for j in range(start, len(lines)) if lines[j].startswith("```")), None)
+            if end is None:
+                raise ValueError(f"{path}:{index + 1}: a fenced block that never closes")
+            blocks.append(
+                (sections[-1] if sections else None, lines[index][3:].strip(), "\n".join(lines[start:end]), start + 1)
+            )
+            index = end
+        index += 1
+    for position, (section, info, body, line) in enumerate(blocks):
+        tagged = re.fullmatch(r"python (\w+)( fresh)?", info)
+        if not tagged:
+            continue
+        following = blocks[position + 1] if position + 1 < len(blocks) else None
+        if (
+            tagged[1] not in FRAMEWORKS
+            or section is None
+            or following is None
+            or following[1] != "text"
+            or following[0] is not section
+        ):
+            raise ValueError(
+                f"{path}:{line}: a sample must be tagged 'python torch' or 'python mxnet', sit in a numbered "
+                "section, and be followed at once by a 'text' block of what it prints"
+            )
+        section.samples.append(Sample(tagged[1], body, following[2], line, fresh=bool(tagged[2])))
+    return sections
+
+
+def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
+    """Run samples of one framework in a fresh Python, each in its own namespace (a ``fresh`` one in a
+    Python of its own); what each printed, in order."""
+    if not samples:
+        return []
+    if any(sample.fresh for sample in samples) and len(samples) > 1:
+        shared = run([sample for sample in samples if not sample.fresh], timeout)
+        alone = {sample.line: run([sample], timeout)[0] for sample in samples if sample.fresh}
+        by_line = {outcome.sample.line: outcome for outcome in shared} | alone
+        return [by_line[sample.line] for sample in samples]
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=json.dumps([sample.code for sample in samples]),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    if child.returncode != 0 or not child.stdout.strip():
+        raise RuntimeError(f"the samples' Python failed (exit {child.returncode}): {child.stderr[-2000:]}")
+    printed = json.loads(child.stdout.strip().splitlines()[-1])
+    return [Outcome(sample, text) for sample, text in zip(samples, printed)]
+
+
+def check(sections: list[Section], frameworks: tuple[str, ...] = FRAMEWORKS) -> list[Outcome]:
+    """Every sample of ``frameworks`` in ``sections`` run, one child per framework; all outcomes."""
+    outcomes = []
+    for framework in frameworks:
+        outcomes += run([s for section in sections for s in section.samples if s.framework == framework])
+    return outcomes

@@ -1,0 +1,62 @@
+"""The framework-differences guide is true in the installed frameworks: every sample runs and prints
+what the guide says it prints (``bert_multi.lessons``), and the runner catches a guide that lies."""
+
+import pytest
+
+from bert_multi import backends, lessons
+from bert_multi.cli import main
+
+SECTIONS = lessons.read_guide()
+
+
+def test_every_section_shows_both_frameworks():
+    assert [section.number for section in SECTIONS] == list(range(1, len(SECTIONS) + 1))
+    for section in SECTIONS:
+        assert sorted(sample.framework for sample in section.samples) == ["mxnet", "torch"], section.title
+
+
+@pytest.mark.parametrize("framework", lessons.FRAMEWORKS)
+def test_every_sample_prints_what_the_guide_says(framework):
+    status = backends()[framework]
+    if not status.available:
+        pytest.skip(status.reason)
+    wrong = [o for o in lessons.check(SECTIONS, (framework,)) if not o.as_written]
+    assert not wrong, "\n".join(
+        f"guide line {o.sample.line}: printed\n{o.printed}\nwhere the guide says\n{o.sample.expected}" for o in wrong
+    )
+
+
+def test_a_false_claim_in_the_guide_fails(tmp_path):
+    guide = tmp_path / "guide.md"
+    text = lessons.GUIDE.read_text()
+    # Claim that PyTorch's repeat interleaves, as NumPy's does: it tiles.
+    guide.write_text(text.replace("[3, 5, 3, 5]\n[3, 3, 5, 5]", "[3, 3, 5, 5]\n[3, 3, 5, 5]", 1))
+    section = next(s for s in lessons.read_guide(guide) if s.title.startswith("`repeat`"))
+    outcomes = lessons.check([section], ("torch",)) if backends()["torch"].available else []
+    if not outcomes:
+        pytest.skip(backends()["torch"].reason)
+    assert [o.as_written for o in outcomes] == [False]
+
+
+def test_a_sample_without_its_output_is_refused(tmp_path):
+    guide = tmp_path / "guide.md"
+    guide.write_text("## 1. A claim\n\n```python torch\nprint(1)\n```\n\nNo output block.\n")
+    with pytest.raises(ValueError, match="followed at once by a 'text' block"):
+        lessons.read_guide(guide)
+
+
+def test_a_sample_that_raises_is_reported_not_crashed():
+    sample = lessons.Sample("torch", "raise KeyError('no such layer')", "", 1)
+    (outcome,) = lessons.run([sample])
+    assert outcome.printed.strip() == "the sample raised KeyError: 'no such layer'" and not outcome.as_written
+
+
+def test_the_lessons_command_lists_and_runs_a_section(capsys):
+    assert main(["lessons"]) == 0
+    listing = capsys.readouterr().out
+    assert "5. `repeat` means opposite things" in listing
+    available = [f for f in lessons.FRAMEWORKS if backends()[f].available]
+    assert main(["lessons", "5"]) == 0
+    shown = capsys.readouterr().out
+    assert "valid_lens.repeat(2)" in shown and ("[3, 5, 3, 5]" in shown) == ("torch" in available)
+    assert main(["lessons", "99"]) == 2
