@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import lessons
+from . import bench, lessons
 from .backend import BACKEND_NAMES, REFERENCES, backends, load_backend, parse_device
 from .backend import FRAMEWORKS as FRAMEWORK_BACKENDS
 from .cases import CASE_NAMES, CASES, Batch, get_case
@@ -374,6 +374,35 @@ def cmd_lessons(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    _check_output(args.json, "--json")
+    _check_plot(args.plot)
+    shapes, rounds = (["tiny"], 2) if args.quick else (args.shapes, args.rounds)
+    for shape in shapes:
+        if shape not in bench.SHAPES:
+            raise ValueError(f"unknown shape {shape!r}: expected some of {list(bench.SHAPES)}")
+    bar = ProgressBar()
+    try:
+        rows = bench.run_bench(
+            shapes, args.dtypes, rounds, train=not args.no_train, progress=lambda label: bar(0, 1, label)
+        )
+    finally:
+        bar.close()
+    threads = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    if backends()["torch"].available:
+        import torch
+
+        threads += f", torch threads {torch.get_num_threads()}"
+    print(f"{rounds} interleaved rounds per workload; {threads}")
+    print(bench.format_rows(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": [row.to_json() for row in rows]}, indent=1))
+        print(f"report written to {args.json}")
+    if args.plot:
+        print(f"plot written to {bench.plot_rows(rows, args.plot)}")
+    return 0
+
+
 def cmd_fixtures(args: argparse.Namespace) -> int:
     _check_output(args.dir, "--dir", directory=True)
     for path in write_fixtures(args.dir):
@@ -622,6 +651,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where to write them (default: {DEFAULT_DIRECTORY}, run from the repository root)",
     )
     fixtures.set_defaults(func=cmd_fixtures)
+
+    bench_parser = sub.add_parser(
+        "bench",
+        help="speed of every installed backend side by side (forward and a training step)",
+        description="Every installed backend in one process, in interleaved rounds: median, min and max "
+        "time, tokens/s and the share of a same-process GEMM peak; transformers as a reference where installed.",
+    )
+    bench_parser.add_argument(
+        "--shapes", type=_split, default=["chapter"], help="comma-separated: chapter (8x64), base (8x128)"
+    )
+    bench_parser.add_argument("--dtypes", type=_split, default=list(SUPPORTED_DTYPES), help="comma-separated")
+    bench_parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload (default 5)")
+    bench_parser.add_argument("--no-train", action="store_true", help="forward passes only")
+    bench_parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
+    bench_parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
+    bench_parser.add_argument("--plot", metavar="PATH", help="write a PNG of tokens/s")
+    bench_parser.set_defaults(func=cmd_bench)
 
     lessons_parser = sub.add_parser(
         "lessons",

@@ -316,3 +316,17 @@ def test_pretrain_takes_a_preset_and_can_freeze_the_positions(tmp_path, capsys):
     assert load_weights(out)[0].semantics.name == "d2l-0.11"
     assert main([*argv, "--preset", "0.11.4", "--freeze-positions"]) == 2
     assert "no positional embeddings to freeze" in one_line_error(capsys)
+
+
+def test_bench_quick_runs_every_installed_backend_and_writes_json(tmp_path, capsys):
+    """Speed is shown by the benchmark, never asserted: this checks that it runs and what it writes."""
+    assert main(["bench", "--quick", "--json", str(tmp_path / "bench.json")]) == 0
+    document = json.loads((tmp_path / "bench.json").read_text())
+    rows = document["rows"]
+    available = {name for name, status in backends().items() if status.available}
+    assert {row["backend"] for row in rows if row["workload"].startswith("forward")} == available
+    for row in rows:
+        assert len(row["seconds"]) == 2 and row["min_s"] <= row["median_s"] <= row["max_s"]
+        assert row["tokens_per_s"] > 0
+        assert (row["gemm_peak_share"] is None) == row["workload"].startswith("train")
+    assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]

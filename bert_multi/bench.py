@@ -1,0 +1,238 @@
+"""``bert-multi bench``: every installed backend side by side, in one process, in interleaved rounds.
+
+Each workload (a forward at a shape and dtype, or a pretraining step) runs once per round on every
+backend in turn, so a machine that slows down mid-run slows every backend alike. Reported per row:
+median, min and max seconds, tokens per second, and the share of a same-process GEMM peak (the
+framework's own dense-layer product at the model's widest shape, at least 512 a side, best of every
+round) that the forward's FLOPs reach. Speed is
+shown here, never asserted by a test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import FRAMEWORKS, backends, load_backend
+from .config import CONFIGS, BERTConfig
+from .pretraining import PretrainingData, builtin_corpus
+from .schema import random_weights
+
+# name -> (config, batch size, sequence length): the chapter's shape and BERT-base's; --quick: a tiny one.
+SHAPES = {
+    "chapter": (CONFIGS["chapter"], 8, 64),
+    "base": (CONFIGS["base"], 8, 128),
+    "tiny": (CONFIGS["tiny"], 4, 16),
+}
+
+
+@dataclass
+class Row:
+    workload: str  # "forward chapter 8x64" or "train step ..."
+    backend: str
+    dtype: str
+    seconds: list[float]
+    tokens: int
+    flops: float
+    gemm_flops_per_second: float | None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "workload": self.workload,
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "seconds": self.seconds,
+            "median_s": self.median,
+            "min_s": min(self.seconds),
+            "max_s": max(self.seconds),
+            "tokens_per_s": self.tokens / self.median,
+            "gemm_peak_share": self.share,
+        }
+
+    @property
+    def share(self) -> float | None:
+        if not self.gemm_flops_per_second or not self.flops:
+            return None
+        return self.flops / self.median / self.gemm_flops_per_second
+
+
+def forward_flops(config: BERTConfig, batch: int, steps: int) -> float:
+    """Multiply-adds x 2 of the encoder: the four projections, the scores and their weighted sum, the FFN."""
+    H, F, T = config.num_hiddens, config.ffn_num_hiddens, steps
+    per_block = 2 * batch * T * (4 * H * H + 2 * H * F) + 4 * batch * T * T * H
+    return float(per_block * config.num_blks)
+
+
+def _gemm(backend: str, dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
+    """One same-process matrix product, as the backend's dense layers compute it: torch's ``linear``,
+    MXNet's ``fully_connected`` (oneDNN in the pip wheel, faster than its ``dot``), NumPy's ``@``."""
+    if backend in ("torch", "transformers"):
+        import torch
+
+        a, w = torch.ones(m, k, dtype=getattr(torch, dtype)), torch.ones(n, k, dtype=getattr(torch, dtype))
+        return lambda: torch.nn.functional.linear(a, w)
+    if backend == "mxnet":
+        import mxnet as mx
+
+        a, w = mx.np.ones((m, k), dtype=dtype), mx.np.ones((n, k), dtype=dtype)
+        return lambda: mx.npx.fully_connected(a, w, num_hidden=n, no_bias=True).wait_to_read()
+    a, w = np.ones((m, k), dtype=dtype), np.ones((n, k), dtype=dtype)
+    return lambda: a @ w.T
+
+
+def _finish(backend: str) -> None:
+    """Wait until the backend's queued work is done. MXNet's engine returns before the work is done
+    (docs/framework-differences.md, "MXNet returns before the work is done"): a training step that is
+    not waited for is timed short, and its backward runs inside the next backend's timing."""
+    if backend == "mxnet":
+        import mxnet as mx
+
+        mx.npx.waitall()
+
+
+def _best(call: Callable[[], object], repeats: int) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def run_bench(
+    shapes: list[str],
+    dtypes: list[str],
+    rounds: int = 5,
+    train: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Every installed backend (and transformers, where installed, on the original BERT of the same
+    sizes) on each shape and dtype, ``rounds`` interleaved rounds; then a pretraining step each."""
+    available = [name for name, status in backends().items() if status.available]
+    rows: list[Row] = []
+    for shape in shapes:
+        base, batch, steps = SHAPES[shape]
+        for dtype in dtypes:
+            runners: dict[str, Callable[[], object]] = {}
+            for name in available:
+                config = dataclasses.replace(base, semantics="bert") if name == "transformers" else base
+                weights = random_weights(config, seed=0, dtype=dtype)
+                model = load_backend(name).build(config, weights, dtype=dtype)
+                rng = np.random.default_rng(0)
+                inputs = {
+                    "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
+                    "segments": rng.integers(0, 2, (batch, steps)),
+                    "valid_lens": rng.integers(steps // 2, steps + 1, batch),
+                    "pred_positions": rng.integers(0, steps, (batch, max(1, round(0.15 * steps)))),
+                }
+                runners[name] = lambda model=model, inputs=inputs: model(**inputs)
+            # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so
+            # that a tiny model is not measured against a product too small to reach it).
+            m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
+            for name in runners:  # building queues work in MXNet; none may run inside another's timing
+                _finish(name)
+            products = {name: _gemm(name, dtype, m, k, n) for name in runners}
+            fastest = {name: _best(product, 3) for name, product in products.items()}
+            workload = f"forward {shape} {batch}x{steps}"
+            timings: dict[str, list[float]] = {name: [] for name in runners}
+            for name, run in runners.items():  # warm-up: first calls allocate and compile
+                run()
+                _finish(name)
+            for index in range(rounds):
+                for name, run in runners.items():
+                    if progress:
+                        progress(f"{workload} {dtype} round {index + 1}/{rounds}: {name}")
+                    started = time.perf_counter()
+                    run()
+                    _finish(name)
+                    timings[name].append(time.perf_counter() - started)
+                    # The peak is sampled in every round too, beside the forward: its best is the peak.
+                    fastest[name] = min(fastest[name], _best(products[name], 1))
+            gemm = {name: 2.0 * m * k * n / seconds for name, seconds in fastest.items()}
+            flops = forward_flops(base, batch, steps)
+            rows += [Row(workload, name, dtype, timings[name], batch * steps, flops, gemm[name]) for name in runners]
+    if train:
+        rows += _train_rows(shapes[0], rounds, progress)
+    return rows
+
+
+def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
+    """One pretraining step (forward, both losses, backward, Adam) per framework, float32."""
+    base, batch, steps = SHAPES[shape]
+    data = PretrainingData.from_paragraphs(builtin_corpus(200), max_len=min(steps, 64))
+    config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
+    weights = random_weights(config, seed=0, dtype="float32")
+    trainers = {}
+    for name in FRAMEWORKS:
+        if backends()[name].available:
+            backend = load_backend(name)
+            trainers[name] = backend.Pretrainer(backend.build(config, weights, dtype="float32"))
+    stream = data.batches(batch, seed=0)
+    batches = [next(stream) for _ in range(rounds + 1)]
+    timings: dict[str, list[float]] = {name: [] for name in trainers}
+    for name, trainer in trainers.items():
+        trainer.step(batches[0])  # warm-up
+        _finish(name)
+    for index in range(rounds):
+        for name, trainer in trainers.items():
+            if progress:
+                progress(f"train step round {index + 1}/{rounds}: {name}")
+            started = time.perf_counter()
+            trainer.step(batches[index + 1])
+            _finish(name)
+            timings[name].append(time.perf_counter() - started)
+    workload = f"train step {shape} {batch}x{data.max_len}"
+    return [Row(workload, name, "float32", timings[name], batch * data.max_len, 0.0, None) for name in trainers]
+
+
+def format_rows(rows: list[Row]) -> str:
+    """The table ``bert-multi bench`` prints."""
+    from .report import format_table
+
+    def share(row: Row) -> str:
+        return "-" if row.share is None else f"{100 * row.share:.0f}%"
+
+    body = [
+        [
+            row.workload,
+            row.backend,
+            row.dtype,
+            f"{1000 * row.median:.1f}",
+            f"{1000 * min(row.seconds):.1f}",
+            f"{1000 * max(row.seconds):.1f}",
+            f"{row.tokens / row.median:,.0f}",
+            share(row),
+        ]  # fmt: skip
+        for row in rows
+    ]
+    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "tokens/s", "of GEMM peak"]
+    return format_table(header, body)
+
+
+def plot_rows(rows: list[Row], path: str) -> str:
+    """A bar chart of tokens/s per workload, backend and dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{row.workload}\n{row.backend} {row.dtype}" for row in rows]
+    figure, axes = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
+    axes.barh(range(len(rows)), [row.tokens / row.median for row in rows])
+    axes.set_yticks(range(len(rows)), labels, fontsize=7)
+    axes.invert_yaxis()
+    axes.set_xlabel("tokens per second (median of the rounds)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
