@@ -109,6 +109,33 @@ def _best(call: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def _interleave(
+    calls: dict[str, Callable[[int], object]],
+    rounds: int,
+    label: str,
+    progress: Callable[[str], None] | None,
+    after: Callable[[str], None] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds of ``calls[name](round)`` for rounds 1..``rounds``, every backend in turn each round,
+    after a warm-up call (round 0: first calls allocate and compile). Each timing waits for the
+    backend's queued work; ``after(name)`` runs outside the timings."""
+    timings: dict[str, list[float]] = {name: [] for name in calls}
+    for name, call in calls.items():
+        call(0)
+        _finish(name)
+    for index in range(1, rounds + 1):
+        for name, call in calls.items():
+            if progress:
+                progress(f"{label} round {index}/{rounds}: {name}")
+            started = time.perf_counter()
+            call(index)
+            _finish(name)
+            timings[name].append(time.perf_counter() - started)
+            if after:
+                after(name)
+    return timings
+
+
 def run_bench(
     shapes: list[str],
     dtypes: list[str],
@@ -144,20 +171,13 @@ def run_bench(
             products = {name: _gemm(name, dtype, m, k, n) for name in runners}
             fastest = {name: _best(product, 3) for name, product in products.items()}
             workload = f"forward {shape} {batch}x{steps}"
-            timings: dict[str, list[float]] = {name: [] for name in runners}
-            for name, run in runners.items():  # warm-up: first calls allocate and compile
-                run()
-                _finish(name)
-            for index in range(rounds):
-                for name, run in runners.items():
-                    if progress:
-                        progress(f"{workload} {dtype} round {index + 1}/{rounds}: {name}")
-                    started = time.perf_counter()
-                    run()
-                    _finish(name)
-                    timings[name].append(time.perf_counter() - started)
-                    # The peak is sampled in every round too, beside the forward: its best is the peak.
-                    fastest[name] = min(fastest[name], _best(products[name], 1))
+
+            def sample_peak(name: str, fastest=fastest, products=products) -> None:
+                # in every round too, beside the forward: the best of all is the peak
+                fastest[name] = min(fastest[name], _best(products[name], 1))
+
+            calls = {name: (lambda _, run=run: run()) for name, run in runners.items()}
+            timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, after=sample_peak)
             gemm = {name: 2.0 * m * k * n / seconds for name, seconds in fastest.items()}
             flops = forward_flops(base, batch, steps)
             rows += [Row(workload, name, dtype, timings[name], batch * steps, flops, gemm[name]) for name in runners]
@@ -179,19 +199,9 @@ def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
             trainers[name] = backend.Pretrainer(backend.build(config, weights, dtype="float32"))
     stream = data.batches(batch, seed=0)
     batches = [next(stream) for _ in range(rounds + 1)]
-    timings: dict[str, list[float]] = {name: [] for name in trainers}
-    for name, trainer in trainers.items():
-        trainer.step(batches[0])  # warm-up
-        _finish(name)
-    for index in range(rounds):
-        for name, trainer in trainers.items():
-            if progress:
-                progress(f"train step round {index + 1}/{rounds}: {name}")
-            started = time.perf_counter()
-            trainer.step(batches[index + 1])
-            _finish(name)
-            timings[name].append(time.perf_counter() - started)
     workload = f"train step {shape} {batch}x{data.max_len}"
+    calls = {name: (lambda index, trainer=trainer: trainer.step(batches[index])) for name, trainer in trainers.items()}
+    timings = _interleave(calls, rounds, workload, progress)
     return [Row(workload, name, "float32", timings[name], batch * data.max_len, 0.0, None) for name in trainers]
 
 
