@@ -78,30 +78,9 @@ class GluonStyleBERTEncoder(Generation):
         )
 
 
-class GluonStyleBERTModel(Generation):
-    """``BERTModel(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout, max_len=1000)``."""
-
-    def __init__(
-        self,
-        vocab_size: int,
-        num_hiddens: int,
-        ffn_num_hiddens: int,
-        num_heads: int,
-        num_layers: int,
-        dropout: float,
-        max_len: int = 1000,
-    ) -> None:
-        super().__init__(
-            vocab_size,
-            num_hiddens,
-            ffn_num_hiddens,
-            num_heads,
-            num_layers,
-            dropout,
-            max_len,
-            semantics=self.preset,
-            train_positions=self.train_positions,
-        )
+class GluonStyleBERTModel(GluonStyleBERTEncoder):
+    """``BERTModel(vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout, max_len=1000)``:
+    the encoder's signature, translated the same way."""
 
 
 # --- d2l 0.16-0.17's PyTorch signatures: every input width spelled out --------------------------------
