@@ -293,8 +293,8 @@ def _read_d2l_dir(directory: Path, key: str | None, shown_as: Path | None = None
     return raw
 
 
-def _read(path: Path, key: str | None) -> _Raw:
-    kind, framework = _sniff(path)
+def _read(path: Path, key: str | None, sniffed: tuple[str, str | None] | None = None) -> _Raw:
+    kind, framework = sniffed or _sniff(path)
     if kind == "npz":
         if key is not None:
             raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
@@ -568,7 +568,7 @@ def load_checkpoint(
     kind, sniffed = _sniff(path)
     if framework is not None and kind != "d2l-zip":  # a zip's framework is that of the file inside
         _check_framework(path, kind, sniffed, framework)
-    raw = _read(path, key)
+    raw = _read(path, key, (kind, sniffed))
     if framework is not None:
         _check_framework(path, raw.format, raw.framework, framework)
     if raw.config is not None:

@@ -566,10 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = sub.add_parser(
         "convert",
-        help="convert a checkpoint between .npz, .pt, .params and d2l's pretrained-model directory",
+        help="convert a checkpoint between .npz, .pt, .params, d2l's pretrained-model directory and HuggingFace's",
         description="Read a checkpoint in any format and write it in the format OUT's name asks for: .npz "
-        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), or a directory (d2l's pretrained.params "
-        "+ vocab.json, with --framework). Each is what that framework's d2l code loads with its own strict call.",
+        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), or a directory (with --framework: d2l's "
+        "pretrained.params + vocab.json, or HuggingFace's config.json + model.safetensors). Each is what that "
+        "framework's code loads with its own strict call.",
     )
     convert.add_argument("source", help="the checkpoint to read")
     convert.add_argument("out", help="where to write; the suffix picks the format (no suffix: a d2l directory)")
