@@ -1,6 +1,7 @@
 """The common interface every backend implements, and the registry that finds backends lazily.
 
-A backend is a module with ``NAME`` and ``build(config, weights, device, dtype) -> BackendModel``.
+A backend is a module with ``NAME`` and ``build(config, weights, device, dtype, gradients) -> BackendModel``
+(``gradients=False``: the model is only run, so a framework need not keep gradient buffers).
 ``BackendModel.__call__`` runs the shared input checks before the backend's ``_forward`` sees anything,
 so bad input fails the same way, with the same message, in every framework.
 """

@@ -245,8 +245,10 @@ def build(
     device: str = "cpu",
     dtype: object = "float64",
     layer_norm_eps: float | None = None,
+    gradients: bool = True,
 ) -> NumpyBERT:
-    """The oracle model on canonical ``weights``, cast to ``dtype`` (float64 by default)."""
+    """The oracle model on canonical ``weights``, cast to ``dtype`` (float64 by default). It computes no
+    gradients, so ``gradients`` (the common interface's) changes nothing."""
     if parse_device(device).kind != "cpu":
         raise ValueError(f"the numpy backend runs on the CPU only, not {device!r}")
     dtype, weights = prepare_weights(config, weights, dtype)

@@ -109,8 +109,15 @@ class TransformersBERT(BackendModel):
         return info
 
 
-def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = "float32"):
-    """transformers' BERT for ``config`` holding exactly ``weights``, in ``dtype`` on ``device``."""
+def build(
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    device: str = "cpu",
+    dtype: object = "float32",
+    gradients: bool = True,
+) -> TransformersBERT:
+    """transformers' BERT for ``config`` holding exactly ``weights``, in ``dtype`` on ``device``;
+    ``gradients=False``: its parameters do not require gradients."""
     dtype, weights = prepare_weights(config, weights, dtype)
     hf, arrays = to_huggingface(config, weights)  # a ValueError for what transformers cannot compute
     target = parse_device(device)
@@ -134,4 +141,5 @@ def build(config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu
         )
     if config.semantics.mlm_decoder == "tied" and hasattr(module, "cls"):
         module.tie_weights()
+    module.requires_grad_(gradients)
     return TransformersBERT(config, module.to(torch_device), dtype, target, torch_device)

@@ -41,7 +41,7 @@ def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forg
             weights["nsp.output.bias"] = weights["nsp.output.bias"] + nudge_export
             return weights
 
-    def build(config, weights, device="cpu", dtype="float64"):
+    def build(config, weights, device="cpu", dtype="float64", gradients=True):
         oracle = load_backend("numpy").build(config, weights, device, dtype, layer_norm_eps=eps)
         return Fake(config, oracle.weights, oracle.dtype, eps)
 

@@ -113,6 +113,33 @@ def test_float32_weights_computed_in_float64_are_cast_exactly(framework):
     assert exported["hidden.0.weight"].dtype == np.float64
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_model_owns_its_weights_and_the_caller_keeps_theirs(framework, dtype):
+    # Builds take the weights without spare copies (torch: assign=True, MXNet: a zero-copy view), which
+    # must never leave the model sharing memory with the caller's arrays, cast or not.
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=7, dtype="float64")
+    kept = {name: array.copy() for name, array in weights.items()}
+    batch = CASES[0].batch(config)
+    model = framework.build(config, weights, dtype=dtype)
+    before = model(**batch)
+    for array in weights.values():
+        array += 1.0
+    assert np.array_equal(model(**batch).encoded, before.encoded)
+    exported = model.export_weights()
+    assert all(np.array_equal(exported[name], kept[name].astype(dtype)) for name in kept)
+    assert all(array.flags.writeable for array in weights.values())
+
+
+def test_a_model_built_without_gradients_computes_the_same(framework):
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=8, dtype="float64")
+    batch = CASES[0].batch(config)
+    trainable = framework.build(config, weights, dtype="float64")(**batch, intermediates=True)
+    run_only = framework.build(config, weights, dtype="float64", gradients=False)(**batch, intermediates=True)
+    assert np.array_equal(trainable.encoded, run_only.encoded) and np.array_equal(trainable.mlm, run_only.mlm)
+
+
 def test_two_inference_calls_are_identical_even_with_dropout_configured(framework):
     config = BERTConfig(
         vocab_size=50, num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, dropout=0.5, max_len=16

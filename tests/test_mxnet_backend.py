@@ -122,6 +122,13 @@ def test_gradients_reach_every_parameter_including_the_positional_embedding():
         assert float(mnp.abs(parameter.grad()).sum()) > 0, name
 
 
+def test_a_model_built_without_gradients_has_no_gradient_buffers():
+    trainable = bmx.build(CONFIG, random_weights(CONFIG)).module.collect_params().values()
+    assert all(p.grad_req == "write" and p.list_grad() for p in trainable)
+    run_only = bmx.build(CONFIG, random_weights(CONFIG), gradients=False).module.collect_params().values()
+    assert all(p.grad_req == "null" and p._grad is None for p in run_only)
+
+
 def test_dropout_acts_only_when_recording_in_train_mode():
     module = bmx.build(CONFIG, random_weights(CONFIG, seed=2)).module
     inputs = as_mx(CASES[1].batch(CONFIG))

@@ -104,6 +104,12 @@ def test_gradients_reach_every_parameter_including_the_positional_embedding():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
 
 
+def test_a_model_built_without_gradients_requires_none():
+    assert all(p.requires_grad for p in bt.build(CONFIG, random_weights(CONFIG)).module.parameters())
+    run_only = bt.build(CONFIG, random_weights(CONFIG), gradients=False).module
+    assert not any(p.requires_grad for p in run_only.parameters())
+
+
 def test_dropout_acts_in_train_mode_only():
     model = bt.build(CONFIG, random_weights(CONFIG, seed=2))
     inputs = [None if v is None else torch.from_numpy(v) for v in CASES[1].batch(CONFIG).values()]

