@@ -240,52 +240,60 @@ def run_conformance(
             references[eps] = {name: oracle(**batch, intermediates=True) for name, batch in cases}
         return references[eps]
 
-    results: dict[Target, dict[str, BERTOutput]] = {}
-    models: dict[Target, BackendModel] = {}
+    # One dtype at a time: each model is dropped once it has run every case and lent its weights to its
+    # pairs, so memory holds the weights of about three models, not of every target and pair at once.
+    # Checks are keyed so that the report keeps the order of the targets and pairs asked for.
+    keyed_checks: list[tuple[tuple[int, ...], Check]] = []
     layer_norm_eps: dict[Target, float] = {}
-    for target in targets:
-        try:
-            backend = load_backend(target.backend)
-            model = backend.build(config, weights, device=target.device, dtype=target.dtype)
-        except (BackendUnavailable, ValueError) as error:
-            report.skipped[target] = str(error)
-            continue
-        models[target] = model
-        report.runtime[str(target)] = model.runtime_info()
-        tolerance = tolerance_for(target.dtype, target.device_kind)
-        # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
-        # oracle computed with the eps it really uses, and the report says so.
-        stated = config.semantics.layer_norm_eps
-        eps = layer_norm_eps[target] = backend.kernel_eps(stated)
-        label = "oracle" if eps == stated else f"oracle (LayerNorm eps {eps:.9g})"
-        results[target] = {}
-        for name, batch in cases:
-            step(f"{target}: {name}")
-            out = results[target][name] = model(**batch, intermediates=True)
-            report.checks.append(Check(name, target, label, *compare_outputs(out, reference(eps)[name], tolerance)))
-    if pairs:
-        for a, b in itertools.combinations(models, 2):
-            if a.dtype != b.dtype:
+    for dtype in dict.fromkeys(target.dtype for target in targets):
+        results: dict[Target, dict[str, BERTOutput]] = {}
+        exported: dict[Target, dict[str, np.ndarray]] = {}  # weights each target's model holds, for its pairs
+        for target in targets:
+            if target.dtype != dtype:
                 continue
+            try:
+                backend = load_backend(target.backend)
+                model = backend.build(config, weights, device=target.device, dtype=dtype, gradients=False)
+            except (BackendUnavailable, ValueError) as error:
+                report.skipped[target] = str(error)
+                continue
+            report.runtime[str(target)] = model.runtime_info()
+            tolerance = tolerance_for(dtype, target.device_kind)
+            # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
+            # oracle computed with the eps it really uses, and the report says so.
+            stated = config.semantics.layer_norm_eps
+            eps = layer_norm_eps[target] = backend.kernel_eps(stated)
+            label = "oracle" if eps == stated else f"oracle (LayerNorm eps {eps:.9g})"
+            results[target] = {}
+            for index, (name, batch) in enumerate(cases):
+                step(f"{target}: {name}")
+                out = results[target][name] = model(**batch, intermediates=True)
+                check = Check(name, target, label, *compare_outputs(out, reference(eps)[name], tolerance))
+                keyed_checks.append(((0, targets.index(target), index), check))
+            if pairs:
+                exported[target] = model.export_weights()
+            del model
+        for a, b in itertools.combinations([target for target in targets if target in results], 2):
             kind = "gpu" if "gpu" in (a.device_kind, b.device_kind) else "cpu"
-            tolerance = tolerance_for(a.dtype, kind, pair=True)
-            directions = (
-                (b, _rebuild_in_memory(models[a], b, config), a, "memory"),
-                (a, _rebuild_through_file(models[b], a, config), b, "file"),
-            )
-            for target, model, source, how in directions:
+            tolerance = tolerance_for(dtype, kind, pair=True)
+            directions = ((b, a, _rebuild_in_memory, "memory"), (a, b, _rebuild_through_file, "file"))
+            for direction, (target, source, rebuild, how) in enumerate(directions):
+                model = rebuild(config, exported[source], target)
                 # Each side agrees with the oracle at its own LayerNorm eps, so the pair may differ by
                 # what the oracle itself computes differently at the two: that known gap is added to the
                 # source's outputs before comparing (triangle inequality), and only what remains counts.
                 eps, source_eps = layer_norm_eps[target], layer_norm_eps[source]
                 label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
-                for name, batch in cases:
+                for index, (name, batch) in enumerate(cases):
                     step(f"{target} <- {source} ({how}): {name}")
                     out = model(**batch, intermediates=True)
                     expected = results[source][name]
                     if eps != source_eps:
                         expected = shifted(expected, reference(eps)[name], reference(source_eps)[name])
-                    report.checks.append(Check(name, target, label, *compare_outputs(out, expected, tolerance)))
+                    check = Check(name, target, label, *compare_outputs(out, expected, tolerance))
+                    keyed_checks.append(((1, targets.index(a), targets.index(b), direction, index), check))
+                del model
+    report.checks = [check for _, check in sorted(keyed_checks, key=lambda keyed: keyed[0])]
     if progress:
         progress(done, done, "done")
     report.seconds = time.perf_counter() - started
@@ -308,13 +316,15 @@ def shifted(out: BERTOutput, to: BERTOutput, start: BERTOutput) -> BERTOutput:
     return BERTOutput(*(move(*(getattr(o, name) for o in (out, to, start))) for name in OUTPUT_NAMES), intermediates)
 
 
-def _rebuild_in_memory(source: BackendModel, target: Target, config: BERTConfig) -> BackendModel:
-    return load_backend(target.backend).build(config, source.export_weights(), device=target.device, dtype=target.dtype)
+def _rebuild_in_memory(config: BERTConfig, weights: dict[str, np.ndarray], target: Target) -> BackendModel:
+    return load_backend(target.backend).build(
+        config, weights, device=target.device, dtype=target.dtype, gradients=False
+    )
 
 
-def _rebuild_through_file(source: BackendModel, target: Target, config: BERTConfig) -> BackendModel:
+def _rebuild_through_file(config: BERTConfig, weights: dict[str, np.ndarray], target: Target) -> BackendModel:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "weights.npz"
-        save_weights(path, config, source.export_weights())
-        loaded_config, weights = load_weights(path)
-    return load_backend(target.backend).build(loaded_config, weights, device=target.device, dtype=target.dtype)
+        save_weights(path, config, weights)
+        loaded_config, loaded = load_weights(path)
+    return _rebuild_in_memory(loaded_config, loaded, target)

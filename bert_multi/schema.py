@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from .compare import first_index
+from .compare import all_finite, first_index
 from .config import BERTConfig
 from .errors import WeightsError
 
@@ -221,7 +221,7 @@ def validate_weights(config: BERTConfig, weights: object) -> str:
             raise WeightsError(f"tensor {name!r} has dtype {array.dtype}, expected {common_dtype} like the others")
         if array.shape != expected_shape:
             raise WeightsError(f"tensor {name!r} has shape {array.shape}, expected {expected_shape}")
-        if not np.isfinite(array).all():
+        if not all_finite(array):
             bad = first_index(~np.isfinite(array))
             raise WeightsError(f"tensor {name!r} has a non-finite value {array[bad]} at index {bad}")
     assert common_dtype is not None  # the schema is never empty

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_multi import Tolerance, compare_arrays, tolerance_for
-from bert_multi.compare import POLICY
+from bert_multi.compare import POLICY, all_finite
 
 
 def test_the_relative_tolerance_is_taken_against_the_reference():
@@ -78,3 +78,12 @@ def test_pairs_get_twice_the_oracle_tolerance():
     for dtype in ("float32", "float64"):
         single, pair = tolerance_for(dtype), tolerance_for(dtype, pair=True)
         assert (pair.atol, pair.rtol) == (2 * single.atol, 2 * single.rtol)
+
+
+def test_all_finite_looks_past_a_sum_that_overflows():
+    assert all_finite(np.array([1e308, 1e308, -1e308]))  # the sum overflows; every element is finite
+    assert all_finite(np.zeros(0))
+    for bad in (np.nan, np.inf, -np.inf):
+        assert not all_finite(np.array([1e308, 1e308, bad]))
+        assert not all_finite(np.array([0.0, bad]))
+    assert not all_finite(np.array([np.inf, -np.inf]))  # their sum is NaN, and so is the verdict
