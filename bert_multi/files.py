@@ -27,7 +27,7 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 MXNET_LIST_MAGIC = (0x112).to_bytes(8, "little")  # kMXAPINDArrayListMagic, the start of a Gluon .params file
 MAX_NPY_HEADER_BYTES = 10_000  # NumPy's own limit for headers it reads safely
-READ_CHUNK_BYTES = 1 << 24
+READ_CHUNK_BYTES = 1 << 18
 
 
 def describe_format(head: bytes) -> str:
@@ -216,7 +216,8 @@ class NpzReader:
 
     def read(self, name: str, header: NpyHeader) -> np.ndarray:
         """The member's array (writable, in the file's byte order), read in bounded chunks."""
-        buffer = bytearray(header.nbytes)
+        array = np.empty(header.nbytes, dtype=np.uint8)  # not bytearray(n), which writes zeros first
+        buffer = memoryview(array)
         try:
             with self._zip.open(self._infos[name]) as member:
                 member.read(header.data_offset)
@@ -231,8 +232,7 @@ class NpzReader:
                     raise ValueError("the data runs past its declared size")
         except Exception as failure:  # noqa: BLE001 - includes zipfile's CRC and decompression errors
             raise self._fail(name, failure) from None
-        array = np.frombuffer(buffer, dtype=header.dtype)
-        return array.reshape(header.shape, order="F" if header.fortran_order else "C")
+        return array.view(header.dtype).reshape(header.shape, order="F" if header.fortran_order else "C")
 
 
 # --- Writing --------------------------------------------------------------------------------------------

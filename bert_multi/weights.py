@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,20 @@ def tensor_sha256(array: np.ndarray) -> str:
     return hashlib.sha256(array.data).hexdigest()
 
 
+# hashlib lets go of the GIL while it hashes, so threads hash tensors side by side, or hash one tensor
+# while the next is read.
+HASH_THREADS = min(4, os.cpu_count() or 1)
+
+
 def make_manifest(config: BERTConfig, weights: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        digests = dict(zip(weights, pool.map(tensor_sha256, weights.values())))
     return {
         "format": FORMAT_NAME,
         "format_version": 1 if config.to_dict().keys() == set(D2L_ARGUMENTS) else 2,
         "config": config.to_dict(),
         "dtype": dtype,
-        "tensors": {name: tensor_sha256(array) for name, array in weights.items()},
+        "tensors": digests,
     }
 
 
@@ -141,19 +149,24 @@ def load_weights(path: str | os.PathLike) -> tuple[BERTConfig, dict[str, np.ndar
         except WeightsError as error:
             raise WeightsError(f"{path}: {error}") from None
         weights = {}
-        for name, expected_shape in shapes.items():
-            header = archive.header(name)
-            if header.dtype.name != dtype:
-                raise WeightsError(f"{path}: tensor {name!r} has dtype {header.dtype}, the manifest says {dtype}")
-            if header.shape != expected_shape:
-                raise WeightsError(f"{path}: tensor {name!r} has shape {header.shape}, expected {expected_shape}")
-            array = archive.read(name, header)
-            if tensor_sha256(array) != digests[name]:
-                raise WeightsError(
-                    f"{path}: tensor {name!r} fails its SHA-256 check: "
-                    "the file was modified or corrupted after it was written"
-                )
-            weights[name] = array.astype(array.dtype.newbyteorder("="), copy=False)
+        # Tensors are hashed in a thread while the next ones are read, and checked in order at the end.
+        with ThreadPoolExecutor(1) as hasher:
+            hashing: dict[str, Future[str]] = {}
+            for name, expected_shape in shapes.items():
+                header = archive.header(name)
+                if header.dtype.name != dtype:
+                    raise WeightsError(f"{path}: tensor {name!r} has dtype {header.dtype}, the manifest says {dtype}")
+                if header.shape != expected_shape:
+                    raise WeightsError(f"{path}: tensor {name!r} has shape {header.shape}, expected {expected_shape}")
+                array = archive.read(name, header)
+                hashing[name] = hasher.submit(tensor_sha256, array)
+                weights[name] = array.astype(array.dtype.newbyteorder("="), copy=False)
+            for name, digest in hashing.items():
+                if digest.result() != digests[name]:
+                    raise WeightsError(
+                        f"{path}: tensor {name!r} fails its SHA-256 check: "
+                        "the file was modified or corrupted after it was written"
+                    )
     try:
         validate_weights(config, weights)
     except WeightsError as error:
