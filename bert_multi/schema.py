@@ -139,7 +139,8 @@ def _draw(
     dtype = normalize_dtype(dtype)
     rng = np.random.default_rng(seed)
     return {
-        name: scale(spec, rng.standard_normal(spec.shape)).astype(dtype) for name, spec in param_specs(config).items()
+        name: scale(spec, rng.standard_normal(spec.shape)).astype(dtype, copy=False)
+        for name, spec in param_specs(config).items()
     }
 
 

@@ -129,6 +129,9 @@ def test_a_model_owns_its_weights_and_the_caller_keeps_theirs(framework, dtype):
     exported = model.export_weights()
     assert all(np.array_equal(exported[name], kept[name].astype(dtype)) for name in kept)
     assert all(array.flags.writeable for array in weights.values())
+    for array in exported.values():
+        array += 1.0
+    assert np.array_equal(model(**batch).encoded, before.encoded)
 
 
 def test_a_model_built_without_gradients_computes_the_same(framework):

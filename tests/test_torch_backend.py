@@ -22,6 +22,7 @@ if not backends()["torch"].available:
 import torch  # noqa: E402
 
 import bert_multi.torch as bt  # noqa: E402
+from bert_multi.torch.backend import SkipInitialisers  # noqa: E402
 
 CONFIG = BERTConfig(vocab_size=37, num_hiddens=16, ffn_num_hiddens=24, num_heads=4, num_blks=2, dropout=0.3, max_len=12)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to PyTorch here")
@@ -108,6 +109,23 @@ def test_a_model_built_without_gradients_requires_none():
     assert all(p.requires_grad for p in bt.build(CONFIG, random_weights(CONFIG)).module.parameters())
     run_only = bt.build(CONFIG, random_weights(CONFIG), gradients=False).module
     assert not any(p.requires_grad for p in run_only.parameters())
+
+
+def test_initialisers_are_skipped_only_inside_the_mode_and_only_in_its_thread():
+    import threading
+
+    def drawn() -> bool:
+        tensor = torch.zeros(1000)
+        torch.nn.init.normal_(tensor)
+        return bool(tensor.abs().sum() > 0)
+
+    other_thread: list[bool] = []
+    with SkipInitialisers():
+        assert not drawn()
+        worker = threading.Thread(target=lambda: other_thread.append(drawn()))
+        worker.start()
+        worker.join()
+    assert other_thread == [True] and drawn()
 
 
 def test_dropout_acts_in_train_mode_only():

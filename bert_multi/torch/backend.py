@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .. import checkpoints, schema
 from ..backend import (
@@ -276,6 +277,18 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, *
     return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 
 
+class SkipInitialisers(TorchFunctionMode):
+    """While active, ``torch.nn.init``'s functions leave tensors as they are: modules get storage that is
+    never drawn from a distribution, since the weights replace it. (Building on the meta device skips
+    the numbers too, but the first meta ``normal_`` or ``randn`` imports torch._dynamo: 1.1 s.) Torch
+    function modes are per thread, so other threads' modules initialise as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 def build(
     config: BERTConfig,
     weights: dict[str, np.ndarray],
@@ -293,10 +306,10 @@ def build(
     dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     torch_device = to_framework_device(target)
-    # Built on the meta device: shapes only, so no time goes into torch's initialisers and no storage
-    # is allocated; load_state_dict(assign=True) then makes the weights the parameters' storage. An
-    # array prepare_weights had to cast is already the model's own; the caller's own arrays are copied.
-    with torch.device("meta"):
+    # No time goes into torch's initialisers, and load_state_dict(assign=True) makes the weights the
+    # parameters' storage instead of copying them in. An array prepare_weights had to cast is already the
+    # model's own; the caller's own arrays are copied, once.
+    with SkipInitialisers():
         module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
     names = framework_names(config, NAME_RULES)
     state = {}
