@@ -11,10 +11,13 @@ shown here, never asserted by a test.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +25,7 @@ from .backend import FRAMEWORKS, backends, load_backend
 from .config import CONFIGS, BERTConfig
 from .pretraining import PretrainingData, builtin_corpus
 from .schema import random_weights
+from .weights import load_weights, save_weights
 
 # name -> (config, batch size, sequence length): the chapter's shape and BERT-base's; --quick: a tiny one.
 SHAPES = {
@@ -40,6 +44,7 @@ class Row:
     tokens: int
     flops: float
     gemm_flops_per_second: float | None
+    nbytes: int = 0  # bytes a weight-file workload writes or reads
 
     @property
     def median(self) -> float:
@@ -54,7 +59,8 @@ class Row:
             "median_s": self.median,
             "min_s": min(self.seconds),
             "max_s": max(self.seconds),
-            "tokens_per_s": self.tokens / self.median,
+            "tokens_per_s": self.tokens / self.median if self.tokens else None,
+            "megabytes_per_s": self.nbytes / 1e6 / self.median if self.nbytes else None,
             "gemm_peak_share": self.share,
         }
 
@@ -142,9 +148,11 @@ def run_bench(
     rounds: int = 5,
     train: bool = True,
     progress: Callable[[str], None] | None = None,
+    files: bool = True,
 ) -> list[Row]:
     """Every installed backend (and transformers, where installed, on the original BERT of the same
-    sizes) on each shape and dtype, ``rounds`` interleaved rounds; then a pretraining step each."""
+    sizes) on each shape and dtype, ``rounds`` interleaved rounds; then a pretraining step each, and
+    the weight file saved and loaded at the last shape's size."""
     available = [name for name, status in backends().items() if status.available]
     rows: list[Row] = []
     for shape in shapes:
@@ -183,6 +191,42 @@ def run_bench(
             rows += [Row(workload, name, dtype, timings[name], batch * steps, flops, gemm[name]) for name in runners]
     if train:
         rows += _train_rows(shapes[0], rounds, progress)
+    if files:
+        rows += _file_rows(shapes[-1], rounds, progress)
+    return rows
+
+
+def _file_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
+    """The canonical weight file written and read, beside NumPy's own .npz functions on the same arrays.
+    save_weights also checks, hashes and fsyncs (a save that returned survives a power loss), so
+    np.savez is timed with an fsync too; load_weights checks every header and hash as it reads."""
+    config = SHAPES[shape][0]
+    weights = random_weights(config, seed=0, dtype="float32")
+    nbytes = sum(array.nbytes for array in weights.values())
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        paths = {name: Path(directory) / f"{index}.npz" for index, name in enumerate(("bert_multi", "numpy", "+fsync"))}
+
+        def savez(path: Path, durable: bool) -> None:
+            with open(path, "wb") as file:
+                np.savez(file, **weights)
+                if durable:
+                    file.flush()
+                    os.fsync(file.fileno())
+
+        saves = {
+            "save_weights": lambda _: save_weights(paths["bert_multi"], config, weights),
+            "np.savez + fsync": lambda _: savez(paths["+fsync"], durable=True),
+            "np.savez": lambda _: savez(paths["numpy"], durable=False),
+        }
+        loads = {
+            "load_weights": lambda _: load_weights(paths["bert_multi"]),
+            "np.load": lambda _: [array for array in np.load(paths["numpy"], allow_pickle=False).values()],
+        }
+        for verb, calls in (("save", saves), ("load", loads)):
+            workload = f"{verb} weights {shape}"
+            timings = _interleave(calls, rounds, workload, progress)
+            rows += [Row(workload, name, "float32", timings[name], 0, 0.0, None, nbytes) for name in calls]
     return rows
 
 
@@ -212,6 +256,11 @@ def format_rows(rows: list[Row]) -> str:
     def share(row: Row) -> str:
         return "-" if row.share is None else f"{100 * row.share:.0f}%"
 
+    def rate(row: Row) -> str:
+        if row.nbytes:
+            return f"{row.nbytes / 1e6 / row.median:,.0f} MB/s"
+        return f"{row.tokens / row.median:,.0f}"
+
     body = [
         [
             row.workload,
@@ -220,22 +269,23 @@ def format_rows(rows: list[Row]) -> str:
             f"{1000 * row.median:.1f}",
             f"{1000 * min(row.seconds):.1f}",
             f"{1000 * max(row.seconds):.1f}",
-            f"{row.tokens / row.median:,.0f}",
+            rate(row),
             share(row),
         ]  # fmt: skip
         for row in rows
     ]
-    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "tokens/s", "of GEMM peak"]
+    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "tokens/s (MB/s)", "of GEMM peak"]
     return format_table(header, body)
 
 
 def plot_rows(rows: list[Row], path: str) -> str:
-    """A bar chart of tokens/s per workload, backend and dtype."""
+    """A bar chart of tokens/s per workload, backend and dtype (the model workloads)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [row for row in rows if row.tokens]
     labels = [f"{row.workload}\n{row.backend} {row.dtype}" for row in rows]
     figure, axes = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
     axes.barh(range(len(rows)), [row.tokens / row.median for row in rows])

@@ -384,7 +384,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bar = ProgressBar()
     try:
         rows = bench.run_bench(
-            shapes, args.dtypes, rounds, train=not args.no_train, progress=lambda label: bar(0, 1, label)
+            shapes,
+            args.dtypes,
+            rounds,
+            train=not args.no_train,
+            progress=lambda label: bar(0, 1, label),
+            files=not args.no_files,
         )
     finally:
         bar.close()
@@ -664,7 +669,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_parser.add_argument("--dtypes", type=_split, default=list(SUPPORTED_DTYPES), help="comma-separated")
     bench_parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload (default 5)")
-    bench_parser.add_argument("--no-train", action="store_true", help="forward passes only")
+    bench_parser.add_argument("--no-train", action="store_true", help="no training step")
+    bench_parser.add_argument(
+        "--no-files", action="store_true", help="no weight-file save and load (at the last shape's size)"
+    )
     bench_parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
     bench_parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
     bench_parser.add_argument("--plot", metavar="PATH", help="write a PNG of tokens/s")
