@@ -273,7 +273,7 @@ def run_conformance(
             if pairs:
                 exported[target] = model.export_weights()
             del model
-        for a, b in itertools.combinations([target for target in targets if target in results], 2):
+        for a, b in itertools.combinations([target for target in targets if target in exported], 2):
             kind = "gpu" if "gpu" in (a.device_kind, b.device_kind) else "cpu"
             tolerance = tolerance_for(dtype, kind, pair=True)
             directions = ((b, a, _rebuild_in_memory, "memory"), (a, b, _rebuild_through_file, "file"))

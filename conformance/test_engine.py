@@ -130,3 +130,19 @@ def test_an_activation_a_backend_never_recorded_is_a_failure_naming_it(register)
         assert "has no value" in check.first_divergence.describe()
     row = [c for _, _, output, c in report.worst() if output == "intermediates"]
     assert row and not row[0].passed
+
+
+def test_checks_keep_the_order_asked_for_although_each_dtype_runs_alone(register):
+    """The engine runs one dtype at a time to hold fewer models at once; the report must not show it."""
+    register(fake_backend("other"))
+    targets = [Target("numpy", "float32"), Target("numpy", "float64"), Target("other", "float32")]
+    targets.append(Target("other", "float64"))
+    cases = CASE_LIST[:2]
+    report = run_conformance(CONFIG, WEIGHTS, targets, cases)
+    expected = [(str(target), "oracle", name) for target in targets for name, _ in cases]
+    for a, b in ((targets[0], targets[2]), (targets[1], targets[3])):  # same-dtype pairs, in target order
+        expected += [(str(b), f"{a} (weights via memory)", name) for name, _ in cases]
+        expected += [(str(a), f"{b} (weights via file)", name) for name, _ in cases]
+    assert [(str(c.target), c.reference, c.case) for c in report.checks] == expected
+    without_pairs = run_conformance(CONFIG, WEIGHTS, targets, cases, pairs=False)
+    assert [(str(c.target), c.case) for c in without_pairs.checks] == [(e[0], e[2]) for e in expected[:8]]
