@@ -103,6 +103,28 @@ def test_flipped_byte_in_the_file_is_caught(tmp_path, weights):
         load_weights(path)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_members_read_as_numpy_reads_them_and_a_flipped_byte_fails_the_crc(tmp_path, compressed):
+    arrays = {"a": np.arange(300_000, dtype=np.float64).reshape(600, 500), "b": np.ones(3, np.int32)}
+    path = tmp_path / "x.npz"
+    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    limit = 10**8 if compressed else None
+
+    def read_all():
+        with open(path, "rb") as file:
+            reader = files.NpzReader(file, path, WeightsError, max_compressed_bytes=limit)
+            return {name: reader.read(name, reader.header(name)) for name in reader.names}
+
+    assert all(np.array_equal(read_all()[name], arrays[name]) for name in arrays)
+    if compressed:
+        return  # a flipped byte in deflated data is zlib's to catch; a stored member is bert_multi's
+    data = bytearray(path.read_bytes())
+    data[data.index(arrays["a"].tobytes()[8:40]) + 1000] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match=r"array 'a' is unreadable: BadZipFile: Bad CRC-32 for file 'a.npy'"):
+        read_all()
+
+
 def test_truncated_file(tmp_path, weights):
     path = save_weights(tmp_path / "w.npz", CONFIG, weights)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
