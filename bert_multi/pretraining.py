@@ -248,6 +248,31 @@ class LossValues(NamedTuple):
     nsp: float
 
 
+class BatchTotals(NamedTuple):
+    """What the loss of a whole batch divides by. A worker holding one shard of a batch divides its
+    sums by the whole batch's totals, so the workers' losses add up to the loss of the whole batch
+    (and their gradients to its gradient) whatever each shard holds."""
+
+    mlm_weight: float  # the sum of mlm_weights: the real prediction slots
+    examples: int  # the batch size, over which NSP is averaged
+    slots: int  # every prediction slot, padding included ("all_slots" normalization)
+
+    @classmethod
+    def of(cls, batch: dict[str, np.ndarray]) -> BatchTotals:
+        weights = np.asarray(batch["mlm_weights"])
+        return cls(float(weights.sum(dtype=np.float64)), int(weights.shape[0]), int(weights.size))
+
+
+def shard(batch: dict[str, np.ndarray], rank: int, workers: int) -> dict[str, np.ndarray]:
+    """Worker ``rank``'s rows of a batch: the rank-th of ``workers`` equal, contiguous slices, so that
+    the workers together see exactly the batch one process would."""
+    size = len(batch["tokens"])
+    if not 0 <= rank < workers or size % workers:
+        raise ValueError(f"a batch of {size} cannot be split into {workers} equal shards (rank {rank})")
+    rows = slice(rank * size // workers, (rank + 1) * size // workers)
+    return {name: values[rows] for name, values in batch.items()}
+
+
 OPTIMIZERS = ("adam", "sgd")
 MLM_NORMALIZATIONS = ("real_slots", "all_slots")  # all_slots: d2l's PyTorch code, padding averaged in
 ADAM_EPSILON_STYLES = ("torch", "mxnet")
@@ -346,26 +371,41 @@ def run_pretraining(
     device: str = "cpu",
     dtype: str = "float32",
     on_step=None,
+    rank: int = 0,
+    workers: int = 1,
     **options,
 ) -> TrainingRun:
     """``steps`` optimizer steps of ``backend_name`` from ``weights`` on ``data``'s batches (drawn from
     ``seed``, so two backends given the same seed see the same batches). ``options`` go to the
     backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style,
     train_positions).
-    ``on_step(step, losses)`` is called after each step."""
+    ``on_step(step, losses)`` is called after each step.
+
+    With ``workers`` > 1 this process is worker ``rank`` of a data-parallel run whose process group the
+    caller has set up: it draws every batch of ``batch_size`` as one process would and trains on its
+    shard (``shard``), and the framework's engine combines the gradients; losses are the whole batch's."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if batch_size % workers:
+        raise ValueError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
     backend = load_backend(backend_name)
     if not hasattr(backend, "Pretrainer"):
         raise ValueError(f"backend {backend_name!r} cannot train (it has no autograd): use torch or mxnet")
     model = backend.build(config, weights, device=device, dtype=dtype)
+    if workers > 1:
+        if backend_name != "torch":
+            raise ValueError("data-parallel pretraining runs on torch (torch.distributed) so far; MXNet's is to come")
+        options["distributed"] = True
     trainer = backend.Pretrainer(model, **options)
     batches = data.batches(batch_size, seed)
     losses, tokens = [], 0
     started = time.perf_counter()
     for step in range(1, steps + 1):
         batch = next(batches)
-        losses.append(trainer.step(batch))
+        if workers == 1:
+            losses.append(trainer.step(batch))
+        else:
+            losses.append(trainer.step(shard(batch, rank, workers), BatchTotals.of(batch)))
         tokens += int(batch["valid_lens"].sum())
         if on_step:
             on_step(step, losses[-1])

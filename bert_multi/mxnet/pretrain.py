@@ -12,7 +12,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from ..backend import framework_names
-from ..pretraining import LossValues, check_batch, check_trainable, check_training_options
+from ..pretraining import BatchTotals, LossValues, check_batch, check_trainable, check_training_options
 from .backend import NAME_RULES, MXNetBERT, _parameters
 from .model import BERTModel
 
@@ -20,12 +20,31 @@ _loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
 
 def pretraining_loss(
-    net: BERTModel, batch: dict[str, mx.np.ndarray], vocab_size: int, mlm_normalization: str = "real_slots"
+    net: BERTModel,
+    batch: dict[str, mx.np.ndarray],
+    vocab_size: int,
+    mlm_normalization: str = "real_slots",
+    totals: BatchTotals | None = None,
 ) -> tuple[mx.np.ndarray, mx.np.ndarray, mx.np.ndarray]:
-    """(total, MLM, NSP) loss, as d2l's ``_get_batch_loss_bert``."""
+    """(total, MLM, NSP) loss, as d2l's ``_get_batch_loss_bert``. With ``totals`` (those of a whole batch
+    of which ``batch`` is one shard): this shard's share of that batch's loss."""
     _, mlm_Y_hat, nsp_Y_hat = net(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     weights = batch["mlm_weights"].reshape(-1)
     labels = batch["mlm_labels"].reshape(-1)
+    if totals is not None:  # sums over this shard, divided by the whole batch's totals
+
+        def exactly(value: float) -> mx.np.ndarray:
+            # Framework difference: a Python number in an MXNet expression becomes a C float operator
+            # parameter (docs/framework-differences.md); an array keeps float64's precision.
+            return mx.np.array(value, dtype=weights.dtype, ctx=weights.ctx)
+
+        slot_losses = _loss(mlm_Y_hat.reshape((-1, vocab_size)), labels)
+        if mlm_normalization == "real_slots":
+            mlm_l = (slot_losses * weights).sum() / exactly(totals.mlm_weight + 1e-8)
+        else:
+            mlm_l = slot_losses.sum() * exactly(totals.mlm_weight / (totals.mlm_weight + 1e-8) / totals.slots)
+        nsp_l = _loss(nsp_Y_hat, batch["nsp_labels"]).sum() / exactly(totals.examples)
+        return mlm_l + nsp_l, mlm_l, nsp_l
     if mlm_normalization == "real_slots":
         # Framework difference: Gluon's losses take per-sample weights and never reduce over the batch.
         slot_losses = _loss(mlm_Y_hat.reshape((-1, vocab_size)), labels)
@@ -88,33 +107,39 @@ class Pretrainer:
             for name, value in checked.items()
         }
 
-    def _loss(self, batch: dict[str, np.ndarray]):
-        return pretraining_loss(self.model.module, self._arrays(batch), self.config.vocab_size, self.mlm_normalization)
+    def _loss(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None):
+        return pretraining_loss(
+            self.model.module, self._arrays(batch), self.config.vocab_size, self.mlm_normalization, totals
+        )
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
         """The loss in inference mode (dropout off), without gradients."""
         return LossValues(*(float(value) for value in self._loss(batch)))
 
-    def _backward(self, batch: dict[str, np.ndarray]) -> LossValues:
+    def _backward(self, batch: dict[str, np.ndarray], totals: BatchTotals | None) -> LossValues:
         # Framework difference: Gluon records the graph (and turns dropout on) only inside
         # autograd.record(); torch records always and uses train()/eval() for dropout.
         with autograd.record(train_mode=True):
-            total, mlm_l, nsp_l = self._loss(batch)
+            total, mlm_l, nsp_l = self._loss(batch, totals)
         total.backward()
         return LossValues(float(total), float(mlm_l), float(nsp_l))
 
-    def gradients(self, batch: dict[str, np.ndarray]) -> tuple[LossValues, dict[str, np.ndarray]]:
-        """The loss in train mode and its gradient for every canonical parameter (no step taken)."""
-        losses = self._backward(batch)
+    def gradients(
+        self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
+    ) -> tuple[LossValues, dict[str, np.ndarray]]:
+        """The loss in train mode and its gradient for every canonical parameter (no step taken); with
+        ``totals``, ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
+        losses = self._backward(batch, totals)
         params = _parameters(self.model.module)
         return losses, {
             name: params[gluon_name].grad(self.model.context).asnumpy().copy()
             for name, gluon_name in framework_names(self.config, NAME_RULES).items()
         }
 
-    def step(self, batch: dict[str, np.ndarray]) -> LossValues:
-        """One optimizer step; returns the loss before it."""
-        losses = self._backward(batch)
+    def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
+        """One optimizer step; returns the loss before it. With ``totals``, ``batch`` is one shard of a
+        larger batch whose totals they are (``pretraining.shard``), and the loss is its share."""
+        losses = self._backward(batch, totals)
         self.steps += 1
         optimizer = self.trainer._optimizer
         if self.adam_epsilon_style == "torch" and isinstance(optimizer, mx.optimizer.Adam):

@@ -5,25 +5,57 @@ Parallel to ``bert_multi/mxnet/pretrain.py``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import socket
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..backend import framework_names
-from ..pretraining import LossValues, check_batch, check_trainable, check_training_options
+from ..pretraining import (
+    BatchTotals,
+    LossValues,
+    TrainingRun,
+    check_batch,
+    check_trainable,
+    check_training_options,
+    run_pretraining,
+)
+from ..weights import load_weights, save_weights
 from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
 from .model import BERTModel
 
 
 def pretraining_loss(
-    net: BERTModel, batch: dict[str, torch.Tensor], vocab_size: int, mlm_normalization: str = "real_slots"
+    net: BERTModel,
+    batch: dict[str, torch.Tensor],
+    vocab_size: int,
+    mlm_normalization: str = "real_slots",
+    totals: BatchTotals | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(total, MLM, NSP) loss, as d2l's ``_get_batch_loss_bert``."""
+    """(total, MLM, NSP) loss, as d2l's ``_get_batch_loss_bert``. With ``totals`` (those of a whole batch
+    of which ``batch`` is one shard): this shard's share of that batch's loss."""
     _, mlm_Y_hat, nsp_Y_hat = net(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     weights = batch["mlm_weights"].reshape(-1)
     labels = batch["mlm_labels"].reshape(-1)
+    if totals is not None:  # sums over this shard, divided by the whole batch's totals
+        reduction = "none" if mlm_normalization == "real_slots" else "sum"
+        slot_losses = nn.functional.cross_entropy(mlm_Y_hat.reshape(-1, vocab_size), labels, reduction=reduction)
+        if mlm_normalization == "real_slots":
+            mlm_l = (slot_losses * weights).sum() / (totals.mlm_weight + 1e-8)
+        else:
+            mlm_l = slot_losses * (totals.mlm_weight / (totals.mlm_weight + 1e-8) / totals.slots)
+        nsp_l = nn.functional.cross_entropy(nsp_Y_hat, batch["nsp_labels"], reduction="sum") / totals.examples
+        return mlm_l + nsp_l, mlm_l, nsp_l
     if mlm_normalization == "real_slots":
         slot_losses = nn.functional.cross_entropy(mlm_Y_hat.reshape(-1, vocab_size), labels, reduction="none")
     else:
@@ -55,12 +87,22 @@ class Pretrainer:
         adam_betas: tuple[float, float] = (0.9, 0.999),
         adam_epsilon_style: str = "torch",
         train_positions: bool = True,
+        distributed: bool = False,
     ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
         check_trainable(model.config, train_positions)
         self.model, self.config = model, model.config
         # d2l 0.16-0.17's PyTorch code never trained the positional embedding (it added pos_embedding.data).
         model.module.encoder.train_positions = train_positions
+        # distributed: this process is one worker of torch.distributed's default process group, and the
+        # module runs inside DistributedDataParallel, whose backward all-reduces every gradient to the
+        # workers' mean: each worker's share of the loss is scaled by their number to make it the sum.
+        self.workers = dist.get_world_size() if distributed else 1
+        self.net = model.module
+        if distributed:
+            if not train_positions:
+                model.module.encoder.pos_embedding.requires_grad_(False)  # DDP refuses a parameter never used
+            self.net = nn.parallel.DistributedDataParallel(model.module)
         self.mlm_normalization = mlm_normalization
         self.adam_epsilon, self.adam_epsilon_style = adam_epsilon, adam_epsilon_style
         self.steps = 0
@@ -82,8 +124,8 @@ class Pretrainer:
             for name, value in checked.items()
         }
 
-    def _loss(self, batch: dict[str, np.ndarray]):
-        return pretraining_loss(self.model.module, self._tensors(batch), self.config.vocab_size, self.mlm_normalization)
+    def _loss(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None):
+        return pretraining_loss(self.net, self._tensors(batch), self.config.vocab_size, self.mlm_normalization, totals)
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
         """The loss in eval mode (dropout off), without gradients."""
@@ -91,25 +133,32 @@ class Pretrainer:
         with torch.no_grad():
             return LossValues(*(float(value) for value in self._loss(batch)))
 
-    def _backward(self, batch: dict[str, np.ndarray]) -> LossValues:
+    def _backward(self, batch: dict[str, np.ndarray], totals: BatchTotals | None) -> LossValues:
         self.model.module.train()
         self.optimizer.zero_grad()
-        total, mlm_l, nsp_l = self._loss(batch)
-        total.backward()
-        return LossValues(*(float(value.detach()) for value in (total, mlm_l, nsp_l)))
+        total, mlm_l, nsp_l = self._loss(batch, totals)
+        (total * self.workers if self.workers > 1 else total).backward()
+        values = torch.stack([total, mlm_l, nsp_l]).detach()
+        if self.workers > 1:
+            dist.all_reduce(values)  # the workers' shares add up to the whole batch's loss
+        return LossValues(*values.tolist())
 
-    def gradients(self, batch: dict[str, np.ndarray]) -> tuple[LossValues, dict[str, np.ndarray]]:
-        """The loss in train mode and its gradient for every canonical parameter (no step taken)."""
-        losses = self._backward(batch)
+    def gradients(
+        self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
+    ) -> tuple[LossValues, dict[str, np.ndarray]]:
+        """The loss in train mode and its gradient for every canonical parameter (no step taken); with
+        ``totals``, ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
+        losses = self._backward(batch, totals)
         params = dict(self.model.module.named_parameters())
         return losses, {
             name: params[torch_name].grad.detach().cpu().numpy().copy()
             for name, torch_name in framework_names(self.config, NAME_RULES).items()
         }
 
-    def step(self, batch: dict[str, np.ndarray]) -> LossValues:
-        """One optimizer step; returns the loss before it."""
-        losses = self._backward(batch)
+    def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
+        """One optimizer step; returns the loss before it. With ``totals``, ``batch`` is one shard of a
+        larger batch whose totals they are (``pretraining.shard``), and the loss is its share."""
+        losses = self._backward(batch, totals)
         self.steps += 1
         if self.adam_epsilon_style == "mxnet" and isinstance(self.optimizer, torch.optim.Adam):
             beta2 = self.optimizer.param_groups[0]["betas"][1]
@@ -117,3 +166,49 @@ class Pretrainer:
                 group["eps"] = self.adam_epsilon / math.sqrt(1 - beta2**self.steps)
         self.optimizer.step()
         return losses
+
+
+@contextlib.contextmanager
+def process_group(rank: int, workers: int, address: str, timeout_s: float = 60.0) -> Iterator[None]:
+    """This process as worker ``rank`` of ``workers`` in torch.distributed's default group (gloo, which
+    runs on CPU tensors), the one at rank 0 listening at ``address`` ("host:port")."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{address}", rank=rank, world_size=workers, timeout=timedelta(seconds=timeout_s)
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, workers: int, address: str, threads: int, out: str, arguments: dict[str, Any]) -> None:
+    torch.set_num_threads(threads)
+    with process_group(rank, workers, address):
+        run = run_pretraining("torch", rank=rank, workers=workers, **arguments)
+    if rank == 0:  # every worker ends with the same weights
+        save_weights(Path(out) / "weights.npz", arguments["config"], run.weights)
+        summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
+        (Path(out) / "run.json").write_text(json.dumps(summary))
+
+
+def free_address() -> str:
+    """127.0.0.1 and a port no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def train_data_parallel(workers: int, threads_per_worker: int = 1, **arguments: Any) -> TrainingRun:
+    """``run_pretraining(backend_name="torch", **arguments)`` on ``workers`` processes of this machine,
+    each on its shard of every batch, gradients all-reduced by DistributedDataParallel over gloo."""
+    with tempfile.TemporaryDirectory() as out:
+        torch.multiprocessing.start_processes(
+            _worker,
+            args=(workers, free_address(), threads_per_worker, out, arguments),
+            nprocs=workers,
+            start_method="spawn",
+        )
+        summary = json.loads((Path(out) / "run.json").read_text())
+        _, weights = load_weights(Path(out) / "weights.npz")
+    losses = [LossValues(*values) for values in summary["losses"]]
+    return TrainingRun("torch", losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)
