@@ -30,7 +30,7 @@ from .checkpoints import (
 )
 from .config import CONFIGS, HEADS, BERTConfig
 from .conform import Report, Target, run_conformance
-from .errors import BackendUnavailable, InputError, WeightsError
+from .errors import BackendUnavailable, InputError, WeightsError, WorkerFailed
 from .files import NpzReader, open_regular
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
 from .pretraining import (
@@ -48,6 +48,12 @@ from .semantics import PRESETS, releases_of
 from .weights import save_weights
 
 FRAMEWORKS = list(FRAMEWORK_BACKENDS)
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
 
 
 def _split(text: str) -> list[str]:
@@ -256,32 +262,39 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.freeze_positions:
         options["train_positions"] = False
 
+    if args.workers > 1 and (args.backend != "torch" or args.compare or args.device != "cpu"):
+        raise ValueError(
+            "--workers runs torch.distributed workers on this machine's CPU: use it with --backend torch, "
+            "without --compare or another --device (MXNet's dist_sync kvstore is to come)"
+        )
+    threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
     bar = ProgressBar()
     runs = []
     for name in FRAMEWORKS if args.compare else [args.backend]:
         print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
+        if args.workers > 1:
+            print(
+                f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples"
+            )
 
         def show(step: int, loss, name: str = name) -> None:
             bar.print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})")
             bar(step, args.steps, f"{name} pretraining")
 
-        run = run_pretraining(
-            name,
-            config,
-            weights,
-            data,
-            args.steps,
-            args.batch_size,
-            seed=args.seed,
-            device=args.device,
-            dtype=args.dtype,
-            on_step=show,
-            **options,
-        )
-        bar.close()
+        arguments = {"config": config, "weights": weights, "data": data, "steps": args.steps}
+        arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
+        try:
+            if args.workers > 1:
+                from .torch.pretrain import train_data_parallel
+
+                run = train_data_parallel(args.workers, threads, **arguments)
+            else:
+                run = run_pretraining(name, device=args.device, **arguments)
+        finally:
+            bar.close()
         print(
             f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
-            f"({run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
+            f"({args.workers} x {run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
         )
         runs.append(run)
     if args.compare:
@@ -605,6 +618,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every framework from the same weights and batches, and compare the curves",
     )
     pretrain.add_argument("--steps", type=int, default=10)
+    pretrain.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="data-parallel worker processes on this machine (torch.distributed, gloo); each trains on its "
+        "share of every batch",
+    )
+    pretrain.add_argument(
+        "--threads-per-worker", type=_positive_int, help="threads of each worker (default: the cores shared out)"
+    )
     pretrain.add_argument("--corpus", help="a WikiText-style file: a paragraph per line, sentences split by ' . '")
     pretrain.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the batches")
     pretrain.add_argument("--batch-size", type=int, default=512)
@@ -696,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (InputError, WeightsError, BackendUnavailable, ValueError, OSError) as error:
+    except (InputError, WeightsError, BackendUnavailable, ValueError, OSError, WorkerFailed) as error:
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

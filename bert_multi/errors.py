@@ -11,3 +11,7 @@ class WeightsError(ValueError):
 
 class BackendUnavailable(ImportError):
     """A backend's framework is not installed here, or cannot run with what is installed."""
+
+
+class WorkerFailed(RuntimeError):
+    """A worker of a data-parallel run raised or died; the other workers were stopped."""

@@ -388,13 +388,13 @@ def run_pretraining(
         raise ValueError(f"steps must be at least 1, got {steps}")
     if batch_size % workers:
         raise ValueError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
+    if workers > 1 and backend_name != "torch":
+        raise ValueError("data-parallel pretraining runs on torch (torch.distributed) so far; MXNet's is to come")
     backend = load_backend(backend_name)
     if not hasattr(backend, "Pretrainer"):
         raise ValueError(f"backend {backend_name!r} cannot train (it has no autograd): use torch or mxnet")
     model = backend.build(config, weights, device=device, dtype=dtype)
     if workers > 1:
-        if backend_name != "torch":
-            raise ValueError("data-parallel pretraining runs on torch (torch.distributed) so far; MXNet's is to come")
         options["distributed"] = True
     trainer = backend.Pretrainer(model, **options)
     batches = data.batches(batch_size, seed)

@@ -76,3 +76,44 @@ def test_two_torch_workers_end_where_one_process_ends(optimizer, dtype):
         tolerance = tolerance_for("float32")
         for name in WEIGHTS:
             assert compare_arrays(name, together.weights[name], alone.weights[name], tolerance).passed, name
+
+
+def test_a_worker_that_dies_stops_the_run_with_a_message_naming_it():
+    pytest.importorskip("torch")
+    import multiprocessing
+    import os
+    import signal
+    import threading
+
+    from bert_multi.errors import WorkerFailed
+    from bert_multi.torch.pretrain import train_data_parallel
+
+    started, outcome = threading.Event(), []
+
+    def train() -> None:
+        arguments = {"config": CONFIG, "weights": WEIGHTS, "data": DATA, "steps": 10_000, "batch_size": 16}
+        try:
+            train_data_parallel(2, on_step=lambda step, losses: started.set(), **arguments)
+        except WorkerFailed as error:
+            outcome.append(str(error))
+
+    runner = threading.Thread(target=train)
+    runner.start()
+    assert started.wait(60), "the workers never took a step"
+    os.kill(multiprocessing.active_children()[-1].pid, signal.SIGKILL)
+    runner.join(30)  # a bounded wait: the survivor is stopped, not left blocked in an all-reduce
+    assert not runner.is_alive()
+    assert len(outcome) == 1 and outcome[0].startswith("worker ") and "of 2 died (signal SIGKILL)" in outcome[0]
+
+
+def test_the_command_line_runs_workers_and_says_so(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from bert_multi.cli import main
+
+    out = tmp_path / "w.npz"
+    command = ["pretrain", "--workers", "2", "--threads-per-worker", "1", "--steps", "2", "--batch-size", "8"]
+    assert main([*command, "--num-hiddens", "16", "--ffn-num-hiddens", "24", "--max-len", "32", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "2 workers of 1 thread(s), each on 4 examples" in printed and "step    2/2" in printed and out.exists()
+    assert main(["pretrain", "--backend", "mxnet", "--workers", "2"]) == 2
+    assert "use it with --backend torch" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import json
 import math
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..backend import framework_names
+from ..errors import WorkerFailed
 from ..pretraining import (
     BatchTotals,
     LossValues,
@@ -181,10 +182,13 @@ def process_group(rank: int, workers: int, address: str, timeout_s: float = 60.0
         dist.destroy_process_group()
 
 
-def _worker(rank: int, workers: int, address: str, threads: int, out: str, arguments: dict[str, Any]) -> None:
+def _worker(
+    rank: int, workers: int, address: str, threads: int, out: str, progress: Any, arguments: dict[str, Any]
+) -> None:
     torch.set_num_threads(threads)
+    report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
     with process_group(rank, workers, address):
-        run = run_pretraining("torch", rank=rank, workers=workers, **arguments)
+        run = run_pretraining("torch", rank=rank, workers=workers, on_step=report, **arguments)
     if rank == 0:  # every worker ends with the same weights
         save_weights(Path(out) / "weights.npz", arguments["config"], run.weights)
         summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
@@ -198,16 +202,45 @@ def free_address() -> str:
         return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
-def train_data_parallel(workers: int, threads_per_worker: int = 1, **arguments: Any) -> TrainingRun:
+def train_data_parallel(
+    workers: int,
+    threads_per_worker: int = 1,
+    on_step: Callable[[int, LossValues], None] | None = None,
+    **arguments: Any,
+) -> TrainingRun:
     """``run_pretraining(backend_name="torch", **arguments)`` on ``workers`` processes of this machine,
-    each on its shard of every batch, gradients all-reduced by DistributedDataParallel over gloo."""
+    each on its shard of every batch, gradients all-reduced by DistributedDataParallel over gloo.
+    ``on_step(step, losses)`` sees worker 0's steps as they happen. A worker that raises or dies stops
+    the others at once and raises ``WorkerFailed`` naming it."""
+    spawn = torch.multiprocessing.get_context("spawn")
+    progress = spawn.SimpleQueue()
+
+    def drain() -> None:
+        while not progress.empty():
+            step, values = progress.get()
+            if on_step:
+                on_step(step, LossValues(*values))
+
     with tempfile.TemporaryDirectory() as out:
-        torch.multiprocessing.start_processes(
+        context = torch.multiprocessing.start_processes(
             _worker,
-            args=(workers, free_address(), threads_per_worker, out, arguments),
+            args=(workers, free_address(), threads_per_worker, out, progress, arguments),
             nprocs=workers,
+            join=False,
             start_method="spawn",
         )
+        try:
+            while not context.join(timeout=0.2):
+                drain()
+        except torch.multiprocessing.ProcessRaisedException as error:
+            message = str(error).strip().splitlines()[-1]
+            raise WorkerFailed(f"worker {error.error_index} of {workers} failed: {message}") from None
+        except torch.multiprocessing.ProcessExitedException as error:
+            how = f"signal {error.signal_name}" if error.signal_name else f"exit code {error.exit_code}"
+            raise WorkerFailed(
+                f"worker {error.error_index} of {workers} died ({how}); the others were stopped"
+            ) from None
+        drain()
         summary = json.loads((Path(out) / "run.json").read_text())
         _, weights = load_weights(Path(out) / "weights.npz")
     losses = [LossValues(*values) for values in summary["losses"]]
