@@ -262,11 +262,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.freeze_positions:
         options["train_positions"] = False
 
-    if args.workers > 1 and (args.backend != "torch" or args.compare or args.device != "cpu"):
-        raise ValueError(
-            "--workers runs torch.distributed workers on this machine's CPU: use it with --backend torch, "
-            "without --compare or another --device (MXNet's dist_sync kvstore is to come)"
-        )
+    if args.workers > 1 and (args.compare or args.device != "cpu"):
+        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
     threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
     bar = ProgressBar()
     runs = []
@@ -285,9 +282,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
         try:
             if args.workers > 1:
-                from .torch.pretrain import train_data_parallel
-
-                run = train_data_parallel(args.workers, threads, **arguments)
+                run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
             else:
                 run = run_pretraining(name, device=args.device, **arguments)
         finally:

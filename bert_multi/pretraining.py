@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import random
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -273,6 +274,13 @@ def shard(batch: dict[str, np.ndarray], rank: int, workers: int) -> dict[str, np
     return {name: values[rows] for name, values in batch.items()}
 
 
+def free_address() -> str:
+    """127.0.0.1 and a port no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
 OPTIMIZERS = ("adam", "sgd")
 MLM_NORMALIZATIONS = ("real_slots", "all_slots")  # all_slots: d2l's PyTorch code, padding averaged in
 ADAM_EPSILON_STYLES = ("torch", "mxnet")
@@ -388,8 +396,6 @@ def run_pretraining(
         raise ValueError(f"steps must be at least 1, got {steps}")
     if batch_size % workers:
         raise ValueError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
-    if workers > 1 and backend_name != "torch":
-        raise ValueError("data-parallel pretraining runs on torch (torch.distributed) so far; MXNet's is to come")
     backend = load_backend(backend_name)
     if not hasattr(backend, "Pretrainer"):
         raise ValueError(f"backend {backend_name!r} cannot train (it has no autograd): use torch or mxnet")

@@ -49,51 +49,58 @@ def test_the_shards_shares_add_up_to_the_whole_batchs_loss_and_gradient(framewor
         assert np.abs(parts[0][1][name] + parts[1][1][name] - gradient).max() <= 1e-13, name
 
 
-def test_data_parallel_needs_a_batch_the_workers_can_share_and_an_engine():
+def test_data_parallel_needs_a_batch_the_workers_can_share():
     with pytest.raises(ValueError, match="batch_size 9 must be a multiple of the number of workers, 2"):
         run_pretraining("torch", CONFIG, WEIGHTS, DATA, steps=1, batch_size=9, workers=2)
-    with pytest.raises(ValueError, match="data-parallel pretraining runs on torch"):
-        run_pretraining("mxnet", CONFIG, WEIGHTS, DATA, steps=1, batch_size=8, workers=2)
+
+
+# Bounds on the largest weight and loss differences after 4 float64 steps, 2 workers against one
+# process (what was measured in the comments). MXNet's key-value store sums in float32 whatever the
+# dtype, so its float64 runs agree to float32's rounding of the gradients (and of the losses, which go
+# through it too), not to float64's; Adam, which divides each gradient by its own RMS, turns that into
+# larger steps where a gradient is nearly zero.
+AGREEMENT = {  # (weights, losses)
+    ("torch", "sgd"): (1e-10, 1e-12),  # measured 1.1e-16, 8.9e-16
+    ("torch", "adam"): (1e-10, 1e-12),  # measured 1.5e-12, 8.9e-16
+    ("mxnet", "sgd"): (1e-7, 1e-6),  # measured 2.0e-9, 2.4e-7
+    ("mxnet", "adam"): (1e-4, 1e-6),  # measured 1.4e-6, 2.4e-7
+}
 
 
 @pytest.mark.parametrize(("optimizer", "dtype"), [("sgd", "float64"), ("adam", "float64"), ("sgd", "float32")])
-def test_two_torch_workers_end_where_one_process_ends(optimizer, dtype):
-    """DistributedDataParallel over gloo, 2 processes of 1 thread each, against one process."""
-    pytest.importorskip("torch")
-    from bert_multi.torch.pretrain import train_data_parallel
-
+def test_two_workers_end_where_one_process_ends(framework, optimizer, dtype):
+    """The framework's own engine (torch: DistributedDataParallel over gloo; MXNet: the dist_sync
+    key-value store, a scheduler and a server), 2 processes of 1 thread each, against one process."""
     arguments = {"config": CONFIG, "weights": WEIGHTS, "data": DATA, "steps": 4, "batch_size": 16, "seed": 0}
     arguments.update(dtype=dtype, optimizer=optimizer, lr=0.05)
-    alone = run_pretraining("torch", **arguments)
-    together = train_data_parallel(2, **arguments)
+    alone = run_pretraining(framework.NAME, **arguments)
+    together = framework.train_data_parallel(2, **arguments)
     moved = max(np.abs(alone.weights[name] - WEIGHTS[name]).max() for name in WEIGHTS)
     assert moved > 0.05  # the steps really trained: agreement below is not two copies of the start
     if dtype == "float64":
-        # Measured: 1.1e-16 (SGD) and 1.5e-12 (Adam, whose step divides by each gradient's RMS).
-        assert np.abs(np.subtract(together.losses, alone.losses)).max() <= 1e-12
-        assert max(np.abs(together.weights[name] - alone.weights[name]).max() for name in WEIGHTS) <= 1e-10
+        weights_bound, losses_bound = AGREEMENT[(framework.NAME, optimizer)]
+        assert np.abs(np.subtract(together.losses, alone.losses)).max() <= losses_bound
+        assert max(np.abs(together.weights[name] - alone.weights[name]).max() for name in WEIGHTS) <= weights_bound
     else:
         tolerance = tolerance_for("float32")
         for name in WEIGHTS:
             assert compare_arrays(name, together.weights[name], alone.weights[name], tolerance).passed, name
 
 
-def test_a_worker_that_dies_stops_the_run_with_a_message_naming_it():
-    pytest.importorskip("torch")
+def test_a_worker_that_dies_stops_the_run_with_a_message_naming_it(framework):
     import multiprocessing
     import os
     import signal
     import threading
 
     from bert_multi.errors import WorkerFailed
-    from bert_multi.torch.pretrain import train_data_parallel
 
     started, outcome = threading.Event(), []
 
     def train() -> None:
         arguments = {"config": CONFIG, "weights": WEIGHTS, "data": DATA, "steps": 10_000, "batch_size": 16}
         try:
-            train_data_parallel(2, on_step=lambda step, losses: started.set(), **arguments)
+            framework.train_data_parallel(2, on_step=lambda step, losses: started.set(), **arguments)
         except WorkerFailed as error:
             outcome.append(str(error))
 
@@ -115,5 +122,5 @@ def test_the_command_line_runs_workers_and_says_so(tmp_path, capsys):
     assert main([*command, "--num-hiddens", "16", "--ffn-num-hiddens", "24", "--max-len", "32", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "2 workers of 1 thread(s), each on 4 examples" in printed and "step    2/2" in printed and out.exists()
-    assert main(["pretrain", "--backend", "mxnet", "--workers", "2"]) == 2
-    assert "use it with --backend torch" in capsys.readouterr().err
+    assert main(["pretrain", "--workers", "2", "--compare"]) == 2
+    assert "use it without --compare" in capsys.readouterr().err

@@ -38,7 +38,7 @@ from .model import (  # noqa: E402
     TransformerEncoderBlock,
     masked_softmax,
 )
-from .pretrain import Pretrainer, pretraining_loss  # noqa: E402
+from .pretrain import Pretrainer, pretraining_loss, train_data_parallel  # noqa: E402
 
 __all__ = [
     "LAYER_NORM_EPS",
@@ -51,6 +51,7 @@ __all__ = [
     "save_checkpoint",
     "Pretrainer",
     "pretraining_loss",
+    "train_data_parallel",
     "AddNorm",
     "BERTEncoder",
     "BERTModel",

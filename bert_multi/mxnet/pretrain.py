@@ -5,14 +5,37 @@ Parallel to ``bert_multi/torch/pretrain.py``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
 from ..backend import framework_names
-from ..pretraining import BatchTotals, LossValues, check_batch, check_trainable, check_training_options
+from ..errors import WorkerFailed
+from ..pretraining import (
+    BatchTotals,
+    LossValues,
+    TrainingRun,
+    check_batch,
+    check_trainable,
+    check_training_options,
+    free_address,
+    run_pretraining,
+)
+from ..weights import load_weights, save_weights
 from .backend import NAME_RULES, MXNetBERT, _parameters
 from .model import BERTModel
 
@@ -56,6 +79,16 @@ def pretraining_loss(
     return mlm_l + nsp_l, mlm_l, nsp_l
 
 
+_KVSTORE: list[mx.kvstore.KVStore] = []
+
+
+def dist_kvstore() -> mx.kvstore.KVStore:
+    """This process's distributed key-value store, created once: each creation joins the scheduler."""
+    if not _KVSTORE:
+        _KVSTORE.append(mx.kv.create("dist_sync"))
+    return _KVSTORE[0]
+
+
 class Pretrainer:
     """Training steps on an ``MXNetBERT``: ``optimizer`` "sgd" or "adam" at learning rate ``lr``.
 
@@ -76,6 +109,7 @@ class Pretrainer:
         adam_betas: tuple[float, float] = (0.9, 0.999),
         adam_epsilon_style: str = "mxnet",
         train_positions: bool = True,
+        distributed: bool = False,
     ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
         check_trainable(model.config, train_positions)
@@ -96,7 +130,23 @@ class Pretrainer:
         hyper = {"learning_rate": lr}
         if optimizer == "adam":
             hyper.update(epsilon=adam_epsilon, beta1=adam_betas[0], beta2=adam_betas[1])
-        self.trainer = gluon.Trainer(params, optimizer, hyper)
+        # distributed: this process is one worker of MXNet's distributed key-value store (dist_sync, set
+        # up by the DMLC_* variables). Framework difference: the store *sums* the gradients the workers
+        # push (torch's DDP averages them), so each worker's share of the loss is used as it is, and it
+        # sums in float32 whatever the arrays' dtype. Each worker then runs the optimizer on the sums, as
+        # in torch. Gluon's Trainer can drive the store itself (kvstore=), but the pull with which it
+        # broadcasts the parameters raced the updates here: 2 workers ended 4 SGD steps up to 1.0 away from
+        # one process, differently from run to run. Pushing and pulling each gradient, then waiting for
+        # MXNet's asynchronous engine before the update, is exact and repeatable.
+        self.kvstore = dist_kvstore() if distributed else None
+        self.workers = self.kvstore.num_workers if distributed else 1
+        self.trainer = gluon.Trainer(params, optimizer, hyper, kvstore=None)
+        if distributed:
+            self.trained = [param for param in params.values() if param.grad_req != "null"]
+            for key, param in enumerate(self.trained):
+                self.kvstore.init(key, param.data())
+            self.loss_key = len(self.trained)
+            self.kvstore.init(self.loss_key, mx.np.zeros(3, dtype="float64"))
 
     def _arrays(self, batch: dict[str, np.ndarray]) -> dict[str, mx.np.ndarray]:
         checked = check_batch(self.config, batch)
@@ -122,7 +172,12 @@ class Pretrainer:
         with autograd.record(train_mode=True):
             total, mlm_l, nsp_l = self._loss(batch, totals)
         total.backward()
-        return LossValues(float(total), float(mlm_l), float(nsp_l))
+        if self.workers == 1:
+            return LossValues(float(total), float(mlm_l), float(nsp_l))
+        values = mx.np.array([float(total), float(mlm_l), float(nsp_l)], dtype="float64")
+        self.kvstore.push(self.loss_key, values)  # the workers' shares add up to the whole batch's loss
+        self.kvstore.pull(self.loss_key, out=values)
+        return LossValues(*values.asnumpy().tolist())
 
     def gradients(
         self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
@@ -144,5 +199,106 @@ class Pretrainer:
         optimizer = self.trainer._optimizer
         if self.adam_epsilon_style == "torch" and isinstance(optimizer, mx.optimizer.Adam):
             optimizer.epsilon = self.adam_epsilon * math.sqrt(1 - optimizer.beta2**self.steps)
+        if self.workers > 1:
+            for key, param in enumerate(self.trained):
+                self.kvstore.pushpull(key, param.grad(), out=param.grad())  # summed over the workers
+            mx.npx.waitall()
         self.trainer.step(1)
         return losses
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process's environment for the duration (processes started then inherit them)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _worker(workers: int, out: str, progress: Any, arguments: dict[str, Any]) -> None:
+    rank = dist_kvstore().rank  # the scheduler numbers the workers as they join
+    report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
+    run = run_pretraining("mxnet", rank=rank, workers=workers, on_step=report, **arguments)
+    if rank == 0:  # every worker ends with the same weights
+        save_weights(Path(out) / "weights.npz", arguments["config"], run.weights)
+        summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
+        (Path(out) / "run.json").write_text(json.dumps(summary))
+
+
+def _failure(index: int, workers: int, exitcode: int) -> WorkerFailed:
+    how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
+    return WorkerFailed(f"worker {index} of {workers} died ({how}); the others were stopped")
+
+
+def train_data_parallel(
+    workers: int,
+    threads_per_worker: int = 1,
+    on_step: Callable[[int, LossValues], None] | None = None,
+    **arguments: Any,
+) -> TrainingRun:
+    """``run_pretraining(backend_name="mxnet", **arguments)`` on ``workers`` processes of this machine,
+    each on its shard of every batch, gradients summed by MXNet's dist_sync key-value store (a
+    scheduler and a server on 127.0.0.1 besides the workers). ``on_step(step, losses)`` sees worker 0's
+    steps as they happen. A worker that dies stops the others at once and raises ``WorkerFailed``."""
+    host, port = free_address().split(":")
+    dmlc = {
+        "DMLC_PS_ROOT_URI": host,
+        "DMLC_PS_ROOT_PORT": port,
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": str(workers),
+    }
+    spawn = multiprocessing.get_context("spawn")
+    progress = spawn.SimpleQueue()
+
+    def drain() -> None:
+        while not progress.empty():
+            step, values = progress.get()
+            if on_step:
+                on_step(step, LossValues(*values))
+
+    # Framework difference: MXNet's engine is a scheduler and key-value servers besides the workers. A
+    # process whose DMLC_ROLE is scheduler or server takes that role when it imports mxnet, and exits
+    # when the workers are done; torch.distributed needs only the workers.
+    helpers = [
+        subprocess.Popen([sys.executable, "-c", "import mxnet"], env={**os.environ, **dmlc, "DMLC_ROLE": role})
+        for role in ("scheduler", "server")
+    ]
+    processes = []
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            # OMP_NUM_THREADS must be set before a worker imports MXNet, so the workers inherit it.
+            with _environment({**dmlc, "DMLC_ROLE": "worker", "OMP_NUM_THREADS": str(threads_per_worker)}):
+                for _ in range(workers):
+                    processes.append(spawn.Process(target=_worker, args=(workers, out, progress, arguments)))
+                    processes[-1].start()
+            while True:
+                drain()
+                for index, process in enumerate(processes):
+                    if process.exitcode not in (None, 0):
+                        raise _failure(index, workers, process.exitcode)
+                if all(process.exitcode == 0 for process in processes):
+                    break
+                time.sleep(0.2)
+            drain()
+            summary = json.loads((Path(out) / "run.json").read_text())
+            _, weights = load_weights(Path(out) / "weights.npz")
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        for helper in helpers:
+            try:
+                helper.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                helper.kill()
+                helper.wait()
+    losses = [LossValues(*values) for values in summary["losses"]]
+    return TrainingRun("mxnet", losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)

@@ -30,7 +30,7 @@ from .model import (
     TransformerEncoderBlock,
     masked_softmax,
 )
-from .pretrain import Pretrainer, pretraining_loss
+from .pretrain import Pretrainer, pretraining_loss, train_data_parallel
 
 __all__ = [
     "LAYER_NORM_EPS",
@@ -45,6 +45,7 @@ __all__ = [
     "save_checkpoint",
     "Pretrainer",
     "pretraining_loss",
+    "train_data_parallel",
     "AddNorm",
     "BERTEncoder",
     "BERTModel",

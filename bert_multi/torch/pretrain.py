@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -29,6 +28,7 @@ from ..pretraining import (
     check_batch,
     check_trainable,
     check_training_options,
+    free_address,
     run_pretraining,
 )
 from ..weights import load_weights, save_weights
@@ -193,13 +193,6 @@ def _worker(
         save_weights(Path(out) / "weights.npz", arguments["config"], run.weights)
         summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
         (Path(out) / "run.json").write_text(json.dumps(summary))
-
-
-def free_address() -> str:
-    """127.0.0.1 and a port no one listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
 def train_data_parallel(
