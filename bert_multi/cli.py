@@ -262,6 +262,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.freeze_positions:
         options["train_positions"] = False
 
+    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
+        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
     if args.workers > 1 and (args.compare or args.device != "cpu"):
         raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
     threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
@@ -280,6 +282,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
         arguments = {"config": config, "weights": weights, "data": data, "steps": args.steps}
         arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
+        if args.checkpoint_every or args.resume:
+            arguments.update(checkpoint_every=args.checkpoint_every or 0, resume=bool(args.resume))
+            arguments["checkpoint_dir"] = args.checkpoint_dir or args.resume
         try:
             if args.workers > 1:
                 run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
@@ -622,6 +627,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pretrain.add_argument(
         "--threads-per-worker", type=_positive_int, help="threads of each worker (default: the cores shared out)"
+    )
+    pretrain.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        metavar="K",
+        help="save the whole training state every K steps (atomically) to --checkpoint-dir",
+    )
+    pretrain.add_argument("--checkpoint-dir", metavar="DIR", help="where the training state is saved")
+    pretrain.add_argument(
+        "--resume", metavar="DIR", help="go on from the training state in DIR to --steps in all (saving there too)"
     )
     pretrain.add_argument("--corpus", help="a WikiText-style file: a paragraph per line, sentences split by ' . '")
     pretrain.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the batches")

@@ -8,6 +8,7 @@ gives the same batches in any process and for any backend.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import random
 import socket
@@ -21,8 +22,11 @@ import numpy as np
 
 from .backend import load_backend
 from .config import HEADS, BERTConfig
-from .errors import InputError
+from .errors import InputError, WeightsError
+from .files import NpzReader, open_regular
 from .inputs import check_inputs, get_tokens_and_segments
+from .schema import validate_weights
+from .weights import MANIFEST_KEY, MAX_MANIFEST_BYTES, write_npz
 
 RESERVED_TOKENS = ["<pad>", "<mask>", "<cls>", "<sep>"]
 MLM_FRACTION = 0.15  # share of each sequence's tokens that are predicted
@@ -352,6 +356,66 @@ def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, n
 # --- Running it ----------------------------------------------------------------------------------------
 
 
+STATE_FILE = "state.npz"
+STATE_FORMAT = "bert_multi.training_state"
+
+
+class TrainingState(NamedTuple):
+    """Everything a run needs to go on after ``step`` steps: the weights, the optimizer's state (canonical
+    arrays, see each backend's ``Pretrainer.state``) and the settings that drew its batches."""
+
+    step: int
+    config: BERTConfig
+    weights: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray]
+    settings: dict
+
+
+def save_training_state(directory: str | os.PathLike, state: TrainingState) -> Path:
+    """``directory/state.npz``, replaced atomically: a run killed at any moment, even while writing it,
+    leaves the previous state whole. The batches' position is the step (they are drawn from the seed)."""
+    manifest = {"format": STATE_FORMAT, "format_version": 1, "step": state.step, "config": state.config.to_dict()}
+    manifest["settings"] = state.settings
+    arrays = {f"weights.{name}": array for name, array in state.weights.items()}
+    arrays.update({f"optimizer.{name}": array for name, array in state.optimizer.items()})
+    path = Path(directory) / STATE_FILE
+    write_npz(path, manifest, arrays)
+    return path
+
+
+def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
+    """The state ``save_training_state`` left in ``directory``, or None if there is none. A file that is
+    not one, or is damaged, is a ``WeightsError`` naming it."""
+    path = Path(directory) / STATE_FILE
+    if not path.exists():
+        return None
+    with open_regular(path, "training state", WeightsError) as file:
+        archive = NpzReader(file, path, WeightsError)
+        if MANIFEST_KEY not in archive:
+            raise WeightsError(f"{path}: not a bert_multi training state (no {MANIFEST_KEY!r})")
+        header = archive.header(MANIFEST_KEY)
+        if header.dtype != np.uint8 or len(header.shape) != 1 or header.nbytes > MAX_MANIFEST_BYTES:
+            raise WeightsError(f"{path}: the manifest is unreadable")
+        try:
+            manifest = json.loads(archive.read(MANIFEST_KEY, header).tobytes().decode("utf-8"))
+            if manifest.get("format") != STATE_FORMAT or manifest.get("format_version") != 1:
+                raise ValueError(f"format {manifest.get('format')!r}, expected {STATE_FORMAT!r} version 1")
+            step, settings = manifest["step"], manifest["settings"]
+            if not isinstance(step, int) or step < 0 or not isinstance(settings, dict):
+                raise ValueError("a step that is not a count, or settings that are not a dict")
+            config = BERTConfig.from_dict(manifest["config"])
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+            raise WeightsError(f"{path}: not a readable training state: {error}") from None
+        arrays = {name: archive.read(name, archive.header(name)) for name in archive.names if name != MANIFEST_KEY}
+    weights = {name[len("weights.") :]: array for name, array in arrays.items() if name.startswith("weights.")}
+    optimizer = {name[len("optimizer.") :]: array for name, array in arrays.items() if name.startswith("optimizer.")}
+    try:
+        validate_weights(config, weights)
+    except WeightsError as error:
+        raise WeightsError(f"{path}: {error}") from None
+    return TrainingState(step, config, weights, optimizer, settings)
+
+
 @dataclass
 class TrainingRun:
     """The losses of each step of one backend's run, how long it took and the weights it ended with."""
@@ -381,6 +445,9 @@ def run_pretraining(
     on_step=None,
     rank: int = 0,
     workers: int = 1,
+    checkpoint_every: int = 0,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume: bool = False,
     **options,
 ) -> TrainingRun:
     """``steps`` optimizer steps of ``backend_name`` from ``weights`` on ``data``'s batches (drawn from
@@ -391,28 +458,53 @@ def run_pretraining(
 
     With ``workers`` > 1 this process is worker ``rank`` of a data-parallel run whose process group the
     caller has set up: it draws every batch of ``batch_size`` as one process would and trains on its
-    shard (``shard``), and the framework's engine combines the gradients; losses are the whole batch's."""
+    shard (``shard``), and the framework's engine combines the gradients; losses are the whole batch's.
+
+    ``checkpoint_every`` K > 0 saves the whole training state to ``checkpoint_dir`` every K steps (worker
+    0 does); ``resume`` goes on from the state there, if any, to ``steps`` in all, and ends with the
+    weights an uninterrupted run ends with. The losses returned are those of the steps this call took."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if batch_size % workers:
         raise ValueError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
+    if (checkpoint_every or resume) and checkpoint_dir is None:
+        raise ValueError("checkpoints and resuming need a checkpoint directory")
+    settings = {"backend": backend_name, "dtype": dtype, "seed": seed, "batch_size": batch_size, **options}
+    settings = json.loads(json.dumps(settings))  # as a saved state holds them (tuples become lists)
+    state = load_training_state(checkpoint_dir) if resume else None
+    if state is not None:
+        if state.config != config or state.settings != settings:
+            raise ValueError(
+                f"{checkpoint_dir}: its state was saved by a run with {state.config} and {state.settings}, not "
+                f"{config} and {settings}; resume with the same settings"
+            )
+        weights = state.weights
+    start = state.step if state else 0
     backend = load_backend(backend_name)
     if not hasattr(backend, "Pretrainer"):
         raise ValueError(f"backend {backend_name!r} cannot train (it has no autograd): use torch or mxnet")
     model = backend.build(config, weights, device=device, dtype=dtype)
-    if workers > 1:
-        options["distributed"] = True
-    trainer = backend.Pretrainer(model, **options)
+    trainer = backend.Pretrainer(model, **options, **({"distributed": True} if workers > 1 else {}))
+    if state:
+        trainer.load_state(state.optimizer, start)
+    if checkpoint_every and rank == 0:
+        os.makedirs(checkpoint_dir, exist_ok=True)
     batches = data.batches(batch_size, seed)
+    for _ in range(start):  # the batches the saved steps took
+        next(batches)
     losses, tokens = [], 0
     started = time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(start + 1, steps + 1):
         batch = next(batches)
         if workers == 1:
             losses.append(trainer.step(batch))
         else:
             losses.append(trainer.step(shard(batch, rank, workers), BatchTotals.of(batch)))
         tokens += int(batch["valid_lens"].sum())
+        if checkpoint_every and step % checkpoint_every == 0 and rank == 0:
+            save_training_state(
+                checkpoint_dir, TrainingState(step, config, model.export_weights(), trainer.state(), settings)
+            )
         if on_step:
             on_step(step, losses[-1])
     seconds = time.perf_counter() - started

@@ -191,6 +191,34 @@ class Pretrainer:
             for name, gluon_name in framework_names(self.config, NAME_RULES).items()
         }
 
+    def state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state as canonical arrays: Adam's moments as "m.<name>" and "v.<name>" (SGD
+        keeps none); with ``self.steps``, all a resumed run needs besides the weights."""
+        # Framework difference: Gluon's Trainer.save_states pickles its updater, and nothing may be
+        # unpickled on a load path here, so the moments are read out of the updater one by one.
+        states = self.trainer._updaters[0].states
+        params = _parameters(self.model.module)
+        arrays = {}
+        for name, gluon_name in framework_names(self.config, NAME_RULES).items():
+            moments = states.get(self.trainer._param2idx[params[gluon_name].name])
+            if moments is not None:
+                arrays[f"m.{name}"], arrays[f"v.{name}"] = (moment.asnumpy() for moment in moments)
+        return arrays
+
+    def load_state(self, arrays: dict[str, np.ndarray], steps: int) -> None:
+        """Take up the optimizer state ``state()`` returned after ``steps`` steps."""
+        self.steps = steps
+        updater, optimizer = self.trainer._updaters[0], self.trainer._optimizer
+        params = _parameters(self.model.module)
+        for name, gluon_name in framework_names(self.config, NAME_RULES).items():
+            if f"m.{name}" in arrays:
+                index = self.trainer._param2idx[params[gluon_name].name]
+                moments = (mx.nd.array(arrays[f"{slot}.{name}"], dtype=self.model.dtype) for slot in "mv")
+                updater.states[index] = tuple(moments)
+                updater.states_synced[index] = False  # moved to the parameter's device at the next update
+                optimizer._index_update_count[index] = steps
+        optimizer.num_update = steps
+
     def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
         """One optimizer step; returns the loss before it. With ``totals``, ``batch`` is one shard of a
         larger batch whose totals they are (``pretraining.shard``), and the loss is its share."""

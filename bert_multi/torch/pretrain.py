@@ -156,6 +156,31 @@ class Pretrainer:
             for name, torch_name in framework_names(self.config, NAME_RULES).items()
         }
 
+    def state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state as canonical arrays: Adam's moments as "m.<name>" and "v.<name>" (SGD
+        keeps none); with ``self.steps``, all a resumed run needs besides the weights."""
+        params = dict(self.model.module.named_parameters())
+        arrays = {}
+        for name, torch_name in framework_names(self.config, NAME_RULES).items():
+            slots = self.optimizer.state.get(params[torch_name], {})
+            for slot, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
+                if key in slots:
+                    arrays[f"{slot}.{name}"] = slots[key].detach().cpu().numpy().copy()
+        return arrays
+
+    def load_state(self, arrays: dict[str, np.ndarray], steps: int) -> None:
+        """Take up the optimizer state ``state()`` returned after ``steps`` steps."""
+        self.steps = steps
+        params = dict(self.model.module.named_parameters())
+        for name, torch_name in framework_names(self.config, NAME_RULES).items():
+            if f"m.{name}" in arrays:
+                parameter = params[torch_name]
+                self.optimizer.state[parameter] = {
+                    "step": torch.tensor(float(steps)),
+                    "exp_avg": torch.from_numpy(arrays[f"m.{name}"]).to(parameter.device, parameter.dtype),
+                    "exp_avg_sq": torch.from_numpy(arrays[f"v.{name}"]).to(parameter.device, parameter.dtype),
+                }
+
     def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
         """One optimizer step; returns the loss before it. With ``totals``, ``batch`` is one shard of a
         larger batch whose totals they are (``pretraining.shard``), and the loss is its share."""

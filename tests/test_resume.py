@@ -1,0 +1,111 @@
+"""Checkpoints of the whole training state: a run killed at any moment (SIGKILL, even while it writes a
+checkpoint) and resumed ends with the weights of a run never interrupted."""
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from bert_multi import WeightsError
+from bert_multi.pretraining import STATE_FILE, load_training_state, run_pretraining
+
+SETUP = """
+from bert_multi import BERTConfig, init_weights
+from bert_multi.pretraining import PretrainingData, builtin_corpus, paragraphs_from_lines
+DATA = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=32, seed=0)
+CONFIG = BERTConfig(len(DATA.vocab), 16, 24, 2, 2, max_len=32)
+WEIGHTS = init_weights(CONFIG, seed=1, dtype="float64")
+"""
+_setup: dict = {}
+exec(SETUP, _setup)  # the same model and data here and in the process that is killed
+DATA, CONFIG, WEIGHTS = _setup["DATA"], _setup["CONFIG"], _setup["WEIGHTS"]
+STEPS = 6
+
+
+def arguments(framework, optimizer):
+    return {"config": CONFIG, "weights": WEIGHTS, "data": DATA, "steps": STEPS, "batch_size": 8, "seed": 0,
+            "dtype": "float64", "optimizer": optimizer, "lr": 0.05, "backend_name": framework}  # fmt: skip
+
+
+def killed_run(framework, optimizer, directory, kill):
+    """A run with a checkpoint every step, in a process that SIGKILLs itself as ``kill`` says."""
+    script = SETUP + textwrap.dedent(f"""
+        import os, signal
+        import numpy as np
+        from bert_multi.pretraining import run_pretraining
+        def die(*_):
+            os.kill(os.getpid(), signal.SIGKILL)
+        kill = {kill!r}
+        if kill[0] == "after step":
+            on_step = lambda step, losses: die() if step == kill[1] else None
+        else:  # "writing checkpoint": the kill-th checkpoint dies halfway through its file
+            on_step, written, savez = None, [], np.savez
+            def half_then_die(file, **arrays):
+                written.append(1)
+                if len(written) == kill[1]:
+                    file.write(b"PK" * 1000)
+                    die()
+                savez(file, **arrays)
+            np.savez = half_then_die
+        run_pretraining({framework!r}, CONFIG, WEIGHTS, DATA, {STEPS}, 8, seed=0, dtype="float64",
+                        optimizer={optimizer!r}, lr=0.05, checkpoint_every=1, checkpoint_dir={str(directory)!r},
+                        on_step=on_step)
+    """)
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert finished.returncode == -signal.SIGKILL, finished.stderr
+
+
+@pytest.mark.parametrize(("optimizer", "kill"), [("adam", ("after step", 4)), ("sgd", ("writing checkpoint", 3))])
+def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(framework, tmp_path, optimizer, kill):
+    killed_run(framework.NAME, optimizer, tmp_path, kill)
+    saved = load_training_state(tmp_path)
+    # Killed after step 4's checkpoint, or while writing the third: the last whole state stays.
+    assert saved.step == (4 if kill[0] == "after step" else 2)
+    if kill[0] == "writing checkpoint":
+        assert any(path.name.endswith(".tmp") for path in tmp_path.iterdir())  # the half-written file
+    options = arguments(framework.NAME, optimizer)
+    resumed = run_pretraining(**options, checkpoint_every=1, checkpoint_dir=tmp_path, resume=True)
+    uninterrupted = run_pretraining(**options)
+    assert len(resumed.losses) == STEPS - saved.step
+    later = uninterrupted.losses[saved.step :]
+    assert np.abs(np.subtract(resumed.losses, later)).max() <= 1e-12
+    moved = max(np.abs(uninterrupted.weights[name] - WEIGHTS[name]).max() for name in WEIGHTS)
+    assert moved > 0.05
+    gap = max(np.abs(resumed.weights[name] - uninterrupted.weights[name]).max() for name in WEIGHTS)
+    assert gap <= 1e-12  # measured: 0.0, the same operations on the same numbers
+    assert load_training_state(tmp_path).step == STEPS
+
+
+def test_a_resume_with_other_settings_or_a_damaged_state_is_refused(tmp_path):
+    options = arguments("torch", "sgd")
+    pytest.importorskip("torch")
+    run_pretraining(**{**options, "steps": 2}, checkpoint_every=1, checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="resume with the same settings"):
+        run_pretraining(**{**options, "lr": 0.1}, checkpoint_dir=tmp_path, resume=True)
+    state = tmp_path / STATE_FILE
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match=STATE_FILE):
+        run_pretraining(**options, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(ValueError, match="need a checkpoint directory"):
+        run_pretraining(**options, checkpoint_every=1)
+
+
+def test_the_command_line_saves_and_resumes(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from bert_multi.cli import main
+
+    model = ["--num-hiddens", "16", "--ffn-num-hiddens", "24", "--max-len", "32", "--batch-size", "8"]
+    state = tmp_path / "state"
+    assert main(["pretrain", *model, "--steps", "2", "--checkpoint-every", "1", "--checkpoint-dir", str(state),
+                 "--out", str(tmp_path / "a.npz")]) == 0  # fmt: skip
+    assert load_training_state(state).step == 2
+    assert main(["pretrain", *model, "--steps", "3", "--resume", str(state), "--out", str(tmp_path / "b.npz")]) == 0
+    printed = capsys.readouterr().out
+    assert "step    3/3" in printed and "step    1/3" not in printed.split("step    2/2")[-1]
+    assert main(["pretrain", "--checkpoint-every", "2"]) == 2
+    assert "--checkpoint-every needs --checkpoint-dir" in capsys.readouterr().err
