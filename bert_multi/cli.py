@@ -264,7 +264,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
         raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
-    if args.workers > 1 and (args.compare or args.device != "cpu"):
+    if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
         raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
     threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
     bar = ProgressBar()
@@ -286,7 +286,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             arguments.update(checkpoint_every=args.checkpoint_every or 0, resume=bool(args.resume))
             arguments["checkpoint_dir"] = args.checkpoint_dir or args.resume
         try:
-            if args.workers > 1:
+            if args.join:
+                run = load_backend(name).join_data_parallel(**arguments)
+            elif args.workers > 1:
                 run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
             else:
                 run = run_pretraining(name, device=args.device, **arguments)
@@ -309,6 +311,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {plot_training(runs, args.plot)}")
         return 0
+    if runs[0].rank != 0:
+        return 0  # every worker ends with the same weights; worker 0 writes them
     out = args.out or f"bert-pretrained-{args.backend}.npz"
     save_weights(out, config, runs[0].weights)
     print(f"weights written to {out}")
@@ -635,6 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="save the whole training state every K steps (atomically) to --checkpoint-dir",
     )
     pretrain.add_argument("--checkpoint-dir", metavar="DIR", help="where the training state is saved")
+    pretrain.add_argument(
+        "--join",
+        action="store_true",
+        help="be one worker of a run launched by torchrun, or with the DMLC_* variables for MXNet, on one "
+        "machine or several (README, 'More than one process')",
+    )
     pretrain.add_argument(
         "--resume", metavar="DIR", help="go on from the training state in DIR to --steps in all (saving there too)"
     )

@@ -426,6 +426,7 @@ class TrainingRun:
     tokens: int  # valid (non-padding) tokens processed
     runtime: dict
     weights: dict[str, np.ndarray]
+    rank: int = 0  # which worker of a data-parallel run returned it
 
     @property
     def tokens_per_second(self) -> float:
@@ -508,4 +509,4 @@ def run_pretraining(
         if on_step:
             on_step(step, losses[-1])
     seconds = time.perf_counter() - started
-    return TrainingRun(backend_name, losses, seconds, tokens, model.runtime_info(), model.export_weights())
+    return TrainingRun(backend_name, losses, seconds, tokens, model.runtime_info(), model.export_weights(), rank)

@@ -124,3 +124,51 @@ def test_the_command_line_runs_workers_and_says_so(tmp_path, capsys):
     assert "2 workers of 1 thread(s), each on 4 examples" in printed and "step    2/2" in printed and out.exists()
     assert main(["pretrain", "--workers", "2", "--compare"]) == 2
     assert "use it without --compare" in capsys.readouterr().err
+
+
+def launched_from_outside(framework, tmp_path):
+    """The README's launch lines, on this machine: torchrun for torch; a scheduler, a server and the
+    workers with the DMLC_* variables for MXNet. Returns the weights worker 0 wrote."""
+    import os
+    import subprocess
+    import sys
+
+    from bert_multi import load_weights
+    from bert_multi.pretraining import free_address
+
+    command = ["-m", "bert_multi.cli", "pretrain", "--backend", framework, "--join", "--dtype", "float64"]
+    command += ["--optimizer", "sgd", "--steps", "3", "--batch-size", "8", "--num-hiddens", "16"]
+    command += ["--ffn-num-hiddens", "24", "--max-len", "32", "--out", str(tmp_path / "joined.npz")]
+    if framework == "torch":
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        finished = subprocess.run([*launcher, *command], capture_output=True, text=True, timeout=180)
+        assert finished.returncode == 0, finished.stderr[-2000:]
+    else:
+        host, port = free_address().split(":")
+        dmlc = {"DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": port, "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2"}
+        roles = ["scheduler", "server", "worker", "worker"]
+        processes = [
+            subprocess.Popen(
+                [sys.executable, *(command if role == "worker" else ["-c", "import mxnet"])],
+                env={**os.environ, **dmlc, "DMLC_ROLE": role, "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for role in roles
+        ]
+        for process in processes:
+            assert process.wait(timeout=180) == 0, process.stderr.read()[-2000:]
+    return load_weights(tmp_path / "joined.npz")[1]
+
+
+def test_workers_launched_from_outside_train_as_one_process(framework, tmp_path):
+    from bert_multi import load_weights
+    from bert_multi.cli import main
+
+    joined = launched_from_outside(framework.NAME, tmp_path)
+    alone = ["pretrain", "--backend", framework.NAME, "--dtype", "float64", "--optimizer", "sgd", "--steps", "3"]
+    alone += ["--batch-size", "8", "--num-hiddens", "16", "--ffn-num-hiddens", "24", "--max-len", "32"]
+    assert main([*alone, "--out", str(tmp_path / "alone.npz")]) == 0
+    _, expected = load_weights(tmp_path / "alone.npz")
+    bound = AGREEMENT[(framework.NAME, "sgd")][0]
+    assert max(np.abs(joined[name] - expected[name]).max() for name in expected) <= bound

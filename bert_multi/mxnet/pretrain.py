@@ -260,6 +260,14 @@ def _worker(workers: int, out: str, progress: Any, arguments: dict[str, Any]) ->
         (Path(out) / "run.json").write_text(json.dumps(summary))
 
 
+def join_data_parallel(on_step: Callable[[int, LossValues], None] | None = None, **arguments: Any) -> TrainingRun:
+    """``run_pretraining(backend_name="mxnet", **arguments)`` as one worker of a data-parallel run launched
+    from outside, on one machine or several: the DMLC_* variables (DMLC_ROLE=worker) name the scheduler,
+    and it numbers the workers. Every worker returns the same weights; only worker 0 calls ``on_step``."""
+    rank, workers = dist_kvstore().rank, dist_kvstore().num_workers
+    return run_pretraining("mxnet", rank=rank, workers=workers, on_step=on_step if rank == 0 else None, **arguments)
+
+
 def _failure(index: int, workers: int, exitcode: int) -> WorkerFailed:
     how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
     return WorkerFailed(f"worker {index} of {workers} died ({how}); the others were stopped")

@@ -195,16 +195,27 @@ class Pretrainer:
 
 
 @contextlib.contextmanager
-def process_group(rank: int, workers: int, address: str, timeout_s: float = 60.0) -> Iterator[None]:
+def process_group(
+    rank: int | None = None, workers: int | None = None, address: str | None = None, timeout_s: float = 60.0
+) -> Iterator[None]:
     """This process as worker ``rank`` of ``workers`` in torch.distributed's default group (gloo, which
-    runs on CPU tensors), the one at rank 0 listening at ``address`` ("host:port")."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{address}", rank=rank, world_size=workers, timeout=timedelta(seconds=timeout_s)
-    )
+    runs on CPU tensors), the one at rank 0 listening at ``address`` ("host:port"); without them, as
+    torchrun's environment says (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    where = {"init_method": f"tcp://{address}", "rank": rank, "world_size": workers} if address else {}
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s), **where)
     try:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def join_data_parallel(on_step: Callable[[int, LossValues], None] | None = None, **arguments: Any) -> TrainingRun:
+    """``run_pretraining(backend_name="torch", **arguments)`` as one worker of a data-parallel run launched
+    from outside, by torchrun on one machine or several (its environment gives the rank and the number of
+    workers). Every worker returns the same weights; only worker 0 calls ``on_step``."""
+    with process_group():
+        rank, workers = dist.get_rank(), dist.get_world_size()
+        return run_pretraining("torch", rank=rank, workers=workers, on_step=on_step if rank == 0 else None, **arguments)
 
 
 def _worker(
