@@ -172,3 +172,22 @@ def test_workers_launched_from_outside_train_as_one_process(framework, tmp_path)
     _, expected = load_weights(tmp_path / "alone.npz")
     bound = AGREEMENT[(framework.NAME, "sgd")][0]
     assert max(np.abs(joined[name] - expected[name]).max() for name in expected) <= bound
+
+
+def test_torch_and_mxnet_workers_agree_as_their_single_processes_do():
+    """2 DDP workers against 2 dist_sync workers, from the same weights and batches, with SGD at a learning
+    rate float32 holds exactly (MXNet passes it as a C float)."""
+    from bert_multi.backend import backends, load_backend
+
+    if not all(backends()[name].available for name in ("torch", "mxnet")):
+        pytest.skip("needs both frameworks")
+    arguments = {"config": CONFIG, "weights": WEIGHTS, "data": DATA, "steps": 4, "batch_size": 16, "seed": 0}
+    arguments.update(dtype="float64", optimizer="sgd", lr=2.0**-4)
+    single = {name: run_pretraining(name, **arguments).weights for name in ("torch", "mxnet")}
+    workers = {name: load_backend(name).train_data_parallel(2, **arguments).weights for name in ("torch", "mxnet")}
+
+    def gap(runs):
+        return max(np.abs(runs["torch"][name] - runs["mxnet"][name]).max() for name in WEIGHTS)
+
+    assert gap(single) <= 1e-10  # measured 3.4e-12
+    assert gap(workers) <= gap(single) + AGREEMENT[("mxnet", "sgd")][0]  # measured 3.0e-9: MXNet's float32 sums
