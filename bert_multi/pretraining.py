@@ -26,7 +26,7 @@ from .errors import InputError, WeightsError
 from .files import NpzReader, open_regular
 from .inputs import check_inputs, get_tokens_and_segments
 from .schema import validate_weights
-from .weights import MANIFEST_KEY, MAX_MANIFEST_BYTES, write_npz
+from .weights import MANIFEST_KEY, MAX_MANIFEST_BYTES, load_weights, save_weights, write_npz
 
 RESERVED_TOKENS = ["<pad>", "<mask>", "<cls>", "<sep>"]
 MLM_FRACTION = 0.15  # share of each sequence's tokens that are predicted
@@ -433,6 +433,29 @@ class TrainingRun:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
 
+def save_run(directory: str | os.PathLike, config: BERTConfig, run: TrainingRun) -> None:
+    """What worker 0 of a data-parallel run hands back to the process that launched it."""
+    save_weights(Path(directory) / "weights.npz", config, run.weights)
+    summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
+    (Path(directory) / "run.json").write_text(json.dumps(summary))
+
+
+def load_run(directory: str | os.PathLike, backend_name: str) -> TrainingRun:
+    """The run ``save_run`` left in ``directory``."""
+    summary = json.loads((Path(directory) / "run.json").read_text())
+    _, weights = load_weights(Path(directory) / "weights.npz")
+    losses = [LossValues(*values) for values in summary["losses"]]
+    return TrainingRun(backend_name, losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)
+
+
+def relay_steps(progress, on_step) -> None:
+    """Pass the (step, losses) worker 0 has queued so far to ``on_step``, in order."""
+    while not progress.empty():
+        step, values = progress.get()
+        if on_step:
+            on_step(step, LossValues(*values))
+
+
 def run_pretraining(
     backend_name: str,
     config: BERTConfig,
@@ -497,6 +520,9 @@ def run_pretraining(
     started = time.perf_counter()
     for step in range(start + 1, steps + 1):
         batch = next(batches)
+        # Dropout's masks come from a generator seeded from the step, so that a resumed run draws the
+        # masks the uninterrupted one would have: the random state is (seed, step).
+        trainer.seed(seed * 1_000_003 + step)
         if workers == 1:
             losses.append(trainer.step(batch))
         else:

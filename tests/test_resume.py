@@ -1,6 +1,7 @@
 """Checkpoints of the whole training state: a run killed at any moment (SIGKILL, even while it writes a
 checkpoint) and resumed ends with the weights of a run never interrupted."""
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -124,3 +125,14 @@ def test_a_data_parallel_run_resumes_from_its_workers_checkpoint(framework, tmp_
     # torch, 7.7e-7 for MXNet, whose key-value store sums in float32.
     assert gap <= {"torch": 1e-10, "mxnet": 1e-4}[framework.NAME]
     assert load_training_state(tmp_path).step == STEPS
+
+
+def test_with_dropout_a_resumed_run_draws_the_masks_the_uninterrupted_one_would(framework, tmp_path):
+    config = dataclasses.replace(CONFIG, dropout=0.2)
+    options = {**arguments(framework.NAME, "adam"), "config": config}
+    run_pretraining(**{**options, "steps": 3}, checkpoint_every=3, checkpoint_dir=tmp_path)
+    resumed = run_pretraining(**options, checkpoint_dir=tmp_path, resume=True)
+    uninterrupted = run_pretraining(**options)
+    assert max(np.abs(resumed.weights[name] - uninterrupted.weights[name]).max() for name in WEIGHTS) == 0
+    without = run_pretraining(**{**options, "config": CONFIG})  # dropout really acted: other weights
+    assert max(np.abs(without.weights[name] - uninterrupted.weights[name]).max() for name in WEIGHTS) > 1e-3

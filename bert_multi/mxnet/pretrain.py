@@ -6,7 +6,6 @@ Parallel to ``bert_multi/torch/pretrain.py``.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import multiprocessing
 import os
@@ -16,7 +15,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import mxnet as mx
@@ -33,9 +31,11 @@ from ..pretraining import (
     check_trainable,
     check_training_options,
     free_address,
+    load_run,
+    relay_steps,
     run_pretraining,
+    save_run,
 )
-from ..weights import load_weights, save_weights
 from .backend import NAME_RULES, MXNetBERT, _parameters
 from .model import BERTModel
 
@@ -191,6 +191,10 @@ class Pretrainer:
             for name, gluon_name in framework_names(self.config, NAME_RULES).items()
         }
 
+    def seed(self, value: int) -> None:
+        """Seed the generator dropout draws from (the framework's global one)."""
+        mx.random.seed(value)
+
     def state(self) -> dict[str, np.ndarray]:
         """The optimizer's state as canonical arrays: Adam's moments as "m.<name>" and "v.<name>" (SGD
         keeps none); with ``self.steps``, all a resumed run needs besides the weights."""
@@ -255,9 +259,7 @@ def _worker(workers: int, out: str, progress: Any, arguments: dict[str, Any]) ->
     report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
     run = run_pretraining("mxnet", rank=rank, workers=workers, on_step=report, **arguments)
     if rank == 0:  # every worker ends with the same weights
-        save_weights(Path(out) / "weights.npz", arguments["config"], run.weights)
-        summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
-        (Path(out) / "run.json").write_text(json.dumps(summary))
+        save_run(out, arguments["config"], run)
 
 
 def join_data_parallel(on_step: Callable[[int, LossValues], None] | None = None, **arguments: Any) -> TrainingRun:
@@ -293,12 +295,6 @@ def train_data_parallel(
     spawn = multiprocessing.get_context("spawn")
     progress = spawn.SimpleQueue()
 
-    def drain() -> None:
-        while not progress.empty():
-            step, values = progress.get()
-            if on_step:
-                on_step(step, LossValues(*values))
-
     # Framework difference: MXNet's engine is a scheduler and key-value servers besides the workers. A
     # process whose DMLC_ROLE is scheduler or server takes that role when it imports mxnet, and exits
     # when the workers are done; torch.distributed needs only the workers.
@@ -315,16 +311,15 @@ def train_data_parallel(
                     processes.append(spawn.Process(target=_worker, args=(workers, out, progress, arguments)))
                     processes[-1].start()
             while True:
-                drain()
+                relay_steps(progress, on_step)
                 for index, process in enumerate(processes):
                     if process.exitcode not in (None, 0):
                         raise _failure(index, workers, process.exitcode)
                 if all(process.exitcode == 0 for process in processes):
                     break
                 time.sleep(0.2)
-            drain()
-            summary = json.loads((Path(out) / "run.json").read_text())
-            _, weights = load_weights(Path(out) / "weights.npz")
+            relay_steps(progress, on_step)
+            return load_run(out, "mxnet")
     finally:
         for process in processes:
             if process.is_alive():
@@ -336,5 +331,3 @@ def train_data_parallel(
             except subprocess.TimeoutExpired:
                 helper.kill()
                 helper.wait()
-    losses = [LossValues(*values) for values in summary["losses"]]
-    return TrainingRun("mxnet", losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)

@@ -6,12 +6,10 @@ Parallel to ``bert_multi/mxnet/pretrain.py``.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,9 +27,11 @@ from ..pretraining import (
     check_trainable,
     check_training_options,
     free_address,
+    load_run,
+    relay_steps,
     run_pretraining,
+    save_run,
 )
-from ..weights import load_weights, save_weights
 from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
 from .model import BERTModel
 
@@ -156,6 +156,10 @@ class Pretrainer:
             for name, torch_name in framework_names(self.config, NAME_RULES).items()
         }
 
+    def seed(self, value: int) -> None:
+        """Seed the generator dropout draws from (the framework's global one)."""
+        torch.manual_seed(value)
+
     def state(self) -> dict[str, np.ndarray]:
         """The optimizer's state as canonical arrays: Adam's moments as "m.<name>" and "v.<name>" (SGD
         keeps none); with ``self.steps``, all a resumed run needs besides the weights."""
@@ -226,9 +230,7 @@ def _worker(
     with process_group(rank, workers, address):
         run = run_pretraining("torch", rank=rank, workers=workers, on_step=report, **arguments)
     if rank == 0:  # every worker ends with the same weights
-        save_weights(Path(out) / "weights.npz", arguments["config"], run.weights)
-        summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
-        (Path(out) / "run.json").write_text(json.dumps(summary))
+        save_run(out, arguments["config"], run)
 
 
 def train_data_parallel(
@@ -243,13 +245,6 @@ def train_data_parallel(
     the others at once and raises ``WorkerFailed`` naming it."""
     spawn = torch.multiprocessing.get_context("spawn")
     progress = spawn.SimpleQueue()
-
-    def drain() -> None:
-        while not progress.empty():
-            step, values = progress.get()
-            if on_step:
-                on_step(step, LossValues(*values))
-
     with tempfile.TemporaryDirectory() as out:
         context = torch.multiprocessing.start_processes(
             _worker,
@@ -260,7 +255,7 @@ def train_data_parallel(
         )
         try:
             while not context.join(timeout=0.2):
-                drain()
+                relay_steps(progress, on_step)
         except torch.multiprocessing.ProcessRaisedException as error:
             message = str(error).strip().splitlines()[-1]
             raise WorkerFailed(f"worker {error.error_index} of {workers} failed: {message}") from None
@@ -269,8 +264,5 @@ def train_data_parallel(
             raise WorkerFailed(
                 f"worker {error.error_index} of {workers} died ({how}); the others were stopped"
             ) from None
-        drain()
-        summary = json.loads((Path(out) / "run.json").read_text())
-        _, weights = load_weights(Path(out) / "weights.npz")
-    losses = [LossValues(*values) for values in summary["losses"]]
-    return TrainingRun("torch", losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)
+        relay_steps(progress, on_step)
+        return load_run(out, "torch")
