@@ -26,7 +26,7 @@ from .errors import InputError, WeightsError
 from .files import NpzReader, open_regular
 from .inputs import check_inputs, get_tokens_and_segments
 from .schema import validate_weights
-from .weights import MANIFEST_KEY, MAX_MANIFEST_BYTES, load_weights, save_weights, write_npz
+from .weights import MANIFEST_KEY, load_weights, read_json_manifest, save_weights, write_npz
 
 RESERVED_TOKENS = ["<pad>", "<mask>", "<cls>", "<sep>"]
 MLM_FRACTION = 0.15  # share of each sequence's tokens that are predicted
@@ -391,20 +391,15 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
         return None
     with open_regular(path, "training state", WeightsError) as file:
         archive = NpzReader(file, path, WeightsError)
-        if MANIFEST_KEY not in archive:
-            raise WeightsError(f"{path}: not a bert_multi training state (no {MANIFEST_KEY!r})")
-        header = archive.header(MANIFEST_KEY)
-        if header.dtype != np.uint8 or len(header.shape) != 1 or header.nbytes > MAX_MANIFEST_BYTES:
-            raise WeightsError(f"{path}: the manifest is unreadable")
+        manifest = read_json_manifest(path, archive, "training state")
         try:
-            manifest = json.loads(archive.read(MANIFEST_KEY, header).tobytes().decode("utf-8"))
             if manifest.get("format") != STATE_FORMAT or manifest.get("format_version") != 1:
                 raise ValueError(f"format {manifest.get('format')!r}, expected {STATE_FORMAT!r} version 1")
             step, settings = manifest["step"], manifest["settings"]
             if not isinstance(step, int) or step < 0 or not isinstance(settings, dict):
                 raise ValueError("a step that is not a count, or settings that are not a dict")
             config = BERTConfig.from_dict(manifest["config"])
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+        except (ValueError, TypeError, KeyError) as error:
             raise WeightsError(f"{path}: not a readable training state: {error}") from None
         arrays = {name: archive.read(name, archive.header(name)) for name in archive.names if name != MANIFEST_KEY}
     weights = {name[len("weights.") :]: array for name, array in arrays.items() if name.startswith("weights.")}

@@ -80,9 +80,11 @@ def _describe_member(name: str) -> str:
     return "the manifest" if name == MANIFEST_KEY else f"tensor {name!r}"
 
 
-def _read_manifest(path: Path, archive: NpzReader) -> tuple[BERTConfig, str, dict[str, str]]:
+def read_json_manifest(path: Path, archive: NpzReader, what: str) -> dict[str, Any]:
+    """The JSON object an archive stores as uint8 bytes under ``__manifest__``, size checked before it is
+    read; anything else is a ``WeightsError`` saying the file is not a bert_multi ``what``."""
     if MANIFEST_KEY not in archive:
-        raise WeightsError(f"{path}: no {MANIFEST_KEY!r} entry; this is not a bert_multi weights file")
+        raise WeightsError(f"{path}: no {MANIFEST_KEY!r} entry; this is not a bert_multi {what}")
     header = archive.header(MANIFEST_KEY)
     if header.dtype != np.uint8 or len(header.shape) != 1 or header.nbytes > MAX_MANIFEST_BYTES:
         raise WeightsError(
@@ -95,6 +97,11 @@ def _read_manifest(path: Path, archive: NpzReader) -> tuple[BERTConfig, str, dic
         raise WeightsError(f"{path}: the manifest is unreadable: {type(error).__name__}: {error}") from None
     if not isinstance(manifest, dict):
         raise WeightsError(f"{path}: the manifest must be a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def _read_manifest(path: Path, archive: NpzReader) -> tuple[BERTConfig, str, dict[str, str]]:
+    manifest = read_json_manifest(path, archive, "weights file")
     for field in ("format", "format_version", "config", "dtype", "tensors"):
         if field not in manifest:
             raise WeightsError(f"{path}: the manifest has no {field!r} field")

@@ -92,6 +92,9 @@ def test_a_resume_with_other_settings_or_a_damaged_state_is_refused(tmp_path):
     state.write_bytes(bytes(data))
     with pytest.raises(WeightsError, match=STATE_FILE):
         run_pretraining(**options, checkpoint_dir=tmp_path, resume=True)
+    np.savez(state, a=np.zeros(3))
+    with pytest.raises(WeightsError, match="this is not a bert_multi training state"):
+        load_training_state(tmp_path)
     with pytest.raises(ValueError, match="need a checkpoint directory"):
         run_pretraining(**options, checkpoint_every=1)
 
