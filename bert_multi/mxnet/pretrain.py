@@ -272,7 +272,7 @@ def join_data_parallel(on_step: Callable[[int, LossValues], None] | None = None,
 
 def _failure(index: int, workers: int, exitcode: int) -> WorkerFailed:
     how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
-    return WorkerFailed(f"worker {index} of {workers} died ({how}); the others were stopped")
+    return WorkerFailed.died(index, workers, how)
 
 
 def train_data_parallel(

@@ -261,8 +261,6 @@ def train_data_parallel(
             raise WorkerFailed(f"worker {error.error_index} of {workers} failed: {message}") from None
         except torch.multiprocessing.ProcessExitedException as error:
             how = f"signal {error.signal_name}" if error.signal_name else f"exit code {error.exit_code}"
-            raise WorkerFailed(
-                f"worker {error.error_index} of {workers} died ({how}); the others were stopped"
-            ) from None
+            raise WorkerFailed.died(error.error_index, workers, how) from None
         relay_steps(progress, on_step)
         return load_run(out, "torch")
