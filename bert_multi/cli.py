@@ -18,7 +18,7 @@ import numpy as np
 from . import bench, lessons
 from .backend import BACKEND_NAMES, REFERENCES, backends, load_backend, parse_device
 from .backend import FRAMEWORKS as FRAMEWORK_BACKENDS
-from .cases import CASE_NAMES, CASES, Batch, get_case
+from .cases import CASE_NAMES, CASES, Batch, CaseInput, get_case
 from .checkpoints import (
     FORMATS,
     Checkpoint,
@@ -150,14 +150,21 @@ def _check_plot(path: str | None, option: str = "--plot") -> None:
         raise ValueError(f"{option} needs matplotlib: pip install 'bert_multi[plot]'")
 
 
+def _describe_case(config: BERTConfig, name: str, batch: Batch, max_len: int | None = None) -> str:
+    return name if max_len in (None, config.max_len) else f"{name} (on the model cut to max_len {max_len})"
+
+
 def _run_and_report(
-    args: argparse.Namespace, config: BERTConfig, weights: dict[str, np.ndarray], cases: list[tuple[str, Batch]]
+    args: argparse.Namespace,
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    cases: list[CaseInput] | list[tuple[str, Batch]],
 ) -> Report:
     print(f"config: {config}")
     absent = [head for head in HEADS if head not in config.heads]
     if absent:
         print(f"absent from this model, so not compared: {', '.join(absent)}")
-    print(f"cases: {', '.join(name for name, _ in cases)}")
+    print(f"cases: {', '.join(_describe_case(config, *case) for case in cases)}")
     bar = ProgressBar()
     try:
         report = run_conformance(config, weights, _targets(args), cases, pairs=not args.no_pairs, progress=bar)
@@ -217,7 +224,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         config, weights = _model_and_weights(args, args.config, preset)
         if len(presets) > 1:
             print(f"\n== preset {config.semantics.name} ({releases_of(config.semantics.name)}) ==")
-        cases = [(case.name, case.batch(config, args.seed)) for case in chosen]
+        cases = [case.input(config, args.seed) for case in chosen]
         reports[config.semantics.name] = _run_and_report(args, config, weights, cases)
     return _write_reports(args, reports)
 
@@ -229,7 +236,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.inputs:
         cases = _read_inputs(args.inputs)
     else:
-        cases = [(case.name, case.batch(config, args.seed)) for case in CASES]
+        cases = [case.input(config, args.seed) for case in CASES]
     return _write_reports(args, {config.semantics.name: _run_and_report(args, config, weights, cases)})
 
 

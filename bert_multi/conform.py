@@ -7,6 +7,10 @@ tests and a user's own test suite.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import gc
 import itertools
 import os
 import platform
@@ -14,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,11 +26,11 @@ from typing import Any
 import numpy as np
 
 from .backend import BackendModel, BERTOutput, load_backend, parse_device
-from .cases import Batch
+from .cases import Batch, CaseInput
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import BERTConfig
 from .errors import BackendUnavailable
-from .schema import validate_weights
+from .schema import cut_max_len, validate_weights
 from .weights import load_weights, save_weights
 
 OUTPUT_NAMES = ("encoded", "mlm", "nsp")
@@ -115,6 +119,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     skipped: dict[Target, str] = field(default_factory=dict)  # target -> why it could not run here
     runtime: dict[str, dict[str, Any]] = field(default_factory=dict)  # target -> runtime_info()
+    cut: dict[str, int] = field(default_factory=dict)  # case -> the max_len its model was cut to
     seconds: float = 0.0
 
     @property
@@ -144,6 +149,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             "config": self.config.to_dict(),
             "cases": self.cases,
+            "cut_max_len": self.cut,
             "environment": environment(),
             "runtime": self.runtime,
             "skipped": {str(target): reason for target, reason in self.skipped.items()},
@@ -202,11 +208,22 @@ def _planned_steps(targets: Sequence[Target], num_cases: int, pairs: bool) -> in
     return num_cases * (len(targets) + 2 * num_pairs)
 
 
+def _max_len_groups(config: BERTConfig, cases: Sequence[CaseInput]) -> dict[int, list[int]]:
+    """The indices of the cases by the max_len of the model they run on, longest first."""
+    groups: dict[int, list[int]] = {}
+    for index, case in enumerate(cases):
+        groups.setdefault(case.max_len or config.max_len, []).append(index)
+    return dict(sorted(groups.items(), reverse=True))
+
+
+Build = Callable[[BERTConfig, dict[str, np.ndarray]], BackendModel]
+
+
 def run_conformance(
     config: BERTConfig,
     weights: dict[str, np.ndarray],
     targets: Sequence[Target],
-    cases: Sequence[tuple[str, Batch]],
+    cases: Sequence[CaseInput | tuple[str, Batch]],
     pairs: bool = True,
     progress: Progress | None = None,
 ) -> Report:
@@ -215,89 +232,233 @@ def run_conformance(
     With ``pairs``, targets of the same dtype are also compared with each other, after moving the
     weights between them: for each pair (a, b), b is rebuilt from a's exported weights in memory, and
     a from b's exported weights through a canonical weight file, so both directions and both ways of
-    moving weights are exercised. A target whose backend or device is missing here is skipped, with
-    the reason, not failed.
+    moving weights are exercised. A case with its own ``max_len`` runs on the model cut to it
+    (``schema.cut_max_len``), oracle included. A target whose backend or device is missing here is
+    skipped, with the reason, not failed.
     """
     # Weights that do not fit the config are the caller's mistake, not a target that cannot run here.
     validate_weights(config, weights)
     started = time.perf_counter()
-    report = Report(config, [name for name, _ in cases])
-    done = 0
-
-    def step(label: str) -> None:
-        nonlocal done
-        if progress:
-            alive = [t for t in targets if t not in report.skipped]
-            progress(done, _planned_steps(alive, len(cases), pairs), label)
-        done += 1
-
-    oracle_backend = load_backend("numpy")
-    references: dict[float, dict[str, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
-
-    def reference(eps: float) -> dict[str, BERTOutput]:
-        if eps not in references:
-            oracle = oracle_backend.build(config, weights, dtype="float64", layer_norm_eps=eps)
-            references[eps] = {name: oracle(**batch, intermediates=True) for name, batch in cases}
-        return references[eps]
-
-    # One dtype at a time: each model is dropped once it has run every case and lent its weights to its
-    # pairs, so memory holds the weights of about three models, not of every target and pair at once.
-    # Checks are keyed so that the report keeps the order of the targets and pairs asked for.
-    keyed_checks: list[tuple[tuple[int, ...], Check]] = []
-    layer_norm_eps: dict[Target, float] = {}
-    for dtype in dict.fromkeys(target.dtype for target in targets):
-        results: dict[Target, dict[str, BERTOutput]] = {}
-        exported: dict[Target, dict[str, np.ndarray]] = {}  # weights each target's model holds, for its pairs
-        for target in targets:
-            if target.dtype != dtype:
-                continue
-            try:
-                backend = load_backend(target.backend)
-                model = backend.build(config, weights, device=target.device, dtype=dtype, gradients=False)
-            except (BackendUnavailable, ValueError) as error:
-                report.skipped[target] = str(error)
-                continue
-            report.runtime[str(target)] = model.runtime_info()
-            tolerance = tolerance_for(dtype, target.device_kind)
-            # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
-            # oracle computed with the eps it really uses, and the report says so.
-            stated = config.semantics.layer_norm_eps
-            eps = layer_norm_eps[target] = backend.kernel_eps(stated)
-            label = "oracle" if eps == stated else f"oracle (LayerNorm eps {eps:.9g})"
-            results[target] = {}
-            for index, (name, batch) in enumerate(cases):
-                step(f"{target}: {name}")
-                out = results[target][name] = model(**batch, intermediates=True)
-                check = Check(name, target, label, *compare_outputs(out, reference(eps)[name], tolerance))
-                keyed_checks.append(((0, targets.index(target), index), check))
-            if pairs:
-                exported[target] = model.export_weights()
-            del model
-        for a, b in itertools.combinations([target for target in targets if target in exported], 2):
-            kind = "gpu" if "gpu" in (a.device_kind, b.device_kind) else "cpu"
-            tolerance = tolerance_for(dtype, kind, pair=True)
-            directions = ((b, a, _rebuild_in_memory, "memory"), (a, b, _rebuild_through_file, "file"))
-            for direction, (target, source, rebuild, how) in enumerate(directions):
-                model = rebuild(config, exported[source], target)
-                # Each side agrees with the oracle at its own LayerNorm eps, so the pair may differ by
-                # what the oracle itself computes differently at the two: that known gap is added to the
-                # source's outputs before comparing (triangle inequality), and only what remains counts.
-                eps, source_eps = layer_norm_eps[target], layer_norm_eps[source]
-                label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
-                for index, (name, batch) in enumerate(cases):
-                    step(f"{target} <- {source} ({how}): {name}")
-                    out = model(**batch, intermediates=True)
-                    expected = results[source][name]
-                    if eps != source_eps:
-                        expected = shifted(expected, reference(eps)[name], reference(source_eps)[name])
-                    check = Check(name, target, label, *compare_outputs(out, expected, tolerance))
-                    keyed_checks.append(((1, targets.index(a), targets.index(b), direction, index), check))
-                del model
-    report.checks = [check for _, check in sorted(keyed_checks, key=lambda keyed: keyed[0])]
-    if progress:
-        progress(done, done, "done")
+    run = _Run(config, weights, targets, [CaseInput(*case) for case in cases], pairs, progress)
+    with _collector_skipping_existing_objects():
+        report = run.all()
     report.seconds = time.perf_counter() - started
     return report
+
+
+class _Run:
+    """One conformance run: its schedule, and what it holds meanwhile. One dtype at a time and one model
+    at a time, each dropped once it has run its cases, and a target's exported weights kept only while
+    a later target is still to be built from them: at most three models' weights are held at once (the
+    caller's, the exported ones and the model they go into)."""
+
+    def __init__(
+        self,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        targets: Sequence[Target],
+        cases: list[CaseInput],
+        pairs: bool,
+        progress: Progress | None,
+    ) -> None:
+        self.config, self.weights, self.targets, self.cases = config, weights, targets, cases
+        self.pairs, self.progress = pairs, progress
+        self.groups = _max_len_groups(config, cases)
+        self.report = Report(config, [case.name for case in cases])
+        self.report.cut = {case.name: case.max_len for case in cases if case.max_len not in (None, config.max_len)}
+        self.builders: dict[Target, Build] = {}
+        for target in targets:
+            try:
+                self.builders[target] = _builder(target)  # imports the target's framework
+            except _Unavailable as error:
+                self.report.skipped[target] = str(error)
+        self.oracle = load_backend("numpy")
+        self.references: dict[float, dict[int, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
+        self.results: dict[Target, dict[int, BERTOutput]] = {}  # target -> case -> its outputs
+        self.keyed_checks: list[tuple[tuple[int, ...], Check]] = []  # keyed to sort into the order asked for
+        self.done = 0
+
+    def all(self) -> Report:
+        for dtype in dict.fromkeys(target.dtype for target in self.targets):
+            ran = [target for target in self.targets if target.dtype == dtype and target in self.builders]
+            exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}  # for the targets after them
+            for position, target in enumerate(ran):
+                later = position < len(ran) - 1
+                try:
+                    # Each pair (a, b): b is rebuilt from a's weights in memory before b runs alone, so a's
+                    # export can be dropped first; a is rebuilt from b's through a file once b has run.
+                    for source in list(exports):
+                        self.run_pair(target, source, "memory", exports[source] if later else exports.pop(source))
+                    earlier = [source for source in ran[:position] if source in self.results] if self.pairs else []
+                    with tempfile.TemporaryDirectory() as directory:
+                        path = Path(directory) / "weights.npz"
+                        export = self.run_alone(target, keep=self.pairs and later, file=path if earlier else None)
+                        if export is not None:
+                            exports[target] = export
+                        del export  # held by exports alone, so that it is freed once popped
+                        for source in earlier:
+                            self.run_pair(source, target, "file", load_weights(path))
+                except _Unavailable as error:
+                    self.report.skipped[target] = str(error)
+        self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
+        if self.progress:
+            self.progress(self.done, self.done, "done")
+        return self.report
+
+    def run_alone(
+        self, target: Target, keep: bool, file: Path | None
+    ) -> tuple[BERTConfig, dict[str, np.ndarray]] | None:
+        """Run every case on ``target``'s model and compare with the oracle. Its model of the longest
+        max_len is exported: written to ``file`` if given, and returned if ``keep``."""
+        tolerance = tolerance_for(target.dtype, target.device_kind)
+        # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
+        # oracle computed with the eps it really uses, and the report says so.
+        eps = self.kernel_eps(target)
+        label = "oracle" if eps == self.config.semantics.layer_norm_eps else f"oracle (LayerNorm eps {eps:.9g})"
+        export = None
+        self.results[target] = {}
+        lends = keep or file is not None
+        # Not enumerate(): it would hold each model until the next was built.
+        for model, indices in self.models(self.builders[target], self.config, self.weights):
+            self.report.runtime[str(target)] = model.runtime_info()
+            if lends:  # the first model, of the longest max_len, lends its weights
+                lends = False
+                export = (model.config, model.export_weights())
+                if file is not None:
+                    save_weights(file, *export)
+                if not keep:
+                    export = None
+            for index in indices:
+                out = self.results[target][index] = self.run_case(model, index, str(target))
+                expected = self.reference(eps)[index]
+                self.check((0, self.targets.index(target), index), target, label, index, out, expected, tolerance)
+            del model  # so that it is freed before the next is built
+        return export
+
+    def run_pair(
+        self, target: Target, source: Target, how: str, lent: tuple[BERTConfig, dict[str, np.ndarray]]
+    ) -> None:
+        """Run every case on ``target``'s model of the weights ``source`` exported, moved ``how``
+        ("memory" or "file"), and compare with ``source``'s own outputs."""
+        kind = "gpu" if "gpu" in (target.device_kind, source.device_kind) else "cpu"
+        tolerance = tolerance_for(target.dtype, kind, pair=True)
+        # Each side agrees with the oracle at its own LayerNorm eps, so the pair may differ by what the
+        # oracle itself computes differently at the two: that known gap is added to the source's outputs
+        # before comparing (triangle inequality), and only what remains counts.
+        eps, source_eps = self.kernel_eps(target), self.kernel_eps(source)
+        label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
+        first, second = sorted((self.targets.index(target), self.targets.index(source)))
+        for model, indices in self.models(self.builders[target], *lent):
+            for index in indices:
+                out = self.run_case(model, index, f"{target} <- {source} ({how})")
+                expected = self.results[source][index]
+                if eps != source_eps:
+                    expected = shifted(expected, self.reference(eps)[index], self.reference(source_eps)[index])
+                key = (1, first, second, 0 if how == "memory" else 1, index)
+                self.check(key, target, label, index, out, expected, tolerance)
+            del model
+
+    def models(
+        self, build: Build, config: BERTConfig, weights: dict[str, np.ndarray]
+    ) -> Iterator[tuple[BackendModel, list[int]]]:
+        """A model for each group of cases, cut to the group's max_len, with the group. The caller drops
+        each before asking for the next, which is built only once the one before is freed."""
+        for max_len, indices in self.groups.items():
+            model = build(*cut_max_len(config, weights, max_len))
+            yield model, indices
+            del model
+            _release_memory()
+
+    def reference(self, eps: float) -> dict[int, BERTOutput]:
+        """The oracle's float64 outputs for every case, computed with LayerNorm ``eps``, once."""
+        if eps not in self.references:
+            self.references[eps] = {}
+            build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps)
+            for oracle, indices in self.models(build, self.config, self.weights):
+                self.references[eps].update(
+                    (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
+                )
+                del oracle
+        return self.references[eps]
+
+    def kernel_eps(self, target: Target) -> float:
+        """The LayerNorm eps ``target``'s framework computes with, for the config's."""
+        return load_backend(target.backend).kernel_eps(self.config.semantics.layer_norm_eps)
+
+    def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
+        if self.progress:
+            alive = [target for target in self.targets if target not in self.report.skipped]
+            self.progress(
+                self.done, _planned_steps(alive, len(self.cases), self.pairs), f"{label}: {self.cases[index].name}"
+            )
+        self.done += 1
+        return model(**self.cases[index].batch, intermediates=True)
+
+    def check(
+        self,
+        key: tuple[int, ...],
+        target: Target,
+        label: str,
+        index: int,
+        out: BERTOutput,
+        expected: BERTOutput,
+        tolerance: Tolerance,
+    ) -> None:
+        outputs = compare_outputs(out, expected, tolerance)
+        self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
+
+
+class _Unavailable(Exception):
+    """A target's backend or device is missing here: the target is skipped, with this reason."""
+
+
+def _builder(target: Target) -> Build:
+    """A function building ``target``'s model of a config and weights (inference only), raising
+    ``_Unavailable`` where the target's backend or device is missing here."""
+    try:
+        backend = load_backend(target.backend)
+        parse_device(target.device)
+    except (BackendUnavailable, ValueError) as error:
+        raise _Unavailable(str(error)) from error
+
+    def build(config: BERTConfig, weights: dict[str, np.ndarray]) -> BackendModel:
+        try:
+            return backend.build(config, weights, device=target.device, dtype=target.dtype, gradients=False)
+        except (BackendUnavailable, ValueError) as error:
+            raise _Unavailable(str(error)) from error
+
+    return build
+
+
+@contextlib.contextmanager
+def _collector_skipping_existing_objects() -> Iterator[None]:
+    """The cycle collector leaves alone what exists now (the frameworks' modules and the caller's
+    objects: some 200,000 once torch and MXNet are imported) until the block ends: each collection that
+    frees a model then takes milliseconds, not a tenth of a second."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _release_memory() -> None:
+    """Hand a dropped model's memory back now: Gluon blocks sit in reference cycles (each with its
+    name scope), so only the cycle collector frees an MXNet model, and glibc keeps freed blocks for
+    reuse until asked to trim. Without this the default run's peak held two extra float64 models."""
+    gc.collect()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _glibc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_malloc_trim = _glibc_malloc_trim()
 
 
 def shifted(out: BERTOutput, to: BERTOutput, start: BERTOutput) -> BERTOutput:
@@ -314,17 +475,3 @@ def shifted(out: BERTOutput, to: BERTOutput, start: BERTOutput) -> BERTOutput:
             for name in start.intermediates
         )
     return BERTOutput(*(move(*(getattr(o, name) for o in (out, to, start))) for name in OUTPUT_NAMES), intermediates)
-
-
-def _rebuild_in_memory(config: BERTConfig, weights: dict[str, np.ndarray], target: Target) -> BackendModel:
-    return load_backend(target.backend).build(
-        config, weights, device=target.device, dtype=target.dtype, gradients=False
-    )
-
-
-def _rebuild_through_file(config: BERTConfig, weights: dict[str, np.ndarray], target: Target) -> BackendModel:
-    with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "weights.npz"
-        save_weights(path, config, weights)
-        loaded_config, loaded = load_weights(path)
-    return _rebuild_in_memory(loaded_config, loaded, target)

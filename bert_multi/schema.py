@@ -7,6 +7,7 @@ own structural names; nothing else in the project spells them out.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, NamedTuple
 
@@ -119,6 +120,20 @@ def param_specs(config: BERTConfig) -> dict[str, ParamSpec]:
 def param_shapes(config: BERTConfig) -> dict[str, tuple[int, ...]]:
     """Ordered canonical schema: name -> shape. The one source of truth for weight names and shapes."""
     return {name: spec.shape for name, spec in param_specs(config).items()}
+
+
+def cut_max_len(
+    config: BERTConfig, weights: dict[str, np.ndarray], max_len: int
+) -> tuple[BERTConfig, dict[str, np.ndarray]]:
+    """The model that knows only the first ``max_len`` positions: its config, and views of ``weights`` cut
+    to that config's schema (a learned positional table loses its later rows; nothing else changes)."""
+    if max_len == config.max_len:
+        return config, weights
+    if not 1 <= max_len <= config.max_len:
+        raise ValueError(f"cannot cut a model of max_len {config.max_len} to max_len {max_len}")
+    cut = dataclasses.replace(config, max_len=max_len)
+    shapes = param_shapes(cut)
+    return cut, {name: array[tuple(slice(n) for n in shapes[name])] for name, array in weights.items()}
 
 
 def normalize_dtype(dtype: object) -> str:

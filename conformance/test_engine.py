@@ -7,6 +7,8 @@ a one-line slip in the engine (comparing a backend with itself, rebuilding from 
 instead of the exported ones, caching the oracle without its eps) makes one of them fail.
 """
 
+import dataclasses
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 
 import bert_multi.conform as conform
 from bert_multi import BERTConfig, load_backend, random_weights
-from bert_multi.cases import CASES
+from bert_multi.cases import CASES, CaseInput, get_case
 from bert_multi.conform import Target, run_conformance
 from bert_multi.oracle import LAYER_NORM_EPS, NumpyBERT
 
@@ -146,3 +148,62 @@ def test_checks_keep_the_order_asked_for_although_each_dtype_runs_alone(register
     assert [(str(c.target), c.reference, c.case) for c in report.checks] == expected
     without_pairs = run_conformance(CONFIG, WEIGHTS, targets, cases, pairs=False)
     assert [(str(c.target), c.case) for c in without_pairs.checks] == [(e[0], e[2]) for e in expected[:8]]
+
+
+def recording_backend(name, seen):
+    """The oracle, noting (backend, the model's max_len, T) for each forward, and each model in a
+    reference cycle, as every Gluon block is (so only the cycle collector can free it)."""
+    real = load_backend("numpy")
+
+    class Recording(NumpyBERT):
+        backend = name
+
+        def _forward(self, inputs, intermediates):
+            seen.append((name, self.config.max_len, inputs.tokens.shape[1]))
+            return super()._forward(inputs, intermediates)
+
+    def build(config, weights, device="cpu", dtype="float64", gradients=True, layer_norm_eps=LAYER_NORM_EPS):
+        oracle = real.build(config, weights, device, dtype, layer_norm_eps=layer_norm_eps)
+        model = Recording(config, oracle.weights, oracle.dtype, layer_norm_eps)
+        model.itself = model
+        return model
+
+    return SimpleNamespace(NAME=name, kernel_eps=lambda stated: stated, build=build)
+
+
+def test_a_case_with_its_own_max_len_runs_on_the_model_cut_to_it_oracle_included(register):
+    """T = max_len is proven on a model cut to a short table, so it costs little at any max_len; every
+    model that runs the case, the oracle's too, must really have the case's length as its max_len."""
+    seen = []
+    for name in ("numpy", "a", "b"):
+        register(recording_backend(name, seen))
+    cut = dataclasses.replace(CONFIG, max_len=5)
+    cases = [*CASE_LIST[:2], CaseInput("max_len", get_case("max_len").batch(cut, seed=11), 5)]
+    report = run_conformance(CONFIG, WEIGHTS, [Target("a", "float64"), Target("b", "float64")], cases)
+    assert report.passed and len(report.checks) == 3 * 4  # each target alone, then both directions of the pair
+    assert report.cut == {"max_len": 5} and report.to_json()["cut_max_len"] == {"max_len": 5}
+    assert {(max_len, T) for _, max_len, T in seen} == {(CONFIG.max_len, CASE_LIST[0][1]["tokens"].shape[1]), (5, 5)}
+    assert {name for name, max_len, _ in seen if max_len == 5} == {"numpy", "a", "b"}
+
+
+def test_each_model_is_freed_before_the_next_is_built(register, monkeypatch):
+    """One model at a time, even one the cycle collector alone can free: the chapter's float64 model
+    is 196 MB, and the default run builds sixteen."""
+    alive, most = weakref.WeakSet(), []
+    seen = []
+    for name in ("a", "b"):
+        backend = recording_backend(name, seen)
+
+        def build(*args, _build=backend.build, **kwargs):
+            most.append(len(alive))  # models still alive as this one is built
+            model = _build(*args, **kwargs)
+            alive.add(model)
+            return model
+
+        backend.build = build
+        register(backend)
+    cut = dataclasses.replace(CONFIG, max_len=5)
+    cases = [*CASE_LIST[:2], CaseInput("max_len", get_case("max_len").batch(cut, seed=11), 5)]
+    targets = [Target(name, dtype) for dtype in ("float32", "float64") for name in ("a", "b")]
+    assert run_conformance(CONFIG, WEIGHTS, targets, cases).passed
+    assert len(most) == 16 and max(most) == 0

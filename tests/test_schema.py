@@ -1,7 +1,19 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, WeightsError, init_weights, param_shapes, random_weights, validate_weights
+from bert_multi import (
+    BERTConfig,
+    WeightsError,
+    init_weights,
+    load_backend,
+    param_shapes,
+    random_weights,
+    validate_weights,
+)
+from bert_multi.cases import CUT_MAX_LEN, get_case
+from bert_multi.schema import cut_max_len
 
 CONFIGS = [
     BERTConfig(vocab_size=10000, num_hiddens=768, ffn_num_hiddens=1024, num_heads=4, num_blks=2),
@@ -109,3 +121,36 @@ def test_validate_weights_names_the_problem(mutate, message):
     weights = init_weights(CONFIGS[1])
     with pytest.raises(WeightsError, match=message):
         validate_weights(CONFIGS[1], mutate(weights))
+
+
+@pytest.mark.parametrize("preset", ["d2l", "d2l-0.11", "bert"])
+def test_a_model_cut_to_a_shorter_max_len_computes_what_the_whole_one_does(preset):
+    """The max_len case runs on a model cut to its first positions (cases.CUT_MAX_LEN): that model is the
+    same computation on every input it accepts, from views of the same weights."""
+    config = BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=40)
+    config = config.with_semantics(preset)
+    weights = random_weights(config, seed=5, dtype="float64")
+    cut_config, cut = cut_max_len(config, weights, 6)
+    assert cut_config == dataclasses.replace(config, max_len=6)
+    assert {name: array.shape for name, array in cut.items()} == param_shapes(cut_config)
+    assert all(np.shares_memory(cut[name], weights[name]) for name in weights)  # views, never copies
+    oracle = load_backend("numpy")
+    batch = get_case("max_len").batch(cut_config, seed=5)  # T = 6, the cut model's max_len
+    whole, part = (oracle.build(c, w)(**batch, intermediates=True) for c, w in ((config, weights), (cut_config, cut)))
+    for name in ("encoded", "mlm", "nsp"):
+        np.testing.assert_array_equal(getattr(part, name), getattr(whole, name))
+    assert cut_max_len(config, weights, config.max_len) == (config, weights)
+    for bad in (0, config.max_len + 1):
+        with pytest.raises(ValueError, match="cannot cut"):
+            cut_max_len(config, weights, bad)
+
+
+def test_the_max_len_case_is_cut_only_where_max_len_is_longer_than_the_cut():
+    long = BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=1, max_len=1000)
+    name, batch, max_len = get_case("max_len").input(long)
+    assert (name, max_len, batch["tokens"].shape[1]) == ("max_len", CUT_MAX_LEN, CUT_MAX_LEN)
+    short = dataclasses.replace(long, max_len=CUT_MAX_LEN - 1)
+    _, batch, max_len = get_case("max_len").input(short)
+    assert max_len is None and batch["tokens"].shape[1] == short.max_len
+    _, batch, max_len = get_case("mixed_valid_lens").input(long)  # the other cases never are
+    assert max_len is None
