@@ -282,6 +282,8 @@ class _Run:
         for dtype in dict.fromkeys(target.dtype for target in self.targets):
             ran = [target for target in self.targets if target.dtype == dtype and target in self.builders]
             exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}  # for the targets after them
+            # Cast once for every build of this dtype (the same cast each build would make).
+            weights = {name: np.asarray(array, dtype=dtype) for name, array in self.weights.items()} if ran else {}
             for position, target in enumerate(ran):
                 later = position < len(ran) - 1
                 try:
@@ -292,7 +294,9 @@ class _Run:
                     earlier = [source for source in ran[:position] if source in self.results] if self.pairs else []
                     with tempfile.TemporaryDirectory() as directory:
                         path = Path(directory) / "weights.npz"
-                        export = self.run_alone(target, keep=self.pairs and later, file=path if earlier else None)
+                        export = self.run_alone(
+                            target, weights, keep=self.pairs and later, file=path if earlier else None
+                        )
                         if export is not None:
                             exports[target] = export
                         del export  # held by exports alone, so that it is freed once popped
@@ -306,10 +310,10 @@ class _Run:
         return self.report
 
     def run_alone(
-        self, target: Target, keep: bool, file: Path | None
+        self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None
     ) -> tuple[BERTConfig, dict[str, np.ndarray]] | None:
-        """Run every case on ``target``'s model and compare with the oracle. Its model of the longest
-        max_len is exported: written to ``file`` if given, and returned if ``keep``."""
+        """Run every case on ``target``'s model of ``weights`` and compare with the oracle. Its model of
+        the longest max_len is exported: written to ``file`` if given, and returned if ``keep``."""
         tolerance = tolerance_for(target.dtype, target.device_kind)
         # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
         # oracle computed with the eps it really uses, and the report says so.
@@ -319,7 +323,7 @@ class _Run:
         self.results[target] = {}
         lends = keep or file is not None
         # Not enumerate(): it would hold each model until the next was built.
-        for model, indices in self.models(self.builders[target], self.config, self.weights):
+        for model, indices in self.models(self.builders[target], self.config, weights):
             self.report.runtime[str(target)] = model.runtime_info()
             if lends:  # the first model, of the longest max_len, lends its weights
                 lends = False
