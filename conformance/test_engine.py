@@ -207,3 +207,22 @@ def test_each_model_is_freed_before_the_next_is_built(register, monkeypatch):
     targets = [Target(name, dtype) for dtype in ("float32", "float64") for name in ("a", "b")]
     assert run_conformance(CONFIG, WEIGHTS, targets, cases).passed
     assert len(most) == 16 and max(most) == 0
+
+
+def test_a_target_that_cannot_build_here_is_skipped_and_its_neighbours_still_pair(register):
+    """Targets are built in order, each pair's b rebuilt from a's export before b runs alone: a target
+    in the middle that cannot be built here is a SKIP with its reason, and the two around it still pair."""
+
+    def unbuildable(*args, **kwargs):
+        raise ValueError("device cuda:0 asked for, but there is none here")
+
+    register(SimpleNamespace(NAME="absent", kernel_eps=lambda stated: stated, build=unbuildable))
+    register(fake_backend("other"))
+    targets = [Target("numpy", "float64"), Target("absent", "float64"), Target("other", "float64")]
+    report = run_conformance(CONFIG, WEIGHTS, targets, CASE_LIST[:2])
+    assert report.skipped == {targets[1]: "device cuda:0 asked for, but there is none here"}
+    names = [name for name, _ in CASE_LIST[:2]]
+    expected = [(str(t), "oracle", name) for t in (targets[0], targets[2]) for name in names]
+    expected += [(str(targets[2]), f"{targets[0]} (weights via memory)", name) for name in names]
+    expected += [(str(targets[0]), f"{targets[2]} (weights via file)", name) for name in names]
+    assert [(str(c.target), c.reference, c.case) for c in report.checks] == expected and report.passed
