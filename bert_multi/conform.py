@@ -249,8 +249,9 @@ def run_conformance(
 class _Run:
     """One conformance run: its schedule, and what it holds meanwhile. One dtype at a time and one model
     at a time, each dropped once it has run its cases, and a target's exported weights kept only while
-    a later target is still to be built from them: at most three models' weights are held at once (the
-    caller's, the exported ones and the model they go into)."""
+    a later target is still to be built from them: with two targets of a dtype (the default run), at
+    most three models' weights are held at once (the caller's, the exported ones and the model they go
+    into)."""
 
     def __init__(
         self,
