@@ -32,6 +32,10 @@ class CaseInput(NamedTuple):
     batch: Batch
     max_len: int | None = None
 
+    def cut(self, config: BERTConfig) -> int | None:
+        """The max_len the model is cut to for this case, if shorter than ``config``'s; else None."""
+        return None if self.max_len in (None, config.max_len) else self.max_len
+
 
 @dataclass(frozen=True)
 class Case:

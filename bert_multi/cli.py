@@ -150,8 +150,9 @@ def _check_plot(path: str | None, option: str = "--plot") -> None:
         raise ValueError(f"{option} needs matplotlib: pip install 'bert_multi[plot]'")
 
 
-def _describe_case(config: BERTConfig, name: str, batch: Batch, max_len: int | None = None) -> str:
-    return name if max_len in (None, config.max_len) else f"{name} (on the model cut to max_len {max_len})"
+def _describe_case(config: BERTConfig, case: CaseInput) -> str:
+    cut = case.cut(config)
+    return case.name if cut is None else f"{case.name} (on the model cut to max_len {cut})"
 
 
 def _run_and_report(
@@ -164,7 +165,7 @@ def _run_and_report(
     absent = [head for head in HEADS if head not in config.heads]
     if absent:
         print(f"absent from this model, so not compared: {', '.join(absent)}")
-    print(f"cases: {', '.join(_describe_case(config, *case) for case in cases)}")
+    print(f"cases: {', '.join(_describe_case(config, CaseInput(*case)) for case in cases)}")
     bar = ProgressBar()
     try:
         report = run_conformance(config, weights, _targets(args), cases, pairs=not args.no_pairs, progress=bar)

@@ -266,7 +266,7 @@ class _Run:
         self.pairs, self.progress = pairs, progress
         self.groups = _max_len_groups(config, cases)
         self.report = Report(config, [case.name for case in cases])
-        self.report.cut = {case.name: case.max_len for case in cases if case.max_len not in (None, config.max_len)}
+        self.report.cut = {case.name: case.cut(config) for case in cases if case.cut(config)}
         self.builders: dict[Target, Build] = {}
         for target in targets:
             try:
