@@ -439,7 +439,11 @@ def _builder(target: Target) -> Build:
 def _collector_skipping_existing_objects() -> Iterator[None]:
     """The cycle collector leaves alone what exists now (the frameworks' modules and the caller's
     objects: some 200,000 once torch and MXNet are imported) until the block ends: each collection that
-    frees a model then takes milliseconds, not a tenth of a second."""
+    frees a model then takes milliseconds, not a tenth of a second. A caller that froze objects itself
+    keeps them frozen: then nothing more is frozen here, and nothing unfrozen."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

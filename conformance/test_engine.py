@@ -226,3 +226,20 @@ def test_a_target_that_cannot_build_here_is_skipped_and_its_neighbours_still_pai
     expected += [(str(targets[2]), f"{targets[0]} (weights via memory)", name) for name in names]
     expected += [(str(targets[0]), f"{targets[2]} (weights via file)", name) for name in names]
     assert [(str(c.target), c.reference, c.case) for c in report.checks] == expected and report.passed
+
+
+def test_the_run_leaves_the_garbage_collector_as_it_found_it(register):
+    """The engine freezes the objects that exist before it runs, to collect each dropped model quickly,
+    and must hand the collector back as it was, whether or not the caller had frozen objects itself."""
+    import gc
+
+    register(fake_backend("other"))
+    run("numpy", "other")
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        run("numpy", "other")
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
