@@ -230,16 +230,26 @@ def test_a_target_that_cannot_build_here_is_skipped_and_its_neighbours_still_pai
 
 def test_the_run_leaves_the_garbage_collector_as_it_found_it(register):
     """The engine freezes the objects that exist before it runs, to collect each dropped model quickly,
-    and must hand the collector back as it was, whether or not the caller had frozen objects itself."""
+    and must hand the collector back as it was: nothing frozen after a run that found nothing frozen,
+    and a caller's frozen objects still frozen (here, garbage that only unfreezing would let go)."""
     import gc
+
+    class Node:
+        pass
 
     register(fake_backend("other"))
     run("numpy", "other")
     assert gc.get_freeze_count() == 0
+    node = Node()
+    node.itself = node  # a cycle: only the collector can free it, and not while it is frozen
+    alive = weakref.ref(node)
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
+        del node
         run("numpy", "other")
-        assert gc.get_freeze_count() == frozen
+        gc.collect()
+        assert alive() is not None and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+    gc.collect()
+    assert alive() is None  # the check above could fail: unfrozen, the node is collected
