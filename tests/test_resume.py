@@ -43,14 +43,15 @@ def killed_run(framework, optimizer, directory, kill):
         if kill[0] == "after step":
             on_step = lambda step, losses: die() if step == kill[1] else None
         else:  # "writing checkpoint": the kill-th checkpoint dies halfway through its file
-            on_step, written, savez = None, [], np.savez
-            def half_then_die(file, **arrays):
+            import bert_multi.weights as weights_module
+            on_step, written, write_archive = None, [], weights_module.write_archive
+            def half_then_die(file, arrays):
                 written.append(1)
                 if len(written) == kill[1]:
                     file.write(b"PK" * 1000)
                     die()
-                savez(file, **arrays)
-            np.savez = half_then_die
+                write_archive(file, arrays)
+            weights_module.write_archive = half_then_die
         run_pretraining({framework!r}, CONFIG, WEIGHTS, DATA, {STEPS}, 8, seed=0, dtype="float64",
                         optimizer={optimizer!r}, lr=0.05, checkpoint_every=1, checkpoint_dir={str(directory)!r},
                         on_step=on_step)
