@@ -1,7 +1,8 @@
 """The common interface every backend implements, and the registry that finds backends lazily.
 
-A backend is a module with ``NAME`` and ``build(config, weights, device, dtype, gradients) -> BackendModel``
-(``gradients=False``: the model is only run, so a framework need not keep gradient buffers).
+A backend is a module with ``NAME`` and ``build(config, weights, device, dtype, gradients, share) -> BackendModel``
+(``gradients=False``: the model is only run, so a framework need not keep gradient buffers; ``share=True``:
+the model may keep the caller's arrays as its own storage instead of copying them, see ``shareable``).
 ``BackendModel.__call__`` runs the shared input checks before the backend's ``_forward`` sees anything,
 so bad input fails the same way, with the same message, in every framework.
 """
@@ -123,8 +124,10 @@ class BackendModel(abc.ABC):
         """Inference (dropout off) on checked inputs."""
 
     @abc.abstractmethod
-    def export_weights(self) -> dict[str, np.ndarray]:
-        """The model's weights as a canonical dict (schema names and order, NumPy arrays)."""
+    def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
+        """The model's weights as a canonical dict (schema names and order, NumPy arrays): copies, or with
+        ``share`` read-only views of the model's own storage where the framework lends them (valid until
+        the model changes), which cost no memory."""
 
     @abc.abstractmethod
     def framework_info(self) -> dict[str, object]:
@@ -151,6 +154,21 @@ def prepare_weights(
     own_dtype = validate_weights(config, weights)
     dtype = normalize_dtype(own_dtype if dtype is None else dtype)
     return dtype, {name: _plain(array, dtype) for name, array in weights.items()}
+
+
+def shareable(array: np.ndarray, weights: dict[str, np.ndarray], name: str, share: bool, gradients: bool) -> bool:
+    """Whether a model built with ``share`` may keep ``array`` (``weights[name]`` as ``prepare_weights``
+    returned it) as its storage: always if the cast made it (nobody else holds it); the caller's own
+    array only if the caller shares it, and a read-only one only for a model that is only run, since a
+    framework's tensors cannot be read-only, and training would write to memory its owner protects."""
+    return array is not weights[name] or (share and (array.flags.writeable or not gradients))
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A view of ``array`` that cannot be written through: what ``export_weights(share=True)`` lends."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 def _plain(array: np.ndarray, dtype: str) -> np.ndarray:

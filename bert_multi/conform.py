@@ -249,9 +249,10 @@ def run_conformance(
 class _Run:
     """One conformance run: its schedule, and what it holds meanwhile. One dtype at a time and one model
     at a time, each dropped once it has run its cases, and a target's exported weights kept only while
-    a later target is still to be built from them: with two targets of a dtype (the default run), at
-    most three models' weights are held at once (the caller's, the exported ones and the model they go
-    into)."""
+    a later target is still to be built from them. Models are built with ``share`` and export with it,
+    so a framework that can keep the arrays it is given (torch) costs no copy and lends views: in the
+    default run (torch, then MXNet) at most two sets of weights are held at once, the caller's and the
+    one Gluon copies (in the other order, three while MXNet is rebuilt from torch's file)."""
 
     def __init__(
         self,
@@ -305,6 +306,8 @@ class _Run:
                             self.run_pair(source, target, "file", load_weights(path))
                 except _Unavailable as error:
                     self.report.skipped[target] = str(error)
+            for target in ran:  # pairs are of one dtype: its outputs are not asked for again
+                self.results.pop(target, None)
         self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
         if self.progress:
             self.progress(self.done, self.done, "done")
@@ -328,7 +331,7 @@ class _Run:
             self.report.runtime[str(target)] = model.runtime_info()
             if lends:  # the first model, of the longest max_len, lends its weights
                 lends = False
-                export = (model.config, model.export_weights())
+                export = (model.config, model.export_weights(share=True))
                 if file is not None:
                     save_weights(file, *export)
                 if not keep:
@@ -378,7 +381,7 @@ class _Run:
         """The oracle's float64 outputs for every case, computed with LayerNorm ``eps``, once."""
         if eps not in self.references:
             self.references[eps] = {}
-            build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps)
+            build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps, share=True)
             for oracle, indices in self.models(build, self.config, self.weights):
                 self.references[eps].update(
                     (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
@@ -428,7 +431,7 @@ def _builder(target: Target) -> Build:
 
     def build(config: BERTConfig, weights: dict[str, np.ndarray]) -> BackendModel:
         try:
-            return backend.build(config, weights, device=target.device, dtype=target.dtype, gradients=False)
+            return backend.build(config, weights, device=target.device, dtype=target.dtype, gradients=False, share=True)
         except (BackendUnavailable, ValueError) as error:
             raise _Unavailable(str(error)) from error
 

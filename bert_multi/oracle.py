@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .backend import BackendModel, BERTOutput, parse_device, prepare_weights
+from .backend import BackendModel, BERTOutput, parse_device, prepare_weights, read_only, shareable
 from .config import BERTConfig
 from .inputs import ModelInputs
 from .pretraining import MLM_NORMALIZATIONS, LossValues
@@ -235,8 +235,8 @@ class NumpyBERT(BackendModel):
         record = OrderedDict() if intermediates else None
         return forward(self.config, self.weights, inputs, record, self.layer_norm_eps)
 
-    def export_weights(self) -> dict[str, np.ndarray]:
-        return {name: array.copy() for name, array in self.weights.items()}
+    def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
+        return {name: read_only(array) if share else array.copy() for name, array in self.weights.items()}
 
     def framework_info(self) -> dict[str, object]:
         return {"framework": f"numpy {np.__version__}"}
@@ -249,10 +249,17 @@ def build(
     dtype: object = "float64",
     layer_norm_eps: float | None = None,
     gradients: bool = True,
+    share: bool = False,
 ) -> NumpyBERT:
     """The oracle model on canonical ``weights``, cast to ``dtype`` (float64 by default). It computes no
-    gradients, so ``gradients`` (the common interface's) changes nothing."""
+    gradients, so ``gradients`` (the common interface's) changes nothing. With ``share`` it reads the
+    caller's arrays where no cast is needed (it never writes them); the caller then leaves them
+    unchanged while it lives."""
     if parse_device(device).kind != "cpu":
         raise ValueError(f"the numpy backend runs on the CPU only, not {device!r}")
-    dtype, weights = prepare_weights(config, weights, dtype)
-    return NumpyBERT(config, weights, dtype, layer_norm_eps)
+    dtype, arrays = prepare_weights(config, weights, dtype)
+    own = {
+        name: array if shareable(array, weights, name, share, gradients=False) else array.copy()
+        for name, array in arrays.items()
+    }
+    return NumpyBERT(config, own, dtype, layer_norm_eps)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import transformers
 
-from .backend import BackendModel, BERTOutput, Device, parse_device, prepare_weights
+from .backend import BackendModel, BERTOutput, Device, parse_device, prepare_weights, read_only
 from .config import BERTConfig
 from .huggingface import hf_names, to_huggingface
 from .inputs import ModelInputs
@@ -91,11 +91,12 @@ class TransformersBERT(BackendModel):
                 mlm = out.prediction_logits.cpu().numpy()[rows, pred_positions]
         return BERTOutput(encoded.cpu().numpy(), mlm, nsp, record if intermediates else None)
 
-    def export_weights(self) -> dict[str, np.ndarray]:
+    def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
         weights = {}
         for name, hf_name in hf_names(self.config).items():
-            array = state[hf_name].detach().cpu().numpy().copy()
+            array = state[hf_name].detach().cpu().numpy()
+            array = read_only(array) if share else array.copy()
             weights[name] = array[None] if name == "encoder.pos_embedding" else array
         return weights
 
@@ -115,9 +116,11 @@ def build(
     device: str = "cpu",
     dtype: object = "float32",
     gradients: bool = True,
+    share: bool = False,
 ) -> TransformersBERT:
     """transformers' BERT for ``config`` holding exactly ``weights``, in ``dtype`` on ``device``;
-    ``gradients=False``: its parameters do not require gradients."""
+    ``gradients=False``: its parameters do not require gradients. ``share`` changes nothing: the
+    weights are copied into the modules transformers builds."""
     dtype, weights = prepare_weights(config, weights, dtype)
     hf, arrays = to_huggingface(config, weights)  # a ValueError for what transformers cannot compute
     target = parse_device(device)

@@ -134,6 +134,33 @@ def test_a_model_owns_its_weights_and_the_caller_keeps_theirs(framework, dtype):
     assert np.array_equal(model(**batch).encoded, before.encoded)
 
 
+@pytest.mark.parametrize("gradients", [True, False])
+def test_a_shared_build_and_export_cost_no_copy_where_the_framework_allows(framework, gradients):
+    """``share=True`` is how the conformance engine holds two sets of weights, not four: torch keeps the
+    caller's arrays as its parameters (a read-only one only for a model that is only run); Gluon always
+    copies. Both lend read-only views of their own storage, which outlive the model."""
+    import gc
+
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=7, dtype="float64")
+    protected = {name: array.copy() for name, array in weights.items()}
+    for array in protected.values():
+        array.flags.writeable = False
+    for given in (weights, protected):
+        model = framework.build(config, given, dtype="float64", gradients=gradients, share=True)
+        lent, copied = model.export_weights(share=True), model.export_weights()
+        assert all(lent[name].tobytes() == given[name].tobytes() for name in given)
+        assert not any(array.flags.writeable for array in lent.values())
+        assert all(array.flags.writeable and not np.shares_memory(array, lent[name]) for name, array in copied.items())
+        kept = framework.NAME == "torch" and (given is weights or not gradients)
+        assert all(np.shares_memory(lent[name], given[name]) == kept for name in given), (given is weights, kept)
+        again = model.export_weights(share=True)
+        assert all(np.shares_memory(lent[name], again[name]) for name in given)
+        del model, copied, again
+        gc.collect()
+        assert all(lent[name].tobytes() == given[name].tobytes() for name in given)
+
+
 def test_a_model_built_without_gradients_computes_the_same(framework):
     config = CONFIGS["tiny"]
     weights = random_weights(config, seed=8, dtype="float64")

@@ -211,6 +211,21 @@ def test_oracle_keeps_float64_weights_exact():
     assert all(exported[k].tobytes() == weights[k].tobytes() for k in weights)
 
 
+def test_the_oracle_copies_the_callers_weights_unless_it_shares_them(batch):
+    """Like every backend: a model built without ``share`` is unchanged by what the caller then does to
+    their arrays; with it, the oracle reads the caller's arrays (read-only ones too: it never writes)."""
+    weights = random_weights(CONFIG, seed=1, dtype="float64")
+    owned = load_backend("numpy").build(CONFIG, weights)
+    before = owned(*batch).encoded
+    shared = load_backend("numpy").build(CONFIG, weights, share=True)
+    weights["encoder.token_embedding.weight"] += 1.0
+    assert np.array_equal(owned(*batch).encoded, before)
+    assert not np.array_equal(shared(*batch).encoded, before)
+    weights["encoder.token_embedding.weight"].flags.writeable = False
+    lent = load_backend("numpy").build(CONFIG, weights, share=True).export_weights(share=True)
+    assert all(np.shares_memory(lent[name], array) for name, array in weights.items())
+
+
 def test_oracle_is_cpu_only():
     with pytest.raises(ValueError, match="CPU only"):
         load_backend("numpy").build(CONFIG, random_weights(CONFIG), device="cuda")

@@ -80,6 +80,21 @@ def _to_numpy(array: mx.np.ndarray | None) -> np.ndarray | None:
     return None if array is None else array.asnumpy()
 
 
+class _DLPackLender:
+    """An MXNet array offered through the DLPack protocol, which NumPy's ``from_dlpack`` reads without a
+    copy. Framework difference: torch's CPU tensors have ``.numpy()`` views; MXNet 1.9's ``asnumpy()``
+    always copies, and its arrays predate the protocol's ``__dlpack__``, though they export DLPack."""
+
+    def __init__(self, array: mx.np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, stream: object = None) -> object:
+        return self.array.to_dlpack_for_read()  # waits for pending writes; the view keeps the memory alive
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return 1, 0  # DLPack's kDLCPU: only CPU arrays are lent
+
+
 class MXNetBERT(BackendModel):
     """A d2l ``BERTModel`` (``.module``) holding canonical weights, run outside ``autograd.record()``."""
 
@@ -119,12 +134,15 @@ class MXNetBERT(BackendModel):
                 hook.detach()
         return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
 
-    def export_weights(self) -> dict[str, np.ndarray]:
+    def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         params = _parameters(self.module)
-        return {
-            name: params[gluon_name].data(self.context).asnumpy()  # a copy: the dict is the caller's
+        arrays = {
+            name: params[gluon_name].data(self.context)
             for name, gluon_name in framework_names(self.config, NAME_RULES).items()
         }
+        if share and self.device.kind == "cpu":
+            return {name: np.from_dlpack(_DLPackLender(array)) for name, array in arrays.items()}
+        return {name: array.asnumpy() for name, array in arrays.items()}  # copies
 
     def framework_info(self) -> dict[str, object]:
         # MXNet offers no getter for its OpenMP thread count; bert_multi.mxnet sets it through
@@ -170,6 +188,7 @@ def build(
     dtype: object = "float32",
     hybridize: bool = False,
     gradients: bool = True,
+    share: bool = False,
 ) -> MXNetBERT:
     """A Gluon d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
@@ -177,7 +196,8 @@ def build(
     rounded through float32. ``hybridize`` compiles what Gluon can: its own layers (Dense, LayerNorm,
     Embedding, Dropout) are HybridBlocks; d2l's composite blocks read shapes in forward and stay
     imperative. ``gradients=False`` builds a model that is only run: its parameters' ``grad_req`` is
-    'null', so Gluon allocates no gradient buffers (set it to 'write' to train).
+    'null', so Gluon allocates no gradient buffers (set it to 'write' to train). ``share`` changes
+    nothing: Gluon parameters always hold their own copy.
     """
     dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)

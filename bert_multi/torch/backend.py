@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from ..backend import (
     intermediate_sources,
     parse_device,
     prepare_weights,
+    read_only,
+    shareable,
 )
 from ..checkpoints import Checkpoint
 from ..config import BERTConfig
@@ -124,12 +127,13 @@ class TorchBERT(BackendModel):
                 hook.remove()
         return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
 
-    def export_weights(self) -> dict[str, np.ndarray]:
+    def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
-        return {
-            name: state[torch_name].detach().cpu().numpy().copy()
+        arrays = {
+            name: state[torch_name].detach().cpu().numpy()  # a view on the CPU, a copy from a GPU
             for name, torch_name in framework_names(self.config, NAME_RULES).items()
         }
+        return {name: read_only(array) if share else array.copy() for name, array in arrays.items()}
 
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
@@ -296,28 +300,34 @@ def build(
     dtype: object = "float32",
     tf32: bool = False,
     gradients: bool = True,
+    share: bool = False,
 ) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
     The weights are cast to ``dtype`` before the module takes them, so float64 weights are never rounded
     through float32. ``tf32`` only matters on CUDA; it is off unless asked for. ``gradients=False``
-    builds a model that is only run: its parameters do not require gradients.
+    builds a model that is only run: its parameters do not require gradients. With ``share`` the
+    parameters on the CPU are the caller's own arrays where no cast is needed, not copies (read-only
+    ones only with ``gradients=False``); the caller then leaves them unchanged while the model lives,
+    and training the model changes them.
     """
     dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     torch_device = to_framework_device(target)
     # No time goes into torch's initialisers, and load_state_dict(assign=True) makes the weights the
     # parameters' storage instead of copying them in. An array prepare_weights had to cast is already the
-    # model's own; the caller's own arrays are copied, once.
+    # model's own; the caller's own arrays are copied, once, unless shared.
     with SkipInitialisers():
         module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
     names = framework_names(config, NAME_RULES)
     state = {}
     for name, array in arrays.items():
-        tensor = torch.from_numpy(array)
-        if array is weights[name] and torch_device.type == "cpu":
-            tensor = tensor.clone()
-        state[names[name]] = tensor.to(torch_device)
+        if torch_device.type == "cpu" and not shareable(array, weights, name, share, gradients):
+            array = array.copy()  # moving to a GPU copies anyway
+        with warnings.catch_warnings():
+            # A read-only array is shared only with a model that never writes it (shareable says when).
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            state[names[name]] = torch.from_numpy(array).to(torch_device)
     module.load_state_dict(state, strict=True, assign=True)
     module.requires_grad_(gradients)
     return TorchBERT(config, module, dtype, target, torch_device, tf32)
