@@ -292,3 +292,31 @@ def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(regist
             tracemalloc.stop()
         assert report.passed and len(report.checks) == 4 * 4
         assert sets * size < peak < (sets + 0.5) * size, order  # the copies, and little else
+
+
+def test_outputs_are_kept_only_for_a_pair_to_compare_with(register):
+    """A target's outputs, intermediates included, are as large as the oracle's: they are kept only
+    while another target of the same dtype is still to be compared with them. With MLM logits over a
+    50,000-token vocabulary the outputs dwarf the weights, 24 cases dwarf what one case needs while it
+    runs, and NumPy's allocations are traced."""
+    import tracemalloc
+
+    register(fake_backend("other"))
+    config = dataclasses.replace(CONFIG, vocab_size=50_000)
+    weights = random_weights(config, seed=11, dtype="float64")
+    cases = [(f"{case.name}_{seed}", case.batch(config, seed=seed)) for case in CASES[:4] for seed in range(6)]
+    oracle = load_backend("numpy").build(config, weights)
+    outputs = [oracle(**batch, intermediates=True) for _, batch in cases]
+    size = sum(a.nbytes for out in outputs for a in (out.encoded, out.mlm, out.nsp, *out.intermediates.values()))
+    both = [Target(name, dtype) for dtype in ("float32", "float64") for name in ("numpy", "other")]
+    # (targets, pairs, how many sets of float64 outputs are held at the peak: the oracle's, and those
+    # of each target of the dtype that pairs; float32 ones are gone once their pairs are done)
+    for targets, pairs, sets in (([both[2]], True, 1), (both[2:], False, 1), (both, True, 3)):
+        tracemalloc.start()
+        try:
+            report = run_conformance(config, weights, targets, cases, pairs=pairs)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert report.passed
+        assert sets * size < peak < (sets + 0.5) * size, (targets, pairs)  # and what one case needs
