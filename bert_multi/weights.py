@@ -66,8 +66,8 @@ def write_npz(path: str | os.PathLike, manifest: dict[str, Any], arrays: dict[st
 
 def write_archive(file: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``file`` as the archive ``np.savez`` writes (uncompressed ``.npy`` members,
-    zip64, byte for byte), but with each C-contiguous array's bytes handed to the file as they are,
-    where ``np.savez`` copies them out in 16 MiB pieces."""
+    zip64; byte for byte when the arrays are C-ordered, and others are written C-ordered), but with each
+    array's bytes handed to the file as they are, where ``np.savez`` copies them out in 16 MiB pieces."""
     with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in arrays.items():
             array = array if array.flags.c_contiguous else np.array(array, order="C")

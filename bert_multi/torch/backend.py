@@ -321,12 +321,12 @@ def build(
         module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
     names = framework_names(config, NAME_RULES)
     state = {}
-    for name, array in arrays.items():
-        if torch_device.type == "cpu" and not shareable(array, weights, name, share, gradients):
-            array = array.copy()  # moving to a GPU copies anyway
-        with warnings.catch_warnings():
-            # A read-only array is shared only with a model that never writes it (shareable says when).
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    with warnings.catch_warnings():
+        # A read-only array is shared only with a model that never writes it (shareable says when).
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for name, array in arrays.items():
+            if torch_device.type == "cpu" and not shareable(array, weights, name, share, gradients):
+                array = array.copy()  # moving to a GPU copies anyway
             state[names[name]] = torch.from_numpy(array).to(torch_device)
     module.load_state_dict(state, strict=True, assign=True)
     module.requires_grad_(gradients)
