@@ -8,6 +8,7 @@ instead of the exported ones, caching the oracle without its eps) makes one of t
 """
 
 import dataclasses
+import tracemalloc
 import weakref
 from types import SimpleNamespace
 
@@ -257,6 +258,16 @@ def test_the_run_leaves_the_garbage_collector_as_it_found_it(register):
     assert alive() is None  # the check above could fail: unfrozen, the node is collected
 
 
+def traced(*args, **kwargs):
+    """``run_conformance``'s report, and the peak of the memory allocated while it ran, as far as
+    ``tracemalloc`` sees: every NumPy array, so every copy a run of NumPy-array models makes."""
+    tracemalloc.start()
+    try:
+        return run_conformance(*args, **kwargs), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(register):
     """Built with ``share`` and exporting with it, a model that can keep the weights it is given (torch)
     costs no copy and one that cannot (Gluon) costs one: in the default order (torch first) a pair holds
@@ -264,8 +275,6 @@ def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(regist
     the other order the Gluon-like model is rebuilt from a file, which it copies: two sets. NumPy's
     allocations are traced, so with models of NumPy arrays the peak counts every copy the engine makes;
     a positional table of 100,000 rows makes the weights dwarf the cases' activations."""
-    import tracemalloc
-
     real = load_backend("numpy")
 
     def numpy_backend(name, copies, kernel_eps):
@@ -284,12 +293,7 @@ def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(regist
     size = sum(array.nbytes for array in weights.values())
     cases = [(case.name, case.batch(CONFIG, seed=11)) for case in CASES[:4]]
     for order, sets in ((("lender", "copier"), 1), (("copier", "lender"), 2)):
-        tracemalloc.start()
-        try:
-            report = run_conformance(config, weights, [Target(name, "float64") for name in order], cases)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        report, peak = traced(config, weights, [Target(name, "float64") for name in order], cases)
         assert report.passed and len(report.checks) == 4 * 4
         assert sets * size < peak < (sets + 0.5) * size, order  # the copies, and little else
 
@@ -299,8 +303,6 @@ def test_outputs_are_kept_only_for_a_pair_to_compare_with(register):
     while another target of the same dtype is still to be compared with them. With MLM logits over a
     50,000-token vocabulary the outputs dwarf the weights, 24 cases dwarf what one case needs while it
     runs, and NumPy's allocations are traced."""
-    import tracemalloc
-
     register(fake_backend("other"))
     config = dataclasses.replace(CONFIG, vocab_size=50_000)
     weights = random_weights(config, seed=11, dtype="float64")
@@ -312,11 +314,6 @@ def test_outputs_are_kept_only_for_a_pair_to_compare_with(register):
     # (targets, pairs, how many sets of float64 outputs are held at the peak: the oracle's, and those
     # of each target of the dtype that pairs; float32 ones are gone once their pairs are done)
     for targets, pairs, sets in (([both[2]], True, 1), (both[2:], False, 1), (both, True, 3)):
-        tracemalloc.start()
-        try:
-            report = run_conformance(config, weights, targets, cases, pairs=pairs)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        report, peak = traced(config, weights, targets, cases, pairs=pairs)
         assert report.passed
         assert sets * size < peak < (sets + 0.5) * size, (targets, pairs)  # and what one case needs
