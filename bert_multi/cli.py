@@ -319,12 +319,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot written to {plot_training(runs, args.plot)}")
         return 0
-    if runs[0].rank != 0:
-        return 0  # every worker ends with the same weights; worker 0 writes them
-    out = args.out or f"bert-pretrained-{args.backend}.npz"
-    save_weights(out, config, runs[0].weights)
-    print(f"weights written to {out}")
-    return 0
+    if runs[0].rank == 0:  # every worker ends with the same weights; worker 0 writes them
+        out = args.out or f"bert-pretrained-{args.backend}.npz"
+        save_weights(out, config, runs[0].weights)
+        print(f"weights written to {out}")
+    return load_backend(args.backend).end_worker(0) if args.join else 0
 
 
 def _read_corpus(path: str) -> list[str]:

@@ -38,7 +38,7 @@ from .model import (  # noqa: E402
     TransformerEncoderBlock,
     masked_softmax,
 )
-from .pretrain import Pretrainer, join_data_parallel, pretraining_loss, train_data_parallel  # noqa: E402
+from .pretrain import Pretrainer, end_worker, join_data_parallel, pretraining_loss, train_data_parallel  # noqa: E402
 
 __all__ = [
     "LAYER_NORM_EPS",
@@ -50,6 +50,7 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
     "Pretrainer",
+    "end_worker",
     "join_data_parallel",
     "pretraining_loss",
     "train_data_parallel",

@@ -270,6 +270,13 @@ def join_data_parallel(on_step: Callable[[int, LossValues], None] | None = None,
     return run_pretraining("mxnet", rank=rank, workers=workers, on_step=on_step if rank == 0 else None, **arguments)
 
 
+def end_worker(code: int) -> int:
+    """The exit status ``code`` of this data-parallel worker, its work done and written: the process ends
+    as any does. Framework difference: MXNet's key-value store tells the scheduler and the servers, as
+    the interpreter tears it down, that this worker is done; torch's workers leave without the teardown."""
+    return code
+
+
 def _failure(index: int, workers: int, exitcode: int) -> WorkerFailed:
     how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
     return WorkerFailed.died(index, workers, how)

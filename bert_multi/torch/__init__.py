@@ -30,7 +30,7 @@ from .model import (
     TransformerEncoderBlock,
     masked_softmax,
 )
-from .pretrain import Pretrainer, join_data_parallel, pretraining_loss, train_data_parallel
+from .pretrain import Pretrainer, end_worker, join_data_parallel, pretraining_loss, train_data_parallel
 
 __all__ = [
     "LAYER_NORM_EPS",
@@ -44,6 +44,7 @@ __all__ = [
     "read_state_dict",
     "save_checkpoint",
     "Pretrainer",
+    "end_worker",
     "join_data_parallel",
     "pretraining_loss",
     "train_data_parallel",
