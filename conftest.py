@@ -1,12 +1,12 @@
-"""Fixtures shared by tests/ and conformance/: the framework backends as a parameter, each skipped with
-its reason where it cannot run here."""
+"""Fixtures shared by tests/ and conformance/: the framework backends (every one the registry knows) as a
+parameter, each skipped with its reason where it cannot run here."""
 
 import os
 
 import pytest
 from hypothesis import settings
 
-from bert_multi import backends, load_backend
+from bert_multi import backends, frameworks, load_backend
 
 # CI runs the same Hypothesis examples every time, so a red run can be reproduced; locally each run
 # explores new ones.
@@ -14,12 +14,10 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-FRAMEWORKS = ("torch", "mxnet")
 
-
-@pytest.fixture(params=FRAMEWORKS)
+@pytest.fixture(params=frameworks())
 def framework(request):
-    """Each framework backend module in turn; the tests written against it run for both."""
+    """Each framework backend in turn; the tests written against it run for every one."""
     status = backends()[request.param]
     if not status.available:
         pytest.skip(status.reason)

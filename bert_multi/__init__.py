@@ -1,18 +1,10 @@
 """bert_multi: d2l.ai's BERT in PyTorch and MXNet/Gluon behind one interface, checked against NumPy.
 
-Importing this package imports no deep-learning framework; ``load_backend("torch")`` or
-``load_backend("mxnet")`` does, when asked.
+Importing this package imports no deep-learning framework; ``load_backend(name)`` imports a backend's
+framework when asked.
 """
 
-from .backend import (
-    BACKEND_NAMES,
-    BackendModel,
-    BackendStatus,
-    BERTOutput,
-    backends,
-    intermediate_names,
-    load_backend,
-)
+from .backend import BUILD_OPTIONS, Backend, BackendModel, BERTOutput, intermediate_names
 from .checkpoints import (
     Checkpoint,
     CheckpointInfo,
@@ -24,22 +16,30 @@ from .checkpoints import (
 )
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import CONFIGS, BERTConfig
-from .conform import Report, Target, assert_conforms, compare_outputs, run_conformance
-from .errors import BackendUnavailable, InputError, WeightsError
+from .conform import Report, RunError, Target, assert_conforms, compare_outputs, run_conformance
+from .errors import BackendContractError, BackendUnavailable, CannotRunHere, InputError, WeightsError
 from .inputs import ModelInputs, check_inputs, get_tokens_and_segments, valid_lens_from_attention_mask
+from .registry import (
+    BackendStatus,
+    LoadedBackend,
+    backend_names,
+    backends,
+    frameworks,
+    load_backend,
+    register_backend,
+    unregister_backend,
+)
 from .schema import init_weights, param_shapes, random_weights, validate_weights
 from .weights import load_weights, save_weights
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BACKEND_NAMES",
+    "BUILD_OPTIONS",
+    "Backend",
     "BackendModel",
-    "BackendStatus",
     "BERTOutput",
-    "backends",
     "intermediate_names",
-    "load_backend",
     "Checkpoint",
     "CheckpointInfo",
     "convert",
@@ -54,17 +54,28 @@ __all__ = [
     "CONFIGS",
     "BERTConfig",
     "Report",
+    "RunError",
     "Target",
     "assert_conforms",
     "compare_outputs",
     "run_conformance",
+    "BackendContractError",
     "BackendUnavailable",
+    "CannotRunHere",
     "InputError",
     "WeightsError",
     "ModelInputs",
     "check_inputs",
     "get_tokens_and_segments",
     "valid_lens_from_attention_mask",
+    "BackendStatus",
+    "LoadedBackend",
+    "backend_names",
+    "backends",
+    "frameworks",
+    "load_backend",
+    "register_backend",
+    "unregister_backend",
     "init_weights",
     "param_shapes",
     "random_weights",

@@ -1,8 +1,9 @@
-"""The common interface every backend implements, and the registry that finds backends lazily.
+"""The backend contract, written once: what a backend provides and what its models return.
 
-A backend is a module with ``NAME`` and ``build(config, weights, device, dtype, gradients, share) -> BackendModel``
-(``gradients=False``: the model is only run, so a framework need not keep gradient buffers; ``share=True``:
-the model may keep the caller's arrays as its own storage instead of copying them, see ``shareable``).
+A backend is a module (or any object) with ``NAME`` and ``build``; ``Backend`` below states both and
+every optional capability, and ``bert_multi.registry.LoadedBackend`` is the one place where each
+capability is looked up, with its default. The project's own backends register in
+``bert_multi.registry``; other packages add theirs through the ``bert_multi.backends`` entry-point group.
 ``BackendModel.__call__`` runs the shared input checks before the backend's ``_forward`` sees anything,
 so bad input fails the same way, with the same message, in every framework.
 """
@@ -10,30 +11,83 @@ so bad input fails the same way, with the same message, in every framework.
 from __future__ import annotations
 
 import abc
-import importlib
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from types import ModuleType
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from .config import BERTConfig
-from .errors import BackendUnavailable
 from .inputs import ModelInputs, check_inputs
 from .schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
 
-# name -> (module, what to install when it is missing). The NumPy oracle needs nothing extra.
-_BACKENDS: dict[str, tuple[str, str]] = {
-    "numpy": ("bert_multi.oracle", "numpy"),
-    "torch": ("bert_multi.torch", "pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)"),
-    "mxnet": ("bert_multi.mxnet", "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)"),
-    "transformers": ("bert_multi.transformers_reference", "pip install 'bert_multi[torch,reference]' (transformers)"),
+
+class Option(NamedTuple):
+    """A standard option of ``build``: its default, whether a backend whose ``build`` does not take it may
+    ignore it, and what it asks for."""
+
+    default: object
+    may_ignore: bool  # a permission ("need not", "may"); else a demand, which a backend without it refuses
+    doc: str
+
+
+# The standard options of every backend's build, named once. A backend takes those its build's signature
+# names; one it does not take is dropped when it may be ignored or has its default, and otherwise
+# refused with ``CannotRunHere`` (tf32=True on a backend with no TF32 switch).
+BUILD_OPTIONS: dict[str, Option] = {
+    "gradients": Option(True, True, "False: the model is only run, so the framework need keep no gradients"),
+    "share": Option(
+        False, True, "True: the model may keep the caller's arrays as its storage instead of copies (shareable)"
+    ),
+    "tf32": Option(False, False, "True: float32 matrix products on NVIDIA GPUs in TF32 (10 mantissa bits)"),
+    "hybridize": Option(False, False, "True: compile the forward where the framework can (Gluon's hybridize)"),
 }
-BACKEND_NAMES = tuple(_BACKENDS)
-FRAMEWORKS = ("torch", "mxnet")  # the two implementations this project writes
-REFERENCES = ("transformers",)  # independent implementations of the original BERT, to compare with
+
+ROLES = {
+    "oracle": "the float64 NumPy specification every other backend is held to",
+    "framework": "an implementation of d2l's BERT in a framework: checked by default, trained, benchmarked",
+    "reference": "an independent implementation of the original BERT, compared when asked (--reference)",
+}
+
+
+class Backend(Protocol):
+    """The backend contract. Required: ``NAME`` and ``build``. Optional, each with the default that
+    ``LoadedBackend`` gives when a backend leaves it out:
+
+    - ``ROLE``: a key of ``ROLES`` (default "framework"); ``LABEL``: how people call it (default ``NAME``).
+    - ``supports(config, device) -> str | None``: why it cannot compute ``config`` on ``device``, or None
+      (default: it computes every config on every device its ``build`` accepts).
+    - ``devices() -> list[str]``: the devices it can use here (default ``["cpu"]``).
+    - ``kernel_eps(eps) -> float``: the LayerNorm epsilon its kernels really use when asked for ``eps``
+      (default: exactly ``eps``).
+    - ``NAME_RULES``: (regex, replacement) rules from canonical parameter names to its own, applied in
+      turn (default none: it uses the canonical names).
+    - ``save_checkpoint(path, config, weights)``, ``load_checkpoint(path, config=None, **statements)``,
+      ``read_checkpoint(path, key=None)``: its framework's own checkpoint file (default: none).
+    - ``Pretrainer(model, **options)``: training (loss, gradients, optimizer step and state); see
+      ``bert_multi.pretraining`` (default: it cannot train).
+    - ``train_data_parallel``, ``join_data_parallel``, ``end_worker``: data-parallel workers on the
+      framework's own engine (default: none; ``end_worker(code)`` returns ``code``).
+    - ``gemm(dtype, m, k, n) -> callable`` and ``synchronize()``: ``bench``'s timing helpers, a matrix
+      product as its dense layers compute one, and waiting for queued work (default: NumPy's product,
+      and nothing to wait for).
+    """
+
+    NAME: str
+
+    def build(
+        self,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        device: str = "cpu",
+        dtype: object = "float32",
+        **options: Any,
+    ) -> BackendModel:
+        """A ``BackendModel`` of ``config`` on ``device`` computing in ``dtype``, holding exactly ``weights``
+        (the canonical dict), taking the ``BUILD_OPTIONS`` its signature names. Raises ``CannotRunHere``
+        for what it cannot do on this machine, ``ValueError`` for a request that is wrong anywhere."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -95,10 +149,13 @@ def parse_device(device: str) -> Device:
 
 
 class BackendModel(abc.ABC):
-    """A BERT model of one backend, called on NumPy arrays.
+    """A BERT model of one backend, called on NumPy arrays: what every ``build`` returns.
 
-    Subclasses implement ``_forward`` on checked inputs and ``export_weights``; ``module`` is the
-    framework's own model object (an ``nn.Module``, a Gluon ``Block``) for users' own code.
+    Called as d2l's ``BERTModel`` is (tokens, segments, valid_lens, pred_positions), it returns a
+    ``BERTOutput`` of NumPy arrays in the dtype it computes in; with ``intermediates=True``, every
+    activation of ``intermediate_names(config)``, in that order. Subclasses implement ``_forward`` on
+    checked inputs, ``export_weights`` and ``framework_info``; ``module`` is the framework's own model
+    object (an ``nn.Module``, a Gluon ``Block``) for users' own code.
     """
 
     backend: str
@@ -194,33 +251,3 @@ def framework_names(config: BERTConfig, rules: list[tuple[str, str]]) -> dict[st
 def framework_module(path: str, rules: list[tuple[str, str]]) -> str:
     """A canonical module path in a framework's names (the rules are written for parameter names)."""
     return _rename(f"{path}.weight", rules).rsplit(".", 1)[0]
-
-
-def load_backend(name: str) -> ModuleType:
-    """The backend module called ``name``; ``BackendUnavailable`` says what to install if it cannot load."""
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown backend {name!r}: expected one of {list(_BACKENDS)}")
-    module_name, install = _BACKENDS[name]
-    try:
-        return importlib.import_module(module_name)
-    except BackendUnavailable:
-        raise
-    except ImportError as error:
-        raise BackendUnavailable(f"backend {name!r} is unavailable ({error}); to install it: {install}") from error
-
-
-class BackendStatus(NamedTuple):
-    available: bool
-    reason: str | None  # why it is unavailable, with what to install
-
-
-def backends() -> dict[str, BackendStatus]:
-    """Every known backend name, with whether it loads here and, if not, why."""
-    status: dict[str, BackendStatus] = {}
-    for name in _BACKENDS:
-        try:
-            load_backend(name)
-            status[name] = BackendStatus(True, None)
-        except BackendUnavailable as error:
-            status[name] = BackendStatus(False, str(error))
-    return status

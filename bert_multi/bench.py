@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import FRAMEWORKS, backends, load_backend
 from .config import CONFIGS, BERTConfig
 from .pretraining import PretrainingData, builtin_corpus
+from .registry import LoadedBackend, backends, frameworks, load_backend
 from .schema import random_weights
 from .weights import load_weights, save_weights
 
@@ -45,6 +45,7 @@ class Row:
     flops: float
     gemm_flops_per_second: float | None
     nbytes: int = 0  # bytes a weight-file workload writes or reads
+    threads: object = None  # the backend's threads, as its runtime_info reports them
 
     @property
     def median(self) -> float:
@@ -62,6 +63,7 @@ class Row:
             "tokens_per_s": self.tokens / self.median if self.tokens else None,
             "megabytes_per_s": self.nbytes / 1e6 / self.median if self.nbytes else None,
             "gemm_peak_share": self.share,
+            "threads": self.threads,
         }
 
     @property
@@ -78,33 +80,6 @@ def forward_flops(config: BERTConfig, batch: int, steps: int) -> float:
     return float(per_block * config.num_blks)
 
 
-def _gemm(backend: str, dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
-    """One same-process matrix product, as the backend's dense layers compute it: torch's ``linear``,
-    MXNet's ``fully_connected`` (oneDNN in the pip wheel, faster than its ``dot``), NumPy's ``@``."""
-    if backend in ("torch", "transformers"):
-        import torch
-
-        a, w = torch.ones(m, k, dtype=getattr(torch, dtype)), torch.ones(n, k, dtype=getattr(torch, dtype))
-        return lambda: torch.nn.functional.linear(a, w)
-    if backend == "mxnet":
-        import mxnet as mx
-
-        a, w = mx.np.ones((m, k), dtype=dtype), mx.np.ones((n, k), dtype=dtype)
-        return lambda: mx.npx.fully_connected(a, w, num_hidden=n, no_bias=True).wait_to_read()
-    a, w = np.ones((m, k), dtype=dtype), np.ones((n, k), dtype=dtype)
-    return lambda: a @ w.T
-
-
-def _finish(backend: str) -> None:
-    """Wait until the backend's queued work is done. MXNet's engine returns before the work is done
-    (docs/framework-differences.md, "MXNet returns before the work is done"): a training step that is
-    not waited for is timed short, and its backward runs inside the next backend's timing."""
-    if backend == "mxnet":
-        import mxnet as mx
-
-        mx.npx.waitall()
-
-
 def _best(call: Callable[[], object], repeats: int) -> float:
     call()
     best = float("inf")
@@ -115,27 +90,39 @@ def _best(call: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def _no_wait(name: str) -> None:
+    return None
+
+
+def _synchronize(name: str) -> None:
+    """Wait for a backend's queued work. MXNet's engine returns before the work is done
+    (docs/framework-differences.md, "MXNet returns before the work is done"): a training step that is
+    not waited for is timed short, and its backward runs inside the next backend's timing."""
+    load_backend(name).synchronize()
+
+
 def _interleave(
     calls: dict[str, Callable[[int], object]],
     rounds: int,
     label: str,
     progress: Callable[[str], None] | None,
     after: Callable[[str], None] | None = None,
+    wait: Callable[[str], None] = _no_wait,
 ) -> dict[str, list[float]]:
     """Seconds of ``calls[name](round)`` for rounds 1..``rounds``, every backend in turn each round,
-    after a warm-up call (round 0: first calls allocate and compile). Each timing waits for the
-    backend's queued work; ``after(name)`` runs outside the timings."""
+    after a warm-up call (round 0: first calls allocate and compile). Each timing includes ``wait(name)``
+    (a backend's queued work); ``after(name)`` runs outside the timings."""
     timings: dict[str, list[float]] = {name: [] for name in calls}
     for name, call in calls.items():
         call(0)
-        _finish(name)
+        wait(name)
     for index in range(1, rounds + 1):
         for name, call in calls.items():
             if progress:
                 progress(f"{label} round {index}/{rounds}: {name}")
             started = time.perf_counter()
             call(index)
-            _finish(name)
+            wait(name)
             timings[name].append(time.perf_counter() - started)
             if after:
                 after(name)
@@ -150,19 +137,24 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     files: bool = True,
 ) -> list[Row]:
-    """Every installed backend (and transformers, where installed, on the original BERT of the same
+    """Every installed backend (a reference such as transformers on the original BERT of the same
     sizes) on each shape and dtype, ``rounds`` interleaved rounds; then a pretraining step each, and
     the weight file saved and loaded at the last shape's size."""
-    available = [name for name, status in backends().items() if status.available]
+    available = [load_backend(name) for name, status in backends().items() if status.available]
     rows: list[Row] = []
     for shape in shapes:
         base, batch, steps = SHAPES[shape]
         for dtype in dtypes:
             runners: dict[str, Callable[[], object]] = {}
-            for name in available:
-                config = dataclasses.replace(base, semantics="bert") if name == "transformers" else base
+            threads: dict[str, object] = {}
+            for backend in available:
+                config = _computable(backend, base)
+                if config is None:
+                    continue
+                name = backend.name
                 weights = random_weights(config, seed=0, dtype=dtype)
-                model = load_backend(name).build(config, weights, dtype=dtype)
+                model = backend.build(config, weights, dtype=dtype)
+                threads[name] = model.runtime_info().get("threads")
                 rng = np.random.default_rng(0)
                 inputs = {
                     "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
@@ -174,9 +166,9 @@ def run_bench(
             # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so
             # that a tiny model is not measured against a product too small to reach it).
             m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
-            for name in runners:  # building queues work in MXNet; none may run inside another's timing
-                _finish(name)
-            products = {name: _gemm(name, dtype, m, k, n) for name in runners}
+            for name in runners:  # building may queue work (MXNet); none may run inside another's timing
+                _synchronize(name)
+            products = {name: load_backend(name).gemm(dtype, m, k, n) for name in runners}
             fastest = {name: _best(product, 3) for name, product in products.items()}
             workload = f"forward {shape} {batch}x{steps}"
 
@@ -185,10 +177,13 @@ def run_bench(
                 fastest[name] = min(fastest[name], _best(products[name], 1))
 
             calls = {name: (lambda _, run=run: run()) for name, run in runners.items()}
-            timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, after=sample_peak)
+            timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
             gemm = {name: 2.0 * m * k * n / seconds for name, seconds in fastest.items()}
             flops = forward_flops(base, batch, steps)
-            rows += [Row(workload, name, dtype, timings[name], batch * steps, flops, gemm[name]) for name in runners]
+            rows += [
+                Row(workload, name, dtype, timings[name], batch * steps, flops, gemm[name], threads=threads[name])
+                for name in runners
+            ]
     if train:
         rows += _train_rows(shapes[0], rounds, progress)
     if files:
@@ -236,17 +231,31 @@ def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
     data = PretrainingData.from_paragraphs(builtin_corpus(200), max_len=min(steps, 64))
     config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
     weights = random_weights(config, seed=0, dtype="float32")
-    trainers = {}
-    for name in FRAMEWORKS:
-        if backends()[name].available:
+    trainers, threads = {}, {}
+    status = backends()
+    for name in frameworks():
+        if status[name].available and load_backend(name).can_train:
             backend = load_backend(name)
-            trainers[name] = backend.Pretrainer(backend.build(config, weights, dtype="float32"))
+            model = backend.build(config, weights, dtype="float32")
+            trainers[name], threads[name] = backend.trainer(model), model.runtime_info().get("threads")
     stream = data.batches(batch, seed=0)
     batches = [next(stream) for _ in range(rounds + 1)]
     workload = f"train step {shape} {batch}x{data.max_len}"
     calls = {name: (lambda index, trainer=trainer: trainer.step(batches[index])) for name, trainer in trainers.items()}
-    timings = _interleave(calls, rounds, workload, progress)
-    return [Row(workload, name, "float32", timings[name], batch * data.max_len, 0.0, None) for name in trainers]
+    timings = _interleave(calls, rounds, workload, progress, wait=_synchronize)
+    tokens = batch * data.max_len
+    return [
+        Row(workload, name, "float32", timings[name], tokens, 0.0, None, threads=threads[name]) for name in trainers
+    ]
+
+
+def _computable(backend: LoadedBackend, config: BERTConfig) -> BERTConfig | None:
+    """``config``, or for a backend that computes only the original BERT (a reference) the original BERT
+    of its sizes; None if it computes neither."""
+    for candidate in (config, dataclasses.replace(config, semantics="bert")):
+        if backend.supports(candidate) is None:
+            return candidate
+    return None
 
 
 def format_rows(rows: list[Row]) -> str:

@@ -22,20 +22,20 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import huggingface
-from .backend import framework_names, load_backend
+from . import gluon_params, huggingface
+from .backend import framework_names
 from .config import HEADS, BERTConfig
 from .errors import WeightsError
 from .files import MXNET_LIST_MAGIC, ZIP_MAGIC, atomic_path, describe_format, open_regular, reason
-from .gluon_params import read_params
-from .schema import NAME_RULES, SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
+from .registry import load_backend, registrations
+from .schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
 from .semantics import PRESETS, Semantics, releases_of, semantics_for
 from .weights import MANIFEST_KEY, load_weights, save_weights
 
@@ -49,14 +49,46 @@ FORMATS = {
     "hf-dir": "HuggingFace BERT directory (config.json + model.safetensors or pytorch_model.bin)",
 }
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
-FRAMEWORK_SUFFIXES = {".pt": "torch", ".pth": "torch", ".params": "mxnet"}
-FRAMEWORK_LABELS = {"torch": "PyTorch", "mxnet": "MXNet/Gluon"}
-# What a framework-free reader dispatches to, and the call that reads it on purpose.
-READERS = {
-    "torch": "bert_multi.torch.load_checkpoint",
-    "mxnet": "bert_multi.mxnet.load_checkpoint",
-    None: "bert_multi.load_weights",
+
+
+@dataclass(frozen=True)
+class FrameworkFormat:
+    """A framework's own parameter file: the backend whose file it is (which writes it), the suffixes
+    that ask for it, the rules from canonical names to the names it holds, and its reader."""
+
+    backend: str
+    suffixes: tuple[str, ...]
+    name_rules: list[tuple[str, str]]
+    read: Callable[[Path, str | None], tuple[dict[str, np.ndarray], dict[str, str], list[str]]]
+
+
+# The frameworks' own formats, by FORMATS key. A PyTorch file needs torch to read; a Gluon one is parsed
+# here without MXNet, whose reader trusts every size in it.
+FRAMEWORK_FORMATS = {
+    "torch": FrameworkFormat(
+        "torch", (".pt", ".pth"), [], lambda path, key: load_backend("torch").read_checkpoint(path, key)
+    ),
+    "gluon": FrameworkFormat("mxnet", (".params",), gluon_params.NAME_RULES, gluon_params.read_checkpoint),
 }
+
+
+# What save_checkpoint's framework= takes for a directory: a d2l one of each framework's file, or HuggingFace's.
+DIRECTORY_FRAMEWORKS = [*(own.backend for own in FRAMEWORK_FORMATS.values()), "huggingface"]
+
+
+def _format_of(framework: str) -> FrameworkFormat:
+    return next(f for f in FRAMEWORK_FORMATS.values() if f.backend == framework)
+
+
+def _label(framework: str) -> str:
+    return registrations()[framework].label or framework
+
+
+def _reader(framework: str | None) -> str:
+    """The call that reads a framework's files on purpose (a canonical file's, for None)."""
+    return "bert_multi.load_weights" if framework is None else f"{registrations()[framework].where}.load_checkpoint"
+
+
 # The top-level modules of d2l's BERTModel; a file's other tensors belong to something else (a task head).
 MODEL_PARTS = ("encoder", "hidden", "mlm", "nsp")
 D2L_0_11_MAX_LEN = 1000  # d2l 0.11 computes its sinusoidal table up to BERTEncoder's default max_len
@@ -87,7 +119,7 @@ class CheckpointInfo:
 
     path: str
     format: str  # a key of FORMATS
-    framework: str | None  # "torch", "mxnet", or None for a canonical file
+    framework: str | None  # the backend whose own file it is (FRAMEWORK_FORMATS), or None
     tensors: list[Tensor]  # under the file's own names, in its order
     sizes: dict[str, int]  # vocab_size, num_hiddens, ffn_num_hiddens, num_blks and, if stored, max_len
     heads: tuple[str, ...]
@@ -104,7 +136,7 @@ class CheckpointInfo:
 
         lines = [f"{self.path}: {FORMATS[self.format]}"]
         if self.framework:
-            lines[0] += f", {FRAMEWORK_LABELS[self.framework]}"
+            lines[0] += f", {_label(self.framework)}"
         rows = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype] for t in self.tensors]
         lines += ["", format_table(["tensor", "shape", "dtype"], rows), ""]
         total = sum(int(np.prod(t.shape)) for t in self.tensors)
@@ -189,7 +221,7 @@ def _sniff(path: Path) -> tuple[str, str | None]:
             return "npz", None
         head = file.read(8)
         if head.startswith(MXNET_LIST_MAGIC):
-            return "gluon", "mxnet"
+            return "gluon", FRAMEWORK_FORMATS["gluon"].backend
         if head.startswith(ZIP_MAGIC):
             file.seek(0)
             try:
@@ -205,7 +237,7 @@ def _sniff(path: Path) -> tuple[str, str | None]:
             if f"{MANIFEST_KEY}.npy" in names:
                 return "npz", None
             if any(name.endswith("/data.pkl") or name == "data.pkl" for name in names):
-                return "torch", "torch"
+                return "torch", FRAMEWORK_FORMATS["torch"].backend
             if any(Path(name).name == PARAMS_FILE for name in names):
                 return "d2l-zip", None  # the framework is that of the file inside
         elif head.startswith(b"\x80"):  # a pickle: torch.save before PyTorch 1.6, or of an arbitrary object
@@ -218,14 +250,12 @@ def _sniff(path: Path) -> tuple[str, str | None]:
     raise WeightsError(f"{path}: {problem}")
 
 
-def _read_framework_file(path: Path, framework: str | None, key: str | None) -> _Raw:
-    """A framework's own file: its arrays, their own dtypes, and how they were found."""
-    if framework == "torch":
-        arrays, dtypes, notes = load_backend("torch").read_state_dict(path, key)
-        return _Raw("torch", framework, arrays, dtypes, notes)
-    if key is not None:
-        raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
-    return _Raw("gluon", framework, read_params(path), {}, [])
+def _read_framework_file(path: Path, kind: str, key: str | None) -> _Raw:
+    """A framework's own file (``kind`` a key of FRAMEWORK_FORMATS): its arrays, their own dtypes, and
+    how they were found."""
+    own = FRAMEWORK_FORMATS[kind]
+    arrays, dtypes, notes = own.read(path, key)
+    return _Raw(kind, own.backend, arrays, dtypes, notes)
 
 
 def _read_vocab(path: Path, data: bytes) -> list[str]:
@@ -283,7 +313,10 @@ def _read_d2l_zip(path: Path, key: str | None) -> _Raw:
 
 def _read_d2l_dir(directory: Path, key: str | None, shown_as: Path | None = None) -> _Raw:
     try:
-        raw = _read_framework_file(directory / PARAMS_FILE, _sniff(directory / PARAMS_FILE)[1], key)
+        kind = _sniff(directory / PARAMS_FILE)[0]
+        if kind not in FRAMEWORK_FORMATS:
+            raise WeightsError(f"{directory / PARAMS_FILE}: a {FORMATS[kind]}, not a framework's parameter file")
+        raw = _read_framework_file(directory / PARAMS_FILE, kind, key)
     except WeightsError as error:  # name the file the user gave, not a scratch copy
         raise WeightsError(str(error).replace(str(directory), str(shown_as or directory))) from None
     vocab_path = directory / VOCAB_FILE
@@ -294,7 +327,7 @@ def _read_d2l_dir(directory: Path, key: str | None, shown_as: Path | None = None
 
 
 def _read(path: Path, key: str | None, sniffed: tuple[str, str | None] | None = None) -> _Raw:
-    kind, framework = sniffed or _sniff(path)
+    kind = (sniffed or _sniff(path))[0]
     if kind == "npz":
         if key is not None:
             raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
@@ -308,7 +341,7 @@ def _read(path: Path, key: str | None, sniffed: tuple[str, str | None] | None = 
     elif kind == "d2l-zip":
         raw = _read_d2l_zip(path, key)
     else:
-        raw = _read_framework_file(path, framework, key)
+        raw = _read_framework_file(path, kind, key)
     raw.dtypes = {name: raw.dtypes.get(name, array.dtype.name) for name, array in raw.arrays.items()}
     if raw.config is None:
         _strip_prefix(raw.arrays, raw.dtypes, raw.notes)
@@ -353,7 +386,7 @@ def _interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray])
     """Which generations and heads a file's names fit, its canonical names, and its sizes."""
     names = set(arrays)
     blocks = {int(m[1]) for name in names if (m := re.match(r"encoder\.blks\.(\d+)\.", name))}
-    rules = NAME_RULES[framework or "torch"]
+    rules = _format_of(framework).name_rules if framework else []
     fits: list[tuple[str, tuple[str, ...], dict[str, str]]] = []
     nearest: tuple[int, list[str]] | None = None  # the closest candidate's names, in schema order
     for preset, semantics in PRESETS.items():
@@ -515,10 +548,10 @@ def _statement(preset: str | Semantics | None, d2l_version: str | None) -> Seman
 def _check_framework(path: Path, kind: str, found: str | None, wanted: str) -> None:
     """A framework's reader refuses the other framework's files (and canonical ones), naming the reader."""
     if found != wanted:
-        written = f", written by {FRAMEWORK_LABELS[found]}" if found else ""
+        written = f", written by {_label(found)}" if found else ""
         raise WeightsError(
-            f"{path}: this is a {FORMATS[kind]}{written}, not a {FRAMEWORK_LABELS[wanted]} checkpoint: read it "
-            f"with {'bert_multi.from_huggingface' if kind == 'hf-dir' else READERS[found]} or "
+            f"{path}: this is a {FORMATS[kind]}{written}, not a {_label(wanted)} checkpoint: read it "
+            f"with {'bert_multi.from_huggingface' if kind == 'hf-dir' else _reader(found)} or "
             "bert_multi.load_checkpoint (any format), or convert it: "
             f"bert-multi convert {path} OUT"
         )
@@ -559,8 +592,8 @@ def load_checkpoint(
     ``d2l_version`` when the tensors fit more than one generation (a canonical file records both).
     A ``config`` states everything at once. ``dtype`` casts the weights explicitly (half-precision files
     need it); ``key`` names the entry of a PyTorch wrapper dict that holds the state_dict. A ``module.``
-    prefix is stripped and a task head is ignored, each said in ``info.notes``. ``framework`` ("torch"
-    or "mxnet") refuses other frameworks' files, naming the reader they need.
+    prefix is stripped and a task head is ignored, each said in ``info.notes``. ``framework`` (a backend
+    with a format of its own, ``FRAMEWORK_FORMATS``) refuses other files, naming the reader they need.
     """
     path = Path(path)
     dtype = None if dtype is None else normalize_dtype(dtype)
@@ -595,7 +628,7 @@ def load_checkpoint(
             config = _config_from_layout(path, layout, num_heads, semantics)
         else:  # everything is stated: the file is only checked against it
             info = _stated_info(path, raw, config)
-        expected = framework_names(config, NAME_RULES[raw.framework or "torch"])
+        expected = framework_names(config, _format_of(raw.framework).name_rules if raw.framework else [])
         leftover = set(raw.arrays) - set(expected.values())
         if not set(expected.values()) <= set(raw.arrays) or any(n.split(".")[0] in MODEL_PARTS for n in leftover):
             raise _names_error(path, set(raw.arrays), set(expected.values()))
@@ -617,15 +650,17 @@ def load_checkpoint(
 
 
 def output_format(path: str | Path) -> str:
-    """The format a path asks for: by suffix (.npz, .pt/.pth, .params), else a d2l directory."""
+    """The format a path asks for: by suffix (.npz, or a framework format's), else a d2l directory."""
     suffix = Path(path).suffix.lower()
     if suffix == ".npz":
         return "npz"
-    if suffix in FRAMEWORK_SUFFIXES:
-        return "torch" if FRAMEWORK_SUFFIXES[suffix] == "torch" else "gluon"
+    for kind, own in FRAMEWORK_FORMATS.items():
+        if suffix in own.suffixes:
+            return kind
     if suffix and not Path(path).is_dir():
+        known = [".npz", *(s for own in FRAMEWORK_FORMATS.values() for s in own.suffixes)]
         raise ValueError(
-            f"{path}: unknown output suffix {suffix!r}: expected .npz, .pt, .pth, .params, or a directory name "
+            f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory name "
             "(a d2l pretrained-model directory)"
         )
     return "d2l-dir"
@@ -650,17 +685,16 @@ def save_checkpoint(
     validate_weights(config, weights)
     if kind == "npz":
         save_weights(path, config, weights)
-    elif kind in ("torch", "gluon"):
-        load_backend(FRAMEWORK_SUFFIXES[Path(path).suffix.lower()]).save_checkpoint(path, config, weights)
+    elif kind in FRAMEWORK_FORMATS:
+        load_backend(FRAMEWORK_FORMATS[kind].backend).save_checkpoint(path, config, weights)
     elif framework == "huggingface":
         huggingface.write_directory(path, config, weights)
         kind = "hf-dir"
     else:
-        if framework not in FRAMEWORK_LABELS:
+        if framework not in DIRECTORY_FRAMEWORKS:
             raise ValueError(
                 f"{path}: a directory is a d2l pretrained-model directory, holding one framework's {PARAMS_FILE}, "
-                f"or a HuggingFace one: say which with framework= (--framework), one of "
-                f"{[*FRAMEWORK_LABELS, 'huggingface']}"
+                f"or a HuggingFace one: say which with framework= (--framework), one of {DIRECTORY_FRAMEWORKS}"
             )
         if vocab is None:
             raise ValueError(

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from . import bench, lessons
-from .backend import BACKEND_NAMES, REFERENCES, backends, load_backend, parse_device
-from .backend import FRAMEWORKS as FRAMEWORK_BACKENDS
+from .backend import parse_device
 from .cases import CASE_NAMES, CASES, Batch, CaseInput, get_case
 from .checkpoints import (
+    DIRECTORY_FRAMEWORKS,
     FORMATS,
     Checkpoint,
     inspect_checkpoint,
@@ -30,7 +30,7 @@ from .checkpoints import (
 )
 from .config import CONFIGS, HEADS, BERTConfig
 from .conform import Report, Target, run_conformance
-from .errors import BackendUnavailable, InputError, WeightsError, WorkerFailed
+from .errors import BackendContractError, CannotRunHere, InputError, WeightsError, WorkerFailed
 from .files import NpzReader, open_regular
 from .fixtures import DEFAULT_DIRECTORY, write_fixtures
 from .pretraining import (
@@ -42,12 +42,11 @@ from .pretraining import (
     paragraphs_from_lines,
     run_pretraining,
 )
+from .registry import backend_names, backends, check_names, frameworks, load_backend, refused
 from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
 from .schema import SUPPORTED_DTYPES, init_weights, random_weights
 from .semantics import PRESETS, releases_of
 from .weights import save_weights
-
-FRAMEWORKS = list(FRAMEWORK_BACKENDS)
 
 
 def _positive_int(text: str) -> int:
@@ -61,19 +60,20 @@ def _split(text: str) -> list[str]:
 
 
 def _targets(args: argparse.Namespace) -> list[Target]:
-    if args.reference and args.reference not in args.backends:
-        args.backends = [*args.backends, args.reference]
-    for name in args.backends:
-        if name not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {name!r}: expected some of {list(BACKEND_NAMES)}")
+    """The targets asked for; any name that is not a backend, dtype or device is refused here."""
+    names = frameworks() if args.backends is None else args.backends
+    if args.reference:
+        references = backend_names("reference")
+        if args.reference not in references:
+            raise ValueError(f"--reference {args.reference!r}: expected one of the references {references}")
+        names = [*names, args.reference] if args.reference not in names else names
+    check_names(names)
     for dtype in args.dtypes:
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
     for device in args.devices:
         parse_device(device)
-    return [
-        Target(backend, dtype, device) for device in args.devices for backend in args.backends for dtype in args.dtypes
-    ]
+    return [Target(backend, dtype, device) for device in args.devices for backend in names for dtype in args.dtypes]
 
 
 def _model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -> tuple[BERTConfig, dict]:
@@ -157,6 +157,7 @@ def _describe_case(config: BERTConfig, case: CaseInput) -> str:
 
 def _run_and_report(
     args: argparse.Namespace,
+    targets: list[Target],
     config: BERTConfig,
     weights: dict[str, np.ndarray],
     cases: list[CaseInput] | list[tuple[str, Batch]],
@@ -168,7 +169,7 @@ def _run_and_report(
     print(f"cases: {', '.join(_describe_case(config, CaseInput(*case)) for case in cases)}")
     bar = ProgressBar()
     try:
-        report = run_conformance(config, weights, _targets(args), cases, pairs=not args.no_pairs, progress=bar)
+        report = run_conformance(config, weights, targets, cases, pairs=not args.no_pairs, progress=bar)
     finally:
         bar.close()
     print(summary_table(report))
@@ -177,8 +178,9 @@ def _run_and_report(
         print("\n" + failure_details(report))
     checks = len(report.checks)
     verdict = "PASS" if report.passed else "FAIL"
+    broken = f", {len(report.errors)} error(s)" if report.errors else ""
     print(
-        f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance, "
+        f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance{broken}, "
         f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s"
     )
     return report
@@ -216,6 +218,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         print(format_cases())
         return 0
     _check_report_outputs(args)
+    targets = _targets(args)
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
     if args.preset == "all" and args.config not in CONFIGS:
         raise ValueError("--preset all needs a built-in --config: a weights file holds one generation's tensors")
@@ -226,19 +229,20 @@ def cmd_conform(args: argparse.Namespace) -> int:
         if len(presets) > 1:
             print(f"\n== preset {config.semantics.name} ({releases_of(config.semantics.name)}) ==")
         cases = [case.input(config, args.seed) for case in chosen]
-        reports[config.semantics.name] = _run_and_report(args, config, weights, cases)
+        reports[config.semantics.name] = _run_and_report(args, targets, config, weights, cases)
     return _write_reports(args, reports)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     _check_report_outputs(args)
+    targets = _targets(args)
     checkpoint = _load(args, args.weights, args.preset)
     config, weights = checkpoint.config, checkpoint.weights
     if args.inputs:
         cases = _read_inputs(args.inputs)
     else:
         cases = [case.input(config, args.seed) for case in CASES]
-    return _write_reports(args, {config.semantics.name: _run_and_report(args, config, weights, cases)})
+    return _write_reports(args, {config.semantics.name: _run_and_report(args, targets, config, weights, cases)})
 
 
 def format_cases() -> str:
@@ -249,6 +253,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """d2l's pretraining loop on one backend, or on both side by side with --compare."""
     _check_output(args.out, "--out")
     _check_plot(args.plot)
+    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
+        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
+    if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
+        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
+    names = _trainable(args.compare, args.backend)
     lines = _read_corpus(args.corpus) if args.corpus else builtin_corpus()
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
     config = BERTConfig(
@@ -270,14 +279,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.freeze_positions:
         options["train_positions"] = False
 
-    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
-        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
-    if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
-        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
     threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
     bar = ProgressBar()
     runs = []
-    for name in FRAMEWORKS if args.compare else [args.backend]:
+    for name in names:
         print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
         if args.workers > 1:
             print(
@@ -308,14 +313,16 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         )
         runs.append(run)
     if args.compare:
-        first, second = runs
+        totals = [[loss.total for loss in losses] for losses in zip(*(run.losses for run in runs))]
         rows = [
-            (step, f"{a.total:.6f}", f"{b.total:.6f}", f"{abs(a.total - b.total):.2e}")
-            for step, (a, b) in enumerate(zip(first.losses, second.losses), start=1)
+            (step, *(f"{total:.6f}" for total in step_totals), f"{max(step_totals) - min(step_totals):.2e}")
+            for step, step_totals in enumerate(totals, start=1)
         ]
-        print(format_table(("step", f"{first.backend} loss", f"{second.backend} loss", "difference"), rows))
-        gap = max(float(np.abs(first.weights[k] - second.weights[k]).max()) for k in first.weights)
-        print(f"largest weight difference after {args.steps} steps: {gap:.3g}")
+        print(format_table(("step", *(f"{run.backend} loss" for run in runs), "largest difference"), rows))
+        first = runs[0]
+        for other in runs[1:]:
+            gap = max(float(np.abs(first.weights[k] - other.weights[k]).max()) for k in first.weights)
+            print(f"largest weight difference after {args.steps} steps, {first.backend} vs {other.backend}: {gap:.3g}")
         if args.plot:
             print(f"plot written to {plot_training(runs, args.plot)}")
         return 0
@@ -324,6 +331,22 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         save_weights(out, config, runs[0].weights)
         print(f"weights written to {out}")
     return load_backend(args.backend).end_worker(0) if args.join else 0
+
+
+def _trainable(compare: bool, backend: str) -> list[str]:
+    """The backends ``pretrain`` trains: ``backend``, or with ``compare`` every framework that can train
+    here (at least two)."""
+    if not compare:
+        check_names([backend])
+        if not load_backend(backend).can_train:
+            raise ValueError(f"backend {backend!r} cannot train: it has no Pretrainer (bert-multi backends)")
+        return [backend]
+    status = backends()
+    names = [name for name in frameworks() if status[name].available and load_backend(name).can_train]
+    if len(names) < 2:
+        missing = "; ".join(f"{name}: {status[name].reason}" for name in frameworks() if not status[name].available)
+        raise ValueError(f"--compare needs two frameworks that can train here, and found {names} ({missing})")
+    return names
 
 
 def _read_corpus(path: str) -> list[str]:
@@ -376,7 +399,7 @@ def cmd_lessons(args: argparse.Namespace) -> int:
         outcome = lessons.run([sample])[0] if status[sample.framework].available else None
         printed = outcome.printed.rstrip() if outcome else f"(not run: {status[sample.framework].reason})"
         verdict = "" if outcome is None else ("as the guide says" if outcome.as_written else "NOT as the guide says")
-        parts.append((f"{lessons.LABELS[sample.framework]}:", sample.code.splitlines(), printed.splitlines(), verdict))
+        parts.append((f"{lessons.label(sample.framework)}:", sample.code.splitlines(), printed.splitlines(), verdict))
     code_rows = max(len(code) for _, code, _, _ in parts)
     printed_rows = max(len(printed) for _, _, printed, _ in parts)
     columns = [
@@ -417,11 +440,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     finally:
         bar.close()
-    threads = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-    if backends()["torch"].available:
-        import torch
-
-        threads += f", torch threads {torch.get_num_threads()}"
+    per_backend = {row.backend: row.threads for row in rows if row.threads is not None}
+    threads = ", ".join(
+        [f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"]
+        + [f"{name} threads {count}" for name, count in per_backend.items()]
+    )
     print(f"{rounds} interleaved rounds per workload; {threads}")
     print(bench.format_rows(rows))
     if args.json:
@@ -440,8 +463,16 @@ def cmd_fixtures(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    rows = [(name, "yes" if status.available else "no", status.reason or "") for name, status in backends().items()]
-    print(format_table(("backend", "available", "why not"), rows))
+    status = backends()
+    rows = []
+    for name, state in status.items():
+        devices = ", ".join(load_backend(name).devices()) if state.available else "-"
+        rows.append((name, "yes" if state.available else "no", state.role, devices, state.where, state.reason or ""))
+    print(format_table(("backend", "available", "role", "devices here", "from", "why not"), rows))
+    for reason in refused():
+        print(f"refused: {reason}")
+    usable = [name for name, state in status.items() if state.available]
+    print(f"\n{len(usable)} of {len(status)} backends can run here: {', '.join(usable) or 'none'}.")
     return 0
 
 
@@ -458,7 +489,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"d2l chapter demo: {config}")
     rows = []
     for name, status in backends().items():
-        if name in REFERENCES:
+        if status.role == "reference":  # it computes the original BERT, not the chapter's
             continue
         if not status.available:
             rows.append((name, "-", "-", "-", "-", "-", f"skipped: {status.reason}"))
@@ -486,8 +517,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backends",
         type=_split,
-        default=FRAMEWORKS,
-        help=f"comma-separated, from {list(BACKEND_NAMES)} (default: {','.join(FRAMEWORKS)})",
+        help="comma-separated backend names (default: every framework backend; bert-multi backends lists them)",
     )
     parser.add_argument(
         "--devices",
@@ -505,8 +535,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reference",
-        choices=REFERENCES,
-        help="add an independent implementation of the original BERT as one more row (the bert preset only)",
+        help="add a reference backend, an independent implementation of the original BERT such as "
+        "transformers, as one more row (the bert preset only)",
     )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
@@ -606,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_options(convert)
     convert.add_argument(
         "--framework",
-        choices=[*FRAMEWORKS, "huggingface"],
+        choices=DIRECTORY_FRAMEWORKS,
         help="for a directory: a d2l one with this framework's pretrained.params, or a HuggingFace one",
     )
     convert.add_argument("--vocab", help="for a d2l directory: a JSON list of tokens, when the source has no vocab")
@@ -622,19 +652,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="d2l's BERT pretraining (Adam, lr 0.01, batch 512, 128 hidden, 256 FFN, "
         "2 heads, 2 blocks, max_len 64) on the built-in corpus or yours.",
     )
-    pretrain.add_argument("--backend", choices=FRAMEWORKS, default="torch")
+    pretrain.add_argument("--backend", default="torch", help="a framework backend that can train (default torch)")
     pretrain.add_argument(
         "--compare",
         action="store_true",
-        help="run every framework from the same weights and batches, and compare the curves",
+        help="run every framework that can train here from the same weights and batches, and compare the curves",
     )
     pretrain.add_argument("--steps", type=int, default=10)
     pretrain.add_argument(
         "--workers",
         type=_positive_int,
         default=1,
-        help="data-parallel worker processes on this machine (torch.distributed, gloo); each trains on its "
-        "share of every batch",
+        help="data-parallel worker processes on this machine, on the framework's own engine; each trains on "
+        "its share of every batch",
     )
     pretrain.add_argument(
         "--threads-per-worker", type=_positive_int, help="threads of each worker (default: the cores shared out)"
@@ -746,7 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (InputError, WeightsError, BackendUnavailable, ValueError, OSError, WorkerFailed) as error:
+    except (InputError, WeightsError, CannotRunHere, BackendContractError, ValueError, OSError, WorkerFailed) as error:
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

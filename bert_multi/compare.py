@@ -70,6 +70,11 @@ class Comparison:
     nonfinite: int  # NaN/Inf elements in actual or expected
     problem: str | None = None  # why there is nothing to compare (missing, or of the wrong shape)
 
+    @classmethod
+    def unusable(cls, name: str, tolerance: Tolerance, problem: str) -> Comparison:
+        """A failing comparison of something that could not be compared, saying why."""
+        return cls(name, (), tolerance, math.nan, math.nan, math.nan, (), math.inf, 0, problem)
+
     @property
     def passed(self) -> bool:
         return self.problem is None and self.nonfinite == 0 and self.ratio <= 1.0
@@ -102,16 +107,13 @@ def compare_arrays(
 ) -> Comparison:
     """Statistics of ``actual`` against ``expected`` (computed in float64). A side that is missing
     (None) or shaped differently from the other is a failing comparison that says so."""
-
-    def unusable(problem: str) -> Comparison:
-        return Comparison(name, (), tolerance, math.nan, math.nan, math.nan, (), math.inf, 0, problem)
-
     if actual is None or expected is None:
         side = "the compared side" if actual is None else "the reference"
-        return unusable(f"{side} has no value for it (never computed or never recorded)")
+        return Comparison.unusable(name, tolerance, f"{side} has no value for it (never computed or never recorded)")
     actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
     if actual.shape != expected.shape:
-        return unusable(f"shape {actual.shape} differs from the reference's {expected.shape}")
+        problem = f"shape {actual.shape} differs from the reference's {expected.shape}"
+        return Comparison.unusable(name, tolerance, problem)
     if not (all_finite(actual) and all_finite(expected)):
         bad = ~(np.isfinite(actual) & np.isfinite(expected))
         first = first_index(bad)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import gc
 import itertools
 import os
@@ -17,6 +16,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,12 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from .backend import BackendModel, BERTOutput, load_backend, parse_device
+from .backend import BackendModel, BERTOutput, parse_device
 from .cases import Batch, CaseInput
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .config import BERTConfig
-from .errors import BackendUnavailable
-from .schema import cut_max_len, validate_weights
+from .errors import CannotRunHere, InputError
+from .inputs import check_inputs
+from .registry import LoadedBackend, check_names, load_backend
+from .schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
 from .weights import load_weights, save_weights
 
 OUTPUT_NAMES = ("encoded", "mlm", "nsp")
@@ -83,19 +85,26 @@ class Check:
 def compare_outputs(
     out: BERTOutput, ref: BERTOutput, tolerance: Tolerance
 ) -> tuple[tuple[Comparison, ...], tuple[Comparison, ...]]:
-    """Compare every output and, when ``out`` recorded intermediates, each of the reference's. An
-    output or activation that one side lacks is a failing comparison naming it, never an exception."""
+    """Compare every output and, when either side recorded intermediates, each of the reference's. An
+    output or activation that one side lacks is a failing comparison naming it, never an exception; so is
+    a side that recorded no activations where the other did."""
     outputs = tuple(
         compare_arrays(name, getattr(out, name), getattr(ref, name), tolerance)
         for name in OUTPUT_NAMES
         if getattr(out, name) is not None or getattr(ref, name) is not None
     )
     intermediates: tuple[Comparison, ...] = ()
-    if out.intermediates is not None and ref.intermediates is not None:
-        intermediates = tuple(
-            compare_arrays(name, out.intermediates.get(name), value, tolerance)
-            for name, value in ref.intermediates.items()
-        )
+    if out.intermediates is not None or ref.intermediates is not None:
+        # Asked for on one side at least: a side with none compared nothing, which is a failure.
+        if not out.intermediates or not ref.intermediates:
+            side = "the compared side" if not out.intermediates else "the reference"
+            problem = f"{side} recorded no activations, so none was compared"
+            intermediates = (Comparison.unusable("intermediates", tolerance, problem),)
+        else:
+            intermediates = tuple(
+                compare_arrays(name, out.intermediates.get(name), value, tolerance)
+                for name, value in ref.intermediates.items()
+            )
     return outputs, intermediates
 
 
@@ -110,21 +119,37 @@ def assert_conforms(out: BERTOutput, ref: BERTOutput, dtype: str, device: str = 
         raise AssertionError("outputs differ beyond tolerance:\n  " + "\n  ".join(failing))
 
 
+@dataclass(frozen=True)
+class RunError:
+    """A backend raised while the engine ran it (anything but ``CannotRunHere``): a failure, shown with
+    what the engine was doing and where the exception came from."""
+
+    target: Target
+    during: str
+    error: str
+
+    def describe(self) -> str:
+        return f"ERROR {self.target}, {self.during}: {self.error}"
+
+
 @dataclass
 class Report:
-    """Every check of one run, what was skipped and why, and what the run ran on."""
+    """Every check of one run, what was skipped and why, what broke, and what the run ran on."""
 
     config: BERTConfig
     cases: list[str]
     checks: list[Check] = field(default_factory=list)
     skipped: dict[Target, str] = field(default_factory=dict)  # target -> why it could not run here
+    errors: list[RunError] = field(default_factory=list)  # what raised, each a failure
     runtime: dict[str, dict[str, Any]] = field(default_factory=dict)  # target -> runtime_info()
     cut: dict[str, int] = field(default_factory=dict)  # case -> the max_len its model was cut to
     seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
-        return all(check.passed for check in self.checks)
+        """At least one check ran, every check passed, and nothing raised: a run that compared nothing
+        proves nothing."""
+        return bool(self.checks) and not self.errors and all(check.passed for check in self.checks)
 
     def worst(self) -> list[tuple[Target, str, str, Comparison]]:
         """(target, reference, output, worst comparison over cases) for each output and for the
@@ -153,6 +178,7 @@ class Report:
             "environment": environment(),
             "runtime": self.runtime,
             "skipped": {str(target): reason for target, reason in self.skipped.items()},
+            "errors": [{"target": str(e.target), "during": e.during, "error": e.error} for e in self.errors],
             "checks": [
                 {
                     "case": check.case,
@@ -216,9 +242,6 @@ def _max_len_groups(config: BERTConfig, cases: Sequence[CaseInput]) -> dict[int,
     return dict(sorted(groups.items(), reverse=True))
 
 
-Build = Callable[[BERTConfig, dict[str, np.ndarray]], BackendModel]
-
-
 def run_conformance(
     config: BERTConfig,
     weights: dict[str, np.ndarray],
@@ -233,17 +256,42 @@ def run_conformance(
     weights between them: for each pair (a, b), b is rebuilt from a's exported weights in memory, and
     a from b's exported weights through a canonical weight file, so both directions and both ways of
     moving weights are exercised. A case with its own ``max_len`` runs on the model cut to it
-    (``schema.cut_max_len``), oracle included. A target whose backend or device is missing here is
-    skipped, with the reason, not failed.
+    (``schema.cut_max_len``), oracle included.
+
+    What the report says: an unknown backend, dtype or device name is a ``ValueError``, and an input that
+    breaks the model's contract an ``InputError``, before anything runs; a target that cannot run here
+    (``CannotRunHere``: its framework or device is missing, or it does not compute this model) is skipped
+    with the reason; any other exception from a backend is a ``RunError``, a failure; and
+    ``Report.passed`` needs at least one check, all passing.
     """
-    # Weights that do not fit the config are the caller's mistake, not a target that cannot run here.
+    _check_targets(targets)
+    if not cases:
+        raise ValueError("no cases to run: a conformance run needs at least one")
+    # Weights or inputs that do not fit the config are the caller's mistake, not a backend's failure.
     validate_weights(config, weights)
+    inputs = [CaseInput(*case) for case in cases]
+    for case in inputs:
+        try:
+            check_inputs(config, **case.batch)
+        except InputError as error:
+            raise InputError(f"case {case.name!r}: {error}") from None
     started = time.perf_counter()
-    run = _Run(config, weights, targets, [CaseInput(*case) for case in cases], pairs, progress)
+    run = _Run(config, weights, targets, inputs, pairs, progress)
     with _collector_skipping_existing_objects():
         report = run.all()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _check_targets(targets: Sequence[Target]) -> None:
+    """Refuse a name that is not a backend, a dtype or a device, before anything runs."""
+    check_names([target.backend for target in targets])
+    for target in targets:
+        if target.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unknown dtype {target.dtype!r} in {target}: expected one of {list(SUPPORTED_DTYPES)}")
+        parse_device(target.device)
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"a target is asked for twice: {[str(t) for t in targets if list(targets).count(t) > 1]}")
 
 
 class _Run:
@@ -268,50 +316,72 @@ class _Run:
         self.groups = _max_len_groups(config, cases)
         self.report = Report(config, [case.name for case in cases])
         self.report.cut = {case.name: case.cut(config) for case in cases if case.cut(config)}
-        self.builders: dict[Target, Build] = {}
-        for target in targets:
-            try:
-                self.builders[target] = _builder(target)  # imports the target's framework
-            except _Unavailable as error:
-                self.report.skipped[target] = str(error)
+        self.backends: dict[Target, LoadedBackend] = {}
         self.oracle = load_backend("numpy")
         self.references: dict[float, dict[int, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
         self.results: dict[Target, dict[int, BERTOutput]] = {}  # target -> case -> its outputs
         self.keyed_checks: list[tuple[tuple[int, ...], Check]] = []  # keyed to sort into the order asked for
         self.done = 0
+        self.during = "loading its backend"  # what the engine is doing, for a RunError
+        for target in targets:
+            self.attempt(target, self.load, target)
+
+    def load(self, target: Target) -> None:
+        self.backends[target] = load_backend(target.backend)
+
+    def attempt(self, target: Target, work: Callable[..., object], *arguments: Any) -> bool:
+        """``work(*arguments)`` for ``target``; whether it finished. ``CannotRunHere`` skips the target with
+        its reason; any other exception is a ``RunError``. Either way the target takes no further part."""
+        try:
+            work(*arguments)
+            return True
+        except CannotRunHere as error:
+            self.report.skipped[target] = str(error)
+        except Exception as error:  # noqa: BLE001 - a backend's failure is reported, not raised
+            self.report.errors.append(RunError(target, self.during, _describe_exception(error)))
+        self.backends.pop(target, None)
+        self.results.pop(target, None)
+        return False
 
     def all(self) -> Report:
         for dtype in dict.fromkeys(target.dtype for target in self.targets):
-            ran = [target for target in self.targets if target.dtype == dtype and target in self.builders]
+            ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
             exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}  # for the targets after them
             # Cast once for every build of this dtype (the same cast each build would make).
             weights = {name: np.asarray(array, dtype=dtype) for name, array in self.weights.items()} if ran else {}
             for position, target in enumerate(ran):
                 later = position < len(ran) - 1
-                try:
-                    # Each pair (a, b): b is rebuilt from a's weights in memory before b runs alone, so a's
-                    # export can be dropped first; a is rebuilt from b's through a file once b has run.
-                    for source in list(exports):
-                        self.run_pair(target, source, "memory", exports[source] if later else exports.pop(source))
-                    earlier = [source for source in ran[:position] if source in self.results] if self.pairs else []
-                    with tempfile.TemporaryDirectory() as directory:
-                        path = Path(directory) / "weights.npz"
-                        export = self.run_alone(
-                            target, weights, keep=self.pairs and later, file=path if earlier else None
-                        )
-                        if export is not None:
-                            exports[target] = export
-                        del export  # held by exports alone, so that it is freed once popped
-                        for source in earlier:
-                            self.run_pair(source, target, "file", load_weights(path))
-                except _Unavailable as error:
-                    self.report.skipped[target] = str(error)
+                if not self.attempt(target, self.run_target, target, ran[:position], exports, weights, later):
+                    exports.pop(target, None)
             for target in ran:  # pairs are of one dtype: its outputs are not asked for again
                 self.results.pop(target, None)
         self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
         if self.progress:
             self.progress(self.done, self.done, "done")
         return self.report
+
+    def run_target(
+        self,
+        target: Target,
+        before: list[Target],
+        exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]],
+        weights: dict[str, np.ndarray],
+        later: bool,
+    ) -> None:
+        """``target`` alone and in its pairs with the targets ``before`` it. Each pair (a, b): b is rebuilt
+        from a's weights in memory before b runs alone, so a's export can be dropped first; a is rebuilt
+        from b's through a file once b has run."""
+        for source in list(exports):
+            self.run_pair(target, source, "memory", exports[source] if later else exports.pop(source))
+        earlier = [source for source in before if source in self.results] if self.pairs else []
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "weights.npz"
+            export = self.run_alone(target, weights, keep=self.pairs and later, file=path if earlier else None)
+            if export is not None:
+                exports[target] = export
+            del export  # held by exports alone, so that it is freed once popped
+            for source in earlier:  # a failure here is the rebuilt source's
+                self.attempt(source, self.run_pair, source, target, "file", load_weights(path))
 
     def run_alone(
         self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None
@@ -326,12 +396,13 @@ class _Run:
         export = None
         self.results[target] = {}
         lends = keep or file is not None
-        paired = self.pairs and sum(other.dtype == target.dtype for other in self.builders) > 1
+        paired = self.pairs and sum(other.dtype == target.dtype for other in self.backends) > 1
         # Not enumerate(): it would hold each model until the next was built.
-        for model, indices in self.models(self.builders[target], self.config, weights):
+        for model, indices in self.models(target, self.config, weights):
             self.report.runtime[str(target)] = model.runtime_info()
             if lends:  # the first model, of the longest max_len, lends its weights
                 lends = False
+                self.during = "exporting its weights"
                 export = (model.config, model.export_weights(share=True))
                 if file is not None:
                     save_weights(file, *export)
@@ -359,7 +430,7 @@ class _Run:
         eps, source_eps = self.kernel_eps(target), self.kernel_eps(source)
         label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
         first, second = sorted((self.targets.index(target), self.targets.index(source)))
-        for model, indices in self.models(self.builders[target], *lent):
+        for model, indices in self.models(target, *lent, rebuilt_from=f"{source}'s weights via {how}"):
             for index in indices:
                 out = self.run_case(model, index, f"{target} <- {source} ({how})")
                 expected = self.results[source][index]
@@ -370,12 +441,22 @@ class _Run:
             del model
 
     def models(
-        self, build: Build, config: BERTConfig, weights: dict[str, np.ndarray]
+        self, target: Target, config: BERTConfig, weights: dict[str, np.ndarray], rebuilt_from: str = ""
     ) -> Iterator[tuple[BackendModel, list[int]]]:
-        """A model for each group of cases, cut to the group's max_len, with the group. The caller drops
-        each before asking for the next, which is built only once the one before is freed."""
+        """``target``'s model for each group of cases, cut to the group's max_len, with the group. The
+        caller drops each before asking for the next, which is built only once the one before is freed."""
+        backend = self.backends[target]
         for max_len, indices in self.groups.items():
-            model = build(*cut_max_len(config, weights, max_len))
+            self.during = f"building its model (max_len {max_len}" + (
+                f", from {rebuilt_from})" if rebuilt_from else ")"
+            )
+            model = backend.build(
+                *cut_max_len(config, weights, max_len),
+                device=target.device,
+                dtype=target.dtype,
+                gradients=False,
+                share=True,
+            )
             yield model, indices
             del model
             _release_memory()
@@ -384,17 +465,19 @@ class _Run:
         """The oracle's float64 outputs for every case, computed with LayerNorm ``eps``, once."""
         if eps not in self.references:
             self.references[eps] = {}
-            build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps, share=True)
-            for oracle, indices in self.models(build, self.config, self.weights):
+            for max_len, indices in self.groups.items():
+                model_config, weights = cut_max_len(self.config, self.weights, max_len)
+                oracle = self.oracle.build(model_config, weights, dtype="float64", layer_norm_eps=eps, share=True)
                 self.references[eps].update(
                     (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
                 )
                 del oracle
+                _release_memory()
         return self.references[eps]
 
     def kernel_eps(self, target: Target) -> float:
         """The LayerNorm eps ``target``'s framework computes with, for the config's."""
-        return load_backend(target.backend).kernel_eps(self.config.semantics.layer_norm_eps)
+        return self.backends[target].kernel_eps(self.config.semantics.layer_norm_eps)
 
     def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
         if self.progress:
@@ -403,6 +486,7 @@ class _Run:
                 self.done, _planned_steps(alive, len(self.cases), self.pairs), f"{label}: {self.cases[index].name}"
             )
         self.done += 1
+        self.during = f"running case {self.cases[index].name}"
         return model(**self.cases[index].batch, intermediates=True)
 
     def check(
@@ -419,26 +503,11 @@ class _Run:
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
 
 
-class _Unavailable(Exception):
-    """A target's backend or device is missing here: the target is skipped, with this reason."""
-
-
-def _builder(target: Target) -> Build:
-    """A function building ``target``'s model of a config and weights (inference only), raising
-    ``_Unavailable`` where the target's backend or device is missing here."""
-    try:
-        backend = load_backend(target.backend)
-        parse_device(target.device)
-    except (BackendUnavailable, ValueError) as error:
-        raise _Unavailable(str(error)) from error
-
-    def build(config: BERTConfig, weights: dict[str, np.ndarray]) -> BackendModel:
-        try:
-            return backend.build(config, weights, device=target.device, dtype=target.dtype, gradients=False, share=True)
-        except (BackendUnavailable, ValueError) as error:
-            raise _Unavailable(str(error)) from error
-
-    return build
+def _describe_exception(error: BaseException) -> str:
+    """An exception's type, message and the line that raised it, in one line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 @contextlib.contextmanager

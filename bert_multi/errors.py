@@ -11,8 +11,20 @@ class WeightsError(ValueError):
     """A weight dict or weight file does not match the canonical schema, or is corrupt."""
 
 
-class BackendUnavailable(ImportError):
+class CannotRunHere(Exception):
+    """A backend cannot do what was asked on this machine, and nothing is wrong with it: its framework is
+    missing, the device asked for is not here, or it does not compute the model asked for (transformers
+    and a d2l generation). A conformance run reports this as a SKIP with the message; any other
+    exception from a backend is a failure."""
+
+
+class BackendUnavailable(CannotRunHere, ImportError):
     """A backend's framework is not installed here, or cannot run with what is installed."""
+
+
+class BackendContractError(RuntimeError):
+    """A backend breaks the backend contract (``bert_multi.backend.Backend``): a bug in the backend, never
+    a reason to skip it."""
 
 
 class WorkerFailed(RuntimeError):

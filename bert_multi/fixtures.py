@@ -13,11 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import BERTOutput, intermediate_names, load_backend
+from .backend import BERTOutput, intermediate_names
 from .cases import CASES, Batch
 from .config import BERTConfig
 from .conform import OUTPUT_NAMES
 from .files import atomic_path
+from .registry import load_backend
 from .schema import random_weights
 from .weights import load_weights, save_weights
 

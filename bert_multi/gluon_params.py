@@ -11,6 +11,8 @@ little-endian:
   i32 ndim and ndim i64 dimensions (V2: ndim 0 means "no array"; V3: ndim -1 does), then for an
   array with a shape: i32 device type and i32 device id, i32 type flag, and the data, C order;
 - u64 number of names (0 or the number of arrays), then each name: u64 length and UTF-8 bytes.
+
+The names are Gluon's structural names (``NAME_RULES``), which the MXNet backend's parameters carry too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ import numpy as np
 
 from .errors import WeightsError
 from .files import check_shape, describe_format, file_size, open_regular
+
+# (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
+# save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
+# gamma/beta; Gluon fuses the pooler's tanh and the ReLU and tanh inside the heads' MLPs into their Dense
+# layers, so hidden.0 is hidden and those Sequentials are shorter.
+NAME_RULES: list[tuple[str, str]] = [
+    (r"^mlm\.mlp\.2\.", "mlm.mlp.1."),
+    (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
+    (r"^nsp\.mlp\.2\.", "nsp.mlp.1."),
+    (r"^hidden\.0\.", "hidden."),
+    (r"(\.ln|\.embedding_norm|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
+    (r"(\.ln|\.embedding_norm|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
+]
 
 LIST_MAGIC = 0x112
 V2_MAGIC, V3_MAGIC = 0xF993FAC9, 0xF993FACA
@@ -139,3 +154,14 @@ def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
             "initialisation); run one forward pass before save_parameters"
         )
     return dict(zip(names, arrays))
+
+
+def read_checkpoint(
+    path: str | os.PathLike, key: str | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """A Gluon parameter file as a checkpoint reader returns one: its arrays under the file's own names,
+    their dtypes, and notes (none). ``key`` picks an entry of a PyTorch wrapper dict: Gluon has none."""
+    if key is not None:
+        raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
+    arrays = read_params(path)
+    return arrays, {name: array.dtype.name for name, array in arrays.items()}, []

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .backend import load_backend
 from .config import HEADS, BERTConfig
 from .errors import WeightsError
 from .files import atomic_path, check_shape, file_size, open_regular, reason
+from .registry import load_backend
 from .schema import param_shapes
 from .semantics import PRESETS, Semantics
 
@@ -202,7 +202,7 @@ def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray],
         own, dtypes = read_safetensors(path / SAFETENSORS_FILE)
         source = SAFETENSORS_FILE
     else:
-        own, dtypes, _ = load_backend("torch").read_state_dict(path / TORCH_FILE)
+        own, dtypes, _ = load_backend("torch").read_checkpoint(path / TORCH_FILE)
         source = TORCH_FILE
     notes = [f"read {source} and {CONFIG_FILE}"]
     decoder = own.get("cls.predictions.decoder.weight")
@@ -260,18 +260,27 @@ def hf_names(config: BERTConfig) -> dict[str, str]:
     return names
 
 
-def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(config.json's fields, arrays under transformers' names) of a model transformers can compute:
-    ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none; else a ``ValueError``."""
+def expressible(config: BERTConfig) -> str | None:
+    """Why a HuggingFace BERT cannot express ``config``, or None if it can."""
     semantics = config.semantics
     if not (semantics.embedding_norm and semantics.positions == "learned" and semantics.attention_bias
             and semantics.valid_lens_over_heads == "interleaved" and semantics.nsp_head == "pooler"):  # fmt: skip
-        raise ValueError(
+        return (
             f"a HuggingFace BERT computes the original BERT; this model computes {semantics!r}, which it cannot "
             "express (it needs the embedding LayerNorm, learned positions, biased attention, interleaved heads)"
         )
     if config.heads not in (HEADS, ("pooler",), ()):
-        raise ValueError(f"transformers has no BERT class with exactly the heads {list(config.heads)}")
+        return f"transformers has no BERT class with exactly the heads {list(config.heads)}"
+    return None
+
+
+def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(config.json's fields, arrays under transformers' names) of a model transformers can compute:
+    ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none; else a ``ValueError``."""
+    reason = expressible(config)
+    if reason is not None:
+        raise ValueError(reason)
+    semantics = config.semantics
     full = config.heads == HEADS
     inverse = hf_names(config)
     arrays = {

@@ -1,10 +1,10 @@
 """The framework-differences guide (``docs/framework-differences.md``), executable.
 
-Each ``## `` section of the guide holds samples: a fenced block tagged ``python torch`` or ``python mxnet``,
-followed at once by a ``text`` block with exactly what it prints. ``run`` executes the samples of one
-framework in a child process, each in a namespace of its own; a sample that changes the process itself
-(``npx.set_np()``, ``torch.set_default_dtype``) is tagged ``fresh`` and gets a process of its own.
-``check`` compares what they print with what the guide says they print.
+Each ``## `` section of the guide holds samples: a fenced block tagged ``python NAME``, NAME a framework
+backend (``python torch``), followed at once by a ``text`` block with exactly what it prints. ``run``
+executes the samples of one framework in a child process, each in a namespace of its own; a sample that
+changes the process itself (``npx.set_np()``, ``torch.set_default_dtype``) is tagged ``fresh`` and gets a
+process of its own. ``check`` compares what they print with what the guide says they print.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .registry import frameworks, registrations
+
 GUIDE = Path(__file__).resolve().parent.parent / "docs" / "framework-differences.md"
-FRAMEWORKS = ("torch", "mxnet")
-LABELS = {"torch": "PyTorch", "mxnet": "MXNet/Gluon"}
 
 # Runs in the child: every sample from stdin, each with its own namespace and captured stdout.
 _CHILD = """
@@ -92,15 +93,16 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
             continue
         following = blocks[position + 1] if position + 1 < len(blocks) else None
         if (
-            tagged[1] not in FRAMEWORKS
+            tagged[1] not in frameworks()
             or section is None
             or following is None
             or following[1] != "text"
             or following[0] is not section
         ):
+            tags = " or ".join(f"'python {name}'" for name in frameworks())
             raise ValueError(
-                f"{path}:{line}: a sample must be tagged 'python torch' or 'python mxnet', sit in a numbered "
-                "section, and be followed at once by a 'text' block of what it prints"
+                f"{path}:{line}: a sample must be tagged {tags}, sit in a numbered section, and be followed "
+                "at once by a 'text' block of what it prints"
             )
         section.samples.append(Sample(tagged[1], body, following[2], line, fresh=bool(tagged[2])))
     return sections
@@ -130,9 +132,15 @@ def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
     return [Outcome(sample, text) for sample, text in zip(samples, printed)]
 
 
-def check(sections: list[Section], frameworks: tuple[str, ...] = FRAMEWORKS) -> list[Outcome]:
-    """Every sample of ``frameworks`` in ``sections`` run, one child per framework; all outcomes."""
+def label(framework: str) -> str:
+    """How the guide calls a framework backend ("PyTorch")."""
+    return registrations()[framework].label or framework
+
+
+def check(sections: list[Section], only: Sequence[str] | None = None) -> list[Outcome]:
+    """Every sample of the frameworks ``only`` (default: every framework backend) in ``sections`` run,
+    one child per framework; all outcomes."""
     outcomes = []
-    for framework in frameworks:
+    for framework in frameworks() if only is None else only:
         outcomes += run([s for section in sections for s in section.samples if s.framework == framework])
     return outcomes

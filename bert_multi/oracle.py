@@ -10,12 +10,14 @@ over speed. Weights are the canonical dict; a dense layer named ``p`` uses ``p.w
 from __future__ import annotations
 
 import math
+import os
 from collections import OrderedDict
 
 import numpy as np
 
 from .backend import BackendModel, BERTOutput, parse_device, prepare_weights, read_only, shareable
 from .config import BERTConfig
+from .errors import CannotRunHere
 from .inputs import ModelInputs
 from .pretraining import MLM_NORMALIZATIONS, LossValues
 from .schema import nsp_layers
@@ -239,7 +241,14 @@ class NumpyBERT(BackendModel):
         return {name: read_only(array) if share else array.copy() for name, array in self.weights.items()}
 
     def framework_info(self) -> dict[str, object]:
-        return {"framework": f"numpy {np.__version__}"}
+        # NumPy offers no getter for its BLAS's threads; the variables that set them tell, if set.
+        threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        return {"framework": f"numpy {np.__version__}", "threads": int(threads) if threads else "BLAS default"}
+
+
+def supports(config: BERTConfig, device: str = "cpu") -> str | None:
+    """Every config, on the CPU only."""
+    return None if parse_device(device).kind == "cpu" else f"it runs on the CPU only, not {device!r}"
 
 
 def build(
@@ -255,8 +264,9 @@ def build(
     gradients, so ``gradients`` (the common interface's) changes nothing. With ``share`` it reads the
     caller's arrays where no cast is needed (it never writes them); the caller then leaves them
     unchanged while it lives."""
-    if parse_device(device).kind != "cpu":
-        raise ValueError(f"the numpy backend runs on the CPU only, not {device!r}")
+    reason = supports(config, device)
+    if reason is not None:
+        raise CannotRunHere(f"backend {NAME!r}: {reason}")
     dtype, arrays = prepare_weights(config, weights, dtype)
     own = {
         name: array if shareable(array, weights, name, share, gradients=False) else array.copy()

@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .backend import load_backend
 from .config import HEADS, BERTConfig
 from .errors import InputError, WeightsError
 from .files import NpzReader, open_regular
 from .inputs import check_inputs, get_tokens_and_segments
+from .registry import backends, load_backend
 from .schema import validate_weights
 from .weights import MANIFEST_KEY, load_weights, read_json_manifest, save_weights, write_npz
 
@@ -500,10 +500,11 @@ def run_pretraining(
         weights = state.weights
     start = state.step if state else 0
     backend = load_backend(backend_name)
-    if not hasattr(backend, "Pretrainer"):
-        raise ValueError(f"backend {backend_name!r} cannot train (it has no autograd): use torch or mxnet")
+    if not backend.can_train:
+        trainable = [name for name, status in backends().items() if status.available and load_backend(name).can_train]
+        raise ValueError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
     model = backend.build(config, weights, device=device, dtype=dtype)
-    trainer = backend.Pretrainer(model, **options, **({"distributed": True} if workers > 1 else {}))
+    trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
         trainer.load_state(state.optimizer, start)
     if checkpoint_every and rank == 0:

@@ -55,6 +55,11 @@ def summary_table(report: Report) -> str:
         )
     for target, reason in report.skipped.items():
         rows.append((target.backend, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"SKIP: {reason}"))
+    for error in report.errors:
+        target = error.target
+        rows.append(
+            (target.backend, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"ERROR: {error.error}")
+        )
     return format_table(
         (
             "backend",
@@ -73,8 +78,9 @@ def summary_table(report: Report) -> str:
 
 
 def failure_details(report: Report) -> str:
-    """For each failing check, where it first diverged, in computation order."""
-    lines = []
+    """What each backend that raised was doing, and for each failing check where it first diverged, in
+    computation order."""
+    lines = [error.describe() for error in report.errors]
     for check in report.failures():
         first = check.first_divergence
         assert first is not None
@@ -164,10 +170,12 @@ def plot_training(runs: Sequence, path: str | Path) -> Path:
     top.set_ylabel("loss")
     top.legend(fontsize=8)
     top.grid(True, alpha=0.3)
-    if len(runs) == 2:
-        gaps = [max(abs(a.total - b.total), 1e-17) for a, b in zip(runs[0].losses, runs[1].losses)]
-        bottom.semilogy(range(1, len(gaps) + 1), gaps, marker=".", color="grey")
-        bottom.set_ylabel(f"|{runs[0].backend} - {runs[1].backend}|")
+    for number, run in enumerate(runs[1:], start=1):  # each curve's distance from the first
+        gaps = [max(abs(a.total - b.total), 1e-17) for a, b in zip(runs[0].losses, run.losses)]
+        bottom.semilogy(range(1, len(gaps) + 1), gaps, marker=".", color=f"C{number}", label=run.backend)
+    if len(runs) > 1:
+        bottom.set_ylabel(f"|loss - {runs[0].backend}'s|")
+        bottom.legend(fontsize=8)
     bottom.set_xlabel("step")
     bottom.grid(True, alpha=0.3)
     top.set_title("Pretraining loss per step, same weights and batches")

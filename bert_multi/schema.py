@@ -86,24 +86,6 @@ def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
             yield from mask_lm()
 
 
-# (regex, replacement) rules, applied in turn, from canonical names to each framework's structural names
-# (what its own save writes, what d2l's code of that framework loads). PyTorch needs none: the canonical
-# names are its state_dict keys. Gluon's LayerNorm calls its parameters gamma/beta; Gluon fuses the
-# pooler's tanh and the ReLU and tanh inside the heads' MLPs into their Dense layers, so hidden.0 is
-# hidden and those Sequentials are shorter.
-NAME_RULES: dict[str, list[tuple[str, str]]] = {
-    "torch": [],
-    "mxnet": [
-        (r"^mlm\.mlp\.2\.", "mlm.mlp.1."),
-        (r"^mlm\.mlp\.3\.", "mlm.mlp.2."),
-        (r"^nsp\.mlp\.2\.", "nsp.mlp.1."),
-        (r"^hidden\.0\.", "hidden."),
-        (r"(\.ln|\.embedding_norm|^mlm\.mlp\.1)\.weight$", r"\1.gamma"),
-        (r"(\.ln|\.embedding_norm|^mlm\.mlp\.1)\.bias$", r"\1.beta"),
-    ],
-}
-
-
 def nsp_layers(config: BERTConfig) -> tuple[str, str]:
     """Where the NSP path's two dense layers live: the pooler (Dense + tanh on <cls>) and the classifier
     (Dense(2)). The computation is the same in every generation; the layers moved."""

@@ -2,12 +2,13 @@
 implementation of the original BERT, compared like any other (eager attention, TF32 off).
 
 It computes the ``bert`` preset and its variants (GELU or ReLU, any LayerNorm eps, tied or own decoder);
-a d2l generation is a ``ValueError`` at build, which a conformance run reports as a SKIP row. valid_lens
+for a d2l generation ``supports`` says why not, and a conformance run reports a SKIP row. valid_lens
 become transformers' additive attention mask, (B, 1, T, T), so a length per query works too.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -16,11 +17,18 @@ import transformers
 
 from .backend import BackendModel, BERTOutput, Device, parse_device, prepare_weights, read_only
 from .config import BERTConfig
-from .huggingface import hf_names, to_huggingface
+from .errors import CannotRunHere
+from .huggingface import expressible, hf_names, to_huggingface
 from .inputs import ModelInputs
-from .torch.backend import TORCH_DTYPES, tf32_enabled, to_framework_device
+from .torch.backend import TORCH_DTYPES, devices, gemm, synchronize, tf32_enabled, to_framework_device
 
 NAME = "transformers"
+__all__ = ["NAME", "TransformersBERT", "build", "devices", "gemm", "kernel_eps", "supports", "synchronize"]
+
+
+def supports(config: BERTConfig, device: str = "cpu") -> str | None:
+    """The original BERT (the ``bert`` preset and its variants) only; every device torch has."""
+    return expressible(config)
 
 
 def kernel_eps(eps: float) -> float:
@@ -121,8 +129,11 @@ def build(
     """transformers' BERT for ``config`` holding exactly ``weights``, in ``dtype`` on ``device``;
     ``gradients=False``: its parameters do not require gradients. ``share`` changes nothing: the
     weights are copied into the modules transformers builds."""
+    reason = supports(config, device)
+    if reason is not None:
+        raise CannotRunHere(f"backend {NAME!r}: {reason}")
     dtype, weights = prepare_weights(config, weights, dtype)
-    hf, arrays = to_huggingface(config, weights)  # a ValueError for what transformers cannot compute
+    hf, arrays = to_huggingface(config, weights)
     target = parse_device(device)
     torch_device = to_framework_device(target)
     hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
@@ -132,8 +143,11 @@ def build(
     else:
         module = transformers.BertModel(hf_config, add_pooling_layer="pooler" in config.heads)
     module = module.to(TORCH_DTYPES[dtype]).eval()
-    state = {name: torch.from_numpy(array) for name, array in arrays.items()}
-    missing, unexpected = module.load_state_dict(state, strict=False)
+    with warnings.catch_warnings():
+        # load_state_dict copies each tensor into the module's own, so a read-only array is never written.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        state = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        missing, unexpected = module.load_state_dict(state, strict=False)
     # The decoder's weight is the tied word embedding; position_ids is a buffer; neither is a weight.
     missing = [
         name for name in missing if name not in ("cls.predictions.decoder.weight",) and "position_ids" not in name

@@ -8,6 +8,7 @@ instead of the exported ones, caching the oracle without its eps) makes one of t
 """
 
 import dataclasses
+import re
 import tracemalloc
 import weakref
 from types import SimpleNamespace
@@ -16,28 +17,34 @@ import numpy as np
 import pytest
 
 import bert_multi.conform as conform
-from bert_multi import BERTConfig, load_backend, random_weights
+from bert_multi import BERTConfig, CannotRunHere, load_backend, random_weights, registry
 from bert_multi.cases import CASES, CaseInput, get_case
-from bert_multi.conform import Target, run_conformance
+from bert_multi.conform import Target, assert_conforms, run_conformance
+from bert_multi.errors import InputError
 from bert_multi.oracle import LAYER_NORM_EPS, NumpyBERT
+from bert_multi.report import failure_details, summary_table
 
 CONFIG = BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=12)
 WEIGHTS = random_weights(CONFIG, seed=11, dtype="float64")
 CASE_LIST = [(case.name, case.batch(CONFIG, seed=11)) for case in CASES[:4]]
 
 
-def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forget=None):
+def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forget=None, silent=False, fail=None):
     """The oracle at LayerNorm ``eps``, with NSP logits moved by ``nudge_nsp``, ``nudge_export`` added to
-    one exported tensor, and the activation ``forget`` never recorded."""
+    one exported tensor, the activation ``forget`` never recorded (with ``silent``, none at all), and
+    ``fail`` raised by a forward on 2-D valid_lens."""
 
     class Fake(NumpyBERT):
         backend = name
 
         def _forward(self, inputs, intermediates):
+            if fail is not None and inputs.valid_lens is not None and inputs.valid_lens.ndim == 2:
+                raise fail
             out = super()._forward(inputs, intermediates)
             if forget and out.intermediates is not None:
                 out.intermediates[forget] = None
-            return conform.BERTOutput(out.encoded, out.mlm, out.nsp + nudge_nsp, out.intermediates)
+            recorded = None if silent else out.intermediates
+            return conform.BERTOutput(out.encoded, out.mlm, out.nsp + nudge_nsp, recorded)
 
         def export_weights(self, share=False):
             weights = super().export_weights(share)
@@ -53,15 +60,21 @@ def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forg
 
 @pytest.fixture
 def register(monkeypatch):
-    """Make fake backends loadable by name for the engine."""
-    fakes = {}
-    real = conform.load_backend
-    monkeypatch.setattr(conform, "load_backend", lambda name: fakes[name] if name in fakes else real(name))
+    """Register fake backends as any package registers its own (``register_backend``), for the test's
+    duration; a built-in name (the oracle's) is swapped for the fake meanwhile."""
+    added = []
 
     def add(backend):
-        fakes[backend.NAME] = backend
+        if backend.NAME in registry.registrations() and backend.NAME not in added:
+            builtin = registry.registrations()[backend.NAME]
+            monkeypatch.setitem(registry._REGISTRY.loaded, backend.NAME, registry.LoadedBackend(builtin, backend))
+        else:
+            registry.register_backend(backend)
+            added.append(backend.NAME)
 
-    return add
+    yield add
+    for name in added:
+        registry.unregister_backend(name)
 
 
 def run(*backends):
@@ -217,7 +230,7 @@ def test_a_target_that_cannot_build_here_is_skipped_and_its_neighbours_still_pai
     in the middle that cannot be built here is a SKIP with its reason, and the two around it still pair."""
 
     def unbuildable(*args, **kwargs):
-        raise ValueError("device cuda:0 asked for, but there is none here")
+        raise CannotRunHere("device cuda:0 asked for, but there is none here")
 
     register(SimpleNamespace(NAME="absent", kernel_eps=lambda stated: stated, build=unbuildable))
     register(fake_backend("other"))
@@ -317,3 +330,80 @@ def test_outputs_are_kept_only_for_a_pair_to_compare_with(register):
         report, peak = traced(config, weights, targets, cases, pairs=pairs)
         assert report.passed
         assert sets * size < peak < (sets + 0.5) * size, (targets, pairs)  # and what one case needs
+
+
+# --- What a run reports, clause by clause: each test fails if its clause is loosened ------------------
+
+
+def test_an_unknown_name_or_a_bad_input_is_an_error_before_anything_runs(register):
+    built = []
+    backend = fake_backend("counted")
+    backend.build = lambda *args, _build=backend.build, **kwargs: built.append(1) or _build(*args, **kwargs)
+    register(backend)
+    for targets, message in (
+        (
+            [Target("counted", "float64"), Target("tourch", "float64")],
+            "unknown backend 'tourch' (did you mean 'torch'?)",
+        ),
+        ([Target("counted", "float16")], "unknown dtype 'float16'"),
+        ([Target("counted", "float64", "tpu")], "unknown device 'tpu'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            run_conformance(CONFIG, WEIGHTS, targets, CASE_LIST)
+    bad = {**CASE_LIST[0][1], "tokens": CASE_LIST[0][1]["tokens"] + CONFIG.vocab_size}
+    with pytest.raises(InputError, match="case 'bad': tokens.* is out of range"):
+        run_conformance(CONFIG, WEIGHTS, [Target("counted", "float64")], [CASE_LIST[1], ("bad", bad)])
+    assert built == []
+
+
+def test_a_backend_that_raises_is_a_failure_showing_it_and_the_others_still_run(register):
+    def broken(config, weights, device="cpu", dtype="float64", gradients=True, share=False):
+        raise ValueError("a bug in the backend")  # not CannotRunHere: a failure, never a SKIP
+
+    register(SimpleNamespace(NAME="broken", build=broken))
+    register(fake_backend("other"))
+    report = run("numpy", "broken", "other")
+    assert not report.passed and not report.skipped
+    (error,) = report.errors
+    assert error.target == Target("broken", "float64") and error.during.startswith("building its model")
+    assert error.error.startswith("ValueError: a bug in the backend (raised at test_engine.py:")
+    assert {c.target.backend for c in report.checks} == {"numpy", "other"} and all(c.passed for c in report.checks)
+    assert "ERROR: ValueError: a bug in the backend" in summary_table(report)
+    assert failure_details(report).startswith("ERROR broken float64 cpu, building its model")
+    assert report.to_json()["errors"][0]["target"] == "broken float64 cpu" and not report.to_json()["passed"]
+
+
+def test_a_forward_that_raises_is_a_failure_naming_its_case(register):
+    register(fake_backend("flaky", fail=RuntimeError("kernel crashed")))
+    report = run("flaky")
+    assert not report.passed
+    (error,) = report.errors
+    assert error.during == "running case valid_lens_2d" and "RuntimeError: kernel crashed" in error.error
+
+
+def test_activations_asked_for_and_never_recorded_are_a_failure(register):
+    register(fake_backend("silent", silent=True))
+    report = run("silent")
+    assert report.checks and not report.passed
+    for check in report.checks:
+        (comparison,) = check.intermediates
+        assert comparison.name == "intermediates" and not comparison.passed
+        assert "the compared side recorded no activations" in comparison.describe()
+    oracle = load_backend("numpy").build(CONFIG, WEIGHTS)
+    with_them, without = oracle(**CASE_LIST[0][1], intermediates=True), oracle(**CASE_LIST[0][1])
+    with pytest.raises(AssertionError, match="recorded no activations"):
+        assert_conforms(without, with_them, "float64")
+    with pytest.raises(AssertionError, match="the reference recorded no activations"):
+        assert_conforms(with_them, without, "float64")
+    assert_conforms(without, without, "float64")  # asked for on neither side: the outputs alone
+
+
+def test_a_run_that_checked_nothing_has_not_passed(register):
+    def absent(config, weights, device="cpu", dtype="float64", gradients=True, share=False):
+        raise CannotRunHere("its framework is not installed here")
+
+    register(SimpleNamespace(NAME="absent", build=absent))
+    report = run("absent")
+    assert report.checks == [] and not report.errors
+    assert report.skipped == {Target("absent", "float64"): "its framework is not installed here"}
+    assert not report.passed and not report.to_json()["passed"]

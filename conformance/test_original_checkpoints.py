@@ -236,16 +236,16 @@ def test_converted_files_are_what_the_original_code_saved(source, tmp_path):
     def described(arrays):
         return [(name, array.shape, array.dtype.name) for name, array in arrays.items()]
 
-    original_torch = torch_backend.read_state_dict(FILES / "state_dict.pt")[0]
-    assert described(torch_backend.read_state_dict(tmp_path / "out.pt")[0]) == described(original_torch)
-    assert described(torch_backend.read_state_dict(tmp_path / "dir" / "pretrained.params")[0]) == described(
+    original_torch = torch_backend.read_checkpoint(FILES / "state_dict.pt")[0]
+    assert described(torch_backend.read_checkpoint(tmp_path / "out.pt")[0]) == described(original_torch)
+    assert described(torch_backend.read_checkpoint(tmp_path / "dir" / "pretrained.params")[0]) == described(
         original_torch
     )
     original_gluon = read_params(FILES / "model.params")
     assert sorted(described(read_params(tmp_path / "out.params"))) == sorted(described(original_gluon))
     for name, array in read_params(tmp_path / "out.params").items():
         assert array.tobytes() == original_gluon[name].tobytes(), name
-    for name, array in torch_backend.read_state_dict(tmp_path / "out.pt")[0].items():
+    for name, array in torch_backend.read_checkpoint(tmp_path / "out.pt")[0].items():
         assert array.tobytes() == original_torch[name].tobytes(), name
 
 

@@ -3,7 +3,7 @@ backend against the oracle and every pair against each other, weights moved both
 
 import pytest
 
-from bert_multi import BERTConfig, backends, random_weights
+from bert_multi import BERTConfig, backends, frameworks, load_backend, random_weights
 from bert_multi.cases import CASES
 from bert_multi.conform import Target, run_conformance
 from bert_multi.report import failure_details
@@ -18,22 +18,18 @@ CONFIGS = {
     ),
     "odd_width": BERTConfig(vocab_size=33, num_hiddens=21, ffn_num_hiddens=9, num_heads=3, num_blks=2, max_len=13),
 }
-AVAILABLE = [name for name in ("torch", "mxnet") if backends()[name].available]
+AVAILABLE = [name for name in frameworks() if backends()[name].available]
 
 
 def gpu_targets():
-    targets = []
-    if "torch" in AVAILABLE:
-        import torch
-
-        if torch.cuda.is_available():
-            targets += [Target("torch", dtype, "cuda") for dtype in ("float32", "float64")]
-    if "mxnet" in AVAILABLE:
-        import mxnet
-
-        if mxnet.context.num_gpus():
-            targets += [Target("mxnet", dtype, "gpu") for dtype in ("float32", "float64")]
-    return targets
+    """Each framework on each GPU it sees here, in both dtypes."""
+    return [
+        Target(name, dtype, device)
+        for name in AVAILABLE
+        for device in load_backend(name).devices()
+        if device != "cpu"
+        for dtype in ("float32", "float64")
+    ]
 
 
 # Every generation on every configuration it can take (sinusoidal positions need an even width).
@@ -56,7 +52,7 @@ def test_every_backend_conforms_on_every_case(config_name, preset):
     assert not report.skipped
     oracle_checks = {(str(c.target), c.case) for c in report.checks if c.against_oracle}
     assert oracle_checks == {(str(t), case.name) for t in targets for case in CASES}
-    if len(AVAILABLE) == 2:  # both directions, both ways of moving weights, for each dtype
+    if {"torch", "mxnet"} <= set(AVAILABLE):  # both directions, both ways of moving weights, for each dtype
         references = {(str(c.target), c.reference) for c in report.checks if not c.against_oracle}
         # The two frameworks' LayerNorm eps differ (MXNet keeps it as a C float): pairs say they corrected it.
         assert ("mxnet float64 cpu", "torch float64 cpu (weights via memory, LayerNorm eps corrected)") in references
@@ -68,7 +64,7 @@ def test_missing_devices_are_skipped_with_their_reason():
     config = CONFIGS["odd_width"]
     targets = [Target("numpy", "float32", "cuda")]
     report = run_conformance(config, random_weights(config), targets, [("batch_one", CASES[7].batch(config))])
-    assert report.skipped == {targets[0]: "the numpy backend runs on the CPU only, not 'cuda'"}
+    assert report.skipped == {targets[0]: "backend 'numpy': it runs on the CPU only, not 'cuda'"}
     assert report.checks == []
 
 

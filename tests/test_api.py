@@ -8,7 +8,6 @@ import pytest
 
 import bert_multi
 from bert_multi import BackendUnavailable, backends, load_backend
-from bert_multi.backend import REFERENCES
 from bert_multi.cli import main
 
 
@@ -33,8 +32,8 @@ def test_backends_lists_every_backend_with_its_status():
     status = backends()
     assert list(status) == ["numpy", "torch", "mxnet", "transformers"]
     assert status["numpy"].available and status["numpy"].reason is None
-    for name, (available, reason) in status.items():
-        assert available == (reason is None), name
+    for name, state in status.items():
+        assert state.available == (state.reason is None), name
 
 
 def test_unknown_backend_names_the_known_ones():
@@ -66,7 +65,7 @@ def test_demo_prints_the_chapter_shapes_for_every_backend(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     for name, status in backends().items():
-        if name in REFERENCES:  # it computes the original BERT, not the chapter's
+        if status.role == "reference":  # it computes the original BERT, not the chapter's
             assert not any(line.startswith(name + " ") for line in out.splitlines())
             continue
         line = next(line for line in out.splitlines() if line.startswith(name + " "))
@@ -78,4 +77,8 @@ def test_demo_prints_the_chapter_shapes_for_every_backend(capsys):
 
 def test_backends_command_prints_a_table(capsys):
     assert main(["backends"]) == 0
-    assert re.search(r"^numpy +yes$", capsys.readouterr().out, flags=re.M)
+    out = capsys.readouterr().out
+    assert re.search(r"^numpy +yes +oracle +cpu +bert_multi.oracle$", out, flags=re.M)
+    available = [name for name, status in backends().items() if status.available]
+    verdict = f"{len(available)} of {len(backends())} backends can run here: {', '.join(available)}."
+    assert out.rstrip().endswith(verdict)

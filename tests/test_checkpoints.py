@@ -27,7 +27,7 @@ from bert_multi.cases import CASES
 from bert_multi.cli import main
 from bert_multi.config import HEADS
 from bert_multi.conform import Target, run_conformance
-from bert_multi.schema import NAME_RULES
+from bert_multi.gluon_params import NAME_RULES
 from bert_multi.semantics import PRESETS
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
@@ -248,7 +248,7 @@ def gluon_directory(tmp_path, vocab):
     config = small()
     directory = tmp_path / "bert.small"
     directory.mkdir()
-    names = framework_names(config, NAME_RULES["mxnet"])
+    names = framework_names(config, NAME_RULES)
     arrays = [(names[n], a) for n, a in random_weights(config).items()]
     (directory / "pretrained.params").write_bytes(params_bytes(arrays))
     (directory / "vocab.json").write_text(vocab)

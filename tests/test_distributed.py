@@ -177,7 +177,7 @@ def test_workers_launched_from_outside_train_as_one_process(framework, tmp_path)
 def test_torch_and_mxnet_workers_agree_as_their_single_processes_do():
     """2 DDP workers against 2 dist_sync workers, from the same weights and batches, with SGD at a learning
     rate float32 holds exactly (MXNet passes it as a C float)."""
-    from bert_multi.backend import backends, load_backend
+    from bert_multi import backends, load_backend
 
     if not all(backends()[name].available for name in ("torch", "mxnet")):
         pytest.skip("needs both frameworks")

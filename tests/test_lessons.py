@@ -3,7 +3,7 @@ what the guide says it prints (``bert_multi.lessons``), and the runner catches a
 
 import pytest
 
-from bert_multi import backends, lessons
+from bert_multi import backends, frameworks, lessons
 from bert_multi.cli import main
 
 SECTIONS = lessons.read_guide()
@@ -15,7 +15,7 @@ def test_every_section_shows_both_frameworks():
         assert sorted(sample.framework for sample in section.samples) == ["mxnet", "torch"], section.title
 
 
-@pytest.mark.parametrize("framework", lessons.FRAMEWORKS)
+@pytest.mark.parametrize("framework", frameworks())
 def test_every_sample_prints_what_the_guide_says(framework):
     status = backends()[framework]
     if not status.available:
@@ -55,7 +55,7 @@ def test_the_lessons_command_lists_and_runs_a_section(capsys):
     assert main(["lessons"]) == 0
     listing = capsys.readouterr().out
     assert "5. `repeat` means opposite things" in listing
-    available = [f for f in lessons.FRAMEWORKS if backends()[f].available]
+    available = [f for f in frameworks() if backends()[f].available]
     assert main(["lessons", "5"]) == 0
     shown = capsys.readouterr().out
     assert "valid_lens.repeat(2)" in shown and ("[3, 5, 3, 5]" in shown) == ("torch" in available)

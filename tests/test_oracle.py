@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, intermediate_names, load_backend, param_shapes, random_weights
+from bert_multi import BERTConfig, CannotRunHere, intermediate_names, load_backend, param_shapes, random_weights
 from bert_multi.oracle import masked_softmax, merge_heads, repeat_over_heads, split_heads
 
 E = math.e
@@ -227,5 +227,5 @@ def test_the_oracle_copies_the_callers_weights_unless_it_shares_them(batch):
 
 
 def test_oracle_is_cpu_only():
-    with pytest.raises(ValueError, match="CPU only"):
+    with pytest.raises(CannotRunHere, match="CPU only"):
         load_backend("numpy").build(CONFIG, random_weights(CONFIG), device="cuda")

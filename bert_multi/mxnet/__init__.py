@@ -23,7 +23,20 @@ if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from ..inputs import get_tokens_and_segments  # noqa: E402
-from .backend import LAYER_NORM_EPS, NAME, NAME_RULES, MXNetBERT, build, kernel_eps, load_checkpoint, save_checkpoint  # noqa: E402  (after the checks above)
+from .backend import (  # noqa: E402  (after the checks above)
+    LAYER_NORM_EPS,
+    NAME,
+    NAME_RULES,
+    MXNetBERT,
+    build,
+    devices,
+    gemm,
+    kernel_eps,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+    synchronize,
+)
 from .model import (  # noqa: E402
     AddNorm,
     BERTEncoder,
@@ -47,8 +60,12 @@ __all__ = [
     "NAME_RULES",
     "MXNetBERT",
     "build",
+    "devices",
+    "gemm",
     "load_checkpoint",
+    "read_checkpoint",
     "save_checkpoint",
+    "synchronize",
     "Pretrainer",
     "end_worker",
     "join_data_parallel",

@@ -8,12 +8,13 @@ from __future__ import annotations
 import os
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 
-from .. import checkpoints, schema
+from .. import checkpoints, gluon_params
 from ..backend import (
     BackendModel,
     BERTOutput,
@@ -26,6 +27,7 @@ from ..backend import (
 )
 from ..checkpoints import Checkpoint
 from ..config import BERTConfig
+from ..errors import CannotRunHere
 from ..files import atomic_path
 from ..inputs import ModelInputs
 from .model import BERTModel
@@ -34,8 +36,9 @@ NAME = "mxnet"
 
 # (regex, replacement) rules from canonical names to Gluon's structural names (save_parameters keys).
 # Framework difference: LayerNorm calls its parameters gamma/beta, and Gluon fuses activations into its
-# Dense layers, so the heads' Sequentials are shorter (the table and why: schema.NAME_RULES).
-NAME_RULES = schema.NAME_RULES[NAME]
+# Dense layers, so the heads' Sequentials are shorter (the table and why: gluon_params.NAME_RULES, which
+# reads Gluon's files without MXNet).
+NAME_RULES = gluon_params.NAME_RULES
 
 
 def kernel_eps(eps: float) -> float:
@@ -56,11 +59,16 @@ def to_framework_device(device: Device) -> mx.Context:
         return mx.cpu()
     available = mx.context.num_gpus()
     if device.index >= available:
-        raise ValueError(
+        raise CannotRunHere(
             f"device {device} asked for, but this MXNet ({mx.__version__}) sees {available} GPU(s); "
             "GPU runs need an mxnet-cu* build and a CUDA version it supports"
         )
     return mx.gpu(device.index)
+
+
+def devices() -> list[str]:
+    """The devices this MXNet can use here: the CPU and each GPU a CUDA build of it sees."""
+    return ["cpu"] + [f"gpu:{index}" for index in range(mx.context.num_gpus())]
 
 
 def _submodule(block: mx.gluon.Block, path: str) -> mx.gluon.Block:
@@ -164,6 +172,25 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
         mx.npx.save(
             str(tmp_path), {names[name]: mx.np.array(array, dtype=array.dtype) for name, array in weights.items()}
         )
+
+
+# Framework difference: Gluon's files are parsed by bert_multi itself, without MXNet, whose own reader
+# trusts every size in them; torch's reader is torch.load once the file's zip layout is checked.
+read_checkpoint = gluon_params.read_checkpoint
+
+
+def gemm(dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
+    """One (m, k) x (k, n) product as the dense layers compute it: ``fully_connected`` (oneDNN in the pip
+    wheel, faster than its ``dot``), waited for, since MXNet returns before the work is done."""
+    a, w = mx.np.ones((m, k), dtype=dtype), mx.np.ones((n, k), dtype=dtype)
+    return lambda: mx.npx.fully_connected(a, w, num_hidden=n, no_bias=True).wait_to_read()
+
+
+def synchronize() -> None:
+    """Wait for queued work. Framework difference: MXNet's engine returns before the work is done
+    (docs/framework-differences.md, "MXNet returns before the work is done"); torch's CPU operations
+    return once done."""
+    mx.npx.waitall()
 
 
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, **statements: Any) -> Checkpoint:

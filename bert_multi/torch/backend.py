@@ -11,14 +11,14 @@ import re
 import warnings
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import checkpoints, schema
+from .. import checkpoints
 from ..backend import (
     BackendModel,
     BERTOutput,
@@ -33,7 +33,7 @@ from ..backend import (
 )
 from ..checkpoints import Checkpoint
 from ..config import BERTConfig
-from ..errors import WeightsError
+from ..errors import CannotRunHere, WeightsError
 from ..files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
 from ..inputs import ModelInputs
 from .model import BERTModel
@@ -41,8 +41,8 @@ from .model import BERTModel
 NAME = "torch"
 
 # (regex, replacement) rules from canonical names to this framework's structural names: none, since
-# the canonical names are d2l's PyTorch state_dict keys (the table for every framework: schema.NAME_RULES).
-NAME_RULES = schema.NAME_RULES[NAME]
+# the canonical names are d2l's PyTorch state_dict keys.
+NAME_RULES: list[tuple[str, str]] = []
 
 
 def kernel_eps(eps: float) -> float:
@@ -61,14 +61,19 @@ def to_framework_device(device: Device) -> torch.device:
     if device.kind == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise CannotRunHere(
             f"device cuda:{device.index} asked for, but this PyTorch ({torch.__version__}) sees no CUDA GPU"
         )
     if device.index >= torch.cuda.device_count():
-        raise ValueError(
+        raise CannotRunHere(
             f"device cuda:{device.index} asked for, but only {torch.cuda.device_count()} CUDA GPU(s) are visible"
         )
     return torch.device("cuda", device.index)
+
+
+def devices() -> list[str]:
+    """The devices this PyTorch can use here: the CPU and each visible CUDA GPU."""
+    return ["cpu"] + [f"cuda:{index}" for index in range(torch.cuda.device_count())]
 
 
 @contextlib.contextmanager
@@ -242,7 +247,7 @@ def _find_state_dict(path: str | os.PathLike, loaded: object, key: str | None) -
     raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(loaded).__name__}")
 
 
-def read_state_dict(
+def read_checkpoint(
     path: str | os.PathLike, key: str | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
     """The named tensors of a PyTorch checkpoint as NumPy arrays under the file's own names, their own
@@ -267,6 +272,19 @@ def read_state_dict(
     arrays = {str(name): _to_numpy_checked(path, str(name), tensor) for name, tensor in state.items()}
     dtypes = {str(name): str(tensor.dtype).removeprefix("torch.") for name, tensor in state.items()}
     return arrays, dtypes, notes
+
+
+def gemm(dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
+    """One (m, k) x (k, n) product as the dense layers compute it (``linear``), for ``bench``'s peak."""
+    a, w = torch.ones(m, k, dtype=TORCH_DTYPES[dtype]), torch.ones(n, k, dtype=TORCH_DTYPES[dtype])
+    return lambda: torch.nn.functional.linear(a, w)
+
+
+def synchronize() -> None:
+    """Wait for queued work: none on the CPU, where torch returns once an operation is done; CUDA
+    kernels run after their launch returns."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, **statements: Any) -> Checkpoint:

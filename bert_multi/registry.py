@@ -1,0 +1,394 @@
+"""The backend registry: which backends exist, loading one when asked, and its capabilities with defaults.
+
+The project's own backends register here, in code, so that everything works from a source tree with
+nothing installed (``PYTHONPATH=. python3 -m bert_multi.cli ...``). Other packages add theirs through
+the entry-point group ``bert_multi.backends``: the entry's name is the backend's name, its value a
+module or object satisfying ``bert_multi.backend.Backend``. In a ``pyproject.toml``::
+
+    [project.entry-points."bert_multi.backends"]
+    mybackend = "my_package.bert_backend"
+
+An entry that shadows a built-in name, or a name another entry already took, is refused (``refused()``
+says why); one whose ``NAME`` differs from its entry's name is refused when loaded. One that fails to
+import is unavailable, with the reason, and never breaks the others. Code can register a backend too
+(``register_backend``). Nothing is imported until a backend is asked for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .backend import BUILD_OPTIONS, ROLES, BackendModel, parse_device
+from .config import BERTConfig
+from .errors import BackendContractError, BackendUnavailable, CannotRunHere
+
+ENTRY_POINT_GROUP = "bert_multi.backends"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A backend's name and what is known of it before it is loaded."""
+
+    name: str
+    load: Callable[[], Any] = field(repr=False, compare=False)  # the module or object satisfying the contract
+    where: str  # where it comes from, for people: a module path, or an entry point and its distribution
+    role: str = "framework"  # a key of ROLES; a backend registered from outside may state its own ROLE
+    label: str = ""  # how people call it (default: its name)
+    install: str = ""  # what to install when it cannot load
+
+
+def _own(name: str, path: str, role: str, label: str, install: str = "") -> Registration:
+    return Registration(name, lambda: importlib.import_module(path), path, role, label, install)
+
+
+# The project's own backends, in the order reports list them: one entry each.
+BUILTIN = (
+    _own("numpy", "bert_multi.oracle", "oracle", "NumPy"),
+    _own(
+        "torch",
+        "bert_multi.torch",
+        "framework",
+        "PyTorch",
+        "pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)",
+    ),
+    _own(
+        "mxnet",
+        "bert_multi.mxnet",
+        "framework",
+        "MXNet/Gluon",
+        "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)",
+    ),
+    _own(
+        "transformers",
+        "bert_multi.transformers_reference",
+        "reference",
+        "transformers",
+        "pip install 'bert_multi[torch,reference]' (transformers)",
+    ),
+)
+
+
+class _Registry:
+    """Every registration, discovered once: the built-ins, then installed entry points, then code's."""
+
+    def __init__(self) -> None:
+        self.registrations: dict[str, Registration] | None = None
+        self.refused: list[str] = []
+        self.loaded: dict[str, LoadedBackend] = {}
+
+    def all(self) -> dict[str, Registration]:
+        if self.registrations is None:
+            self.registrations = {registration.name: registration for registration in BUILTIN}
+            self.refused = []
+            for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                self._add_entry_point(entry)
+        return self.registrations
+
+    def _add_entry_point(self, entry: importlib.metadata.EntryPoint) -> None:
+        assert self.registrations is not None
+        dist = getattr(getattr(entry, "dist", None), "name", None)
+        where = f"entry point {entry.name} = {entry.value} (from {dist or 'an unknown distribution'})"
+        if entry.name in self.registrations:
+            taken = self.registrations[entry.name].where
+            owner = "bert_multi's own backend" if taken.startswith("bert_multi.") else taken
+            self.refused.append(f"{where}: refused, the name {entry.name!r} is taken by {owner}")
+            return
+        install = f"pip install {dist}" if dist else ""
+        self.registrations[entry.name] = Registration(entry.name, entry.load, where, install=install)
+
+
+_REGISTRY = _Registry()
+
+
+def refresh() -> None:
+    """Forget what was discovered and loaded, so that entry points installed since are found."""
+    global _REGISTRY
+    _REGISTRY = _Registry()
+
+
+def registrations() -> dict[str, Registration]:
+    """Every registered backend by name, in order: the built-ins first."""
+    return dict(_REGISTRY.all())
+
+
+def refused() -> list[str]:
+    """Why each refused entry point was refused."""
+    _REGISTRY.all()
+    return list(_REGISTRY.refused)
+
+
+def register_backend(backend: object, *, role: str | None = None, label: str | None = None) -> LoadedBackend:
+    """Register a module or object satisfying the backend contract under its ``NAME``, for this process;
+    the registered backend. A built-in or already registered name is refused with a ``ValueError``."""
+    name = getattr(backend, "NAME", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{backend!r} has no NAME: a backend needs a NAME and a build (bert_multi.backend.Backend)")
+    known = _REGISTRY.all()
+    if name in known:
+        raise ValueError(f"a backend named {name!r} is already registered ({known[name].where})")
+    where = f"registered in code ({getattr(backend, '__name__', type(backend).__name__)})"
+    role = role or str(getattr(backend, "ROLE", "framework"))
+    known[name] = Registration(name, lambda: backend, where, role, label or "")
+    try:
+        return load_backend(name)
+    except Exception:
+        del known[name]  # a backend that breaks the contract is not left registered
+        raise
+
+
+def unregister_backend(name: str) -> None:
+    """Undo ``register_backend``; the built-ins and installed entry points stay."""
+    known = _REGISTRY.all()
+    if name not in known or not known[name].where.startswith("registered in code"):
+        raise ValueError(f"{name!r} was not registered in code")
+    del known[name]
+    _REGISTRY.loaded.pop(name, None)
+
+
+def check_names(names: list[str] | tuple[str, ...]) -> None:
+    """A ``ValueError`` naming the known backends, and the nearest, for any name that is not registered."""
+    known = list(_REGISTRY.all())
+    for name in names:
+        if name not in known:
+            near = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"unknown backend {name!r}{hint}: expected one of {known}")
+
+
+def load_backend(name: str) -> LoadedBackend:
+    """The backend called ``name``, loaded: ``BackendUnavailable`` says what to install if its framework is
+    missing, ``BackendContractError`` that it breaks the contract, ``ValueError`` that no such name exists."""
+    check_names([name])
+    if name not in _REGISTRY.loaded:
+        registration = _REGISTRY.all()[name]
+        try:
+            target = registration.load()
+        except CannotRunHere:
+            raise
+        except ImportError as error:
+            install = f"; to install it: {registration.install}" if registration.install else ""
+            raise BackendUnavailable(f"backend {name!r} is unavailable ({error}){install}") from error
+        except Exception as error:  # noqa: BLE001 - an entry point's import may raise anything: a broken backend
+            raise BackendContractError(
+                f"backend {name!r} ({registration.where}) failed to import: {type(error).__name__}: {error}"
+            ) from error
+        _REGISTRY.loaded[name] = LoadedBackend(registration, target)
+    return _REGISTRY.loaded[name]
+
+
+class BackendStatus(NamedTuple):
+    available: bool
+    reason: str | None  # why it is unavailable, with what to install
+    role: str = "framework"
+    label: str = ""
+    where: str = ""
+
+
+def backends() -> dict[str, BackendStatus]:
+    """Every registered backend, with whether it loads here and, if not, why. Never raises: a backend
+    that breaks the contract is listed as unavailable, saying so."""
+    status: dict[str, BackendStatus] = {}
+    for name, registration in _REGISTRY.all().items():
+        label = registration.label or name
+        try:
+            backend = load_backend(name)
+        except (CannotRunHere, BackendContractError) as error:
+            status[name] = BackendStatus(False, str(error), registration.role, label, registration.where)
+        else:
+            status[name] = BackendStatus(True, None, backend.role, backend.label, registration.where)
+    return status
+
+
+def backend_names(role: str | None = None) -> list[str]:
+    """Registered names, in order; with ``role``, those of that role. Backends registered from outside
+    state their own ``ROLE`` (default "framework"), so they are loaded to ask; one that cannot load is
+    taken at its word of registration."""
+    if role is not None and role not in ROLES:
+        raise ValueError(f"unknown role {role!r}: expected one of {list(ROLES)}")
+    names = []
+    for name, registration in _REGISTRY.all().items():
+        own = registration.role
+        if role is not None and not registration.where.startswith("bert_multi."):
+            try:
+                own = load_backend(name).role
+            except (CannotRunHere, BackendContractError):
+                pass
+        if role is None or own == role:
+            names.append(name)
+    return names
+
+
+def frameworks() -> list[str]:
+    """The framework backends: what ``conform`` checks, ``pretrain`` trains and ``bench`` times by default."""
+    return backend_names("framework")
+
+
+class LoadedBackend:
+    """A loaded backend: its optional capabilities looked up here, once each, with their defaults (the
+    contract: ``bert_multi.backend.Backend``). Any other attribute is the backend module's own
+    (``load_backend("torch").BERTModel``)."""
+
+    def __init__(self, registration: Registration, target: Any) -> None:
+        self.registration = registration
+        self.module = target
+        name = getattr(target, "NAME", None)
+        if name != registration.name:
+            raise BackendContractError(
+                f"backend {registration.name!r} ({registration.where}) is refused: its NAME is {name!r}; "
+                "an entry point's name must be the backend's NAME"
+            )
+        if not callable(getattr(target, "build", None)):
+            raise BackendContractError(f"backend {registration.name!r} ({registration.where}) has no build function")
+        self.name: str = name
+        self.role: str = getattr(target, "ROLE", registration.role)
+        if self.role not in ROLES:
+            raise BackendContractError(f"backend {name!r} states ROLE {self.role!r}; expected one of {list(ROLES)}")
+        self.label: str = registration.label or getattr(target, "LABEL", name)
+        self._parameters, self._any_option = _build_parameters(target.build)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.module, attribute)
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name!r} ({self.registration.where})>"
+
+    # --- building ----------------------------------------------------------------------------------
+
+    def build(
+        self,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        device: str = "cpu",
+        dtype: object = None,
+        **options: Any,
+    ) -> BackendModel:
+        """The backend's model, after the checks every backend shares: the options are standard (or the
+        backend's own), the device is a device, and the backend computes ``config`` there (else
+        ``CannotRunHere``). What comes back must be a ``BackendModel`` (else ``BackendContractError``).
+        ``dtype`` None is the backend's own default (float32 for the frameworks, float64 for the oracle)."""
+        taken = self._options(options)
+        parse_device(device)
+        reason = self.supports(config, device)
+        if reason is not None:
+            raise CannotRunHere(f"backend {self.name!r}: {reason}")
+        if dtype is not None:
+            taken["dtype"] = dtype
+        model = self.module.build(config, weights, device=device, **taken)
+        if not isinstance(model, BackendModel):
+            raise BackendContractError(
+                f"backend {self.name!r}'s build returned {type(model).__name__}, not a bert_multi BackendModel"
+            )
+        return model
+
+    def _options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The options to pass on: those its build takes; standard ones it does not take are dropped where
+        they may be ignored or are their default, and otherwise refused."""
+        taken = {}
+        for name, value in options.items():
+            if name in self._parameters or (self._any_option and name in BUILD_OPTIONS):
+                taken[name] = value
+            elif name not in BUILD_OPTIONS:
+                own = sorted(self._parameters - set(BUILD_OPTIONS))
+                raise ValueError(
+                    f"unknown build option {name!r}: the standard ones are {list(BUILD_OPTIONS)}"
+                    + (f", and backend {self.name!r} also takes {own}" if own else "")
+                )
+            elif not (BUILD_OPTIONS[name].may_ignore or value == BUILD_OPTIONS[name].default):
+                raise CannotRunHere(f"backend {self.name!r} has no {name!r} option, so cannot give {name}={value!r}")
+        return taken
+
+    def supports(self, config: BERTConfig, device: str = "cpu") -> str | None:
+        """Why this backend cannot compute ``config`` on ``device``, or None."""
+        own = getattr(self.module, "supports", None)
+        return None if own is None else own(config, device)
+
+    def devices(self) -> list[str]:
+        """The devices this backend can use here."""
+        own = getattr(self.module, "devices", None)
+        return ["cpu"] if own is None else list(own())
+
+    def kernel_eps(self, eps: float) -> float:
+        """The LayerNorm epsilon its kernels really use when asked for ``eps``."""
+        own = getattr(self.module, "kernel_eps", None)
+        return eps if own is None else float(own(eps))
+
+    @property
+    def name_rules(self) -> list[tuple[str, str]]:
+        """(regex, replacement) rules from canonical parameter names to this backend's own."""
+        return list(getattr(self.module, "NAME_RULES", []))
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: object, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+        """Write ``weights`` as its framework's own checkpoint file."""
+        self._required("save_checkpoint", "writes no checkpoint format of its own")(path, config, weights)
+
+    def read_checkpoint(self, path: object, key: str | None = None) -> tuple[dict, dict, list[str]]:
+        """Its framework's own checkpoint file under the file's names: arrays, their dtypes, notes."""
+        return self._required("read_checkpoint", "reads no checkpoint format of its own")(path, key)
+
+    # --- training -------------------------------------------------------------------------------------
+
+    @property
+    def can_train(self) -> bool:
+        return getattr(self.module, "Pretrainer", None) is not None
+
+    def trainer(self, model: BackendModel, **options: Any) -> Any:
+        """Its ``Pretrainer`` of ``model`` (see ``bert_multi.pretraining``)."""
+        return self._required("Pretrainer", "cannot train (it has no Pretrainer)")(model, **options)
+
+    def train_data_parallel(self, workers: int, threads_per_worker: int = 1, **arguments: Any) -> Any:
+        """Pretraining in ``workers`` processes of ``threads_per_worker`` threads on its framework's own
+        engine (``bert_multi.pretraining.run_pretraining``'s arguments)."""
+        train = self._required("train_data_parallel", "has no data-parallel workers")
+        return train(workers, threads_per_worker, **arguments)
+
+    def join_data_parallel(self, **arguments: Any) -> Any:
+        """Be one worker of a data-parallel run launched from outside."""
+        return self._required("join_data_parallel", "has no data-parallel workers")(**arguments)
+
+    def end_worker(self, code: int) -> int:
+        """How a data-parallel worker ends once its work is written (default: return ``code``)."""
+        own = getattr(self.module, "end_worker", None)
+        return code if own is None else own(code)
+
+    # --- timing -------------------------------------------------------------------------------------
+
+    def gemm(self, dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
+        """One (m, k) x (k, n) product as its dense layers compute one, ready to call and time."""
+        own = getattr(self.module, "gemm", None)
+        if own is not None:
+            return own(dtype, m, k, n)
+        a, w = np.ones((m, k), dtype=dtype), np.ones((n, k), dtype=dtype)
+        return lambda: a @ w.T
+
+    def synchronize(self) -> None:
+        """Wait until its queued work is done (a framework that returns early must say so here)."""
+        own = getattr(self.module, "synchronize", None)
+        if own is not None:
+            own()
+
+    def _required(self, attribute: str, missing: str) -> Callable[..., Any]:
+        own = getattr(self.module, attribute, None)
+        if own is None:
+            raise ValueError(f"backend {self.name!r} {missing}")
+        return own
+
+
+def _build_parameters(build: Callable[..., Any]) -> tuple[set[str], bool]:
+    """The option names ``build`` takes beyond config, weights, device and dtype, and whether it takes
+    any keyword (``**options``)."""
+    try:
+        parameters = inspect.signature(build).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: let it take what it is given
+        return set(), True
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named - {"config", "weights", "device", "dtype"}, any(p.kind == p.VAR_KEYWORD for p in parameters)

@@ -1,0 +1,119 @@
+"""The backend registry: backends registered in code, each optional capability's default, and the rules
+for names and options. (Backends installed through the ``bert_multi.backends`` entry-point group:
+``conformance/test_contract.py``.)"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bert_multi import (
+    CONFIGS,
+    BackendContractError,
+    CannotRunHere,
+    load_backend,
+    random_weights,
+    register_backend,
+    unregister_backend,
+)
+
+CONFIG = CONFIGS["tiny"]
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def add(backend):
+        names.append(backend.NAME)
+        return register_backend(backend)
+
+    yield add
+    for name in names:
+        unregister_backend(name)
+
+
+def oracle_build(config, weights, device="cpu", dtype="float64", gradients=True):
+    return load_backend("numpy").build(config, weights, device, dtype)
+
+
+def test_a_backend_of_a_name_and_a_build_gets_every_default(registered):
+    backend = registered(SimpleNamespace(NAME="minimal", build=oracle_build))
+    assert (backend.role, backend.label, backend.supports(CONFIG), backend.devices()) == (
+        "framework",
+        "minimal",
+        None,
+        ["cpu"],
+    )
+    assert backend.kernel_eps(1e-5) == 1e-5 and backend.name_rules == [] and not backend.can_train
+    assert backend.end_worker(3) == 3 and backend.synchronize() is None
+    assert np.array_equal(backend.gemm("float32", 4, 3, 2)(), np.full((4, 2), 3.0))
+    weights = random_weights(CONFIG)
+    for call, missing in (
+        (lambda: backend.trainer(backend.build(CONFIG, weights)), "cannot train"),
+        (lambda: backend.train_data_parallel(2), "has no data-parallel workers"),
+        (lambda: backend.join_data_parallel(), "has no data-parallel workers"),
+        (lambda: backend.save_checkpoint("x.pt", CONFIG, weights), "writes no checkpoint format of its own"),
+        (lambda: backend.read_checkpoint("x.pt"), "reads no checkpoint format of its own"),
+    ):
+        with pytest.raises(ValueError, match=f"backend 'minimal' {missing}"):
+            call()
+
+
+def test_standard_options_are_taken_dropped_or_refused_by_one_rule(registered):
+    seen = []
+
+    def build(config, weights, device="cpu", dtype="float64", gradients=True, **options):
+        seen.append(options)
+        return oracle_build(config, weights, device, dtype)
+
+    narrow = registered(SimpleNamespace(NAME="narrow", build=oracle_build))
+    wide = registered(SimpleNamespace(NAME="wide", build=build))
+    weights = random_weights(CONFIG)
+    # Permissions ("may share", "need not keep gradients") and defaults are dropped where not taken ...
+    narrow.build(CONFIG, weights, share=True, gradients=False, tf32=False, hybridize=False)
+    # ... a demand a backend cannot meet is "cannot run here", and a name no backend knows is an error.
+    for option in ("tf32", "hybridize"):
+        with pytest.raises(CannotRunHere, match=f"backend 'narrow' has no '{option}' option"):
+            narrow.build(CONFIG, weights, **{option: True})
+    with pytest.raises(
+        ValueError, match=r"unknown build option 'compile'.*\['gradients', 'share', 'tf32', 'hybridize'\]"
+    ):
+        narrow.build(CONFIG, weights, compile=True)
+    wide.build(CONFIG, weights, share=True, tf32=True)
+    assert seen == [{"share": True, "tf32": True}]
+
+
+def test_a_build_is_asked_whether_it_supports_the_model_and_must_return_a_model(registered):
+    calls = []
+
+    def build(config, weights, device="cpu", dtype="float32"):
+        calls.append(config)
+        return {"encoded": None}
+
+    picky = registered(SimpleNamespace(NAME="picky", build=build, supports=lambda config, device: "d2l only"))
+    with pytest.raises(CannotRunHere, match="backend 'picky': d2l only"):
+        picky.build(CONFIG, random_weights(CONFIG))
+    assert calls == []
+    sloppy = registered(SimpleNamespace(NAME="sloppy", build=build))
+    with pytest.raises(
+        BackendContractError, match="backend 'sloppy'.s build returned dict, not a bert_multi BackendModel"
+    ):
+        sloppy.build(CONFIG, random_weights(CONFIG))
+
+
+def test_registering_refuses_a_taken_name_and_a_nameless_object(registered):
+    with pytest.raises(ValueError, match="a backend named 'torch' is already registered"):
+        register_backend(SimpleNamespace(NAME="torch", build=oracle_build))
+    with pytest.raises(ValueError, match="has no NAME"):
+        register_backend(SimpleNamespace(build=oracle_build))
+    registered(SimpleNamespace(NAME="twice", build=oracle_build))
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend(SimpleNamespace(NAME="twice", build=oracle_build))
+    with pytest.raises(ValueError, match="'numpy' was not registered in code"):
+        unregister_backend("numpy")
+
+
+def test_an_unknown_name_lists_the_known_ones_and_the_nearest():
+    with pytest.raises(ValueError, match=r"unknown backend 'tourch' \(did you mean 'torch'\?\): expected one of"):
+        load_backend("tourch")
