@@ -250,7 +250,7 @@ def format_cases() -> str:
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    """d2l's pretraining loop on one backend, or on both side by side with --compare."""
+    """d2l's pretraining loop on one backend, or on every framework that can train side by side with --compare."""
     _check_output(args.out, "--out")
     _check_plot(args.plot)
     if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
@@ -382,12 +382,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_lessons(args: argparse.Namespace) -> int:
-    """List the framework-differences guide's sections, or run one in both frameworks side by side."""
+    """List the framework-differences guide's sections, or run one in every framework side by side."""
     sections = lessons.read_guide()
     if args.section is None:
         for section in sections:
             print(f"{section.number}. {section.title}")
-        print(f"\nbert-multi lessons N runs section N in both frameworks; the guide: {lessons.GUIDE}")
+        print(f"\nbert-multi lessons N runs section N in every framework; the guide: {lessons.GUIDE}")
         return 0
     section = next((s for s in sections if s.number == args.section), None)
     if section is None:
@@ -648,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = sub.add_parser(
         "pretrain",
-        help="pretrain with MLM + NSP on a backend, or on both with --compare",
+        help="pretrain with MLM + NSP on a backend, or on every framework with --compare",
         description="d2l's BERT pretraining (Adam, lr 0.01, batch 512, 128 hidden, 256 FFN, "
         "2 heads, 2 blocks, max_len 64) on the built-in corpus or yours.",
     )
@@ -727,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
     pretrain.add_argument("--device", default="cpu")
     pretrain.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
-    pretrain.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of both loss curves")
+    pretrain.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of the loss curves")
     pretrain.set_defaults(func=cmd_pretrain)
 
     fixtures = sub.add_parser("fixtures", help="rewrite the golden fixtures (weights, inputs, oracle outputs)")
@@ -760,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lessons_parser = sub.add_parser(
         "lessons",
-        help="how PyTorch and MXNet differ: list the guide's sections, or run one in both frameworks",
+        help="how the frameworks differ: list the guide's sections, or run one in every framework",
         description="The framework-differences guide (docs/framework-differences.md), section by section: "
         "each sample run in its framework, printed side by side with the other's.",
     )

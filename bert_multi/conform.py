@@ -481,7 +481,7 @@ class _Run:
 
     def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
         if self.progress:
-            alive = [target for target in self.targets if target not in self.report.skipped]
+            alive = [target for target in self.targets if target in self.backends]  # not skipped, not broken
             self.progress(
                 self.done, _planned_steps(alive, len(self.cases), self.pairs), f"{label}: {self.cases[index].name}"
             )
