@@ -6,12 +6,18 @@ BIN := $(VENV)/bin
 # NumPy 2 with PyTorch and no MXNet: the core and the torch backend must work there too.
 VENV_NUMPY2 := .venv-numpy2
 
-.PHONY: run test test-main test-numpy2 fuzz venv clean
+.PHONY: run test check test-main test-numpy2 fuzz venv clean
 
 run: venv
 	$(BIN)/bert-multi conform
 
-test: test-main test-numpy2
+test: check test-main test-numpy2
+
+# Lint, formatting and types, before any test: a red check fails the run at once.
+check: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test-main: venv
 	$(BIN)/python -m pytest

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import re
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -97,7 +98,8 @@ class BERTOutput:
     encoded: np.ndarray  # (B, T, H)
     mlm: np.ndarray | None  # (B, P, V), None without pred_positions
     nsp: np.ndarray | None  # (B, 2), None without an NSP head
-    intermediates: OrderedDict[str, np.ndarray] | None = None  # see intermediate_names()
+    # see intermediate_names(); an activation a backend never recorded is None (a failing comparison)
+    intermediates: Mapping[str, np.ndarray | None] | None = None
 
 
 def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]]:
@@ -130,7 +132,8 @@ def intermediate_names(config: BERTConfig) -> list[str]:
     return list(intermediate_sources(config))
 
 
-class Device(NamedTuple):
+@dataclass(frozen=True)
+class Device:
     kind: str  # "cpu" or "gpu"
     index: int
 

@@ -11,18 +11,20 @@ shown here, never asserted by a test.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .config import CONFIGS, BERTConfig
-from .pretraining import PretrainingData, builtin_corpus
+from .pretraining import PretrainingData, builtin_corpus, paragraphs_from_lines
 from .registry import LoadedBackend, backends, frameworks, load_backend
 from .schema import random_weights
 from .weights import load_weights, save_weights
@@ -101,8 +103,18 @@ def _synchronize(name: str) -> None:
     load_backend(name).synchronize()
 
 
+def _every_round(call: Callable[[], object]) -> Callable[[int], object]:
+    """``call`` as a workload of the rounds: the same call in each."""
+    return lambda _round: call()
+
+
+def _train_step(trainer: Any, batches: list[dict[str, np.ndarray]], index: int) -> object:
+    """Round ``index``'s training step: its own batch, so that no round repeats another's."""
+    return trainer.step(batches[index])
+
+
 def _interleave(
-    calls: dict[str, Callable[[int], object]],
+    calls: Mapping[str, Callable[[int], object]],
     rounds: int,
     label: str,
     progress: Callable[[str], None] | None,
@@ -162,7 +174,9 @@ def run_bench(
                     "valid_lens": rng.integers(steps // 2, steps + 1, batch),
                     "pred_positions": rng.integers(0, steps, (batch, max(1, round(0.15 * steps)))),
                 }
-                runners[name] = lambda model=model, inputs=inputs: model(**inputs)
+                runners[name] = functools.partial(
+                    model, inputs["tokens"], inputs["segments"], inputs["valid_lens"], inputs["pred_positions"]
+                )
             # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so
             # that a tiny model is not measured against a product too small to reach it).
             m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
@@ -176,7 +190,7 @@ def run_bench(
                 # in every round too, beside the forward: the best of all is the peak
                 fastest[name] = min(fastest[name], _best(products[name], 1))
 
-            calls = {name: (lambda _, run=run: run()) for name, run in runners.items()}
+            calls = {name: _every_round(run) for name, run in runners.items()}
             timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
             gemm = {name: 2.0 * m * k * n / seconds for name, seconds in fastest.items()}
             flops = forward_flops(base, batch, steps)
@@ -228,7 +242,7 @@ def _file_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) 
 def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
     """One pretraining step (forward, both losses, backward, Adam) per framework, float32."""
     base, batch, steps = SHAPES[shape]
-    data = PretrainingData.from_paragraphs(builtin_corpus(200), max_len=min(steps, 64))
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=min(steps, 64))
     config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
     weights = random_weights(config, seed=0, dtype="float32")
     trainers, threads = {}, {}
@@ -241,7 +255,7 @@ def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
     stream = data.batches(batch, seed=0)
     batches = [next(stream) for _ in range(rounds + 1)]
     workload = f"train step {shape} {batch}x{data.max_len}"
-    calls = {name: (lambda index, trainer=trainer: trainer.step(batches[index])) for name, trainer in trainers.items()}
+    calls = {name: functools.partial(_train_step, trainer, batches) for name, trainer in trainers.items()}
     timings = _interleave(calls, rounds, workload, progress, wait=_synchronize)
     tokens = batch * data.max_len
     return [
@@ -252,7 +266,7 @@ def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
 def _computable(backend: LoadedBackend, config: BERTConfig) -> BERTConfig | None:
     """``config``, or for a backend that computes only the original BERT (a reference) the original BERT
     of its sizes; None if it computes neither."""
-    for candidate in (config, dataclasses.replace(config, semantics="bert")):
+    for candidate in (config, config.with_semantics("bert")):
         if backend.supports(candidate) is None:
             return candidate
     return None

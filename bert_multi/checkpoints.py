@@ -98,7 +98,7 @@ SIZES = ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_blks", "max_len") 
 SHOWN = 5  # names shown in a message before "and N more"
 
 
-def _some(names: list[str] | set[str]) -> str:
+def _some(names: list[Any] | set[str]) -> str:
     names = sorted(names) if isinstance(names, set) else list(names)
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return f"{names[:SHOWN]}{more}"
@@ -504,9 +504,9 @@ def inspect_checkpoint(path: str | Path, key: str | None = None) -> CheckpointIn
 def _strip_prefix(arrays: dict[str, np.ndarray], dtypes: dict[str, str], notes: list[str]) -> None:
     """``nn.DataParallel``/``DistributedDataParallel`` save every name under ``module.``: unambiguous."""
     if arrays and all(name.startswith("module.") for name in arrays):
-        for mapping in (arrays, dtypes):
-            for name in list(mapping):
-                mapping[name[len("module.") :]] = mapping.pop(name)
+        for name in list(arrays):
+            arrays[name.removeprefix("module.")] = arrays.pop(name)
+            dtypes[name.removeprefix("module.")] = dtypes.pop(name)
         notes.append("stripped the prefix 'module.' from every name (a model wrapped in nn.DataParallel)")
 
 
@@ -576,7 +576,7 @@ def _config_from_layout(path: Path, layout: _Layout, num_heads: int | None, sema
 
 
 def load_checkpoint(
-    path: str | Path,
+    path: str | os.PathLike,
     config: BERTConfig | None = None,
     *,
     num_heads: int | None = None,

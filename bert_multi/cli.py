@@ -45,7 +45,7 @@ from .pretraining import (
 from .registry import backend_names, backends, check_names, frameworks, load_backend, refused
 from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
 from .schema import SUPPORTED_DTYPES, init_weights, random_weights
-from .semantics import PRESETS, releases_of
+from .semantics import PRESETS, releases_of, semantics_for
 from .weights import save_weights
 
 
@@ -109,7 +109,7 @@ def _load(args: argparse.Namespace, path: str, preset: str | None) -> Checkpoint
 MAX_INPUT_BYTES = 1 << 30  # what an inputs .npz may expand to
 
 
-def _read_inputs(path: str) -> list[tuple[str, Batch]]:
+def _read_inputs(path: str) -> list[CaseInput]:
     """One batch from an .npz with tokens, segments and optionally valid_lens and pred_positions."""
     allowed = ("tokens", "segments", "valid_lens", "pred_positions")
     with open_regular(path, "file of inputs (.npz)", InputError) as file:
@@ -121,7 +121,7 @@ def _read_inputs(path: str) -> list[tuple[str, Batch]]:
                 f"found {sorted(archive.names)}"
             )
         arrays = {name: archive.read(name, archive.header(name)) for name in archive.names}
-    return [(Path(path).stem, {name: arrays.get(name) for name in allowed})]
+    return [CaseInput(Path(path).stem, {name: arrays.get(name) for name in allowed})]
 
 
 def _check_output(path: str | None, option: str, directory: bool = False) -> None:
@@ -268,7 +268,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         args.num_blks,
         dropout=args.dropout,
         max_len=args.max_len,
-        semantics=args.preset,
+        semantics=semantics_for(args.preset),
     )
     weights = init_weights(config, seed=args.seed, dtype=args.dtype)
     print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
@@ -385,8 +385,8 @@ def cmd_lessons(args: argparse.Namespace) -> int:
     """List the framework-differences guide's sections, or run one in every framework side by side."""
     sections = lessons.read_guide()
     if args.section is None:
-        for section in sections:
-            print(f"{section.number}. {section.title}")
+        for listed in sections:
+            print(f"{listed.number}. {listed.title}")
         print(f"\nbert-multi lessons N runs section N in every framework; the guide: {lessons.GUIDE}")
         return 0
     section = next((s for s in sections if s.number == args.section), None)
@@ -487,7 +487,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     segments = np.array([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
     mlm_positions = np.array([[1, 5, 2], [6, 1, 5]])
     print(f"d2l chapter demo: {config}")
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for name, status in backends().items():
         if status.role == "reference":  # it computes the original BERT, not the chapter's
             continue
@@ -504,8 +504,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 model.dtype,
                 model.device,
                 out.encoded.shape,
-                out.mlm.shape,
-                out.nsp.shape,
+                "-" if out.mlm is None else out.mlm.shape,
+                "-" if out.nsp is None else out.nsp.shape,
                 f"{elapsed * 1000:.0f} ms",
             )
         )

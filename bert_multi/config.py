@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .semantics import PRESETS, Semantics, semantics_for
 
@@ -14,6 +14,7 @@ D2L_ARGUMENTS = ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads", "n
 # the next-sentence classifier. A pretraining checkpoint has all three; d2l's fine-tuned BERTClassifier
 # keeps the encoder and the pooler only.
 HEADS = ("pooler", "mlm", "nsp")
+D2LArguments = tuple[int, int, int, int, int, float, int]  # their types
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,10 @@ class BERTConfig:
         """Width of one attention head; the attention scores are scaled by 1/sqrt(head_dim)."""
         return self.num_hiddens // self.num_heads
 
-    def d2l_args(self) -> tuple:
+    def d2l_args(self) -> D2LArguments:
         """The positional arguments of d2l's ``BERTModel(vocab_size, num_hiddens, ffn_num_hiddens,
         num_heads, num_blks, dropout, max_len)``."""
-        return tuple(getattr(self, name) for name in D2L_ARGUMENTS)
+        return cast(D2LArguments, tuple(getattr(self, name) for name in D2L_ARGUMENTS))
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as JSON-ready values; the semantics only when they are not the default, so that a
@@ -99,7 +100,7 @@ class BERTConfig:
 
     def with_semantics(self, semantics: Semantics | str) -> BERTConfig:
         """The same sizes computing another generation's semantics."""
-        return dataclasses.replace(self, semantics=semantics)
+        return dataclasses.replace(self, semantics=semantics_for(semantics))
 
 
 def _check_heads(heads: object, semantics: Semantics) -> tuple[str, ...]:

@@ -315,7 +315,7 @@ class _Run:
         self.pairs, self.progress = pairs, progress
         self.groups = _max_len_groups(config, cases)
         self.report = Report(config, [case.name for case in cases])
-        self.report.cut = {case.name: case.cut(config) for case in cases if case.cut(config)}
+        self.report.cut = {case.name: cut for case in cases if (cut := case.cut(config)) is not None}
         self.backends: dict[Target, LoadedBackend] = {}
         self.oracle = load_backend("numpy")
         self.references: dict[float, dict[int, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
@@ -553,9 +553,10 @@ def shifted(out: BERTOutput, to: BERTOutput, start: BERTOutput) -> BERTOutput:
         return None if value is None or target is None or origin is None else value + (target - origin)
 
     intermediates = None
-    if out.intermediates is not None:
+    if out.intermediates is not None and to.intermediates is not None and start.intermediates is not None:
         intermediates = OrderedDict(
             (name, move(out.intermediates.get(name), to.intermediates[name], start.intermediates[name]))
             for name in start.intermediates
         )
-    return BERTOutput(*(move(*(getattr(o, name) for o in (out, to, start))) for name in OUTPUT_NAMES), intermediates)
+    encoded = out.encoded + (to.encoded - start.encoded)
+    return BERTOutput(encoded, move(out.mlm, to.mlm, start.mlm), move(out.nsp, to.nsp, start.nsp), intermediates)

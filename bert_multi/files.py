@@ -47,7 +47,7 @@ def describe_format(head: bytes) -> str:
 
 
 @contextlib.contextmanager
-def open_regular(path: str | os.PathLike, what: str, error: type[Exception]) -> Iterator[BinaryIO]:
+def open_regular(path: str | os.PathLike, what: str, error: type[Exception]) -> Iterator[io.BufferedReader]:
     """Open ``path`` for reading, refusing anything that is not a regular file (a FIFO would block
     forever, a device never end) without blocking on it. Failures are ``error``s naming the file."""
     try:
@@ -147,7 +147,7 @@ class NpzReader:
 
     def __init__(
         self,
-        file: BinaryIO,
+        file: io.BufferedReader,
         path: str | os.PathLike,
         error: type[Exception],
         describe: Callable[[str], str] = lambda name: f"array {name!r}",
@@ -188,7 +188,7 @@ class NpzReader:
                 raise error(f"{path}: archive member {name!r} declares more bytes than the whole file holds")
             self._infos[name[:-4]] = info
         expanded = sum(info.file_size for info in infos)
-        limit = max_compressed_bytes if allow_compressed else archive_bytes
+        limit = archive_bytes if max_compressed_bytes is None else max_compressed_bytes
         if expanded > limit:
             raise error(f"{path}: the archive's members declare {expanded} bytes in all, more than the {limit} allowed")
 
@@ -224,9 +224,9 @@ class NpzReader:
         array = np.empty(header.nbytes, dtype=np.uint8)  # not bytearray(n), which writes zeros first
         try:
             if info.compress_type == zipfile.ZIP_STORED:
-                self._read_stored(info, header, memoryview(array))
+                self._read_stored(info, header, array.data)
             else:
-                self._read_deflated(info, header, memoryview(array))
+                self._read_deflated(info, header, array.data)
         except Exception as failure:  # noqa: BLE001 - includes zipfile's CRC and decompression errors
             raise self._fail(name, failure) from None
         return array.view(header.dtype).reshape(header.shape, order="F" if header.fortran_order else "C")

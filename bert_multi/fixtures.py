@@ -20,6 +20,7 @@ from .conform import OUTPUT_NAMES
 from .files import atomic_path
 from .registry import load_backend
 from .schema import random_weights
+from .semantics import PRESETS
 from .weights import load_weights, save_weights
 
 DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
@@ -30,9 +31,9 @@ SEED = 0
 FIXTURE_CONFIGS: dict[str, BERTConfig] = {
     "two_blocks": BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=8),
     "one_head": BERTConfig(vocab_size=19, num_hiddens=6, ffn_num_hiddens=10, num_heads=1, num_blks=1, max_len=7),
-    "d2l_0_12": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics="d2l-0.12"),
-    "d2l_0_11": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics="d2l-0.11"),
-    "bert": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics="bert"),
+    "d2l_0_12": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics=PRESETS["d2l-0.12"]),
+    "d2l_0_11": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics=PRESETS["d2l-0.11"]),
+    "bert": BERTConfig(17, 4, 6, 2, 1, max_len=7, semantics=PRESETS["bert"]),
 }
 INPUT_FIELDS = ("tokens", "segments", "valid_lens", "pred_positions")
 
@@ -62,7 +63,8 @@ def write_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Pat
             arrays.update(
                 {f"{case.name}/outputs/{k}": getattr(out, k) for k in OUTPUT_NAMES if getattr(out, k) is not None}
             )
-            arrays.update({f"{case.name}/intermediates/{k}": v for k, v in out.intermediates.items()})
+            recorded = out.intermediates or {}
+            arrays.update({f"{case.name}/intermediates/{k}": v for k, v in recorded.items() if v is not None})
         path = directory / f"{name}.cases.npz"
         with atomic_path(path) as tmp_path, open(tmp_path, "wb") as file:
             np.savez_compressed(file, **arrays)
@@ -87,7 +89,8 @@ def read_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Fixt
             }
             batch = {field: part["inputs"].get(field) for field in INPUT_FIELDS}
             intermediates = OrderedDict((k, part["intermediates"][k]) for k in intermediate_names(config))
-            outputs = BERTOutput(*(part["outputs"].get(name) for name in OUTPUT_NAMES), intermediates)
+            found = part["outputs"]
+            outputs = BERTOutput(found["encoded"], found.get("mlm"), found.get("nsp"), intermediates)
             cases[case_name] = (batch, outputs)
         fixtures.append(Fixture(name, config, weights, cases))
     return fixtures

@@ -13,7 +13,9 @@ every input width (``key_size``, ``norm_shape``, ``ffn_num_input``, ``hid_in_fea
 
 from __future__ import annotations
 
-from .semantics import semantics_for
+from typing import Any
+
+from .semantics import Semantics, semantics_for
 
 
 class Generation:
@@ -23,8 +25,12 @@ class Generation:
     preset = "d2l"
     train_positions = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # A mixin: the framework's class after it takes the translated arguments.
+        super().__init__(*args, **kwargs)
+
     @property
-    def _switches(self):
+    def _switches(self) -> Semantics:
         return semantics_for(self.preset)
 
 

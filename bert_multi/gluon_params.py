@@ -18,10 +18,10 @@ The names are Gluon's structural names (``NAME_RULES``), which the MXNet backend
 from __future__ import annotations
 
 import collections
+import io
 import math
 import os
 import struct
-from typing import BinaryIO
 
 import numpy as np
 
@@ -64,7 +64,7 @@ TYPE_FLAGS = {
 class _Reader:
     """Reads fields from ``file``, refusing any read that asks for more bytes than remain."""
 
-    def __init__(self, file: BinaryIO, path: str | os.PathLike) -> None:
+    def __init__(self, file: io.BufferedReader, path: str | os.PathLike) -> None:
         self.file, self.path, self.remaining = file, path, file_size(file)
 
     def fail(self, message: str) -> WeightsError:
@@ -153,7 +153,7 @@ def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
             f"{path}: parameter(s) {uninitialised[:5]} were saved before Gluon knew their shapes (deferred "
             "initialisation); run one forward pass before save_parameters"
         )
-    return dict(zip(names, arrays))
+    return {name: array for name, array in zip(names, arrays) if array is not None}
 
 
 def read_checkpoint(

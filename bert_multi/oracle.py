@@ -212,6 +212,8 @@ def pretraining_loss(
         raise ValueError(f"unknown mlm_normalization {mlm_normalization!r}: expected one of {list(MLM_NORMALIZATIONS)}")
     inputs = ModelInputs(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     out = forward(config, weights, inputs)
+    if out.mlm is None or out.nsp is None:
+        raise ValueError(f"pretraining needs the MLM and NSP heads; this model has {list(config.heads)}")
     slot_losses = cross_entropy(out.mlm.reshape(-1, config.vocab_size), batch["mlm_labels"].reshape(-1))
     slot_weights = batch["mlm_weights"].reshape(-1).astype(slot_losses.dtype)
     if mlm_normalization == "all_slots":
@@ -234,7 +236,7 @@ class NumpyBERT(BackendModel):
         self.layer_norm_eps = layer_norm_eps
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        record = OrderedDict() if intermediates else None
+        record: OrderedDict[str, np.ndarray] | None = OrderedDict() if intermediates else None
         return forward(self.config, self.weights, inputs, record, self.layer_norm_eps)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:

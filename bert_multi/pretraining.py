@@ -194,7 +194,7 @@ def pad_examples(examples, max_len: int, vocab: Vocab) -> dict[str, np.ndarray]:
     round(0.15 * max_len) prediction slots, padded with position 0, label 0 and weight 0."""
     slots = round(max_len * MLM_FRACTION)
     pad = vocab["<pad>"]
-    arrays = {field: [] for field in BATCH_FIELDS}
+    arrays: dict[str, list] = {field: [] for field in BATCH_FIELDS}
     for token_ids, positions, labels, segments, is_next in examples:
         arrays["tokens"].append(token_ids + [pad] * (max_len - len(token_ids)))
         arrays["segments"].append(segments + [0] * (max_len - len(segments)))
@@ -321,6 +321,8 @@ def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, n
     if missing:
         raise InputError(f"a pretraining batch needs {list(BATCH_FIELDS)}; missing {missing}")
     inputs = check_inputs(config, batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
+    if inputs.valid_lens is None or inputs.pred_positions is None:
+        raise InputError("a pretraining batch needs valid_lens and pred_positions, not None")
     B, P = inputs.pred_positions.shape
     labels = np.asarray(batch["mlm_labels"])
     weights = np.asarray(batch["mlm_weights"])
@@ -490,7 +492,7 @@ def run_pretraining(
         raise ValueError("checkpoints and resuming need a checkpoint directory")
     settings = {"backend": backend_name, "dtype": dtype, "seed": seed, "batch_size": batch_size, **options}
     settings = json.loads(json.dumps(settings))  # as a saved state holds them (tuples become lists)
-    state = load_training_state(checkpoint_dir) if resume else None
+    state = load_training_state(checkpoint_dir) if resume and checkpoint_dir is not None else None
     if state is not None:
         if state.config != config or state.settings != settings:
             raise ValueError(
@@ -507,8 +509,9 @@ def run_pretraining(
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
         trainer.load_state(state.optimizer, start)
-    if checkpoint_every and rank == 0:
-        os.makedirs(checkpoint_dir, exist_ok=True)
+    saves = checkpoint_dir if checkpoint_every and rank == 0 else None  # where this worker saves, if it does
+    if saves is not None:
+        os.makedirs(saves, exist_ok=True)
     batches = data.batches(batch_size, seed)
     for _ in range(start):  # the batches the saved steps took
         next(batches)
@@ -524,10 +527,8 @@ def run_pretraining(
         else:
             losses.append(trainer.step(shard(batch, rank, workers), BatchTotals.of(batch)))
         tokens += int(batch["valid_lens"].sum())
-        if checkpoint_every and step % checkpoint_every == 0 and rank == 0:
-            save_training_state(
-                checkpoint_dir, TrainingState(step, config, model.export_weights(), trainer.state(), settings)
-            )
+        if saves is not None and step % checkpoint_every == 0:
+            save_training_state(saves, TrainingState(step, config, model.export_weights(), trainer.state(), settings))
         if on_step:
             on_step(step, losses[-1])
     seconds = time.perf_counter() - started

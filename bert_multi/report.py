@@ -117,7 +117,7 @@ def plot_report(report: Report, path: str | Path) -> Path:
             tolerances[check.target.dtype] = comparison.tolerance.atol
     floor = 1e-17  # exact agreement, drawn at the bottom of the log scale
     fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(layers)), 5))
-    colors = {}  # one colour per backend, one line style per dtype
+    colors: dict[str, str] = {}  # one colour per backend, one line style per dtype
     for target, series in worst.items():
         backend, dtype = target.split(" ")[:2]
         color = colors.setdefault(backend, f"C{len(colors)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ class TransformersBERT(BackendModel):
     def __init__(self, config: BERTConfig, module: torch.nn.Module, dtype: str, device: Device, torch_device) -> None:
         super().__init__(config, dtype, device)
         self.module, self.torch_device = module, torch_device
-        self.bert = getattr(module, "bert", module)  # BertForPreTraining wraps a BertModel
+        self.bert: Any = getattr(module, "bert", module)  # BertForPreTraining wraps a BertModel
 
     def _sources(self) -> OrderedDict[str, torch.nn.Module]:
         """Where each named activation is the output of a transformers module."""
@@ -69,7 +70,7 @@ class TransformersBERT(BackendModel):
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         tokens, segments, valid_lens, pred_positions = inputs
-        record: OrderedDict[str, np.ndarray] = OrderedDict()
+        record: OrderedDict[str, np.ndarray | None] = OrderedDict()
         hooks = []
         if intermediates:
             for name, module in self._sources().items():
@@ -91,7 +92,8 @@ class TransformersBERT(BackendModel):
             for hook in hooks:
                 hook.remove()
         encoded = out.hidden_states[-1]
-        mlm = nsp = None
+        mlm: np.ndarray | None = None
+        nsp: np.ndarray | None = None
         if self.module is not self.bert:
             nsp = out.seq_relationship_logits.cpu().numpy()
             if pred_positions is not None:
@@ -139,10 +141,10 @@ def build(
     hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
     hf_config._attn_implementation = "eager"
     if hf["architectures"] == ["BertForPreTraining"]:
-        module = transformers.BertForPreTraining(hf_config)
+        module: transformers.PreTrainedModel = transformers.BertForPreTraining(hf_config)
     else:
         module = transformers.BertModel(hf_config, add_pooling_layer="pooler" in config.heads)
-    module = module.to(TORCH_DTYPES[dtype]).eval()
+    module = module.to(TORCH_DTYPES[dtype]).eval()  # type: ignore[arg-type]  # transformers mistypes .to
     with warnings.catch_warnings():
         # load_state_dict copies each tensor into the module's own, so a read-only array is never written.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -159,4 +161,5 @@ def build(
     if config.semantics.mlm_decoder == "tied" and hasattr(module, "cls"):
         module.tie_weights()
     module.requires_grad_(gradients)
-    return TransformersBERT(config, module.to(torch_device), dtype, target, torch_device)
+    module = module.to(torch_device)  # type: ignore[arg-type]  # transformers mistypes .to
+    return TransformersBERT(config, module, dtype, target, torch_device)

@@ -73,7 +73,7 @@ def write_archive(file: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
             array = array if array.flags.c_contiguous else np.array(array, order="C")
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
-                member.write(array.reshape(-1).view(np.uint8))
+                member.write(array.reshape(-1).view(np.uint8).data)
 
 
 def save_weights(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> Path:

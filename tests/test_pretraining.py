@@ -268,6 +268,18 @@ def test_frozen_positions_never_move_while_the_rest_trains(framework, config, da
         assert np.abs(after["encoder.token_embedding.weight"] - weights["encoder.token_embedding.weight"]).max() > 1e-4
 
 
+def test_frozen_positions_have_a_zero_gradient_and_the_rest_are_unchanged(framework, config, batch):
+    """``gradients`` names every parameter: one that does not train reports zeros, not an error, and
+    freezing it changes no other gradient (the forward is the same)."""
+    weights = random_weights(config, seed=2, dtype="float64")
+    trained = framework.Pretrainer(framework.build(config, weights, dtype="float64")).gradients(batch)[1]
+    frozen = framework.Pretrainer(framework.build(config, weights, dtype="float64"), train_positions=False)
+    gradients = frozen.gradients(batch)[1]
+    assert list(gradients) == list(trained)
+    assert not gradients["encoder.pos_embedding"].any() and trained["encoder.pos_embedding"].any()
+    assert all(np.array_equal(gradients[name], trained[name]) for name in trained if name != "encoder.pos_embedding")
+
+
 def test_the_d2l_0_17_pytorch_twin_leaves_the_positions_without_a_gradient(config, batch):
     torch = pytest.importorskip("torch")
     from bert_multi.torch import d2l_0_17

@@ -118,7 +118,7 @@ class MXNetBERT(BackendModel):
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         sources = intermediate_sources(self.config) if intermediates else {}
-        record: OrderedDict[str, np.ndarray] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
+        record: OrderedDict[str, np.ndarray | None] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
         hooks = []
         for name, (path, side) in sources.items():
 
@@ -140,7 +140,7 @@ class MXNetBERT(BackendModel):
         finally:
             for hook in hooks:
                 hook.detach()
-        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
+        return BERTOutput(encoded.asnumpy(), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         params = _parameters(self.module)

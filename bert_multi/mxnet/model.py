@@ -14,6 +14,7 @@ classes compute d2l 0.11 to 1.0; ``train_positions``. The modules ``d2l_0_11``, 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from mxnet import np, npx
 from mxnet.gluon import nn
@@ -388,7 +389,7 @@ class BERTModel(nn.Block):
         )
         # Each head is optional (a fine-tuned encoder keeps only the pooler); d2l always builds all three.
         self.pooled = semantics.nsp_head == "pooler"
-        mlm_options = dict(activation=semantics.activation, layer_norm_eps=semantics.layer_norm_eps)
+        mlm_options: dict[str, Any] = dict(activation=semantics.activation, layer_norm_eps=semantics.layer_norm_eps)
         if semantics.mlm_decoder == "tied":  # original BERT
             mlm_options["tied_embedding"] = self.encoder.token_embedding
         if self.pooled:
@@ -399,7 +400,7 @@ class BERTModel(nn.Block):
             if "mlm" in heads:
                 self.mlm = MaskLM(vocab_size, num_hiddens, num_inputs=num_hiddens, **mlm_options)
             if "nsp" in heads:
-                self.nsp = NextSentencePred(num_inputs=num_hiddens)
+                self.nsp: NextSentencePred | NextSentencePredMLP = NextSentencePred(num_inputs=num_hiddens)
         else:  # d2l 0.11: the NSP head pools <cls> itself, and is made before MaskLM
             if "nsp" in heads:
                 self.nsp = NextSentencePredMLP(num_hiddens, num_inputs=num_hiddens)

@@ -139,9 +139,9 @@ class Pretrainer:
         # one process, differently from run to run. Pushing and pulling each gradient, then waiting for
         # MXNet's asynchronous engine before the update, is exact and repeatable.
         self.kvstore = dist_kvstore() if distributed else None
-        self.workers = self.kvstore.num_workers if distributed else 1
+        self.workers = 1 if self.kvstore is None else self.kvstore.num_workers
         self.trainer = gluon.Trainer(params, optimizer, hyper, kvstore=None)
-        if distributed:
+        if self.kvstore is not None:
             self.trained = [param for param in params.values() if param.grad_req != "null"]
             for key, param in enumerate(self.trained):
                 self.kvstore.init(key, param.data())
@@ -172,7 +172,7 @@ class Pretrainer:
         with autograd.record(train_mode=True):
             total, mlm_l, nsp_l = self._loss(batch, totals)
         total.backward()
-        if self.workers == 1:
+        if self.kvstore is None:
             return LossValues(float(total), float(mlm_l), float(nsp_l))
         values = mx.np.array([float(total), float(mlm_l), float(nsp_l)], dtype="float64")
         self.kvstore.push(self.loss_key, values)  # the workers' shares add up to the whole batch's loss
@@ -182,14 +182,18 @@ class Pretrainer:
     def gradients(
         self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
     ) -> tuple[LossValues, dict[str, np.ndarray]]:
-        """The loss in train mode and its gradient for every canonical parameter (no step taken); with
-        ``totals``, ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
+        """The loss in train mode and its gradient for every canonical parameter (no step taken; one that
+        does not train, such as a frozen positional embedding, has a zero gradient); with ``totals``,
+        ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
         losses = self._backward(batch, totals)
         params = _parameters(self.model.module)
-        return losses, {
-            name: params[gluon_name].grad(self.model.context).asnumpy().copy()
-            for name, gluon_name in framework_names(self.config, NAME_RULES).items()
-        }
+        gradients = {}
+        for name, gluon_name in framework_names(self.config, NAME_RULES).items():
+            param = params[gluon_name]
+            # Framework difference: a parameter that does not train has no gradient array (grad_req 'null').
+            grad = mx.np.zeros_like(param.data()) if param.grad_req == "null" else param.grad(self.model.context)
+            gradients[name] = grad.asnumpy().copy()
+        return losses, gradients
 
     def seed(self, value: int) -> None:
         """Seed the generator dropout draws from (the framework's global one)."""
@@ -231,7 +235,7 @@ class Pretrainer:
         optimizer = self.trainer._optimizer
         if self.adam_epsilon_style == "torch" and isinstance(optimizer, mx.optimizer.Adam):
             optimizer.epsilon = self.adam_epsilon * math.sqrt(1 - optimizer.beta2**self.steps)
-        if self.workers > 1:
+        if self.kvstore is not None:
             for key, param in enumerate(self.trained):
                 self.kvstore.pushpull(key, param.grad(), out=param.grad())  # summed over the workers
             mx.npx.waitall()

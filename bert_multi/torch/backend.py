@@ -12,7 +12,7 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 import torch
@@ -113,7 +113,7 @@ class TorchBERT(BackendModel):
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         sources = intermediate_sources(self.config) if intermediates else {}
-        record: OrderedDict[str, np.ndarray] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
+        record: OrderedDict[str, np.ndarray | None] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
         hooks = []
         for name, (path, side) in sources.items():
 
@@ -130,7 +130,7 @@ class TorchBERT(BackendModel):
             self.module.train(was_training)  # leave a module the user is training as it was
             for hook in hooks:
                 hook.remove()
-        return BERTOutput(_to_numpy(encoded), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
+        return BERTOutput(encoded.cpu().numpy(), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
@@ -219,7 +219,7 @@ def _load_failure(error: Exception) -> str:
     return f"its pickle asks for more than tensors and containers ({detail}); only those are ever unpickled"
 
 
-def _is_state_dict(value: object) -> bool:
+def _is_state_dict(value: object) -> TypeGuard[dict[str, torch.Tensor]]:
     return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
 
 

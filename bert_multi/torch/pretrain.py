@@ -35,11 +35,10 @@ from ..pretraining import (
     save_run,
 )
 from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
-from .model import BERTModel
 
 
 def pretraining_loss(
-    net: BERTModel,
+    net: nn.Module,  # a BERTModel, or one in DistributedDataParallel
     batch: dict[str, torch.Tensor],
     vocab_size: int,
     mlm_normalization: str = "real_slots",
@@ -101,7 +100,7 @@ class Pretrainer:
         # module runs inside DistributedDataParallel, whose backward all-reduces every gradient to the
         # workers' mean: each worker's share of the loss is scaled by their number to make it the sum.
         self.workers = dist.get_world_size() if distributed else 1
-        self.net = model.module
+        self.net: nn.Module = model.module
         if distributed:
             if not train_positions:
                 model.module.encoder.pos_embedding.requires_grad_(False)  # DDP refuses a parameter never used
@@ -149,14 +148,18 @@ class Pretrainer:
     def gradients(
         self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
     ) -> tuple[LossValues, dict[str, np.ndarray]]:
-        """The loss in train mode and its gradient for every canonical parameter (no step taken); with
-        ``totals``, ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
+        """The loss in train mode and its gradient for every canonical parameter (no step taken; one that
+        does not train, such as a frozen positional embedding, has a zero gradient); with ``totals``,
+        ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
         losses = self._backward(batch, totals)
         params = dict(self.model.module.named_parameters())
-        return losses, {
-            name: params[torch_name].grad.detach().cpu().numpy().copy()
-            for name, torch_name in framework_names(self.config, NAME_RULES).items()
-        }
+        gradients = {}
+        for name, torch_name in framework_names(self.config, NAME_RULES).items():
+            param = params[torch_name]
+            # Framework difference: a parameter that does not train has no gradient at all (None).
+            grad = torch.zeros_like(param) if param.grad is None else param.grad
+            gradients[name] = grad.detach().cpu().numpy().copy()
+        return losses, gradients
 
     def seed(self, value: int) -> None:
         """Seed the generator dropout draws from (the framework's global one)."""
@@ -207,8 +210,13 @@ def process_group(
     """This process as worker ``rank`` of ``workers`` in torch.distributed's default group (gloo, which
     runs on CPU tensors), the one at rank 0 listening at ``address`` ("host:port"); without them, as
     torchrun's environment says (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
-    where = {"init_method": f"tcp://{address}", "rank": rank, "world_size": workers} if address else {}
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s), **where)
+    timeout = timedelta(seconds=timeout_s)
+    if address is None:
+        dist.init_process_group("gloo", timeout=timeout)
+    elif rank is None or workers is None:
+        raise ValueError(f"a process group at {address} needs this worker's rank and the number of workers")
+    else:
+        dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank, world_size=workers, timeout=timeout)
     try:
         yield
     finally:
