@@ -151,6 +151,9 @@ def test_check_batch_rejects_bad_labels(data):
         check_batch(config, {**batch, "mlm_weights": batch["mlm_weights"][:, :2]})
     with pytest.raises(InputError, match="missing"):
         check_batch(config, {k: v for k, v in batch.items() if k != "nsp_labels"})
+    for optional in ("valid_lens", "pred_positions"):  # optional for a forward, required to train
+        with pytest.raises(InputError, match="a pretraining batch needs valid_lens and pred_positions"):
+            check_batch(config, {**batch, optional: None})
 
 
 def test_a_true_next_label_means_the_second_sentence_follows_the_first():
