@@ -4,22 +4,8 @@ Importing this package imports no deep-learning framework; ``load_backend(name)`
 framework when asked.
 """
 
-from .backend import BUILD_OPTIONS, Backend, BackendModel, BERTOutput, intermediate_names
-from .checkpoints import (
-    Checkpoint,
-    CheckpointInfo,
-    convert,
-    from_huggingface,
-    inspect_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
-from .config import CONFIGS, BERTConfig
-from .conform import Report, RunError, Target, assert_conforms, compare_outputs, run_conformance
-from .errors import BackendContractError, BackendUnavailable, CannotRunHere, InputError, WeightsError
-from .inputs import ModelInputs, check_inputs, get_tokens_and_segments, valid_lens_from_attention_mask
-from .registry import (
+from .backend.contract import BUILD_OPTIONS, Backend, BackendModel, BERTOutput, intermediate_names
+from .backend.registry import (
     BackendStatus,
     LoadedBackend,
     backend_names,
@@ -29,8 +15,22 @@ from .registry import (
     register_backend,
     unregister_backend,
 )
-from .schema import init_weights, param_shapes, random_weights, validate_weights
-from .weights import load_weights, save_weights
+from .errors import BackendContractError, BackendUnavailable, CannotRunHere, InputError, WeightsError
+from .files.checkpoints import (
+    Checkpoint,
+    CheckpointInfo,
+    convert,
+    from_huggingface,
+    inspect_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from .files.weights import load_weights, save_weights
+from .spec.config import CONFIGS, BERTConfig
+from .spec.inputs import ModelInputs, check_inputs, get_tokens_and_segments, valid_lens_from_attention_mask
+from .spec.schema import init_weights, param_shapes, random_weights, validate_weights
+from .verify.compare import Comparison, Tolerance, compare_arrays, tolerance_for
+from .verify.conform import Report, RunError, Target, assert_conforms, compare_outputs, run_conformance
 
 __version__ = "0.1.0"
 

@@ -32,15 +32,14 @@ from bert_multi import (
     load_backend,
     param_shapes,
     random_weights,
-    registry,
 )
-from bert_multi.backend import ROLES
-from bert_multi.cases import get_case
+from bert_multi.backend import ROLES, registry
 from bert_multi.cli import main
-from bert_multi.conform import assert_conforms
-from bert_multi.pretraining import LossValues, PretrainingData, builtin_corpus, paragraphs_from_lines
-from bert_multi.schema import SUPPORTED_DTYPES
-from bert_multi.semantics import PRESETS
+from bert_multi.spec.schema import SUPPORTED_DTYPES
+from bert_multi.spec.semantics import PRESETS
+from bert_multi.training import LossValues, PretrainingData, builtin_corpus, paragraphs_from_lines
+from bert_multi.verify.cases import get_case
+from bert_multi.verify.conform import assert_conforms
 
 SIZES = dict(num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, max_len=16)
 

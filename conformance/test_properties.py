@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bert_multi import BERTConfig, load_backend, random_weights
-from bert_multi.conform import assert_conforms
-from bert_multi.semantics import PRESETS
+from bert_multi.spec.semantics import PRESETS
+from bert_multi.verify.conform import assert_conforms
 
 
 @st.composite

@@ -4,10 +4,10 @@ backend against the oracle and every pair against each other, weights moved both
 import pytest
 
 from bert_multi import BERTConfig, backends, frameworks, load_backend, random_weights
-from bert_multi.cases import CASES
-from bert_multi.conform import Target, run_conformance
-from bert_multi.report import failure_details
-from bert_multi.semantics import PRESETS
+from bert_multi.spec.semantics import PRESETS
+from bert_multi.verify.cases import CASES
+from bert_multi.verify.conform import Target, run_conformance
+from bert_multi.verify.report import failure_details
 
 CONFIGS = {
     "one_head_one_block": BERTConfig(

@@ -78,7 +78,7 @@ def test_demo_prints_the_chapter_shapes_for_every_backend(capsys):
 def test_backends_command_prints_a_table(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^numpy +yes +oracle +cpu +bert_multi.oracle$", out, flags=re.M)
+    assert re.search(r"^numpy +yes +oracle +cpu +bert_multi.backend.oracle$", out, flags=re.M)
     available = [name for name, status in backends().items() if status.available]
     verdict = f"{len(available)} of {len(backends())} backends can run here: {', '.join(available)}."
     assert out.rstrip().endswith(verdict)

@@ -13,8 +13,8 @@ import pytest
 
 from bert_multi import BERTConfig, backends, load_backend, random_weights
 from bert_multi.backend import BERTOutput, framework_names
-from bert_multi.cases import CASES
-from bert_multi.conform import assert_conforms
+from bert_multi.verify.cases import CASES
+from bert_multi.verify.conform import assert_conforms
 
 CHAPTER = Path(__file__).parent / "chapter"
 SEEDS = json.loads((CHAPTER / "cells.json").read_text(encoding="utf-8"))

@@ -23,12 +23,12 @@ from bert_multi import (
     save_checkpoint,
 )
 from bert_multi.backend import framework_names
-from bert_multi.cases import CASES
 from bert_multi.cli import main
-from bert_multi.config import HEADS
-from bert_multi.conform import Target, run_conformance
-from bert_multi.gluon_params import NAME_RULES
-from bert_multi.semantics import PRESETS
+from bert_multi.files.gluon_params import NAME_RULES
+from bert_multi.spec.config import HEADS
+from bert_multi.spec.semantics import PRESETS
+from bert_multi.verify.cases import CASES
+from bert_multi.verify.conform import Target, run_conformance
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
 FRAMEWORKS = sorted(AVAILABLE & {"torch", "mxnet"})
@@ -106,7 +106,7 @@ def test_conformance_compares_what_exists_and_the_report_says_what_was_absent(ca
 
 
 def test_pretraining_needs_both_heads():
-    from bert_multi.pretraining import check_trainable
+    from bert_multi.training import check_trainable
 
     with pytest.raises(ValueError, match="pretraining needs the pooler and both heads"):
         check_trainable(small(heads=("pooler", "mlm")), True)

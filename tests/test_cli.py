@@ -8,7 +8,7 @@ from hostile import npz_member
 
 from bert_multi import CONFIGS, backends, random_weights, save_weights
 from bert_multi.cli import main
-from bert_multi.fixtures import FIXTURE_CONFIGS
+from bert_multi.tools.fixtures import FIXTURE_CONFIGS
 
 FRAMEWORKS = [name for name in ("torch", "mxnet") if backends()[name].available]
 needs_framework = pytest.mark.skipif(not FRAMEWORKS, reason="no framework backend is installed")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from bert_multi import Tolerance, compare_arrays, tolerance_for
-from bert_multi.compare import POLICY, all_finite
+from bert_multi.arrays import all_finite
+from bert_multi.verify.compare import POLICY
 
 
 def test_the_relative_tolerance_is_taken_against_the_reference():

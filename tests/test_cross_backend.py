@@ -3,8 +3,8 @@
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, backends, load_backend, load_weights, random_weights, save_weights
-from bert_multi.cases import CASES
-from bert_multi.conform import assert_conforms
+from bert_multi.verify.cases import CASES
+from bert_multi.verify.conform import assert_conforms
 
 missing = [name for name in ("torch", "mxnet") if not backends()[name].available]
 if missing:

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from bert_multi import BERTConfig, init_weights
-from bert_multi.compare import compare_arrays, tolerance_for
-from bert_multi.pretraining import (
+from bert_multi.training import (
     MLM_NORMALIZATIONS,
     BatchTotals,
     PretrainingData,
@@ -15,6 +14,7 @@ from bert_multi.pretraining import (
     run_pretraining,
     shard,
 )
+from bert_multi.verify.compare import compare_arrays, tolerance_for
 
 DATA = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=32, seed=0)
 CONFIG = BERTConfig(len(DATA.vocab), 16, 24, 2, 2, max_len=32)
@@ -134,7 +134,7 @@ def launched_from_outside(framework, tmp_path):
     import sys
 
     from bert_multi import load_weights
-    from bert_multi.pretraining import free_address
+    from bert_multi.training import free_address
 
     command = ["-m", "bert_multi.cli", "pretrain", "--backend", framework, "--join", "--dtype", "float64"]
     command += ["--optimizer", "sgd", "--steps", "3", "--batch-size", "8", "--num-hiddens", "16"]

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bert_multi import BERTConfig, WeightsError, load_backend, load_weights, param_shapes, random_weights, save_weights
-from bert_multi.inputs import ModelInputs
-from bert_multi.oracle import masked_softmax, multi_head_attention, repeat_over_heads
-from bert_multi.semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
+from bert_multi.backend.oracle import masked_softmax, multi_head_attention, repeat_over_heads
+from bert_multi.spec.inputs import ModelInputs
+from bert_multi.spec.semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 
 def config_for(preset, **sizes):
@@ -50,7 +50,7 @@ def test_interleaved_attention_gives_each_sample_its_own_length_and_tiled_does_n
 
 def heads_before_output(X, valid_lens, weights, prefix, num_heads, layout):
     """Per-head attention outputs (B, h, T, d) before W_o, with the given layout."""
-    from bert_multi.oracle import dense, split_heads
+    from bert_multi.backend.oracle import dense, split_heads
 
     q, k, v = (split_heads(dense(X, weights, f"{prefix}.{w}"), num_heads) for w in ("W_q", "W_k", "W_v"))
     scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
@@ -189,7 +189,7 @@ def test_weight_files_carry_the_preset(tmp_path, preset):
 
 
 def test_a_reader_that_predates_generations_refuses_their_files(tmp_path, monkeypatch):
-    import bert_multi.weights as weights_module
+    import bert_multi.files.weights as weights_module
 
     config = config_for("d2l-0.11")
     path = save_weights(tmp_path / "w.npz", config, random_weights(config))

@@ -116,7 +116,7 @@ DIMENSIONS = st.sampled_from([0, 1, 3, -1, -2, 2**31, 2**32, 2**62, 2**63 - 1])
     version=st.sampled_from([(1, 0), (2, 0), (3, 0), (0, 0)]),
 )
 def test_any_npy_header_parses_within_its_limits_or_is_a_value_error(descr, fortran, shape, version):
-    from bert_multi.files import MAX_NPY_HEADER_BYTES, parse_npy_header
+    from bert_multi.files.safe import MAX_NPY_HEADER_BYTES, parse_npy_header
 
     stream = io.BytesIO(
         npy_bytes(repr({"descr": descr, "fortran_order": fortran, "shape": shape}).encode(), b"", version)
@@ -170,7 +170,7 @@ def test_any_manifest_loads_or_is_a_weights_error(valid_weights_file, tmp_path, 
 def test_any_params_record_loads_or_is_a_weights_error(
     tmp_path, magic, storage, shape, ndim_delta, flag, payload, names
 ):
-    from bert_multi.gluon_params import read_params
+    from bert_multi.files.gluon_params import read_params
 
     record = struct.pack("<Iii", magic, storage, len(shape) + ndim_delta) + struct.pack(f"<{len(shape)}q", *shape)
     record += struct.pack("<iii", 1, 0, flag) + payload

@@ -1,10 +1,11 @@
 """The framework-differences guide is true in the installed frameworks: every sample runs and prints
-what the guide says it prints (``bert_multi.lessons``), and the runner catches a guide that lies."""
+what the guide says it prints (``bert_multi.tools.lessons``), and the runner catches a guide that lies."""
 
 import pytest
 
-from bert_multi import backends, frameworks, lessons
+from bert_multi import backends, frameworks
 from bert_multi.cli import main
+from bert_multi.tools import lessons
 
 SECTIONS = lessons.read_guide()
 

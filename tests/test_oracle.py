@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_multi import BERTConfig, CannotRunHere, intermediate_names, load_backend, param_shapes, random_weights
-from bert_multi.oracle import masked_softmax, merge_heads, repeat_over_heads, split_heads
+from bert_multi.backend.oracle import masked_softmax, merge_heads, repeat_over_heads, split_heads
 
 E = math.e
 

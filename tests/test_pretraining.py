@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from bert_multi import BERTConfig, backends, init_weights, load_backend, random_weights
-from bert_multi.oracle import pretraining_loss
-from bert_multi.pretraining import PretrainingData, builtin_corpus, check_batch, paragraphs_from_lines, run_pretraining
+from bert_multi.backend.oracle import pretraining_loss
+from bert_multi.training import PretrainingData, builtin_corpus, check_batch, paragraphs_from_lines, run_pretraining
 
 both = pytest.mark.skipif(
     not all(backends()[n].available for n in ("torch", "mxnet")), reason="needs both the torch and the mxnet backend"

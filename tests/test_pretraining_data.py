@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, InputError
-from bert_multi.pretraining import (
+from bert_multi.training import (
     RESERVED_TOKENS,
     PretrainingData,
     Vocab,

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from bert_multi import WeightsError
-from bert_multi.pretraining import STATE_FILE, load_training_state, run_pretraining
+from bert_multi.training import STATE_FILE, load_training_state, run_pretraining
 
 SETUP = """
 from bert_multi import BERTConfig, init_weights
-from bert_multi.pretraining import PretrainingData, builtin_corpus, paragraphs_from_lines
+from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
 DATA = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=32, seed=0)
 CONFIG = BERTConfig(len(DATA.vocab), 16, 24, 2, 2, max_len=32)
 WEIGHTS = init_weights(CONFIG, seed=1, dtype="float64")
@@ -36,14 +36,14 @@ def killed_run(framework, optimizer, directory, kill):
     script = SETUP + textwrap.dedent(f"""
         import os, signal
         import numpy as np
-        from bert_multi.pretraining import run_pretraining
+        from bert_multi.training import run_pretraining
         def die(*_):
             os.kill(os.getpid(), signal.SIGKILL)
         kill = {kill!r}
         if kill[0] == "after step":
             on_step = lambda step, losses: die() if step == kill[1] else None
         else:  # "writing checkpoint": the kill-th checkpoint dies halfway through its file
-            import bert_multi.weights as weights_module
+            import bert_multi.files.weights as weights_module
             on_step, written, write_archive = None, [], weights_module.write_archive
             def half_then_die(file, arrays):
                 written.append(1)

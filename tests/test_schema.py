@@ -12,8 +12,8 @@ from bert_multi import (
     random_weights,
     validate_weights,
 )
-from bert_multi.cases import CUT_MAX_LEN, get_case
-from bert_multi.schema import cut_max_len
+from bert_multi.spec.schema import cut_max_len
+from bert_multi.verify.cases import CUT_MAX_LEN, get_case
 
 CONFIGS = [
     BERTConfig(vocab_size=10000, num_hiddens=768, ffn_num_hiddens=1024, num_heads=4, num_blks=2),

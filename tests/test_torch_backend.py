@@ -13,8 +13,8 @@ from bert_multi import (
     param_shapes,
     random_weights,
 )
-from bert_multi.cases import CASES
-from bert_multi.conform import assert_conforms
+from bert_multi.verify.cases import CASES
+from bert_multi.verify.conform import assert_conforms
 
 if not backends()["torch"].available:
     pytest.skip(backends()["torch"].reason, allow_module_level=True)

@@ -22,7 +22,7 @@ if tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (1, 24):
 if "mxnet" not in sys.modules:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from ..inputs import get_tokens_and_segments  # noqa: E402
+from ..spec.inputs import get_tokens_and_segments  # noqa: E402
 from .backend import (  # noqa: E402  (after the checks above)
     LAYER_NORM_EPS,
     NAME,

@@ -14,8 +14,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import checkpoints, gluon_params
-from ..backend import (
+from ..backend.contract import (
     BackendModel,
     BERTOutput,
     Device,
@@ -25,11 +24,12 @@ from ..backend import (
     parse_device,
     prepare_weights,
 )
-from ..checkpoints import Checkpoint
-from ..config import BERTConfig
 from ..errors import CannotRunHere
-from ..files import atomic_path
-from ..inputs import ModelInputs
+from ..files import checkpoints, gluon_params
+from ..files.checkpoints import Checkpoint
+from ..files.safe import atomic_path
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
 from .model import BERTModel
 
 NAME = "mxnet"

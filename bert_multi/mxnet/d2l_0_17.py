@@ -5,8 +5,8 @@ The preset is d2l 1.0's, and so are the parameter names. The classes are bert_mu
 (``model.py``); ``bert_multi.generations`` translates the old arguments.
 """
 
-from .. import generations
-from ..inputs import get_tokens_and_segments
+from ..spec import generations
+from ..spec.inputs import get_tokens_and_segments
 from . import model
 
 PRESET = "d2l"

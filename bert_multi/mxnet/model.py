@@ -19,8 +19,8 @@ from typing import Any
 from mxnet import np, npx
 from mxnet.gluon import nn
 
-from ..config import HEADS
-from ..semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
+from ..spec.config import HEADS
+from ..spec.semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 npx.set_np()  # Gluon on mxnet.np arrays, as d2l does
 

@@ -21,11 +21,11 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from ..backend import framework_names
+from ..backend.contract import framework_names
 from ..errors import WorkerFailed
-from ..pretraining import (
+from ..spec.loss import LossValues
+from ..training import (
     BatchTotals,
-    LossValues,
     TrainingRun,
     check_batch,
     check_trainable,

@@ -3,7 +3,7 @@
 Importing this package imports torch.
 """
 
-from ..inputs import get_tokens_and_segments
+from ..spec.inputs import get_tokens_and_segments
 from .backend import (
     LAYER_NORM_EPS,
     NAME,

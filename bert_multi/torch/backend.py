@@ -18,8 +18,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import checkpoints
-from ..backend import (
+from ..backend.contract import (
     BackendModel,
     BERTOutput,
     Device,
@@ -31,11 +30,12 @@ from ..backend import (
     read_only,
     shareable,
 )
-from ..checkpoints import Checkpoint
-from ..config import BERTConfig
 from ..errors import CannotRunHere, WeightsError
-from ..files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
-from ..inputs import ModelInputs
+from ..files import checkpoints
+from ..files.checkpoints import Checkpoint
+from ..files.safe import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
 from .model import BERTModel
 
 NAME = "torch"

@@ -7,8 +7,8 @@ tiled over the heads (d2l's bug, reproduced), and a next-sentence head that pool
 classes are bert_multi's own (``model.py``); ``bert_multi.generations`` translates the old arguments.
 """
 
-from .. import generations
-from ..inputs import get_tokens_and_segments
+from ..spec import generations
+from ..spec.inputs import get_tokens_and_segments
 from . import model
 
 PRESET = "d2l-0.11"

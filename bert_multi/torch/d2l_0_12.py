@@ -7,8 +7,8 @@ until 0.15 (reproduced: it is what checkpoints of those releases were trained wi
 bert_multi's own (``model.py``); ``bert_multi.generations`` translates the old arguments.
 """
 
-from .. import generations
-from ..inputs import get_tokens_and_segments
+from ..spec import generations
+from ..spec.inputs import get_tokens_and_segments
 from . import model
 
 PRESET = "d2l-0.12"

@@ -8,8 +8,8 @@ releases added ``pos_embedding.data`` to the embeddings, so the positional embed
 bert_multi's own (``model.py``); ``bert_multi.generations`` translates the old arguments.
 """
 
-from .. import generations
-from ..inputs import get_tokens_and_segments
+from ..spec import generations
+from ..spec.inputs import get_tokens_and_segments
 from . import model
 
 PRESET = "d2l"

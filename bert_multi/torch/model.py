@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import HEADS
-from ..semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
+from ..spec.config import HEADS
+from ..spec.semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
 
 
 def _dense(num_outputs: int, num_inputs: int | None = None, bias: bool = True) -> nn.Module:

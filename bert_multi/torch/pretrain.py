@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..backend import framework_names
+from ..backend.contract import framework_names
 from ..errors import WorkerFailed
-from ..pretraining import (
+from ..spec.loss import LossValues
+from ..training import (
     BatchTotals,
-    LossValues,
     TrainingRun,
     check_batch,
     check_trainable,

@@ -7,9 +7,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .compare import first_index
+from ..arrays import first_index
+from ..errors import InputError
 from .config import BERTConfig
-from .errors import InputError
 
 
 def get_tokens_and_segments(tokens_a: list[str], tokens_b: list[str] | None = None) -> tuple[list[str], list[int]]:

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, lessons
-from .backend import parse_device
-from .cases import CASE_NAMES, CASES, Batch, CaseInput, get_case
-from .checkpoints import (
+from ..backend.contract import parse_device
+from ..backend.registry import backend_names, backends, check_names, frameworks, load_backend, refused
+from ..display import ProgressBar, format_table
+from ..errors import BackendContractError, CannotRunHere, InputError, WeightsError, WorkerFailed
+from ..files.checkpoints import (
     DIRECTORY_FRAMEWORKS,
     FORMATS,
     Checkpoint,
@@ -28,25 +29,25 @@ from .checkpoints import (
     read_vocab,
     save_checkpoint,
 )
-from .config import CONFIGS, HEADS, BERTConfig
-from .conform import Report, Target, run_conformance
-from .errors import BackendContractError, CannotRunHere, InputError, WeightsError, WorkerFailed
-from .files import NpzReader, open_regular
-from .fixtures import DEFAULT_DIRECTORY, write_fixtures
-from .pretraining import (
+from ..files.safe import NpzReader, open_regular
+from ..files.weights import save_weights
+from ..spec.config import CONFIGS, HEADS, BERTConfig
+from ..spec.loss import MLM_NORMALIZATIONS
+from ..spec.schema import SUPPORTED_DTYPES, init_weights, random_weights
+from ..spec.semantics import PRESETS, releases_of, semantics_for
+from ..tools import bench, lessons
+from ..tools.fixtures import DEFAULT_DIRECTORY, write_fixtures
+from ..training import (
     ADAM_EPSILON_STYLES,
-    MLM_NORMALIZATIONS,
     OPTIMIZERS,
     PretrainingData,
     builtin_corpus,
     paragraphs_from_lines,
     run_pretraining,
 )
-from .registry import backend_names, backends, check_names, frameworks, load_backend, refused
-from .report import ProgressBar, failure_details, format_table, plot_report, plot_training, runtime_lines, summary_table
-from .schema import SUPPORTED_DTYPES, init_weights, random_weights
-from .semantics import PRESETS, releases_of, semantics_for
-from .weights import save_weights
+from ..verify.cases import CASE_NAMES, CASES, Batch, CaseInput, get_case
+from ..verify.conform import Report, Target, run_conformance
+from ..verify.report import failure_details, plot_report, plot_training, runtime_lines, summary_table
 
 
 def _positive_int(text: str) -> int:
@@ -782,7 +783,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bert-multi: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,5 @@
-"""HuggingFace transformers' ``BertForPreTraining`` / ``BertModel`` as one more backend: an independent
-implementation of the original BERT, compared like any other (eager attention, TF32 off).
-
-It computes the ``bert`` preset and its variants (GELU or ReLU, any LayerNorm eps, tied or own decoder);
-for a d2l generation ``supports`` says why not, and a conformance run reports a SKIP row. valid_lens
-become transformers' additive attention mask, (B, 1, T, T), so a length per query works too.
-"""
+"""transformers' BERT behind the common interface: canonical weights in, hooks on its modules, valid_lens as
+its attention mask (the package's docstring says what it computes)."""
 
 from __future__ import annotations
 
@@ -16,12 +11,12 @@ import numpy as np
 import torch
 import transformers
 
-from .backend import BackendModel, BERTOutput, Device, parse_device, prepare_weights, read_only
-from .config import BERTConfig
-from .errors import CannotRunHere
-from .huggingface import expressible, hf_names, to_huggingface
-from .inputs import ModelInputs
-from .torch.backend import TORCH_DTYPES, devices, gemm, synchronize, tf32_enabled, to_framework_device
+from ..backend.contract import BackendModel, BERTOutput, Device, parse_device, prepare_weights, read_only
+from ..errors import CannotRunHere
+from ..files.huggingface import expressible, hf_names, to_huggingface
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
+from ..torch.backend import TORCH_DTYPES, devices, gemm, synchronize, tf32_enabled, to_framework_device
 
 NAME = "transformers"
 __all__ = ["NAME", "TransformersBERT", "build", "devices", "gemm", "kernel_eps", "supports", "synchronize"]

@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.contract import framework_names
+from ..backend.registry import load_backend, registrations
+from ..errors import WeightsError
+from ..spec.config import HEADS, BERTConfig
+from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
+from ..spec.semantics import PRESETS, Semantics, releases_of, semantics_for
 from . import gluon_params, huggingface
-from .backend import framework_names
-from .config import HEADS, BERTConfig
-from .errors import WeightsError
-from .files import MXNET_LIST_MAGIC, ZIP_MAGIC, atomic_path, describe_format, open_regular, reason
-from .registry import load_backend, registrations
-from .schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
-from .semantics import PRESETS, Semantics, releases_of, semantics_for
+from .safe import MXNET_LIST_MAGIC, ZIP_MAGIC, atomic_path, describe_format, open_regular, reason
 from .weights import MANIFEST_KEY, load_weights, save_weights
 
 # What bert_multi reads and writes, for people.
@@ -132,7 +132,7 @@ class CheckpointInfo:
 
     def describe(self) -> str:
         """A report for people: the file, its tensors as a table, what it implies and what it cannot tell."""
-        from .report import format_table
+        from ..display import format_table
 
         lines = [f"{self.path}: {FORMATS[self.format]}"]
         if self.framework:

@@ -15,13 +15,13 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .backend import BackendModel, BERTOutput, parse_device, prepare_weights, read_only, shareable
-from .config import BERTConfig
-from .errors import CannotRunHere
-from .inputs import ModelInputs
-from .pretraining import MLM_NORMALIZATIONS, LossValues
-from .schema import nsp_layers
-from .semantics import Semantics, sinusoidal_positions
+from ..errors import CannotRunHere
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
+from ..spec.loss import MLM_NORMALIZATIONS, LossValues
+from ..spec.schema import nsp_layers
+from ..spec.semantics import Semantics, sinusoidal_positions
+from .contract import BackendModel, BERTOutput, parse_device, prepare_weights, read_only, shareable
 
 NAME = "numpy"
 

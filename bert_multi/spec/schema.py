@@ -13,9 +13,9 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from .compare import all_finite, first_index
+from ..arrays import all_finite, first_index
+from ..errors import WeightsError
 from .config import BERTConfig
-from .errors import WeightsError
 
 SUPPORTED_DTYPES = ("float32", "float64")
 

@@ -1,5 +1,6 @@
 """BERT's pretraining data, framework-free: vocabulary, WikiText-style reading, next-sentence pairs,
-masked-LM masking and padding, as the d2l chapter "The Dataset for Pretraining BERT" builds them.
+masked-LM masking and padding, as the d2l chapter "The Dataset for Pretraining BERT" builds them, and
+the checks and shards of a batch.
 
 Every random choice comes from one ``random.Random(seed)``, never the global state, so the same seed
 gives the same batches in any process and for any backend.
@@ -8,11 +9,8 @@ gives the same batches in any process and for any backend.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
-import socket
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +18,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import HEADS, BERTConfig
-from .errors import InputError, WeightsError
-from .files import NpzReader, open_regular
-from .inputs import check_inputs, get_tokens_and_segments
-from .registry import backends, load_backend
-from .schema import validate_weights
-from .weights import MANIFEST_KEY, load_weights, read_json_manifest, save_weights, write_npz
+from ..errors import InputError
+from ..spec.config import BERTConfig
+from ..spec.inputs import check_inputs, get_tokens_and_segments
 
 RESERVED_TOKENS = ["<pad>", "<mask>", "<cls>", "<sep>"]
 MLM_FRACTION = 0.15  # share of each sequence's tokens that are predicted
@@ -247,12 +241,6 @@ class PretrainingData:
                 yield {field: values[rows] for field, values in self.arrays.items()}
 
 
-class LossValues(NamedTuple):
-    total: float
-    mlm: float
-    nsp: float
-
-
 class BatchTotals(NamedTuple):
     """What the loss of a whole batch divides by. A worker holding one shard of a batch divides its
     sums by the whole batch's totals, so the workers' losses add up to the loss of the whole batch
@@ -276,42 +264,6 @@ def shard(batch: dict[str, np.ndarray], rank: int, workers: int) -> dict[str, np
         raise ValueError(f"a batch of {size} cannot be split into {workers} equal shards (rank {rank})")
     rows = slice(rank * size // workers, (rank + 1) * size // workers)
     return {name: values[rows] for name, values in batch.items()}
-
-
-def free_address() -> str:
-    """127.0.0.1 and a port no one listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
-
-
-OPTIMIZERS = ("adam", "sgd")
-MLM_NORMALIZATIONS = ("real_slots", "all_slots")  # all_slots: d2l's PyTorch code, padding averaged in
-ADAM_EPSILON_STYLES = ("torch", "mxnet")
-
-
-def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_style: str) -> None:
-    for name, value, allowed in (
-        ("optimizer", optimizer, OPTIMIZERS),
-        ("mlm_normalization", mlm_normalization, MLM_NORMALIZATIONS),
-        ("adam_epsilon_style", adam_epsilon_style, ADAM_EPSILON_STYLES),
-    ):
-        if value not in allowed:
-            raise ValueError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
-
-
-def check_trainable(config: BERTConfig, train_positions: bool) -> None:
-    """Pretraining needs both pretraining heads; freezing the positional embedding (as d2l 0.16-0.17's
-    PyTorch code did, by adding ``pos_embedding.data``) needs a learned one."""
-    if config.heads != HEADS:
-        raise ValueError(
-            f"pretraining needs the pooler and both heads (MLM and NSP); this model has only {list(config.heads)}"
-        )
-    if not train_positions and config.semantics.positions != "learned":
-        raise ValueError(
-            f"there are no positional embeddings to freeze: preset {config.semantics.name!r} adds a fixed "
-            "sinusoidal table"
-        )
 
 
 def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -353,183 +305,3 @@ def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, n
         "mlm_labels": labels.astype(np.int64),
         "nsp_labels": nsp.astype(np.int64),
     }
-
-
-# --- Running it ----------------------------------------------------------------------------------------
-
-
-STATE_FILE = "state.npz"
-STATE_FORMAT = "bert_multi.training_state"
-
-
-class TrainingState(NamedTuple):
-    """Everything a run needs to go on after ``step`` steps: the weights, the optimizer's state (canonical
-    arrays, see each backend's ``Pretrainer.state``) and the settings that drew its batches."""
-
-    step: int
-    config: BERTConfig
-    weights: dict[str, np.ndarray]
-    optimizer: dict[str, np.ndarray]
-    settings: dict
-
-
-def save_training_state(directory: str | os.PathLike, state: TrainingState) -> Path:
-    """``directory/state.npz``, replaced atomically: a run killed at any moment, even while writing it,
-    leaves the previous state whole. The batches' position is the step (they are drawn from the seed)."""
-    manifest = {"format": STATE_FORMAT, "format_version": 1, "step": state.step, "config": state.config.to_dict()}
-    manifest["settings"] = state.settings
-    arrays = {f"weights.{name}": array for name, array in state.weights.items()}
-    arrays.update({f"optimizer.{name}": array for name, array in state.optimizer.items()})
-    path = Path(directory) / STATE_FILE
-    write_npz(path, manifest, arrays)
-    return path
-
-
-def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
-    """The state ``save_training_state`` left in ``directory``, or None if there is none. A file that is
-    not one, or is damaged, is a ``WeightsError`` naming it."""
-    path = Path(directory) / STATE_FILE
-    if not path.exists():
-        return None
-    with open_regular(path, "training state", WeightsError) as file:
-        archive = NpzReader(file, path, WeightsError)
-        manifest = read_json_manifest(path, archive, "training state")
-        try:
-            if manifest.get("format") != STATE_FORMAT or manifest.get("format_version") != 1:
-                raise ValueError(f"format {manifest.get('format')!r}, expected {STATE_FORMAT!r} version 1")
-            step, settings = manifest["step"], manifest["settings"]
-            if not isinstance(step, int) or step < 0 or not isinstance(settings, dict):
-                raise ValueError("a step that is not a count, or settings that are not a dict")
-            config = BERTConfig.from_dict(manifest["config"])
-        except (ValueError, TypeError, KeyError) as error:
-            raise WeightsError(f"{path}: not a readable training state: {error}") from None
-        arrays = {name: archive.read(name, archive.header(name)) for name in archive.names if name != MANIFEST_KEY}
-    weights = {name[len("weights.") :]: array for name, array in arrays.items() if name.startswith("weights.")}
-    optimizer = {name[len("optimizer.") :]: array for name, array in arrays.items() if name.startswith("optimizer.")}
-    try:
-        validate_weights(config, weights)
-    except WeightsError as error:
-        raise WeightsError(f"{path}: {error}") from None
-    return TrainingState(step, config, weights, optimizer, settings)
-
-
-@dataclass
-class TrainingRun:
-    """The losses of each step of one backend's run, how long it took and the weights it ended with."""
-
-    backend: str
-    losses: list[LossValues]
-    seconds: float
-    tokens: int  # valid (non-padding) tokens processed
-    runtime: dict
-    weights: dict[str, np.ndarray]
-    rank: int = 0  # which worker of a data-parallel run returned it
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
-
-
-def save_run(directory: str | os.PathLike, config: BERTConfig, run: TrainingRun) -> None:
-    """What worker 0 of a data-parallel run hands back to the process that launched it."""
-    save_weights(Path(directory) / "weights.npz", config, run.weights)
-    summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
-    (Path(directory) / "run.json").write_text(json.dumps(summary))
-
-
-def load_run(directory: str | os.PathLike, backend_name: str) -> TrainingRun:
-    """The run ``save_run`` left in ``directory``."""
-    summary = json.loads((Path(directory) / "run.json").read_text())
-    _, weights = load_weights(Path(directory) / "weights.npz")
-    losses = [LossValues(*values) for values in summary["losses"]]
-    return TrainingRun(backend_name, losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)
-
-
-def relay_steps(progress, on_step) -> None:
-    """Pass the (step, losses) worker 0 has queued so far to ``on_step``, in order."""
-    while not progress.empty():
-        step, values = progress.get()
-        if on_step:
-            on_step(step, LossValues(*values))
-
-
-def run_pretraining(
-    backend_name: str,
-    config: BERTConfig,
-    weights: dict[str, np.ndarray],
-    data: PretrainingData,
-    steps: int,
-    batch_size: int,
-    seed: int = 0,
-    device: str = "cpu",
-    dtype: str = "float32",
-    on_step=None,
-    rank: int = 0,
-    workers: int = 1,
-    checkpoint_every: int = 0,
-    checkpoint_dir: str | os.PathLike | None = None,
-    resume: bool = False,
-    **options,
-) -> TrainingRun:
-    """``steps`` optimizer steps of ``backend_name`` from ``weights`` on ``data``'s batches (drawn from
-    ``seed``, so two backends given the same seed see the same batches). ``options`` go to the
-    backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style,
-    train_positions).
-    ``on_step(step, losses)`` is called after each step.
-
-    With ``workers`` > 1 this process is worker ``rank`` of a data-parallel run whose process group the
-    caller has set up: it draws every batch of ``batch_size`` as one process would and trains on its
-    shard (``shard``), and the framework's engine combines the gradients; losses are the whole batch's.
-
-    ``checkpoint_every`` K > 0 saves the whole training state to ``checkpoint_dir`` every K steps (worker
-    0 does); ``resume`` goes on from the state there, if any, to ``steps`` in all, and ends with the
-    weights an uninterrupted run ends with. The losses returned are those of the steps this call took."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    if batch_size % workers:
-        raise ValueError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
-    if (checkpoint_every or resume) and checkpoint_dir is None:
-        raise ValueError("checkpoints and resuming need a checkpoint directory")
-    settings = {"backend": backend_name, "dtype": dtype, "seed": seed, "batch_size": batch_size, **options}
-    settings = json.loads(json.dumps(settings))  # as a saved state holds them (tuples become lists)
-    state = load_training_state(checkpoint_dir) if resume and checkpoint_dir is not None else None
-    if state is not None:
-        if state.config != config or state.settings != settings:
-            raise ValueError(
-                f"{checkpoint_dir}: its state was saved by a run with {state.config} and {state.settings}, not "
-                f"{config} and {settings}; resume with the same settings"
-            )
-        weights = state.weights
-    start = state.step if state else 0
-    backend = load_backend(backend_name)
-    if not backend.can_train:
-        trainable = [name for name, status in backends().items() if status.available and load_backend(name).can_train]
-        raise ValueError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
-    model = backend.build(config, weights, device=device, dtype=dtype)
-    trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
-    if state:
-        trainer.load_state(state.optimizer, start)
-    saves = checkpoint_dir if checkpoint_every and rank == 0 else None  # where this worker saves, if it does
-    if saves is not None:
-        os.makedirs(saves, exist_ok=True)
-    batches = data.batches(batch_size, seed)
-    for _ in range(start):  # the batches the saved steps took
-        next(batches)
-    losses, tokens = [], 0
-    started = time.perf_counter()
-    for step in range(start + 1, steps + 1):
-        batch = next(batches)
-        # Dropout's masks come from a generator seeded from the step, so that a resumed run draws the
-        # masks the uninterrupted one would have: the random state is (seed, step).
-        trainer.seed(seed * 1_000_003 + step)
-        if workers == 1:
-            losses.append(trainer.step(batch))
-        else:
-            losses.append(trainer.step(shard(batch, rank, workers), BatchTotals.of(batch)))
-        tokens += int(batch["valid_lens"].sum())
-        if saves is not None and step % checkpoint_every == 0:
-            save_training_state(saves, TrainingState(step, config, model.export_weights(), trainer.state(), settings))
-        if on_step:
-            on_step(step, losses[-1])
-    seconds = time.perf_counter() - started
-    return TrainingRun(backend_name, losses, seconds, tokens, model.runtime_info(), model.export_weights(), rank)

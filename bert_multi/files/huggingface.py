@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from .config import HEADS, BERTConfig
-from .errors import WeightsError
-from .files import atomic_path, check_shape, file_size, open_regular, reason
-from .registry import load_backend
-from .schema import param_shapes
-from .semantics import PRESETS, Semantics
+from ..backend.registry import load_backend
+from ..errors import WeightsError
+from ..spec.config import HEADS, BERTConfig
+from ..spec.schema import param_shapes
+from ..spec.semantics import PRESETS, Semantics
+from .safe import atomic_path, check_shape, file_size, open_regular, reason
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from .config import CONFIGS, BERTConfig
-from .pretraining import PretrainingData, builtin_corpus, paragraphs_from_lines
-from .registry import LoadedBackend, backends, frameworks, load_backend
-from .schema import random_weights
-from .weights import load_weights, save_weights
+from ..backend.registry import LoadedBackend, backends, frameworks, load_backend
+from ..files.weights import load_weights, save_weights
+from ..spec.config import CONFIGS, BERTConfig
+from ..spec.schema import random_weights
+from ..training import PretrainingData, builtin_corpus, paragraphs_from_lines
 
 # name -> (config, batch size, sequence length): the chapter's shape and BERT-base's; --quick: a tiny one.
 SHAPES = {
@@ -274,7 +274,7 @@ def _computable(backend: LoadedBackend, config: BERTConfig) -> BERTConfig | None
 
 def format_rows(rows: list[Row]) -> str:
     """The table ``bert-multi bench`` prints."""
-    from .report import format_table
+    from ..display import format_table
 
     def share(row: Row) -> str:
         return "-" if row.share is None else f"{100 * row.share:.0f}%"

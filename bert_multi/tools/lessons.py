@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .registry import frameworks, registrations
+from ..backend.registry import frameworks, registrations
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "framework-differences.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
 
 # Runs in the child: every sample from stdin, each with its own namespace and captured stdout.
 _CHILD = """

@@ -26,9 +26,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .backend import BUILD_OPTIONS, ROLES, BackendModel, parse_device
-from .config import BERTConfig
-from .errors import BackendContractError, BackendUnavailable, CannotRunHere
+from ..errors import BackendContractError, BackendUnavailable, CannotRunHere
+from ..spec.config import BERTConfig
+from .contract import BUILD_OPTIONS, ROLES, BackendModel, parse_device
 
 ENTRY_POINT_GROUP = "bert_multi.backends"
 
@@ -51,7 +51,7 @@ def _own(name: str, path: str, role: str, label: str, install: str = "") -> Regi
 
 # The project's own backends, in the order reports list them: one entry each.
 BUILTIN = (
-    _own("numpy", "bert_multi.oracle", "oracle", "NumPy"),
+    _own("numpy", "bert_multi.backend.oracle", "oracle", "NumPy"),
     _own(
         "torch",
         "bert_multi.torch",
@@ -68,7 +68,7 @@ BUILTIN = (
     ),
     _own(
         "transformers",
-        "bert_multi.transformers_reference",
+        "bert_multi.transformers",
         "reference",
         "transformers",
         "pip install 'bert_multi[torch,reference]' (transformers)",

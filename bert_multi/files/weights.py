@@ -17,10 +17,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .config import D2L_ARGUMENTS, BERTConfig
-from .errors import WeightsError
-from .files import NpzReader, atomic_path, open_regular
-from .schema import SUPPORTED_DTYPES, check_names, iter_param_specs, validate_weights
+from ..errors import WeightsError
+from ..spec.config import D2L_ARGUMENTS, BERTConfig
+from ..spec.schema import SUPPORTED_DTYPES, check_names, iter_param_specs, validate_weights
+from .safe import NpzReader, atomic_path, open_regular
 
 FORMAT_NAME = "bert_multi.weights"
 # The newest version this bert_multi reads. Version 2 adds the config's semantics (a d2l generation

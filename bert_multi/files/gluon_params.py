@@ -25,8 +25,8 @@ import struct
 
 import numpy as np
 
-from .errors import WeightsError
-from .files import check_shape, describe_format, file_size, open_regular
+from ..errors import WeightsError
+from .safe import check_shape, describe_format, file_size, open_regular
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters

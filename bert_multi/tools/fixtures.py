@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import BERTOutput, intermediate_names
-from .cases import CASES, Batch
-from .config import BERTConfig
-from .conform import OUTPUT_NAMES
-from .files import atomic_path
-from .registry import load_backend
-from .schema import random_weights
-from .semantics import PRESETS
-from .weights import load_weights, save_weights
+from ..backend.contract import BERTOutput, intermediate_names
+from ..backend.registry import load_backend
+from ..files.safe import atomic_path
+from ..files.weights import load_weights, save_weights
+from ..spec.config import BERTConfig
+from ..spec.schema import random_weights
+from ..spec.semantics import PRESETS
+from ..verify.cases import CASES, Batch
+from ..verify.conform import OUTPUT_NAMES
 
 DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
 SEED = 0

@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from .backend import BackendModel, BERTOutput, parse_device
+from ..backend.contract import BackendModel, BERTOutput, parse_device
+from ..backend.registry import LoadedBackend, check_names, load_backend
+from ..errors import CannotRunHere, InputError
+from ..files.weights import load_weights, save_weights
+from ..spec.config import BERTConfig
+from ..spec.inputs import check_inputs
+from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
 from .cases import Batch, CaseInput
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
-from .config import BERTConfig
-from .errors import CannotRunHere, InputError
-from .inputs import check_inputs
-from .registry import LoadedBackend, check_names, load_backend
-from .schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
-from .weights import load_weights, save_weights
 
 OUTPUT_NAMES = ("encoded", "mlm", "nsp")
 

@@ -1,9 +1,10 @@
 """The backend contract, written once: what a backend provides and what its models return.
 
 A backend is a module (or any object) with ``NAME`` and ``build``; ``Backend`` below states both and
-every optional capability, and ``bert_multi.registry.LoadedBackend`` is the one place where each
+every optional capability, and ``bert_multi.backend.registry.LoadedBackend`` is the one place where each
 capability is looked up, with its default. The project's own backends register in
-``bert_multi.registry``; other packages add theirs through the ``bert_multi.backends`` entry-point group.
+``bert_multi.backend.registry``; other packages add theirs through the ``bert_multi.backends``
+entry-point group.
 ``BackendModel.__call__`` runs the shared input checks before the backend's ``_forward`` sees anything,
 so bad input fails the same way, with the same message, in every framework.
 """
@@ -19,9 +20,9 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .config import BERTConfig
-from .inputs import ModelInputs, check_inputs
-from .schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs, check_inputs
+from ..spec.schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
 
 
 class Option(NamedTuple):

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import BERTConfig
+from ..spec.config import BERTConfig
 
 Batch = dict[str, "np.ndarray | None"]
 

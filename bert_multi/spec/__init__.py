@@ -1,0 +1,3 @@
+"""What the model is, framework-free: the generations' switches (``semantics``), the sizes (``config``),
+the canonical weights (``schema``), the inputs and their checks (``inputs``), the pretraining loss's
+rules (``loss``) and the earlier generations' constructor signatures (``generations``)."""

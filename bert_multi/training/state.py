@@ -1,0 +1,70 @@
+"""The whole state of a pretraining run in one file, replaced atomically: weights, the optimizer's
+state, the step and the settings, so that a run killed at any moment goes on where it stopped."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..files.safe import NpzReader, open_regular
+from ..files.weights import MANIFEST_KEY, read_json_manifest, write_npz
+from ..spec.config import BERTConfig
+from ..spec.schema import validate_weights
+
+STATE_FILE = "state.npz"
+STATE_FORMAT = "bert_multi.training_state"
+
+
+class TrainingState(NamedTuple):
+    """Everything a run needs to go on after ``step`` steps: the weights, the optimizer's state (canonical
+    arrays, see each backend's ``Pretrainer.state``) and the settings that drew its batches."""
+
+    step: int
+    config: BERTConfig
+    weights: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray]
+    settings: dict
+
+
+def save_training_state(directory: str | os.PathLike, state: TrainingState) -> Path:
+    """``directory/state.npz``, replaced atomically: a run killed at any moment, even while writing it,
+    leaves the previous state whole. The batches' position is the step (they are drawn from the seed)."""
+    manifest = {"format": STATE_FORMAT, "format_version": 1, "step": state.step, "config": state.config.to_dict()}
+    manifest["settings"] = state.settings
+    arrays = {f"weights.{name}": array for name, array in state.weights.items()}
+    arrays.update({f"optimizer.{name}": array for name, array in state.optimizer.items()})
+    path = Path(directory) / STATE_FILE
+    write_npz(path, manifest, arrays)
+    return path
+
+
+def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
+    """The state ``save_training_state`` left in ``directory``, or None if there is none. A file that is
+    not one, or is damaged, is a ``WeightsError`` naming it."""
+    path = Path(directory) / STATE_FILE
+    if not path.exists():
+        return None
+    with open_regular(path, "training state", WeightsError) as file:
+        archive = NpzReader(file, path, WeightsError)
+        manifest = read_json_manifest(path, archive, "training state")
+        try:
+            if manifest.get("format") != STATE_FORMAT or manifest.get("format_version") != 1:
+                raise ValueError(f"format {manifest.get('format')!r}, expected {STATE_FORMAT!r} version 1")
+            step, settings = manifest["step"], manifest["settings"]
+            if not isinstance(step, int) or step < 0 or not isinstance(settings, dict):
+                raise ValueError("a step that is not a count, or settings that are not a dict")
+            config = BERTConfig.from_dict(manifest["config"])
+        except (ValueError, TypeError, KeyError) as error:
+            raise WeightsError(f"{path}: not a readable training state: {error}") from None
+        arrays = {name: archive.read(name, archive.header(name)) for name in archive.names if name != MANIFEST_KEY}
+    weights = {name[len("weights.") :]: array for name, array in arrays.items() if name.startswith("weights.")}
+    optimizer = {name[len("optimizer.") :]: array for name, array in arrays.items() if name.startswith("optimizer.")}
+    try:
+        validate_weights(config, weights)
+    except WeightsError as error:
+        raise WeightsError(f"{path}: {error}") from None
+    return TrainingState(step, config, weights, optimizer, settings)

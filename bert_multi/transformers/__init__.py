@@ -1,0 +1,11 @@
+"""HuggingFace transformers' ``BertForPreTraining`` / ``BertModel`` as one more backend: an independent
+implementation of the original BERT, compared like any other (eager attention, TF32 off).
+
+It computes the ``bert`` preset and its variants (GELU or ReLU, any LayerNorm eps, tied or own decoder);
+for a d2l generation ``supports`` says why not, and a conformance run reports a SKIP row. valid_lens
+become transformers' additive attention mask, (B, 1, T, T), so a length per query works too.
+"""
+
+from .backend import NAME, TransformersBERT, build, devices, gemm, kernel_eps, supports, synchronize
+
+__all__ = ["NAME", "TransformersBERT", "build", "devices", "gemm", "kernel_eps", "supports", "synchronize"]

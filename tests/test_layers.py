@@ -1,0 +1,98 @@
+"""The core's layers show in its tree, and each module imports only from its own layer and those below
+(docs/design.md, "Layers"). A module that reaches up fails here, naming the import."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "bert_multi"
+
+# Bottom to top. The framework backends use the layers below them; nothing below imports them by name
+# (the registry loads them), and the command line and the tools reach them only through the registry.
+LAYERS = [
+    ("base", ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display")),
+    ("spec", ("bert_multi.spec",)),
+    ("backend", ("bert_multi.backend",)),
+    ("files", ("bert_multi.files",)),
+    ("verify", ("bert_multi.verify",)),
+    ("training", ("bert_multi.training",)),
+    ("frameworks", ("bert_multi.torch", "bert_multi.mxnet", "bert_multi.transformers")),
+    ("tools", ("bert_multi.tools",)),
+    ("cli", ("bert_multi.cli",)),
+]
+FRAMEWORKS = LAYERS[6][1]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int | None:
+    """The index of the layer ``module`` belongs to; None for the package itself (the public API)."""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    return None
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every bert_multi module ``path`` imports, relative or not, lazily or not."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("bert_multi")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if not module.startswith("bert_multi"):
+                continue
+            if node.module is None:  # from . import x: x is a module of the package
+                found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, module))
+    return found
+
+
+MODULES = sorted(path for path in PACKAGE.rglob("*.py"))
+
+
+def test_every_module_belongs_to_a_layer():
+    lost = [
+        module_name(path) for path in MODULES if path != PACKAGE / "__init__.py" and layer_of(module_name(path)) is None
+    ]
+    assert not lost, f"modules in no layer: {lost}; add them to a layer's package"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
+def test_a_module_imports_only_from_its_layer_and_those_below(path):
+    own = layer_of(module_name(path))
+    if own is None:  # bert_multi/__init__.py: the public API gathers every layer
+        return
+    upward = [
+        f"line {line}: {target} ({LAYERS[layer_of(target)][0]}) from {LAYERS[own][0]}"
+        for line, target in imports(path)
+        if (layer_of(target) or 0) > own
+    ]
+    by_name = [
+        f"line {line}: {target}, a framework backend, imported by name (ask the registry)"
+        for line, target in imports(path)
+        if own != LAYERS.index(LAYERS[6]) and any(target.startswith(name) for name in FRAMEWORKS)
+    ]
+    assert not upward + by_name, "\n".join(upward + by_name)
+
+
+def test_the_check_sees_an_import_that_reaches_up(tmp_path, monkeypatch):
+    """The check above can fail: a spec module importing the verification engine is caught."""
+    spec = PACKAGE / "spec" / "config.py"
+    fake = tmp_path / "bert_multi" / "spec" / "config.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(spec.read_text() + "\n\ndef late():\n    from ..verify.conform import Report\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "bert_multi")
+    with pytest.raises(AssertionError, match=r"bert_multi\.verify\.conform \(verify\) from spec"):
+        test_a_module_imports_only_from_its_layer_and_those_below(fake)
