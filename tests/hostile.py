@@ -64,9 +64,9 @@ def _mxnet_checkpoint(path: str) -> object:
 
 
 def _inputs(path: str) -> object:
-    from bert_multi.cli import _read_inputs
+    from bert_multi.cli.common import read_inputs
 
-    return _read_inputs(path)
+    return read_inputs(path)
 
 
 LOADERS: dict[str, Callable[[str], object]] = {

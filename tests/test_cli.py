@@ -183,13 +183,18 @@ def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if the command starts its work before refusing."""
-    import bert_multi.cli as cli
+    from bert_multi.cli import common, fixtures, pretrain
 
     def refuse(*args, **kwargs):
         pytest.fail("the work started before the bad argument was reported")
 
-    for name in ("run_conformance", "run_pretraining", "write_fixtures", "load_checkpoint"):
-        monkeypatch.setattr(cli, name, refuse)
+    for module, name in (
+        (common, "run_conformance"),
+        (common, "load_checkpoint"),
+        (pretrain, "run_pretraining"),
+        (fixtures, "write_fixtures"),
+    ):
+        monkeypatch.setattr(module, name, refuse)
 
 
 def one_line_error(capsys):

@@ -1,0 +1,69 @@
+"""``bert-multi bench``: speed of every installed backend side by side (forward and a training step)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from ..display import ProgressBar
+from ..spec.schema import SUPPORTED_DTYPES
+from ..tools import bench
+from .common import check_output, check_plot, comma_list
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "bench",
+        help="speed of every installed backend side by side (forward and a training step)",
+        description="Every installed backend in one process, in interleaved rounds: median, min and max "
+        "time, tokens/s and the share of a same-process GEMM peak; transformers as a reference where installed.",
+    )
+    parser.add_argument(
+        "--shapes", type=comma_list, default=["chapter"], help="comma-separated: chapter (8x64), base (8x128)"
+    )
+    parser.add_argument("--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload (default 5)")
+    parser.add_argument("--no-train", action="store_true", help="no training step")
+    parser.add_argument(
+        "--no-files", action="store_true", help="no weight-file save and load (at the last shape's size)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
+    parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of tokens/s")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output(args.json, "--json")
+    check_plot(args.plot)
+    shapes, rounds = (["tiny"], 2) if args.quick else (args.shapes, args.rounds)
+    for shape in shapes:
+        if shape not in bench.SHAPES:
+            raise ValueError(f"unknown shape {shape!r}: expected some of {list(bench.SHAPES)}")
+    bar = ProgressBar()
+    try:
+        rows = bench.run_bench(
+            shapes,
+            args.dtypes,
+            rounds,
+            train=not args.no_train,
+            progress=lambda label: bar(0, 1, label),
+            files=not args.no_files,
+        )
+    finally:
+        bar.close()
+    per_backend = {row.backend: row.threads for row in rows if row.threads is not None}
+    threads = ", ".join(
+        [f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"]
+        + [f"{name} threads {count}" for name, count in per_backend.items()]
+    )
+    print(f"{rounds} interleaved rounds per workload; {threads}")
+    print(bench.format_rows(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": [row.to_json() for row in rows]}, indent=1))
+        print(f"report written to {args.json}")
+    if args.plot:
+        print(f"plot written to {bench.plot_rows(rows, args.plot)}")
+    return 0

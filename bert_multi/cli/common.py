@@ -1,0 +1,236 @@
+"""What the subcommands share: option types, the run options, reading checkpoints and inputs as stated,
+checking output paths before any work, and running and reporting a conformance run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.contract import parse_device
+from ..backend.registry import backend_names, check_names, frameworks
+from ..display import ProgressBar
+from ..errors import InputError
+from ..files.checkpoints import Checkpoint, load_checkpoint
+from ..files.safe import NpzReader, open_regular
+from ..spec.config import CONFIGS, HEADS, BERTConfig
+from ..spec.schema import SUPPORTED_DTYPES, random_weights
+from ..spec.semantics import PRESETS
+from ..verify.cases import Batch, CaseInput
+from ..verify.conform import Report, Target, run_conformance
+from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
+
+
+def positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def comma_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_targets(args: argparse.Namespace) -> list[Target]:
+    """The targets asked for; any name that is not a backend, dtype or device is refused here."""
+    names = frameworks() if args.backends is None else args.backends
+    if args.reference:
+        references = backend_names("reference")
+        if args.reference not in references:
+            raise ValueError(f"--reference {args.reference!r}: expected one of the references {references}")
+        names = [*names, args.reference] if args.reference not in names else names
+    check_names(names)
+    for dtype in args.dtypes:
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
+    for device in args.devices:
+        parse_device(device)
+    return [Target(backend, dtype, device) for device in args.devices for backend in names for dtype in args.dtypes]
+
+
+def model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -> tuple[BERTConfig, dict]:
+    """A built-in config name with random weights from ``--seed``, or a checkpoint in any format with what
+    the options state about it; computing the generation ``preset`` when one is given."""
+    if spec in CONFIGS:
+        stated = [option for option in ("num_heads", "d2l_version", "cast", "key") if getattr(args, option)]
+        if stated:
+            options = ", ".join("--" + option.replace("_", "-") for option in stated)
+            raise ValueError(f"{options}: these describe a checkpoint file, not the built-in config {spec!r}")
+        config = CONFIGS[spec].with_semantics(preset or "d2l")
+        # Every tensor random (biases and LayerNorm parameters too), so that every weight is checked.
+        return config, random_weights(config, seed=args.seed, dtype="float64")
+    if Path(spec).exists():
+        checkpoint = load_as_stated(args, spec, preset)
+        return checkpoint.config, checkpoint.weights
+    raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing checkpoint")
+
+
+def load_as_stated(args: argparse.Namespace, path: str, preset: str | None) -> Checkpoint:
+    """A checkpoint in any format, with the statements of --num-heads, --preset/--d2l-version, --cast, --key;
+    what was done to read it is said."""
+    checkpoint = load_checkpoint(
+        path, num_heads=args.num_heads, preset=preset, d2l_version=args.d2l_version, dtype=args.cast, key=args.key
+    )
+    for note in checkpoint.info.notes:
+        print(f"note: {note}")
+    if checkpoint.info.ignored:
+        print(f"ignored (not part of d2l's BERTModel): {', '.join(checkpoint.info.ignored)}")
+    return checkpoint
+
+
+MAX_INPUT_BYTES = 1 << 30  # what an inputs .npz may expand to
+
+
+def read_inputs(path: str) -> list[CaseInput]:
+    """One batch from an .npz with tokens, segments and optionally valid_lens and pred_positions."""
+    allowed = ("tokens", "segments", "valid_lens", "pred_positions")
+    with open_regular(path, "file of inputs (.npz)", InputError) as file:
+        archive = NpzReader(file, path, InputError, max_compressed_bytes=MAX_INPUT_BYTES)
+        unknown = sorted(set(archive.names) - set(allowed))
+        if unknown or not {"tokens", "segments"} <= set(archive.names):
+            raise InputError(
+                f"{path}: expected arrays tokens, segments and optionally valid_lens, pred_positions; "
+                f"found {sorted(archive.names)}"
+            )
+        arrays = {name: archive.read(name, archive.header(name)) for name in archive.names}
+    return [CaseInput(Path(path).stem, {name: arrays.get(name) for name in allowed})]
+
+
+def check_output(path: str | None, option: str, directory: bool = False) -> None:
+    """Refuse, before any work starts, an output path that could not be written at the end: its
+    directory must exist (or, for a directory to create, its nearest existing ancestor) and be writable."""
+    if path is None:
+        return
+    target = Path(path)
+    if directory:
+        if target.exists() and not target.is_dir():
+            raise ValueError(f"{option} {path}: exists and is not a directory")
+        parent = next(p for p in (target, *target.parents) if p.exists())
+    else:
+        if target.is_dir():
+            raise ValueError(f"{option} {path}: is a directory; expected a file name")
+        parent = target.parent
+        if not parent.is_dir():
+            raise ValueError(f"{option} {path}: the directory {str(parent)!r} does not exist")
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: cannot write in {str(parent)!r}")
+
+
+def check_plot(path: str | None, option: str = "--plot") -> None:
+    check_output(path, option)
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"{option} needs matplotlib: pip install 'bert_multi[plot]'")
+
+
+def describe_case(config: BERTConfig, case: CaseInput) -> str:
+    cut = case.cut(config)
+    return case.name if cut is None else f"{case.name} (on the model cut to max_len {cut})"
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    targets: list[Target],
+    config: BERTConfig,
+    weights: dict[str, np.ndarray],
+    cases: list[CaseInput] | list[tuple[str, Batch]],
+) -> Report:
+    print(f"config: {config}")
+    absent = [head for head in HEADS if head not in config.heads]
+    if absent:
+        print(f"absent from this model, so not compared: {', '.join(absent)}")
+    print(f"cases: {', '.join(describe_case(config, CaseInput(*case)) for case in cases)}")
+    bar = ProgressBar()
+    try:
+        report = run_conformance(config, weights, targets, cases, pairs=not args.no_pairs, progress=bar)
+    finally:
+        bar.close()
+    print(summary_table(report))
+    print(f"\nran on:\n{runtime_lines(report)}")
+    if not report.passed:
+        print("\n" + failure_details(report))
+    checks = len(report.checks)
+    verdict = "PASS" if report.passed else "FAIL"
+    broken = f", {len(report.errors)} error(s)" if report.errors else ""
+    print(
+        f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance{broken}, "
+        f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s"
+    )
+    return report
+
+
+def write_reports(args: argparse.Namespace, reports: dict[str, Report]) -> int:
+    """Write --json and --plot (one plot per generation when there are several); the exit code."""
+    if args.json:
+        document = (
+            next(iter(reports.values())).to_json()
+            if len(reports) == 1
+            else {preset: report.to_json() for preset, report in reports.items()}
+        )
+        Path(args.json).write_text(json.dumps(document, indent=1))
+        print(f"report written to {args.json}")
+    if args.plot:
+        for preset, report in reports.items():
+            path = Path(args.plot)
+            if len(reports) > 1:
+                path = path.with_name(f"{path.stem}-{preset}{path.suffix}")
+            print(f"plot written to {plot_report(report, path)}")
+    if not all(report.checks for report in reports.values()):
+        print("bert-multi: nothing was checked: no requested backend could run here", file=sys.stderr)
+        return 1
+    return 0 if all(report.passed for report in reports.values()) else 1
+
+
+def check_report_outputs(args: argparse.Namespace) -> None:
+    check_output(args.json, "--json")
+    check_plot(args.plot)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backends",
+        type=comma_list,
+        help="comma-separated backend names (default: every framework backend; bert-multi backends lists them)",
+    )
+    parser.add_argument(
+        "--devices",
+        type=comma_list,
+        default=["cpu"],
+        help="comma-separated: cpu, cuda, cuda:N, gpu, gpu:N (default: cpu); "
+        "a device a backend cannot use here is reported as skipped",
+    )
+    parser.add_argument(
+        "--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated (default: float32,float64)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
+    parser.add_argument(
+        "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
+    )
+    parser.add_argument(
+        "--reference",
+        help="add a reference backend, an independent implementation of the original BERT such as "
+        "transformers, as one more row (the bert preset only)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
+
+
+def add_checkpoint_options(parser: argparse.ArgumentParser, preset: bool = True) -> None:
+    """What a user states about a checkpoint that its tensors cannot tell (see bert_multi.load_checkpoint)."""
+    parser.add_argument(
+        "--num-heads", type=int, help="the number of attention heads: required for a d2l file, which cannot reveal it"
+    )
+    if preset:
+        parser.add_argument(
+            "--preset",
+            help=f"the d2l generation: one of {', '.join(PRESETS)} (required when the tensors fit more than one)",
+        )
+    parser.add_argument("--d2l-version", help="the d2l release that saved the file, such as 0.14.4 (or use --preset)")
+    parser.add_argument(
+        "--cast", choices=SUPPORTED_DTYPES, help="cast the weights to this dtype (float16/bfloat16 files need it)"
+    )
+    parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict, e.g. model")

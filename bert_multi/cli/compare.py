@@ -1,0 +1,55 @@
+"""``bert-multi compare``: the same comparison on your own weights (and inputs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..verify.cases import CASE_NAMES, CASES
+from .common import (
+    add_checkpoint_options,
+    add_run_options,
+    check_report_outputs,
+    load_as_stated,
+    parse_targets,
+    read_inputs,
+    run_and_report,
+    write_reports,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "compare",
+        help="the same comparison on your own weights (and inputs)",
+        description="Compare every backend with the oracle on a canonical weights file, "
+        "and say where a failing backend first diverges.",
+    )
+    parser.add_argument(
+        "weights", help="a checkpoint: canonical .npz, PyTorch .pt/.pth, Gluon .params or a d2l pretrained-model dir"
+    )
+    parser.add_argument(
+        "--inputs",
+        metavar="NPZ",
+        help="an .npz with tokens, segments and optionally valid_lens, pred_positions "
+        f"(default: the built-in cases: {', '.join(CASE_NAMES)})",
+    )
+    parser.add_argument(
+        "--preset",
+        help="compute the weights as this d2l generation (a preset or a d2l version) instead of the file's own; "
+        "d2l 0.12-0.15 and 1.0 files have the same tensors, so only you can tell them apart",
+    )
+    add_checkpoint_options(parser, preset=False)
+    add_run_options(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    check_report_outputs(args)
+    targets = parse_targets(args)
+    checkpoint = load_as_stated(args, args.weights, args.preset)
+    config, weights = checkpoint.config, checkpoint.weights
+    if args.inputs:
+        cases = read_inputs(args.inputs)
+    else:
+        cases = [case.input(config, args.seed) for case in CASES]
+    return write_reports(args, {config.semantics.name: run_and_report(args, targets, config, weights, cases)})

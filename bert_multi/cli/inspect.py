@@ -1,0 +1,32 @@
+"""``bert-multi inspect``: what a checkpoint is: format, tensors, implied sizes and generations, what it cannot tell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..files.checkpoints import inspect_checkpoint
+from .common import check_output
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "inspect",
+        help="what a checkpoint is: format, tensors, implied sizes and generations, what it cannot tell",
+        description="Describe a checkpoint in any format bert_multi reads, without loading it into a model.",
+    )
+    parser.add_argument("path", help="a .npz, .pt/.pth, .params, d2l pretrained-model directory or zip")
+    parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict")
+    parser.add_argument("--json", metavar="PATH", help="write the description as JSON")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output(args.json, "--json")
+    info = inspect_checkpoint(args.path, key=args.key)
+    print(info.describe())
+    if args.json:
+        Path(args.json).write_text(json.dumps(info.to_json(), indent=1))
+        print(f"report written to {args.json}")
+    return 0

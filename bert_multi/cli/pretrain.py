@@ -1,0 +1,223 @@
+"""``bert-multi pretrain``: pretrain with MLM + NSP on a backend, or on every framework with --compare."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+from ..backend.registry import backends, check_names, frameworks, load_backend
+from ..display import ProgressBar, format_table
+from ..errors import InputError
+from ..files.safe import open_regular
+from ..files.weights import save_weights
+from ..spec.config import BERTConfig
+from ..spec.loss import MLM_NORMALIZATIONS
+from ..spec.schema import SUPPORTED_DTYPES, init_weights
+from ..spec.semantics import PRESETS, semantics_for
+from ..training import (
+    ADAM_EPSILON_STYLES,
+    OPTIMIZERS,
+    PretrainingData,
+    builtin_corpus,
+    paragraphs_from_lines,
+    run_pretraining,
+)
+from ..verify.report import plot_training
+from .common import check_output, check_plot, positive_int
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "pretrain",
+        help="pretrain with MLM + NSP on a backend, or on every framework with --compare",
+        description="d2l's BERT pretraining (Adam, lr 0.01, batch 512, 128 hidden, 256 FFN, "
+        "2 heads, 2 blocks, max_len 64) on the built-in corpus or yours.",
+    )
+    parser.add_argument("--backend", default="torch", help="a framework backend that can train (default torch)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="run every framework that can train here from the same weights and batches, and compare the curves",
+    )
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="data-parallel worker processes on this machine, on the framework's own engine; each trains on "
+        "its share of every batch",
+    )
+    parser.add_argument(
+        "--threads-per-worker", type=positive_int, help="threads of each worker (default: the cores shared out)"
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        metavar="K",
+        help="save the whole training state every K steps (atomically) to --checkpoint-dir",
+    )
+    parser.add_argument("--checkpoint-dir", metavar="DIR", help="where the training state is saved")
+    parser.add_argument(
+        "--join",
+        action="store_true",
+        help="be one worker of a run launched by torchrun, or with the DMLC_* variables for MXNet, on one "
+        "machine or several (README, 'More than one process')",
+    )
+    parser.add_argument(
+        "--resume", metavar="DIR", help="go on from the training state in DIR to --steps in all (saving there too)"
+    )
+    parser.add_argument("--corpus", help="a WikiText-style file: a paragraph per line, sentences split by ' . '")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the batches")
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument(
+        "--adam-epsilon-style",
+        choices=("native", *ADAM_EPSILON_STYLES),
+        default="native",
+        help="where Adam's epsilon acts: each framework's own way (default), or both the "
+        "'torch' or the 'mxnet' way, so that the two compute the same update",
+    )
+    parser.add_argument(
+        "--mlm-normalization",
+        choices=MLM_NORMALIZATIONS,
+        default="real_slots",
+        help="average the MLM loss over the real slots (default) or over all slots, padding "
+        "included, as d2l's PyTorch code does",
+    )
+    parser.add_argument("--num-hiddens", type=int, default=128)
+    parser.add_argument("--ffn-num-hiddens", type=int, default=256)
+    parser.add_argument("--num-heads", type=int, default=2)
+    parser.add_argument("--num-blks", type=int, default=2)
+    parser.add_argument("--max-len", type=int, default=64)
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="d2l uses 0.2; the default 0 keeps the frameworks' runs comparable step by step, "
+        "since their dropout masks come from different random generators",
+    )
+    parser.add_argument(
+        "--preset", default="d2l", help=f"the d2l generation to train: {', '.join(PRESETS)} or a d2l version"
+    )
+    parser.add_argument(
+        "--freeze-positions",
+        action="store_true",
+        help="never train the positional embedding, as d2l 0.16-0.17's PyTorch code did (pos_embedding.data)",
+    )
+    parser.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
+    parser.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of the loss curves")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """d2l's pretraining loop on one backend, or on every framework that can train side by side with --compare."""
+    check_output(args.out, "--out")
+    check_plot(args.plot)
+    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
+        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
+    if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
+        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
+    names = _trainable(args.compare, args.backend)
+    lines = _read_corpus(args.corpus) if args.corpus else builtin_corpus()
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
+    config = BERTConfig(
+        len(data.vocab),
+        args.num_hiddens,
+        args.ffn_num_hiddens,
+        args.num_heads,
+        args.num_blks,
+        dropout=args.dropout,
+        max_len=args.max_len,
+        semantics=semantics_for(args.preset),
+    )
+    weights = init_weights(config, seed=args.seed, dtype=args.dtype)
+    print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
+    print(f"model: {config}")
+    options = {"optimizer": args.optimizer, "lr": args.lr, "mlm_normalization": args.mlm_normalization}
+    if args.adam_epsilon_style != "native":
+        options["adam_epsilon_style"] = args.adam_epsilon_style
+    if args.freeze_positions:
+        options["train_positions"] = False
+
+    threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
+    bar = ProgressBar()
+    runs = []
+    for name in names:
+        print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
+        if args.workers > 1:
+            print(
+                f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples"
+            )
+
+        def show(step: int, loss, name: str = name) -> None:
+            bar.print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})")
+            bar(step, args.steps, f"{name} pretraining")
+
+        arguments = {"config": config, "weights": weights, "data": data, "steps": args.steps}
+        arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
+        if args.checkpoint_every or args.resume:
+            arguments.update(checkpoint_every=args.checkpoint_every or 0, resume=bool(args.resume))
+            arguments["checkpoint_dir"] = args.checkpoint_dir or args.resume
+        try:
+            if args.join:
+                run = load_backend(name).join_data_parallel(**arguments)
+            elif args.workers > 1:
+                run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
+            else:
+                run = run_pretraining(name, device=args.device, **arguments)
+        finally:
+            bar.close()
+        print(
+            f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
+            f"({args.workers} x {run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
+        )
+        runs.append(run)
+    if args.compare:
+        totals = [[loss.total for loss in losses] for losses in zip(*(run.losses for run in runs))]
+        rows = [
+            (step, *(f"{total:.6f}" for total in step_totals), f"{max(step_totals) - min(step_totals):.2e}")
+            for step, step_totals in enumerate(totals, start=1)
+        ]
+        print(format_table(("step", *(f"{run.backend} loss" for run in runs), "largest difference"), rows))
+        first = runs[0]
+        for other in runs[1:]:
+            gap = max(float(np.abs(first.weights[k] - other.weights[k]).max()) for k in first.weights)
+            print(f"largest weight difference after {args.steps} steps, {first.backend} vs {other.backend}: {gap:.3g}")
+        if args.plot:
+            print(f"plot written to {plot_training(runs, args.plot)}")
+        return 0
+    if runs[0].rank == 0:  # every worker ends with the same weights; worker 0 writes them
+        out = args.out or f"bert-pretrained-{args.backend}.npz"
+        save_weights(out, config, runs[0].weights)
+        print(f"weights written to {out}")
+    return load_backend(args.backend).end_worker(0) if args.join else 0
+
+
+def _trainable(compare: bool, backend: str) -> list[str]:
+    """The backends ``pretrain`` trains: ``backend``, or with ``compare`` every framework that can train
+    here (at least two)."""
+    if not compare:
+        check_names([backend])
+        if not load_backend(backend).can_train:
+            raise ValueError(f"backend {backend!r} cannot train: it has no Pretrainer (bert-multi backends)")
+        return [backend]
+    status = backends()
+    names = [name for name in frameworks() if status[name].available and load_backend(name).can_train]
+    if len(names) < 2:
+        missing = "; ".join(f"{name}: {status[name].reason}" for name in frameworks() if not status[name].available)
+        raise ValueError(f"--compare needs two frameworks that can train here, and found {names} ({missing})")
+    return names
+
+
+def _read_corpus(path: str) -> list[str]:
+    with open_regular(path, "corpus file", InputError) as file:
+        data = file.read()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: the corpus is not UTF-8 text ({error.reason} at byte {error.start})") from None
