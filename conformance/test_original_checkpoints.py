@@ -17,7 +17,7 @@ import pytest
 
 import bert_multi
 from bert_multi import WeightsError, backends, convert, inspect_checkpoint, load_checkpoint, load_weights
-from bert_multi.files.gluon_params import read_params
+from bert_multi.files.formats.gluon import read_params
 from bert_multi.verify.compare import compare_arrays, tolerance_for
 
 HERE = Path(__file__).parent / "original_d2l"

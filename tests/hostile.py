@@ -46,7 +46,7 @@ def _load_weights(path: str) -> object:
 
 
 def _read_params(path: str) -> object:
-    from bert_multi.files.gluon_params import read_params
+    from bert_multi.files.formats.gluon import read_params
 
     return read_params(path)
 

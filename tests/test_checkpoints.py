@@ -24,7 +24,7 @@ from bert_multi import (
 )
 from bert_multi.backend import framework_names
 from bert_multi.cli import main
-from bert_multi.files.gluon_params import NAME_RULES
+from bert_multi.files.formats.gluon import NAME_RULES
 from bert_multi.spec.config import HEADS
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES

@@ -170,7 +170,7 @@ def test_any_manifest_loads_or_is_a_weights_error(valid_weights_file, tmp_path, 
 def test_any_params_record_loads_or_is_a_weights_error(
     tmp_path, magic, storage, shape, ndim_delta, flag, payload, names
 ):
-    from bert_multi.files.gluon_params import read_params
+    from bert_multi.files.formats.gluon import read_params
 
     record = struct.pack("<Iii", magic, storage, len(shape) + ndim_delta) + struct.pack(f"<{len(shape)}q", *shape)
     record += struct.pack("<iii", 1, 0, flag) + payload

@@ -12,7 +12,7 @@ import pytest
 
 import bert_multi as bm
 from bert_multi import InputError, WeightsError, backends
-from bert_multi.files.huggingface import read_safetensors, write_safetensors
+from bert_multi.files.formats.huggingface import read_safetensors, write_safetensors
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.compare import compare_arrays, tolerance_for
 

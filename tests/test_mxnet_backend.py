@@ -223,7 +223,7 @@ def test_the_params_reader_reads_what_mxnet_writes(tmp_path, mode):
     both formats MXNet writes: V3 in NumPy mode (npx.save, d2l 1.0) and V2 in legacy mode (nd.save)."""
     from hostile import V2_MAGIC, V3_MAGIC, params_bytes
 
-    from bert_multi.files.gluon_params import read_params
+    from bert_multi.files.formats.gluon import read_params
 
     path = tmp_path / "x.params"
     if mode == "npx.save":

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..files.checkpoints import DIRECTORY_FRAMEWORKS, FORMATS, output_format, read_vocab, save_checkpoint
+from ..files.checkpoints import output_format, save_checkpoint
+from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS
+from ..files.formats.d2l import read_vocab
 from .common import add_checkpoint_options, check_output, load_as_stated
 
 
@@ -39,5 +41,5 @@ def run(args: argparse.Namespace) -> int:
         args.out, checkpoint.config, checkpoint.weights, framework=args.framework, vocab=vocab or checkpoint.vocab
     )
     print(f"config: {checkpoint.config}")
-    print(f"wrote {args.out}: {FORMATS[kind]}")
+    print(f"wrote {args.out}: {DESCRIPTIONS[kind]}")
     return 0

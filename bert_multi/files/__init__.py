@@ -1,3 +1,3 @@
 """Files: reading hostile files and writing atomically (``safe``), the canonical weight file
-(``weights``), and every checkpoint format bert_multi reads and writes (``checkpoints``, with Gluon's
-``gluon_params`` and HuggingFace's ``huggingface``)."""
+(``weights``), the checkpoint formats, one module each behind one registry (``formats``), and loading,
+inspecting and converting any checkpoint with what its tensors imply (``checkpoints``)."""

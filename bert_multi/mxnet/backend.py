@@ -25,8 +25,9 @@ from ..backend.contract import (
     prepare_weights,
 )
 from ..errors import CannotRunHere
-from ..files import checkpoints, gluon_params
+from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
+from ..files.formats import gluon
 from ..files.safe import atomic_path
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
@@ -36,9 +37,9 @@ NAME = "mxnet"
 
 # (regex, replacement) rules from canonical names to Gluon's structural names (save_parameters keys).
 # Framework difference: LayerNorm calls its parameters gamma/beta, and Gluon fuses activations into its
-# Dense layers, so the heads' Sequentials are shorter (the table and why: gluon_params.NAME_RULES, which
-# reads Gluon's files without MXNet).
-NAME_RULES = gluon_params.NAME_RULES
+# Dense layers, so the heads' Sequentials are shorter (the table and why: bert_multi/files/formats/gluon.py,
+# which reads Gluon's files without MXNet).
+NAME_RULES = gluon.NAME_RULES
 
 
 def kernel_eps(eps: float) -> float:
@@ -176,7 +177,7 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
 
 # Framework difference: Gluon's files are parsed by bert_multi itself, without MXNet, whose own reader
 # trusts every size in them; torch's reader is torch.load once the file's zip layout is checked.
-read_checkpoint = gluon_params.read_checkpoint
+read_checkpoint = gluon.read_checkpoint
 
 
 def gemm(dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
@@ -203,7 +204,7 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, *
     ``WeightsError`` that says what to do; another framework's file names the reader it needs.
     """
     # Framework difference: MXNet's own reader (npx.load) crashes the process on a header claiming
-    # ndim = 0xFFFFFFFF, so bert_multi parses the format itself (bert_multi.gluon_params); torch.load is
+    # ndim = 0xFFFFFFFF, so bert_multi parses the format itself (bert_multi.files.formats.gluon); torch.load is
     # used once the file's zip layout is checked.
     return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 

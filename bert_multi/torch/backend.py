@@ -252,7 +252,7 @@ def read_checkpoint(
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
     """The named tensors of a PyTorch checkpoint as NumPy arrays under the file's own names, their own
     dtypes (bfloat16 arrives as float32), and notes on how they were found (``key``: the entry of a
-    wrapper dict holding the state_dict). Gluon's counterpart is ``bert_multi.gluon_params.read_params``,
+    wrapper dict holding the state_dict). Gluon's counterpart is ``bert_multi.files.formats.gluon.read_params``,
     which needs no MXNet.
 
     Read with ``weights_only=True``: tensors and containers only, nothing else is unpickled. The

@@ -13,7 +13,7 @@ import transformers
 
 from ..backend.contract import BackendModel, BERTOutput, Device, parse_device, prepare_weights, read_only
 from ..errors import CannotRunHere
-from ..files.huggingface import expressible, hf_names, to_huggingface
+from ..files.formats.huggingface import expressible, hf_names, to_huggingface
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..torch.backend import TORCH_DTYPES, devices, gemm, synchronize, tf32_enabled, to_framework_device

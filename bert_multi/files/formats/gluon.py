@@ -22,11 +22,15 @@ import io
 import math
 import os
 import struct
+from pathlib import Path
 
 import numpy as np
 
-from ..errors import WeightsError
-from .safe import check_shape, describe_format, file_size, open_regular
+from ...backend.registry import load_backend
+from ...errors import WeightsError
+from ...spec.config import BERTConfig
+from ..safe import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
+from .base import CheckpointFormat, Probe, Raw, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -161,7 +165,38 @@ def read_checkpoint(
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
     """A Gluon parameter file as a checkpoint reader returns one: its arrays under the file's own names,
     their dtypes, and notes (none). ``key`` picks an entry of a PyTorch wrapper dict: Gluon has none."""
-    if key is not None:
-        raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
+    no_key(Path(path), key)
     arrays = read_params(path)
     return arrays, {name: array.dtype.name for name, array in arrays.items()}, []
+
+
+BACKEND = "mxnet"  # whose own file it is
+
+
+class ParameterFile(CheckpointFormat):
+    kind = "gluon"
+    description = "Gluon parameter file (save_parameters)"
+    framework = BACKEND
+    suffixes = (".params",)
+    name_rules = NAME_RULES
+
+    def recognizes(self, probe: Probe) -> bool:
+        return probe.head.startswith(MXNET_LIST_MAGIC)
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        arrays, dtypes, notes = read_checkpoint(path, key)
+        return Raw(self.kind, self.framework, arrays, dtypes, notes)
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        # Written by MXNet itself (npx.save), as save_parameters writes it.
+        load_backend(BACKEND).save_checkpoint(path, config, weights)
+
+
+FORMAT = ParameterFile()

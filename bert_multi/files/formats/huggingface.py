@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.registry import load_backend
-from ..errors import WeightsError
-from ..spec.config import HEADS, BERTConfig
-from ..spec.schema import param_shapes
-from ..spec.semantics import PRESETS, Semantics
-from .safe import atomic_path, check_shape, file_size, open_regular, reason
+from ...backend.registry import load_backend
+from ...errors import WeightsError
+from ...spec.config import HEADS, BERTConfig
+from ...spec.schema import param_shapes
+from ...spec.semantics import PRESETS, Semantics
+from ..safe import atomic_path, check_shape, file_size, open_regular, reason
+from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header
@@ -75,7 +76,7 @@ SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64
                       "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
 
 
-def is_directory(path: Path) -> bool:
+def is_model_directory(path: Path) -> bool:
     """Whether ``path`` is a HuggingFace model directory (a config and weights in a format read here)."""
     return (path / CONFIG_FILE).is_file() and any((path / name).is_file() for name in (SAFETENSORS_FILE, TORCH_FILE))
 
@@ -317,3 +318,30 @@ def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.
     write_safetensors(directory / SAFETENSORS_FILE, arrays, {"format": "pt"})
     with atomic_path(directory / CONFIG_FILE) as tmp_path:
         Path(tmp_path).write_text(json.dumps(hf, indent=2))
+
+
+class ModelDirectory(CheckpointFormat):
+    kind = "hf-dir"
+    description = "HuggingFace BERT directory (config.json + model.safetensors or pytorch_model.bin)"
+    directory = True
+
+    def recognizes(self, probe: Probe) -> bool:
+        return is_directory(probe.path) and is_model_directory(probe.path)
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        no_key(path, key)
+        config, arrays, dtypes, notes = read_directory(path)
+        return Raw(self.kind, None, arrays, dtypes, notes, config=config)
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        write_directory(path, config, weights)
+
+
+FORMAT = ModelDirectory()

@@ -1,0 +1,101 @@
+"""Checkpoint formats, one module each behind one registry: what a file is (``sniff``), which format a
+path asks for when writing (``for_output``), and each format's reading, writing and description."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from ...errors import WeightsError
+from ..safe import ZIP_MAGIC, describe_format, open_regular, reason
+from . import d2l, gluon, huggingface, npz, pytorch
+from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
+
+# Every format, in the order a file is tried against them.
+FORMATS: tuple[CheckpointFormat, ...] = (
+    npz.FORMAT,
+    pytorch.FORMAT,
+    gluon.FORMAT,
+    huggingface.FORMAT,
+    d2l.DIRECTORY,
+    d2l.ZIP,
+)
+BY_KIND = {own.kind: own for own in FORMATS}
+DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people
+FRAMEWORK_FORMATS = {own.kind: own for own in FORMATS if own.framework is not None}  # a framework's own file
+# What a directory written by save_checkpoint holds: a d2l one of each framework's file, or HuggingFace's.
+DIRECTORY_FRAMEWORKS = [*(own.framework for own in FRAMEWORK_FORMATS.values()), "huggingface"]
+
+
+def sniff(path: Path) -> CheckpointFormat:
+    """The format of the file or directory at ``path``, from its first bytes and, for a zip, its member
+    names; a ``WeightsError`` saying what it looks like when it is none of them."""
+    if is_directory(path):
+        for own in FORMATS:
+            if own.directory and own.recognizes(Probe(path, b"", ())):
+                return own
+        raise WeightsError(f"{path}: is a directory, but not a d2l pretrained-model one (it has no {PARAMS_FILE})")
+    problem = None
+    with open_regular(path, "checkpoint", WeightsError) as file:
+        head = file.read(8)
+        members: tuple[str, ...] = ()
+        if head.startswith(ZIP_MAGIC) and path.suffix.lower() != ".npz":
+            file.seek(0)
+            try:
+                members = tuple(zipfile.ZipFile(file).namelist())
+            except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
+                problem = f"a damaged zip archive: {reason(error)}"
+    for own in FORMATS:
+        if not own.directory and own.recognizes(Probe(path, head, members)):
+            return own
+    raise WeightsError(f"{path}: {problem or _what_it_is(head, members)}")
+
+
+def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
+    if head.startswith(ZIP_MAGIC):
+        markers = [own.zip_marker for own in FORMATS if own.zip_marker]
+        return f"a zip archive, but neither {', '.join(markers[:-1])} nor {markers[-1]}; it holds {some(list(members))}"
+    if head.startswith(b"\x80"):  # a pickle: torch.save before PyTorch 1.6, or of an arbitrary object
+        return (
+            f"{describe_format(head)}; only the zip format torch.save has written since PyTorch 1.6 is read "
+            "(its sizes can be checked before anything is unpickled): re-save it with a current PyTorch"
+        )
+    return f"{describe_format(head)}; expected one of: " + "; ".join(DESCRIPTIONS.values())
+
+
+def for_output(path: str | Path, framework: str | None = None) -> CheckpointFormat:
+    """The format a path asks for: by suffix (.npz, or a framework format's), else a directory: d2l's, or
+    with ``framework="huggingface"`` HuggingFace's."""
+    suffix = Path(path).suffix.lower()
+    for own in FORMATS:
+        if suffix in own.suffixes:
+            return own
+    if suffix and not Path(path).is_dir():
+        known = [suffix for own in FORMATS for suffix in own.suffixes]
+        raise ValueError(
+            f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory name "
+            "(a d2l pretrained-model directory)"
+        )
+    return huggingface.FORMAT if framework == "huggingface" else d2l.DIRECTORY
+
+
+def of_framework(framework: str) -> CheckpointFormat:
+    """The format of ``framework``'s own files."""
+    return next(own for own in FRAMEWORK_FORMATS.values() if own.framework == framework)
+
+
+__all__ = [
+    "BY_KIND",
+    "DESCRIPTIONS",
+    "DIRECTORY_FRAMEWORKS",
+    "FORMATS",
+    "FRAMEWORK_FORMATS",
+    "PARAMS_FILE",
+    "VOCAB_FILE",
+    "CheckpointFormat",
+    "Probe",
+    "Raw",
+    "for_output",
+    "of_framework",
+    "sniff",
+]

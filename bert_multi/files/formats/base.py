@@ -1,0 +1,100 @@
+"""What a checkpoint format is to bert_multi: how it recognizes one, reads its tensors under the file's
+own names, writes one, and describes it to people. Each format is one module of this package."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import WeightsError
+from ...spec.config import BERTConfig
+
+PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
+
+
+@dataclass
+class Raw:
+    """A file's tensors under its own names, as a format read them."""
+
+    format: str  # the format's kind
+    framework: str | None  # the backend whose own file it is, or None
+    arrays: dict[str, np.ndarray]
+    dtypes: dict[str, str]  # the file's own dtypes (bfloat16 arrives as float32)
+    notes: list[str] = field(default_factory=list)  # what was done to read it
+    vocab: list[str] | None = None
+    config: BERTConfig | None = None  # when the file records it
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What recognizing a file may look at: its path, its first bytes and, for a zip, its member names."""
+
+    path: Path
+    head: bytes
+    members: tuple[str, ...]  # a zip's member names; empty for anything else
+
+
+class CheckpointFormat:
+    """One checkpoint format. ``kind`` names it, ``description`` says what it is for people; a
+    framework's own file names its backend (``framework``) and how its names differ from the canonical
+    ones (``name_rules``). A format written by suffix lists them (``suffixes``)."""
+
+    kind: str
+    description: str
+    framework: str | None = None
+    suffixes: tuple[str, ...] = ()
+    name_rules: list[tuple[str, str]] = []
+    directory = False  # a directory, not a file
+    zip_marker: str | None = None  # a zip-based format: what a zip would hold to be one, for messages
+
+    def recognizes(self, probe: Probe) -> bool:
+        """Whether the file (or directory) is one of this format."""
+        raise NotImplementedError
+
+    def framework_of(self, path: Path) -> str | None:
+        """The backend whose own file ``path`` is, before reading it (a d2l directory's is its file's)."""
+        return self.framework
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        """The tensors under the file's own names; ``key`` picks a PyTorch wrapper dict's entry."""
+        raise NotImplementedError
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        """Write ``weights`` as this format, atomically (``framework`` and ``vocab``: what a d2l directory
+        holds)."""
+        raise ValueError(f"{path}: bert_multi reads {self.description}s but does not write them")
+
+
+SHOWN = 5  # names shown in a message before "and N more"
+
+
+def some(names: list[Any] | set[str]) -> str:
+    """The first few of ``names`` (sorted, if a set), and how many more, for a message."""
+    names = sorted(names) if isinstance(names, set) else list(names)
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return f"{names[:SHOWN]}{more}"
+
+
+def no_key(path: Path, key: str | None) -> None:
+    """Refuse ``key`` for a format that has no wrapper dict to pick from."""
+    if key is not None:
+        raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
+
+
+def is_directory(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):  # too long, unreadable, a NUL byte: open_regular says which
+        return False

@@ -1,0 +1,141 @@
+"""d2l's pretrained-model directory (``pretrained.params`` in one framework's own format, and
+``vocab.json``), as d2l's ``load_pretrained_model`` reads it, and the same two files zipped."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ...backend.registry import load_backend
+from ...errors import WeightsError
+from ...spec.config import BERTConfig
+from ..safe import atomic_path, open_regular, reason
+from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory
+
+MAX_ZIP_RATIO = 20  # weights hardly compress; a member that claims to expand more is refused
+MAX_VOCAB_BYTES = 64 << 20
+
+
+def _parse_vocab(path: Path, data: bytes) -> list[str]:
+    try:
+        vocab = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise WeightsError(f"{path}: not valid JSON: {reason(error)}") from None
+    if not isinstance(vocab, list) or not all(isinstance(token, str) for token in vocab):
+        raise WeightsError(f"{path}: expected a JSON list of tokens (d2l's vocab.idx_to_token)")
+    return vocab
+
+
+def read_vocab(path: str | Path, shown_as: str | Path | None = None) -> list[str]:
+    """A vocabulary as d2l saves it (``vocab.json``: the JSON list ``vocab.idx_to_token``)."""
+    with open_regular(path, "vocabulary (a JSON list of tokens)", WeightsError) as file:
+        data = file.read(MAX_VOCAB_BYTES + 1)
+    if len(data) > MAX_VOCAB_BYTES:
+        raise WeightsError(f"{shown_as or path}: larger than {MAX_VOCAB_BYTES} bytes; not a vocabulary")
+    return _parse_vocab(Path(shown_as or path), data)
+
+
+def _params_format(path: Path) -> CheckpointFormat:
+    """The framework format of the directory's ``pretrained.params``."""
+    from . import DESCRIPTIONS, sniff  # the registry holds this module: asked when needed
+
+    own = sniff(path)
+    if own.framework is None:
+        raise WeightsError(f"{path}: a {DESCRIPTIONS[own.kind]}, not a framework's parameter file")
+    return own
+
+
+class Directory(CheckpointFormat):
+    kind = "d2l-dir"
+    description = "d2l pretrained-model directory (pretrained.params + vocab.json)"
+    directory = True
+
+    def recognizes(self, probe: Probe) -> bool:
+        return is_directory(probe.path) and (probe.path / PARAMS_FILE).is_file()
+
+    def framework_of(self, path: Path) -> str | None:
+        return _params_format(path / PARAMS_FILE).framework
+
+    def read(self, path: Path, key: str | None, shown_as: Path | None = None) -> Raw:
+        try:
+            raw = _params_format(path / PARAMS_FILE).read(path / PARAMS_FILE, key)
+        except WeightsError as error:  # name the file the user gave, not a scratch copy
+            raise WeightsError(str(error).replace(str(path), str(shown_as or path))) from None
+        if (path / VOCAB_FILE).exists():
+            raw.vocab = read_vocab(path / VOCAB_FILE, shown_as)
+        raw.format = self.kind
+        return raw
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        if vocab is None:
+            raise ValueError(
+                f"{path}: a d2l pretrained-model directory needs a {VOCAB_FILE} (d2l's load_pretrained_model reads "
+                "it), and the input has none: give one with vocab= (--vocab FILE, a JSON list of tokens)"
+            )
+        if len(vocab) != config.vocab_size:
+            raise ValueError(f"{path}: the vocab has {len(vocab)} tokens, the model {config.vocab_size}")
+        path.mkdir(parents=True, exist_ok=True)
+        assert framework is not None  # save_checkpoint asks for it before anything is written
+        load_backend(framework).save_checkpoint(path / PARAMS_FILE, config, weights)
+        with atomic_path(path / VOCAB_FILE) as tmp_path:
+            Path(tmp_path).write_text(json.dumps(vocab, ensure_ascii=False))
+
+
+def _extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:
+    """Copy one member out of a zip, refusing one that claims to expand beyond reason."""
+    if member.flag_bits & 0x1:
+        raise WeightsError(f"{path}: {member.filename} is encrypted")
+    if member.file_size > MAX_ZIP_RATIO * member.compress_size + (1 << 20):
+        raise WeightsError(
+            f"{path}: {member.filename} claims to expand from {member.compress_size} to {member.file_size} bytes"
+        )
+    with archive.open(member) as source, open(target, "wb") as sink:
+        shutil.copyfileobj(source, sink, 1 << 20)
+
+
+class Zip(CheckpointFormat):
+    kind = "d2l-zip"
+    description = "d2l pretrained-model zip (pretrained.params + vocab.json)"
+    zip_marker = f"a d2l pretrained-model zip (no {PARAMS_FILE})"
+
+    def recognizes(self, probe: Probe) -> bool:
+        return any(Path(name).name == PARAMS_FILE for name in probe.members)
+
+    def framework_of(self, path: Path) -> str | None:
+        return None  # that of the file inside, known once read
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        with tempfile.TemporaryDirectory(prefix="bert_multi-") as scratch:
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    params = [m for m in archive.infolist() if Path(m.filename).name == PARAMS_FILE]
+                    if len(params) != 1:
+                        raise WeightsError(f"{path}: expected one {PARAMS_FILE} in the zip, found {len(params)}")
+                    folder = str(Path(params[0].filename).parent)
+                    vocab_name = VOCAB_FILE if folder == "." else f"{folder}/{VOCAB_FILE}"
+                    _extract(archive, params[0], Path(scratch) / PARAMS_FILE, path)
+                    for member in [m for m in archive.infolist() if m.filename == vocab_name]:
+                        _extract(archive, member, Path(scratch) / VOCAB_FILE, path)
+            except WeightsError:
+                raise
+            except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
+                raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
+            raw = DIRECTORY.read(Path(scratch), key, shown_as=path)
+        raw.format = self.kind
+        return raw
+
+
+DIRECTORY = Directory()
+ZIP = Zip()

@@ -1,0 +1,43 @@
+"""PyTorch's ``torch.save(net.state_dict())`` as a checkpoint format: a zip holding a pickle of the
+structure (``data.pkl``) and the raw tensors. Reading it needs torch, whose reader the torch backend
+runs with ``weights_only=True`` once the archive's sizes are checked; its names are the canonical ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...backend.registry import load_backend
+from ...spec.config import BERTConfig
+from .base import CheckpointFormat, Probe, Raw
+
+BACKEND = "torch"  # whose own file it is
+
+
+class StateDict(CheckpointFormat):
+    kind = "torch"
+    description = "PyTorch state_dict file (torch.save)"
+    framework = BACKEND
+    suffixes = (".pt", ".pth")
+    zip_marker = "a PyTorch checkpoint (no data.pkl)"
+
+    def recognizes(self, probe: Probe) -> bool:
+        return any(name.endswith("/data.pkl") or name == "data.pkl" for name in probe.members)
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        arrays, dtypes, notes = load_backend(BACKEND).read_checkpoint(path, key)
+        return Raw(self.kind, self.framework, arrays, dtypes, notes)
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        load_backend(BACKEND).save_checkpoint(path, config, weights)
+
+
+FORMAT = StateDict()

@@ -1,0 +1,130 @@
+"""What a checkpoint's tensor names and shapes imply without anything stated: the d2l generations and
+heads they fit, their canonical names, every size but the number of heads, and what the file cannot
+tell (the heads; the generation where the tensors fit more than one; d2l 0.11's max_len)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.contract import framework_names
+from ..errors import WeightsError
+from ..spec.config import HEADS, BERTConfig
+from ..spec.semantics import PRESETS, Semantics, releases_of
+from .formats import of_framework
+from .formats.base import some
+
+# The top-level modules of d2l's BERTModel; a file's other tensors belong to something else (a task head).
+MODEL_PARTS = ("encoder", "hidden", "mlm", "nsp")
+D2L_0_11_MAX_LEN = 1000  # d2l 0.11 computes its sinusoidal table up to BERTEncoder's default max_len
+
+
+@dataclass
+class Layout:
+    """What a file's tensors imply: the generations and heads they fit, their canonical names, sizes."""
+
+    presets: tuple[str, ...]
+    heads: tuple[str, ...]
+    canonical: dict[str, str]  # canonical name -> the file's name
+    ignored: list[str]
+    sizes: dict[str, int]
+
+
+def _head_choices(semantics: Semantics) -> Iterator[tuple[str, ...]]:
+    for count in range(len(HEADS), -1, -1):
+        for heads in itertools.combinations(HEADS, count):
+            try:
+                BERTConfig(2, 2, 2, 1, 1, semantics=semantics, heads=heads)
+            except ValueError:
+                continue
+            yield heads
+
+
+def _family(names: set[str]) -> str:
+    """Which other model family a set of tensor names looks like, if any, as a clause for a message."""
+    if any(re.match(r"(\w+\.)?embeddings\.word_embeddings\.", name) for name in names):
+        return (
+            " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers "
+            "differ from d2l's)"
+        )
+    if "encoder.embedding.weight" in names or any(name.startswith("decoder.") for name in names):
+        return " (they look like d2l's Transformer for machine translation, not its BERT)"
+    return ""
+
+
+def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) -> Layout:
+    """Which generations and heads a file's names fit, its canonical names, and its sizes."""
+    names = set(arrays)
+    blocks = {int(m[1]) for name in names if (m := re.match(r"encoder\.blks\.(\d+)\.", name))}
+    rules = of_framework(framework).name_rules if framework else []
+    fits: list[tuple[str, tuple[str, ...], dict[str, str]]] = []
+    nearest: tuple[int, list[str]] | None = None  # the closest candidate's names, in schema order
+    for preset, semantics in PRESETS.items():
+        for heads in _head_choices(semantics):
+            proto = BERTConfig(2, 2, 2, 1, max(len(blocks), 1), max_len=1, semantics=semantics, heads=heads)
+            expected = framework_names(proto, rules)
+            missing = set(expected.values()) - names
+            if nearest is None or len(missing) < nearest[0]:
+                nearest = (len(missing), list(expected.values()))
+            leftover = names - set(expected.values())
+            if not missing and not any(name.split(".")[0] in MODEL_PARTS for name in leftover):
+                fits.append((preset, heads, expected))
+    if not blocks or not fits:
+        assert nearest is not None
+        expected_names = nearest[1]
+        raise WeightsError(
+            f"{path}: its tensor names are not those of a d2l BERT{_family(names)}. The file has "
+            f"{some(names)}; a d2l BERT{' of ' + str(len(blocks)) + ' blocks' if blocks else ''} has "
+            f"{some(expected_names)}; missing {some(set(expected_names) - names)}, "
+            f"unexpected {some(names - set(expected_names))}"
+        )
+    largest = max(len(expected) for _, _, expected in fits)
+    fits = [fit for fit in fits if len(fit[2]) == largest]
+    presets = tuple(dict.fromkeys(preset for preset, _, _ in fits))
+    heads, expected = fits[0][1], fits[0][2]
+    ignored = sorted(names - set(expected.values()))
+
+    def shape(canonical: str, ndim: int) -> tuple[int, ...]:
+        array = arrays[expected[canonical]]
+        if array.ndim != ndim:
+            raise WeightsError(f"{path}: tensor {expected[canonical]!r} has shape {array.shape}; expected {ndim} axes")
+        return array.shape
+
+    vocab_size, num_hiddens = shape("encoder.token_embedding.weight", 2)
+    sizes = {
+        "vocab_size": vocab_size,
+        "num_hiddens": num_hiddens,
+        "ffn_num_hiddens": shape("encoder.blks.0.ffn.dense1.weight", 2)[0],
+        "num_blks": len(blocks),
+    }
+    if "encoder.pos_embedding" in expected:
+        sizes["max_len"] = shape("encoder.pos_embedding", 3)[1]
+    return Layout(presets, heads, expected, ignored, sizes)
+
+
+def unknowns(layout: Layout) -> dict[str, str]:
+    """What the file cannot tell -> why it matters and the option that states it."""
+    hiddens = layout.sizes["num_hiddens"]
+    divisors = [d for d in range(1, hiddens + 1) if hiddens % d == 0]
+    unknowns = {
+        "num_heads": f"no weight reveals how num_hiddens={hiddens} is split into heads (any of {some(divisors)} "
+        "fits), and a wrong count loads and computes a different function; state it with num_heads= (--num-heads)"
+    }
+    if len(layout.presets) > 1:
+        fits = " and ".join(f"{name} ({releases_of(name)})" for name in layout.presets)
+        unknowns["the generation"] = (
+            f"the tensors fit {fits}, which copy valid_lens over the heads differently (interleaved in 0.16+, "
+            "tiled in 0.12-0.15) and so differ when a batch mixes lengths; state it with preset= or "
+            "d2l_version= (--preset / --d2l-version)"
+        )
+    if "max_len" not in layout.sizes:
+        unknowns["max_len"] = (
+            f"d2l 0.11 computes its sinusoidal position table, so the file holds none; {D2L_0_11_MAX_LEN}, "
+            "d2l 0.11's default, is assumed (it only bounds the sequence length)"
+        )
+    return unknowns
