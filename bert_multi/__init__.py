@@ -30,7 +30,8 @@ from .spec.config import CONFIGS, BERTConfig
 from .spec.inputs import ModelInputs, check_inputs, get_tokens_and_segments, valid_lens_from_attention_mask
 from .spec.schema import init_weights, param_shapes, random_weights, validate_weights
 from .verify.compare import Comparison, Tolerance, compare_arrays, tolerance_for
-from .verify.conform import Report, RunError, Target, assert_conforms, compare_outputs, run_conformance
+from .verify.conform import run_conformance
+from .verify.results import Report, RunError, Target, assert_conforms, compare_outputs
 
 __version__ = "0.1.0"
 

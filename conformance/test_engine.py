@@ -16,14 +16,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import bert_multi.verify.conform as conform
-from bert_multi import BERTConfig, CannotRunHere, load_backend, random_weights
+from bert_multi import BERTConfig, BERTOutput, CannotRunHere, load_backend, random_weights
 from bert_multi.backend import registry
 from bert_multi.backend.oracle import LAYER_NORM_EPS, NumpyBERT
 from bert_multi.errors import InputError
 from bert_multi.verify.cases import CASES, CaseInput, get_case
-from bert_multi.verify.conform import Target, assert_conforms, run_conformance
+from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.report import failure_details, summary_table
+from bert_multi.verify.results import Target, assert_conforms
 
 CONFIG = BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=12)
 WEIGHTS = random_weights(CONFIG, seed=11, dtype="float64")
@@ -45,7 +45,7 @@ def fake_backend(name, eps=LAYER_NORM_EPS, nudge_nsp=0.0, nudge_export=0.0, forg
             if forget and out.intermediates is not None:
                 out.intermediates[forget] = None
             recorded = None if silent else out.intermediates
-            return conform.BERTOutput(out.encoded, out.mlm, out.nsp + nudge_nsp, recorded)
+            return BERTOutput(out.encoded, out.mlm, out.nsp + nudge_nsp, recorded)
 
         def export_weights(self, share=False):
             weights = super().export_weights(share)

@@ -12,7 +12,8 @@ import pytest
 
 from bert_multi import BERTConfig, backends, random_weights
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import Target, run_conformance
+from bert_multi.verify.conform import run_conformance
+from bert_multi.verify.results import Target
 
 # Several heads (so the head layout matters) and dropout configured (so a dropout left on shows).
 CONFIG = BERTConfig(vocab_size=31, num_hiddens=12, ffn_num_hiddens=16, num_heads=3, num_blks=2, dropout=0.1, max_len=10)

@@ -11,7 +11,7 @@ import pytest
 from bert_multi import CannotRunHere, load_backend
 from bert_multi.tools.fixtures import FIXTURE_CONFIGS, read_fixtures, write_fixtures
 from bert_multi.verify.cases import CASE_NAMES
-from bert_multi.verify.conform import assert_conforms, shifted
+from bert_multi.verify.results import assert_conforms, shifted
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGENERATE = (

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from bert_multi import BERTConfig, load_backend, random_weights
 from bert_multi.spec.semantics import PRESETS
-from bert_multi.verify.conform import assert_conforms
+from bert_multi.verify.results import assert_conforms
 
 
 @st.composite

@@ -6,8 +6,9 @@ import pytest
 from bert_multi import BERTConfig, backends, frameworks, load_backend, random_weights
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import Target, run_conformance
+from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.report import failure_details
+from bert_multi.verify.results import Target
 
 CONFIGS = {
     "one_head_one_block": BERTConfig(

@@ -6,7 +6,7 @@ import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, InputError, init_weights, load_backend, random_weights
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import assert_conforms
+from bert_multi.verify.results import assert_conforms
 
 SMALL_CONFIGS = {
     "one_head_one_block": BERTConfig(

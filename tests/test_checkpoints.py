@@ -28,7 +28,8 @@ from bert_multi.files.formats.gluon import NAME_RULES
 from bert_multi.spec.config import HEADS
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import Target, run_conformance
+from bert_multi.verify.conform import run_conformance
+from bert_multi.verify.results import Target
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
 FRAMEWORKS = sorted(AVAILABLE & {"torch", "mxnet"})

@@ -4,7 +4,7 @@ import pytest
 
 from bert_multi import CONFIGS, BERTConfig, backends, load_backend, load_weights, random_weights, save_weights
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import assert_conforms
+from bert_multi.verify.results import assert_conforms
 
 missing = [name for name in ("torch", "mxnet") if not backends()[name].available]
 if missing:

@@ -1,5 +1,5 @@
-"""The core's layers show in its tree, and each module imports only from its own layer and those below
-(docs/design.md, "Layers"). A module that reaches up fails here, naming the import."""
+"""The house rules of bert_multi/: the core's layers show in its tree, each module imports only from its
+own layer and those below (docs/design.md, "Layers"), and no unit grows too long to read."""
 
 import ast
 from pathlib import Path
@@ -96,3 +96,21 @@ def test_the_check_sees_an_import_that_reaches_up(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "bert_multi")
     with pytest.raises(AssertionError, match=r"bert_multi\.verify\.conform \(verify\) from spec"):
         test_a_module_imports_only_from_its_layer_and_those_below(fake)
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 80, 500
+
+
+def test_no_function_is_over_80_lines_and_no_module_over_500():
+    """Long units are where readers get lost: split them where they change subject."""
+    long = []
+    for path in MODULES:
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            long.append(f"{module_name(path)}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{module_name(path)}.{node.name} (line {node.lineno}): {length} lines")
+    assert not long, "\n".join(long)

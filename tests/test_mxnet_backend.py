@@ -10,7 +10,8 @@ import pytest
 
 from bert_multi import BERTConfig, WeightsError, backends, init_weights, load_backend, random_weights
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import Target, assert_conforms, run_conformance
+from bert_multi.verify.conform import run_conformance
+from bert_multi.verify.results import Target, assert_conforms
 
 if not backends()["mxnet"].available:
     pytest.skip(backends()["mxnet"].reason, allow_module_level=True)

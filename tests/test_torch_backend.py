@@ -14,7 +14,7 @@ from bert_multi import (
     random_weights,
 )
 from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import assert_conforms
+from bert_multi.verify.results import assert_conforms
 
 if not backends()["torch"].available:
     pytest.skip(backends()["torch"].reason, allow_module_level=True)

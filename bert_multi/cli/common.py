@@ -22,8 +22,9 @@ from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..spec.semantics import PRESETS
 from ..verify.cases import Batch, CaseInput
-from ..verify.conform import Report, Target, run_conformance
+from ..verify.conform import run_conformance
 from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
+from ..verify.results import Report, Target
 
 
 def positive_int(text: str) -> int:

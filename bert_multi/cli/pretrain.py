@@ -19,7 +19,9 @@ from ..spec.semantics import PRESETS, semantics_for
 from ..training import (
     ADAM_EPSILON_STYLES,
     OPTIMIZERS,
+    LossValues,
     PretrainingData,
+    TrainingRun,
     builtin_corpus,
     paragraphs_from_lines,
     run_pretraining,
@@ -63,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--join",
         action="store_true",
         help="be one worker of a run launched by torchrun, or with the DMLC_* variables for MXNet, on one "
-        "machine or several (README, 'More than one process')",
+        "machine or several (docs/pretraining.md, 'More than one process')",
     )
     parser.add_argument(
         "--resume", metavar="DIR", help="go on from the training state in DIR to --steps in all (saving there too)"
@@ -87,6 +89,113 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="average the MLM loss over the real slots (default) or over all slots, padding "
         "included, as d2l's PyTorch code does",
     )
+    _add_model_options(parser)
+    parser.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
+    parser.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of the loss curves")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """d2l's pretraining loop on one backend, or on every framework that can train side by side with --compare."""
+    check_output(args.out, "--out")
+    check_plot(args.plot)
+    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
+        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
+    if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
+        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
+    names = _trainable(args.compare, args.backend)
+    config, data = _model_and_data(args)
+    weights = init_weights(config, seed=args.seed, dtype=args.dtype)
+    runs = [_train(args, name, config, weights, data) for name in names]
+    if args.compare:
+        _compare(args, runs)
+        return 0
+    if runs[0].rank == 0:  # every worker ends with the same weights; worker 0 writes them
+        out = args.out or f"bert-pretrained-{args.backend}.npz"
+        save_weights(out, config, runs[0].weights)
+        print(f"weights written to {out}")
+    return load_backend(args.backend).end_worker(0) if args.join else 0
+
+
+def _model_and_data(args: argparse.Namespace) -> tuple[BERTConfig, PretrainingData]:
+    """The corpus's pretraining data and the model of the sizes asked for, over its vocabulary."""
+    lines = _read_corpus(args.corpus) if args.corpus else builtin_corpus()
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
+    config = BERTConfig(
+        len(data.vocab),
+        args.num_hiddens,
+        args.ffn_num_hiddens,
+        args.num_heads,
+        args.num_blks,
+        dropout=args.dropout,
+        max_len=args.max_len,
+        semantics=semantics_for(args.preset),
+    )
+    print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
+    print(f"model: {config}")
+    return config, data
+
+
+def _train(
+    args: argparse.Namespace, name: str, config: BERTConfig, weights: dict[str, np.ndarray], data: PretrainingData
+) -> TrainingRun:
+    """One backend's run as the options ask: in this process, as workers, or as one worker of a run."""
+    threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
+    print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
+    if args.workers > 1:
+        print(f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples")
+    bar = ProgressBar()
+
+    def show(step: int, loss: LossValues) -> None:
+        bar.print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})")
+        bar(step, args.steps, f"{name} pretraining")
+
+    options = {"optimizer": args.optimizer, "lr": args.lr, "mlm_normalization": args.mlm_normalization}
+    if args.adam_epsilon_style != "native":
+        options["adam_epsilon_style"] = args.adam_epsilon_style
+    if args.freeze_positions:
+        options["train_positions"] = False
+    arguments = {"config": config, "weights": weights, "data": data, "steps": args.steps}
+    arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
+    if args.checkpoint_every or args.resume:
+        arguments.update(checkpoint_every=args.checkpoint_every or 0, resume=bool(args.resume))
+        arguments["checkpoint_dir"] = args.checkpoint_dir or args.resume
+    try:
+        if args.join:
+            run = load_backend(name).join_data_parallel(**arguments)
+        elif args.workers > 1:
+            run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
+        else:
+            run = run_pretraining(name, device=args.device, **arguments)
+    finally:
+        bar.close()
+    print(
+        f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
+        f"({args.workers} x {run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
+    )
+    return run
+
+
+def _compare(args: argparse.Namespace, runs: list[TrainingRun]) -> None:
+    """The runs' losses step by step, side by side, and how far apart their weights ended."""
+    totals = [[loss.total for loss in losses] for losses in zip(*(run.losses for run in runs))]
+    rows = [
+        (step, *(f"{total:.6f}" for total in step_totals), f"{max(step_totals) - min(step_totals):.2e}")
+        for step, step_totals in enumerate(totals, start=1)
+    ]
+    print(format_table(("step", *(f"{run.backend} loss" for run in runs), "largest difference"), rows))
+    first = runs[0]
+    for other in runs[1:]:
+        gap = max(float(np.abs(first.weights[k] - other.weights[k]).max()) for k in first.weights)
+        print(f"largest weight difference after {args.steps} steps, {first.backend} vs {other.backend}: {gap:.3g}")
+    if args.plot:
+        print(f"plot written to {plot_training(runs, args.plot)}")
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The model's sizes and generation, and how the positional embedding trains."""
     parser.add_argument("--num-hiddens", type=int, default=128)
     parser.add_argument("--ffn-num-hiddens", type=int, default=256)
     parser.add_argument("--num-heads", type=int, default=2)
@@ -107,95 +216,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="never train the positional embedding, as d2l 0.16-0.17's PyTorch code did (pos_embedding.data)",
     )
-    parser.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
-    parser.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of the loss curves")
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    """d2l's pretraining loop on one backend, or on every framework that can train side by side with --compare."""
-    check_output(args.out, "--out")
-    check_plot(args.plot)
-    if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
-        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
-    if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
-        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
-    names = _trainable(args.compare, args.backend)
-    lines = _read_corpus(args.corpus) if args.corpus else builtin_corpus()
-    data = PretrainingData.from_paragraphs(paragraphs_from_lines(lines), max_len=args.max_len, seed=args.seed)
-    config = BERTConfig(
-        len(data.vocab),
-        args.num_hiddens,
-        args.ffn_num_hiddens,
-        args.num_heads,
-        args.num_blks,
-        dropout=args.dropout,
-        max_len=args.max_len,
-        semantics=semantics_for(args.preset),
-    )
-    weights = init_weights(config, seed=args.seed, dtype=args.dtype)
-    print(f"corpus: {args.corpus or 'built-in'}, {len(data)} sentence pairs, vocabulary of {len(data.vocab)}")
-    print(f"model: {config}")
-    options = {"optimizer": args.optimizer, "lr": args.lr, "mlm_normalization": args.mlm_normalization}
-    if args.adam_epsilon_style != "native":
-        options["adam_epsilon_style"] = args.adam_epsilon_style
-    if args.freeze_positions:
-        options["train_positions"] = False
-
-    threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
-    bar = ProgressBar()
-    runs = []
-    for name in names:
-        print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
-        if args.workers > 1:
-            print(
-                f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples"
-            )
-
-        def show(step: int, loss, name: str = name) -> None:
-            bar.print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})")
-            bar(step, args.steps, f"{name} pretraining")
-
-        arguments = {"config": config, "weights": weights, "data": data, "steps": args.steps}
-        arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
-        if args.checkpoint_every or args.resume:
-            arguments.update(checkpoint_every=args.checkpoint_every or 0, resume=bool(args.resume))
-            arguments["checkpoint_dir"] = args.checkpoint_dir or args.resume
-        try:
-            if args.join:
-                run = load_backend(name).join_data_parallel(**arguments)
-            elif args.workers > 1:
-                run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
-            else:
-                run = run_pretraining(name, device=args.device, **arguments)
-        finally:
-            bar.close()
-        print(
-            f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
-            f"({args.workers} x {run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
-        )
-        runs.append(run)
-    if args.compare:
-        totals = [[loss.total for loss in losses] for losses in zip(*(run.losses for run in runs))]
-        rows = [
-            (step, *(f"{total:.6f}" for total in step_totals), f"{max(step_totals) - min(step_totals):.2e}")
-            for step, step_totals in enumerate(totals, start=1)
-        ]
-        print(format_table(("step", *(f"{run.backend} loss" for run in runs), "largest difference"), rows))
-        first = runs[0]
-        for other in runs[1:]:
-            gap = max(float(np.abs(first.weights[k] - other.weights[k]).max()) for k in first.weights)
-            print(f"largest weight difference after {args.steps} steps, {first.backend} vs {other.backend}: {gap:.3g}")
-        if args.plot:
-            print(f"plot written to {plot_training(runs, args.plot)}")
-        return 0
-    if runs[0].rank == 0:  # every worker ends with the same weights; worker 0 writes them
-        out = args.out or f"bert-pretrained-{args.backend}.npz"
-        save_weights(out, config, runs[0].weights)
-        print(f"weights written to {out}")
-    return load_backend(args.backend).end_worker(0) if args.join else 0
 
 
 def _trainable(compare: bool, backend: str) -> list[str]:

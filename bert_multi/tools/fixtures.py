@@ -21,7 +21,7 @@ from ..spec.config import BERTConfig
 from ..spec.schema import random_weights
 from ..spec.semantics import PRESETS
 from ..verify.cases import CASES, Batch
-from ..verify.conform import OUTPUT_NAMES
+from ..verify.results import OUTPUT_NAMES
 
 DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
 SEED = 0

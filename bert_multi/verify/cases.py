@@ -1,7 +1,7 @@
 """The conformance input cases: one list, used by the tests and the command line alike.
 
 Each case turns a config and a seed into one batch (tokens, segments, valid_lens, pred_positions).
-Together they cover what DESIGN.md asks for: mixed valid_lens, valid_len equal to the length,
+Together they cover what conformance asks for (docs/design.md): mixed valid_lens, valid_len equal to the length,
 valid_len 0, 2-D valid_lens, no valid_lens, single and paired segments, repeated and edge
 pred_positions (0 and T-1), batch 1, T = max_len, and no pred_positions.
 """

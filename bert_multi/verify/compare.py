@@ -25,7 +25,7 @@ class Tolerance:
 
 
 # Against the float64 oracle, per compute dtype and device kind. Measured on the CPU with the chapter's
-# model (README, "Tolerances"): float64 errors are about 1e-14, float32 errors up to about 1e-5.
+# model (docs/tolerances.md): float64 errors are about 1e-14, float32 errors up to about 1e-5.
 # GPU rows assume TF32 off; TF32 alone moves float32 outputs by about 1e-3.
 POLICY: dict[tuple[str, str], Tolerance] = {
     ("float64", "cpu"): Tolerance(atol=1e-9, rtol=0.0),

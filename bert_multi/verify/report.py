@@ -10,7 +10,7 @@ from pathlib import Path
 from ..backend.contract import intermediate_names
 from ..display import format_table
 from .compare import Comparison
-from .conform import OUTPUT_NAMES, Report
+from .results import OUTPUT_NAMES, Report
 
 
 def _number(value: float) -> str:
