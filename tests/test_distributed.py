@@ -127,7 +127,7 @@ def test_the_command_line_runs_workers_and_says_so(tmp_path, capsys):
 
 
 def launched_from_outside(framework, tmp_path):
-    """The README's launch lines, on this machine: torchrun for torch; a scheduler, a server and the
+    """The launch lines of docs/pretraining.md, on this machine: torchrun for torch; a scheduler, a server and the
     workers with the DMLC_* variables for MXNet. Returns the weights worker 0 wrote."""
     import os
     import subprocess

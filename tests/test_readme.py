@@ -1,4 +1,5 @@
-"""The README's Python example runs as written."""
+"""The README and the docs stay true: the README's Python example runs as written, the backends page shows
+what the command prints, and every link between pages leads somewhere in the repository."""
 
 import re
 from pathlib import Path
@@ -10,13 +11,14 @@ from bert_multi import backends
 README = Path(__file__).parent.parent / "README.md"
 
 
-@pytest.mark.skipif(not backends()["torch"].available, reason="the example uses the torch backend")
-def test_python_example_runs(tmp_path, monkeypatch):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert blocks, "the README has no Python example"
-    monkeypatch.chdir(tmp_path)  # it writes bert.npz
+@pytest.mark.skipif(not backends()["torch"].available, reason="the examples use the torch backend")
+@pytest.mark.parametrize("page", [README, README.parent / "docs" / "python-api.md"], ids=lambda page: page.name)
+def test_the_python_example_runs_as_written(page, tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert blocks, f"{page.name} has no Python example"
+    monkeypatch.chdir(tmp_path)  # an example may write bert.npz
     namespace: dict = {}
-    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    exec(compile(blocks[0], page.name, "exec"), namespace)
     assert namespace["report"].passed
     assert namespace["out"].mlm.shape == (1, 2, 10000)
 
@@ -33,3 +35,28 @@ def test_the_backends_page_shows_what_the_backends_command_prints(capsys):
     printed = capsys.readouterr().out.strip()
     shown = re.search(r"```\n(backend .*?)```", BACKENDS_PAGE.read_text(), flags=re.S)
     assert shown and shown[1].strip() == printed
+
+
+PAGES = [README, *sorted((README.parent / "docs").glob("*.md"))]
+
+
+def anchor(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_link_between_pages_leads_somewhere_in_the_repository(page):
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+        if re.match(r"https?://", target):
+            continue
+        path, _, fragment = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or README.parent.resolve() not in file.parents:
+            broken.append(f"{target}: no such file in the repository")
+        elif fragment and file.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", file.read_text(), flags=re.M)
+            if fragment not in {anchor(heading) for heading in headings}:
+                broken.append(f"{target}: no heading #{fragment}")
+    assert not broken, "\n".join(broken)

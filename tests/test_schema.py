@@ -26,7 +26,7 @@ CONFIGS = [
 def test_schema_matches_design(config):
     shapes = param_shapes(config)
     H, F, V, L = config.num_hiddens, config.ffn_num_hiddens, config.vocab_size, config.num_blks
-    assert len(shapes) == 3 + 16 * L + 2 + 6 + 2  # 45 for two blocks, as DESIGN.md says
+    assert len(shapes) == 3 + 16 * L + 2 + 6 + 2  # 45 for two blocks, as docs/design.md says
     assert shapes["encoder.pos_embedding"] == (1, config.max_len, H)
     assert shapes["encoder.token_embedding.weight"] == (V, H)
     assert shapes["encoder.segment_embedding.weight"] == (2, H)

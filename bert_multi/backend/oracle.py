@@ -1,7 +1,7 @@
 """The NumPy oracle: d2l's BERT written as an executable specification, in float64 by default.
 
-Read it top to bottom: each function is one rule of DESIGN.md ("Semantics"), and the comments cite the
-rule. Where d2l's generations differ, each switch of ``config.semantics`` is one visible branch, with
+Read it top to bottom: each function is one rule of docs/design.md ("What the model computes"), and the
+comments cite the rule. Where d2l's generations differ, each switch of ``config.semantics`` is one visible branch, with
 the release it reproduces. Every other backend is compared against this code, so it favours plainness
 over speed. Weights are the canonical dict; a dense layer named ``p`` uses ``p.weight`` (out, in) and
 ``p.bias``.

@@ -46,7 +46,7 @@ def kernel_eps(eps: float) -> float:
     """The LayerNorm epsilon the kernels really use when asked for ``eps``. Framework difference: MXNet
     passes operator parameters as C floats, so even a float64 LayerNorm uses float32(1e-5) =
     9.99999974737875e-06; torch uses 1e-5. The conformance engine compares this backend with the oracle
-    run at this value (README, tolerances; docs/framework-differences.md, "Hyper-parameters that become
+    run at this value (docs/tolerances.md; docs/framework-differences.md, "Hyper-parameters that become
     C floats")."""
     return float(np.float32(eps))
 

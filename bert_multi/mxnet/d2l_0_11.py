@@ -1,4 +1,4 @@
-"""d2l 0.11's BERT (seed 004's code) as Gluon classes with that release's constructor signatures:
+"""d2l 0.11's BERT (its chapter's code) as Gluon classes with that release's constructor signatures:
 ``from bert_multi.mxnet import d2l_0_11 as d2l``.
 
 The preset "d2l-0.11": fixed sinusoidal positions (then dropout), attention without biases, valid_lens

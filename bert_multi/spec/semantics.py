@@ -1,6 +1,6 @@
 """What the model computes: a few switches, and each d2l generation as a named preset of them.
 
-d2l's BERT changed between releases (DESIGN.md, "Generations"). Each switch below says which release
+d2l's BERT changed between releases (docs/checkpoints.md, "d2l's generations"). Each switch below says which release
 each of its values reproduces. A ``BERTConfig`` carries one ``Semantics``: the schema derives names
 and shapes from it, the oracle has one visible branch per switch, and each framework's classes read
 it in their constructors.
@@ -105,7 +105,7 @@ PRESETS: dict[str, Semantics] = {
     "d2l": Semantics(),
     "d2l-0.12": Semantics(valid_lens_over_heads="tiled"),
     "d2l-0.11": Semantics(positions="sinusoidal", attention_bias=False, valid_lens_over_heads="tiled", nsp_head="mlp"),
-    # Devlin et al.'s BERT as HuggingFace's BertModel computes it (DESIGN.md, "Original BERT").
+    # Devlin et al.'s BERT as HuggingFace's BertModel computes it (docs/original-bert.md).
     "bert": Semantics(embedding_norm=True, activation="gelu", layer_norm_eps=1e-12, mlm_decoder="tied"),
 }
 # The first and last d2l release each preset reproduces (read from the released packages, d2l==X

@@ -1,4 +1,4 @@
-"""d2l 0.11's BERT (seed 004's code; MXNet-only in d2l) as PyTorch classes with that release's
+"""d2l 0.11's BERT (its chapter's code; MXNet-only in d2l) as PyTorch classes with that release's
 constructor signatures: ``from bert_multi.torch import d2l_0_11 as d2l``. This PyTorch twin is how a
 d2l 0.x MXNet user moves to PyTorch.
 

@@ -1,12 +1,14 @@
-"""Extract the code cells of the BERT chapter, as the seeds give it, into ``tests/chapter/cells.json``.
+"""Extract the code cells of the BERT chapter, in each version of it we hold, into
+``tests/chapter/cells.json``.
 
-    python tests/chapter/extract_cells.py ../shared/seeds
+    python tests/chapter/extract_cells.py DIRECTORY    # the chapter's versions as text, NNN_*.txt
 
-For each seed and framework tab: the cells in order, verbatim (the test changes only the import line),
-and the shapes each cell's last expression must have: the seed's own output where it shows one (001,
-002), otherwise the shapes the chapter states for its sizes. The seeds come in four formats: d2l's
-markdown (000, 003, 004), a notebook exported as text (001), and reStructuredText with the newlines
-lost (002), whose cells are formatted by hand in ``seed_002.py`` and checked here token for token.
+For each version (a "seed", numbered 000 to 004) and framework tab: the cells in order, verbatim (the
+test changes only the import line), and the shapes each cell's last expression must have: the seed's
+own output where it shows one (001, 002), otherwise the shapes the chapter states for its sizes. The
+seeds come in four formats: d2l's markdown (000, 003, 004), a notebook exported as text (001), and
+reStructuredText with the newlines lost (002), whose cells are formatted by hand in ``seed_002.py``
+and checked here token for token.
 """
 
 from __future__ import annotations
