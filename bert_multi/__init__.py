@@ -15,7 +15,7 @@ from .backend.registry import (
     register_backend,
     unregister_backend,
 )
-from .errors import BackendContractError, BackendUnavailable, CannotRunHere, InputError, WeightsError
+from .errors import BackendContractError, BackendUnavailable, CannotRunHere, InputError, UsageError, WeightsError
 from .files.checkpoints import (
     Checkpoint,
     CheckpointInfo,
@@ -64,6 +64,7 @@ __all__ = [
     "BackendUnavailable",
     "CannotRunHere",
     "InputError",
+    "UsageError",
     "WeightsError",
     "ModelInputs",
     "check_inputs",

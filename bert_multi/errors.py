@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+class UsageError(ValueError):
+    """What was asked is wrong wherever it runs: an unknown name, options that cannot go together, a
+    config that cannot exist. The command line shows it as one line; any other exception is a bug."""
+
+
 class InputError(ValueError):
     """A model input (tokens, segments, valid_lens, pred_positions) breaks the model's contract."""
 

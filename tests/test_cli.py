@@ -8,6 +8,7 @@ from hostile import npz_member
 
 from bert_multi import CONFIGS, backends, random_weights, save_weights
 from bert_multi.cli import main
+from bert_multi.errors import UsageError
 from bert_multi.tools.fixtures import FIXTURE_CONFIGS
 
 FRAMEWORKS = [name for name in ("torch", "mxnet") if backends()[name].available]
@@ -348,3 +349,29 @@ def test_bench_quick_runs_every_installed_backend_and_writes_json(tmp_path, caps
         assert (row["tokens_per_s"] or 0) > 0 if model else row["megabytes_per_s"] > 0
         assert (row["gemm_peak_share"] is None) == (not row["workload"].startswith("forward"))
     assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]
+
+
+@pytest.mark.parametrize(
+    "raised, shown",
+    [
+        (UsageError("--x and --y cannot go together"), True),
+        (PermissionError(13, "Permission denied", "out.json"), True),  # a path: one line
+        (ValueError("a bug's ValueError"), False),
+        (OSError(28, "No space left on device"), False),  # no path: not the user's to fix
+        (RuntimeError("a bug"), False),
+    ],
+    ids=lambda value: type(value).__name__,
+)
+def test_the_projects_own_errors_are_one_line_and_a_bug_shows_its_traceback(monkeypatch, capsys, raised, shown):
+    from bert_multi.cli import backends as command
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.setattr(command, "run", fail)
+    if shown:
+        assert main(["backends"]) == 2
+        assert one_line_error(capsys).rstrip().endswith(str(raised).split(": ")[-1])
+    else:
+        with pytest.raises(type(raised)):
+            main(["backends"])

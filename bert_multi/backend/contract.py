@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from ..errors import UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
@@ -146,7 +147,7 @@ def parse_device(device: str) -> Device:
     """'cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N' (CUDA and GPU are synonyms in every backend)."""
     match = re.fullmatch(r"(cpu|cuda|gpu)(?::(\d+))?", str(device).strip().lower())
     if not match or (match[1] == "cpu" and match[2] is not None):
-        raise ValueError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N'")
+        raise UsageError(f"unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N'")
     if match[1] == "cpu":
         return Device("cpu", 0)
     return Device("gpu", int(match[2] or 0))

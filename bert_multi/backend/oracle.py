@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import CannotRunHere
+from ..errors import CannotRunHere, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.loss import MLM_NORMALIZATIONS, LossValues
@@ -209,11 +209,11 @@ def pretraining_loss(
     already averaged over every slot, padding included, before the weights were applied.
     """
     if mlm_normalization not in MLM_NORMALIZATIONS:
-        raise ValueError(f"unknown mlm_normalization {mlm_normalization!r}: expected one of {list(MLM_NORMALIZATIONS)}")
+        raise UsageError(f"unknown mlm_normalization {mlm_normalization!r}: expected one of {list(MLM_NORMALIZATIONS)}")
     inputs = ModelInputs(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     out = forward(config, weights, inputs)
     if out.mlm is None or out.nsp is None:
-        raise ValueError(f"pretraining needs the MLM and NSP heads; this model has {list(config.heads)}")
+        raise UsageError(f"pretraining needs the MLM and NSP heads; this model has {list(config.heads)}")
     slot_losses = cross_entropy(out.mlm.reshape(-1, config.vocab_size), batch["mlm_labels"].reshape(-1))
     slot_weights = batch["mlm_weights"].reshape(-1).astype(slot_losses.dtype)
     if mlm_normalization == "all_slots":

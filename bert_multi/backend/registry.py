@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import BackendContractError, BackendUnavailable, CannotRunHere
+from ..errors import BackendContractError, BackendUnavailable, CannotRunHere, UsageError
 from ..spec.config import BERTConfig
 from .contract import BUILD_OPTIONS, ROLES, BackendModel, parse_device
 
@@ -130,10 +130,10 @@ def register_backend(backend: object, *, role: str | None = None, label: str | N
     the registered backend. A built-in or already registered name is refused with a ``ValueError``."""
     name = getattr(backend, "NAME", None)
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{backend!r} has no NAME: a backend needs a NAME and a build (bert_multi.backend.Backend)")
+        raise UsageError(f"{backend!r} has no NAME: a backend needs a NAME and a build (bert_multi.backend.Backend)")
     known = _REGISTRY.all()
     if name in known:
-        raise ValueError(f"a backend named {name!r} is already registered ({known[name].where})")
+        raise UsageError(f"a backend named {name!r} is already registered ({known[name].where})")
     where = f"registered in code ({getattr(backend, '__name__', type(backend).__name__)})"
     role = role or str(getattr(backend, "ROLE", "framework"))
     known[name] = Registration(name, lambda: backend, where, role, label or "")
@@ -148,7 +148,7 @@ def unregister_backend(name: str) -> None:
     """Undo ``register_backend``; the built-ins and installed entry points stay."""
     known = _REGISTRY.all()
     if name not in known or not known[name].where.startswith("registered in code"):
-        raise ValueError(f"{name!r} was not registered in code")
+        raise UsageError(f"{name!r} was not registered in code")
     del known[name]
     _REGISTRY.loaded.pop(name, None)
 
@@ -160,7 +160,7 @@ def check_names(names: list[str] | tuple[str, ...]) -> None:
         if name not in known:
             near = difflib.get_close_matches(str(name), known, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ValueError(f"unknown backend {name!r}{hint}: expected one of {known}")
+            raise UsageError(f"unknown backend {name!r}{hint}: expected one of {known}")
 
 
 def load_backend(name: str) -> LoadedBackend:
@@ -212,7 +212,7 @@ def backend_names(role: str | None = None) -> list[str]:
     state their own ``ROLE`` (default "framework"), so they are loaded to ask; one that cannot load is
     taken at its word of registration."""
     if role is not None and role not in ROLES:
-        raise ValueError(f"unknown role {role!r}: expected one of {list(ROLES)}")
+        raise UsageError(f"unknown role {role!r}: expected one of {list(ROLES)}")
     names = []
     for name, registration in _REGISTRY.all().items():
         own = registration.role
@@ -297,7 +297,7 @@ class LoadedBackend:
                 taken[name] = value
             elif name not in BUILD_OPTIONS:
                 own = sorted(self._parameters - set(BUILD_OPTIONS))
-                raise ValueError(
+                raise UsageError(
                     f"unknown build option {name!r}: the standard ones are {list(BUILD_OPTIONS)}"
                     + (f", and backend {self.name!r} also takes {own}" if own else "")
                 )
@@ -379,7 +379,7 @@ class LoadedBackend:
     def _required(self, attribute: str, missing: str) -> Callable[..., Any]:
         own = getattr(self.module, attribute, None)
         if own is None:
-            raise ValueError(f"backend {self.name!r} {missing}")
+            raise UsageError(f"backend {self.name!r} {missing}")
         return own
 
 

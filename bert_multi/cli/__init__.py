@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..errors import BackendContractError, CannotRunHere, InputError, WeightsError, WorkerFailed
+from ..errors import BackendContractError, CannotRunHere, InputError, UsageError, WeightsError, WorkerFailed
 from . import backends, bench, compare, conform, convert, demo, fixtures, inspect, lessons, pretrain
 
 # In the order `bert-multi --help` lists them.
@@ -24,11 +24,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The project's own errors: each says what is wrong and what was expected, in one line.
+EXPECTED = (UsageError, InputError, WeightsError, CannotRunHere, BackendContractError, WorkerFailed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` asks for; its exit status. The project's own errors, and an ``OSError`` on a
+    path (one the user gave, or one written for them), are one line on standard error and status 2;
+    anything else shows its traceback, as the bug it is."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (InputError, WeightsError, CannotRunHere, BackendContractError, ValueError, OSError, WorkerFailed) as error:
+    except EXPECTED as error:
+        print(f"bert-multi: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        if error.filename is None:
+            raise
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..display import ProgressBar
+from ..errors import UsageError
 from ..spec.schema import SUPPORTED_DTYPES
 from ..tools import bench
 from .common import check_output, check_plot, comma_list
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     shapes, rounds = (["tiny"], 2) if args.quick else (args.shapes, args.rounds)
     for shape in shapes:
         if shape not in bench.SHAPES:
-            raise ValueError(f"unknown shape {shape!r}: expected some of {list(bench.SHAPES)}")
+            raise UsageError(f"unknown shape {shape!r}: expected some of {list(bench.SHAPES)}")
     bar = ProgressBar()
     try:
         rows = bench.run_bench(

@@ -15,7 +15,7 @@ import numpy as np
 from ..backend.contract import parse_device
 from ..backend.registry import backend_names, check_names, frameworks
 from ..display import ProgressBar
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
 from ..files.safe import NpzReader, open_regular
 from ..spec.config import CONFIGS, HEADS, BERTConfig
@@ -43,12 +43,12 @@ def parse_targets(args: argparse.Namespace) -> list[Target]:
     if args.reference:
         references = backend_names("reference")
         if args.reference not in references:
-            raise ValueError(f"--reference {args.reference!r}: expected one of the references {references}")
+            raise UsageError(f"--reference {args.reference!r}: expected one of the references {references}")
         names = [*names, args.reference] if args.reference not in names else names
     check_names(names)
     for dtype in args.dtypes:
         if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
+            raise UsageError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
     for device in args.devices:
         parse_device(device)
     return [Target(backend, dtype, device) for device in args.devices for backend in names for dtype in args.dtypes]
@@ -61,14 +61,14 @@ def model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -
         stated = [option for option in ("num_heads", "d2l_version", "cast", "key") if getattr(args, option)]
         if stated:
             options = ", ".join("--" + option.replace("_", "-") for option in stated)
-            raise ValueError(f"{options}: these describe a checkpoint file, not the built-in config {spec!r}")
+            raise UsageError(f"{options}: these describe a checkpoint file, not the built-in config {spec!r}")
         config = CONFIGS[spec].with_semantics(preset or "d2l")
         # Every tensor random (biases and LayerNorm parameters too), so that every weight is checked.
         return config, random_weights(config, seed=args.seed, dtype="float64")
     if Path(spec).exists():
         checkpoint = load_as_stated(args, spec, preset)
         return checkpoint.config, checkpoint.weights
-    raise ValueError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing checkpoint")
+    raise UsageError(f"--config {spec!r} is neither a built-in config {sorted(CONFIGS)} nor an existing checkpoint")
 
 
 def load_as_stated(args: argparse.Namespace, path: str, preset: str | None) -> Checkpoint:
@@ -110,22 +110,22 @@ def check_output(path: str | None, option: str, directory: bool = False) -> None
     target = Path(path)
     if directory:
         if target.exists() and not target.is_dir():
-            raise ValueError(f"{option} {path}: exists and is not a directory")
+            raise UsageError(f"{option} {path}: exists and is not a directory")
         parent = next(p for p in (target, *target.parents) if p.exists())
     else:
         if target.is_dir():
-            raise ValueError(f"{option} {path}: is a directory; expected a file name")
+            raise UsageError(f"{option} {path}: is a directory; expected a file name")
         parent = target.parent
         if not parent.is_dir():
-            raise ValueError(f"{option} {path}: the directory {str(parent)!r} does not exist")
+            raise UsageError(f"{option} {path}: the directory {str(parent)!r} does not exist")
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path}: cannot write in {str(parent)!r}")
+        raise UsageError(f"{option} {path}: cannot write in {str(parent)!r}")
 
 
 def check_plot(path: str | None, option: str = "--plot") -> None:
     check_output(path, option)
     if path is not None and importlib.util.find_spec("matplotlib") is None:
-        raise ValueError(f"{option} needs matplotlib: pip install 'bert_multi[plot]'")
+        raise UsageError(f"{option} needs matplotlib: pip install 'bert_multi[plot]'")
 
 
 def describe_case(config: BERTConfig, case: CaseInput) -> str:

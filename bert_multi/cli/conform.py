@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..display import format_table
+from ..errors import UsageError
 from ..spec.config import CONFIGS
 from ..spec.semantics import PRESETS, releases_of
 from ..verify.cases import CASES, get_case
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     targets = parse_targets(args)
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
     if args.preset == "all" and args.config not in CONFIGS:
-        raise ValueError("--preset all needs a built-in --config: a weights file holds one generation's tensors")
+        raise UsageError("--preset all needs a built-in --config: a weights file holds one generation's tensors")
     presets = list(PRESETS) if args.preset == "all" else [args.preset]
     reports = {}
     for preset in presets:

@@ -6,6 +6,7 @@ import argparse
 import itertools
 
 from ..backend.registry import backends
+from ..errors import UsageError
 from ..tools import lessons
 
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     section = next((s for s in sections if s.number == args.section), None)
     if section is None:
-        raise ValueError(f"no section {args.section}: the guide has sections 1 to {len(sections)}")
+        raise UsageError(f"no section {args.section}: the guide has sections 1 to {len(sections)}")
     print(f"{section.number}. {section.title}\n")
     status = backends()
     parts = []  # per sample: (header, code lines, printed lines, verdict)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..backend.registry import backends, check_names, frameworks, load_backend
 from ..display import ProgressBar, format_table
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..files.safe import open_regular
 from ..files.weights import save_weights
 from ..spec.config import BERTConfig
@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, "--out")
     check_plot(args.plot)
     if args.checkpoint_every and not (args.checkpoint_dir or args.resume):
-        raise ValueError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
+        raise UsageError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
     if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
-        raise ValueError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
+        raise UsageError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
     names = _trainable(args.compare, args.backend)
     config, data = _model_and_data(args)
     weights = init_weights(config, seed=args.seed, dtype=args.dtype)
@@ -224,13 +224,13 @@ def _trainable(compare: bool, backend: str) -> list[str]:
     if not compare:
         check_names([backend])
         if not load_backend(backend).can_train:
-            raise ValueError(f"backend {backend!r} cannot train: it has no Pretrainer (bert-multi backends)")
+            raise UsageError(f"backend {backend!r} cannot train: it has no Pretrainer (bert-multi backends)")
         return [backend]
     status = backends()
     names = [name for name in frameworks() if status[name].available and load_backend(name).can_train]
     if len(names) < 2:
         missing = "; ".join(f"{name}: {status[name].reason}" for name in frameworks() if not status[name].available)
-        raise ValueError(f"--compare needs two frameworks that can train here, and found {names} ({missing})")
+        raise UsageError(f"--compare needs two frameworks that can train here, and found {names} ({missing})")
     return names
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backend.contract import framework_names
 from ..backend.registry import registrations
-from ..errors import WeightsError
+from ..errors import UsageError, WeightsError
 from ..spec.config import BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
 from ..spec.semantics import PRESETS, Semantics, releases_of, semantics_for
@@ -234,7 +234,7 @@ def _names_error(path: Path, have: set[str], expected: set[str]) -> WeightsError
 
 def _statement(preset: str | Semantics | None, d2l_version: str | None) -> Semantics | None:
     if preset is not None and d2l_version is not None:
-        raise ValueError("state the generation once: preset= or d2l_version=, not both")
+        raise UsageError("state the generation once: preset= or d2l_version=, not both")
     stated = preset if preset is not None else d2l_version
     return None if stated is None else semantics_for(stated)
 
@@ -367,7 +367,7 @@ def save_checkpoint(
     own = for_output(path, framework)
     validate_weights(config, weights)
     if own is d2l.DIRECTORY and framework not in DIRECTORY_FRAMEWORKS:
-        raise ValueError(
+        raise UsageError(
             f"{path}: a directory is a d2l pretrained-model directory, holding one framework's {PARAMS_FILE}, "
             f"or a HuggingFace one: say which with framework= (--framework), one of {DIRECTORY_FRAMEWORKS}"
         )

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, cast
 
+from ..errors import UsageError
 from .semantics import PRESETS, Semantics, semantics_for
 
 # The arguments of d2l 1.0's BERTModel, in order.
@@ -45,20 +46,20 @@ class BERTConfig:
             value = getattr(self, name)
             # bool is an int subclass; True is not a size.
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"BERTConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
+                raise UsageError(f"BERTConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
             if value < 1:
-                raise ValueError(f"BERTConfig.{name} must be a positive int, got {value}")
+                raise UsageError(f"BERTConfig.{name} must be a positive int, got {value}")
         if self.num_hiddens % self.num_heads:
-            raise ValueError(
+            raise UsageError(
                 f"BERTConfig.num_hiddens ({self.num_hiddens}) must be divisible by "
                 f"num_heads ({self.num_heads}): each head gets num_hiddens / num_heads features"
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise ValueError(f"BERTConfig.dropout must be a number, got {self.dropout!r}")
+            raise UsageError(f"BERTConfig.dropout must be a number, got {self.dropout!r}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"BERTConfig.dropout must be in [0, 1), got {self.dropout}")
+            raise UsageError(f"BERTConfig.dropout must be in [0, 1), got {self.dropout}")
         if self.semantics.positions == "sinusoidal" and self.num_hiddens % 2:
-            raise ValueError(
+            raise UsageError(
                 f"BERTConfig.num_hiddens ({self.num_hiddens}) must be even for sinusoidal positions "
                 f"(preset {self.semantics.name!r}): the table pairs a sine and a cosine column"
             )
@@ -87,15 +88,15 @@ class BERTConfig:
     def from_dict(cls, data: dict[str, Any]) -> BERTConfig:
         """Inverse of ``to_dict``; unknown or missing keys are a ``ValueError``."""
         if not isinstance(data, dict):
-            raise ValueError(f"a BERTConfig needs a dict of its fields, got {type(data).__name__}")
+            raise UsageError(f"a BERTConfig needs a dict of its fields, got {type(data).__name__}")
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise ValueError(f"unknown BERTConfig field(s) {unknown}; expected some of {fields}")
+            raise UsageError(f"unknown BERTConfig field(s) {unknown}; expected some of {fields}")
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
         missing = [name for name in required if name not in data]
         if missing:
-            raise ValueError(f"BERTConfig is missing field(s) {missing}")
+            raise UsageError(f"BERTConfig is missing field(s) {missing}")
         return cls(**data)
 
     def with_semantics(self, semantics: Semantics | str) -> BERTConfig:
@@ -106,15 +107,15 @@ class BERTConfig:
 def _check_heads(heads: object, semantics: Semantics) -> tuple[str, ...]:
     """``heads`` as a tuple in ``HEADS`` order, or a ``ValueError`` saying which parts cannot go together."""
     if isinstance(heads, str) or not isinstance(heads, (tuple, list, set, frozenset)):
-        raise ValueError(f"BERTConfig.heads must be a tuple of some of {list(HEADS)}, got {heads!r}")
+        raise UsageError(f"BERTConfig.heads must be a tuple of some of {list(HEADS)}, got {heads!r}")
     unknown = [head for head in heads if head not in HEADS]
     if unknown:
-        raise ValueError(f"unknown head(s) {unknown} in BERTConfig.heads: expected some of {list(HEADS)}")
+        raise UsageError(f"unknown head(s) {unknown} in BERTConfig.heads: expected some of {list(HEADS)}")
     chosen = tuple(head for head in HEADS if head in heads)
     if "nsp" in chosen and "pooler" not in chosen:
-        raise ValueError("BERTConfig.heads: the NSP classifier reads the pooler's output, so 'nsp' needs 'pooler'")
+        raise UsageError("BERTConfig.heads: the NSP classifier reads the pooler's output, so 'nsp' needs 'pooler'")
     if semantics.nsp_head == "mlp" and ("pooler" in chosen) != ("nsp" in chosen):
-        raise ValueError(
+        raise UsageError(
             "BERTConfig.heads: in d2l 0.11 the pooler is the first layer of the NSP head; keep both or neither"
         )
     return chosen

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import UsageError
 from .semantics import Semantics, semantics_for
 
 
@@ -98,7 +99,7 @@ def same_width(num_hiddens: int, **widths: object) -> None:
     for name, width in widths.items():
         value = list(width) if isinstance(width, (list, tuple)) else width
         if value not in (num_hiddens, [num_hiddens]):
-            raise ValueError(f"{name}={width!r}, but BERT's blocks read and write num_hiddens={num_hiddens} features")
+            raise UsageError(f"{name}={width!r}, but BERT's blocks read and write num_hiddens={num_hiddens} features")
 
 
 class SizedMultiHeadAttention(GluonStyleMultiHeadAttention):

@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from ..arrays import all_finite, first_index
-from ..errors import WeightsError
+from ..errors import UsageError, WeightsError
 from .config import BERTConfig
 
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -112,7 +112,7 @@ def cut_max_len(
     if max_len == config.max_len:
         return config, weights
     if not 1 <= max_len <= config.max_len:
-        raise ValueError(f"cannot cut a model of max_len {config.max_len} to max_len {max_len}")
+        raise UsageError(f"cannot cut a model of max_len {config.max_len} to max_len {max_len}")
     cut = dataclasses.replace(config, max_len=max_len)
     shapes = param_shapes(cut)
     return cut, {name: array[tuple(slice(n) for n in shapes[name])] for name, array in weights.items()}
@@ -125,7 +125,7 @@ def normalize_dtype(dtype: object) -> str:
     except TypeError:
         name = repr(dtype)
     if name not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}: expected one of {SUPPORTED_DTYPES}")
+        raise UsageError(f"unsupported dtype {dtype!r}: expected one of {SUPPORTED_DTYPES}")
     return name
 
 

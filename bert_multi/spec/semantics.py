@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UsageError
+
 
 @dataclass(frozen=True)
 class Semantics:
@@ -53,10 +55,10 @@ class Semantics:
         for field, allowed in CHOICES.items():
             value = getattr(self, field)
             if value not in allowed or type(value) is not type(allowed[0]):
-                raise ValueError(f"Semantics.{field} is {value!r}; expected one of {list(allowed)}")
+                raise UsageError(f"Semantics.{field} is {value!r}; expected one of {list(allowed)}")
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            raise ValueError(f"Semantics.layer_norm_eps is {eps!r}; expected a number in (0, 1)")
+            raise UsageError(f"Semantics.layer_norm_eps is {eps!r}; expected a number in (0, 1)")
         object.__setattr__(self, "layer_norm_eps", float(eps))
 
     def __repr__(self) -> str:
@@ -85,7 +87,7 @@ class Semantics:
         """Inverse of ``to_dict``; unknown or missing switches are a ``ValueError``."""
         switches = [field.name for field in dataclasses.fields(cls)]
         if not isinstance(data, dict) or not set(FIRST_SWITCHES) <= set(data) or not set(data) <= set(switches):
-            raise ValueError(f"semantics must be a dict of the switches {switches}, got {data!r}")
+            raise UsageError(f"semantics must be a dict of the switches {switches}, got {data!r}")
         return cls(**data)
 
 
@@ -132,18 +134,18 @@ def semantics_for(spec: str | Semantics) -> Semantics:
     if isinstance(spec, Semantics):
         return spec
     if not isinstance(spec, str):
-        raise ValueError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r}")
+        raise UsageError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r}")
     if spec in PRESETS:
         return PRESETS[spec]
     match = re.fullmatch(r"(?:d2l\s*==\s*)?v?(\d+)\.(\d+)(?:\.\d+)*(?:[a-z]+\d*)?", spec.strip())
     if not match:
-        raise ValueError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
+        raise UsageError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
     version = (int(match[1]), int(match[2]))
     # The newest preset whose first release is not after this one; nothing before BERT arrived, nor
     # after the newest major version known.
     starts = sorted((first, name) for name, (first, _) in RELEASES.items())
     if version < starts[0][0] or version[0] > max(last[0] for _, last in RELEASES.values()):
-        raise ValueError(f"d2l {match[1]}.{match[2]} has no BERT chapter this project knows (BERT is in 0.11 to 1.x)")
+        raise UsageError(f"d2l {match[1]}.{match[2]} has no BERT chapter this project knows (BERT is in 0.11 to 1.x)")
     return PRESETS[[name for first, name in starts if first <= version][-1]]
 
 
@@ -151,7 +153,7 @@ def sinusoidal_positions(max_len: int, num_hiddens: int) -> np.ndarray:
     """The fixed table of d2l's ``PositionalEncoding``, (max_len, num_hiddens) in float64:
     P[pos, 2i] = sin(pos / 10000^(2i/H)), P[pos, 2i+1] = cos(pos / 10000^(2i/H))."""
     if num_hiddens % 2:
-        raise ValueError(f"sinusoidal positions need an even num_hiddens (sin and cos pair up), got {num_hiddens}")
+        raise UsageError(f"sinusoidal positions need an even num_hiddens (sin and cos pair up), got {num_hiddens}")
     angles = np.arange(max_len)[:, None] / np.power(10000.0, np.arange(0, num_hiddens, 2) / num_hiddens)
     table = np.empty((max_len, num_hiddens))
     table[:, 0::2], table[:, 1::2] = np.sin(angles), np.cos(angles)

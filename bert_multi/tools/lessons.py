@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backend.registry import frameworks, registrations
+from ..errors import UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
 
@@ -68,7 +69,7 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
     """The guide's sections and samples; a sample without its output block is a ``ValueError``."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: the framework-differences guide is not there (it ships with the repository)")
+        raise UsageError(f"{path}: the framework-differences guide is not there (it ships with the repository)")
     lines = path.read_text().splitlines()
     sections: list[Section] = []
     blocks: list[tuple[Section | None, str, str, int]] = []  # (section, info, body, first line) per fenced block
@@ -81,7 +82,7 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
             start = index + 1
             end = next((j for j in range(start, len(lines)) if lines[j].startswith("```")), None)
             if end is None:
-                raise ValueError(f"{path}:{index + 1}: a fenced block that never closes")
+                raise UsageError(f"{path}:{index + 1}: a fenced block that never closes")
             blocks.append(
                 (sections[-1] if sections else None, lines[index][3:].strip(), "\n".join(lines[start:end]), start + 1)
             )
@@ -100,7 +101,7 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
             or following[0] is not section
         ):
             tags = " or ".join(f"'python {name}'" for name in frameworks())
-            raise ValueError(
+            raise UsageError(
                 f"{path}:{line}: a sample must be tagged {tags}, sit in a numbered section, and be followed "
                 "at once by a 'text' block of what it prints"
             )

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..backend.contract import framework_names
-from ..errors import WorkerFailed
+from ..errors import UsageError, WorkerFailed
 from ..spec.loss import LossValues
 from ..training import (
     BatchTotals,
@@ -214,7 +214,7 @@ def process_group(
     if address is None:
         dist.init_process_group("gloo", timeout=timeout)
     elif rank is None or workers is None:
-        raise ValueError(f"a process group at {address} needs this worker's rank and the number of workers")
+        raise UsageError(f"a process group at {address} needs this worker's rank and the number of workers")
     else:
         dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank, world_size=workers, timeout=timeout)
     try:

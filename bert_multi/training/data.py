@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import check_inputs, get_tokens_and_segments
 
@@ -33,7 +33,7 @@ def tokenize(lines: Sequence[str], token: str = "word") -> list[list[str]]:
         return [line.split() for line in lines]
     if token == "char":
         return [list(line) for line in lines]
-    raise ValueError(f"unknown token type {token!r}: expected 'word' or 'char'")
+    raise UsageError(f"unknown token type {token!r}: expected 'word' or 'char'")
 
 
 class Vocab:
@@ -232,7 +232,7 @@ class PretrainingData:
         """Endless batches of ``batch_size`` examples: an epoch at a time, reshuffled each epoch from
         ``seed``; an epoch's last, smaller batch is dropped so every step sees the same shapes."""
         if not 1 <= batch_size <= len(self):
-            raise ValueError(f"batch_size {batch_size} must be in [1, {len(self)}] (the number of examples)")
+            raise UsageError(f"batch_size {batch_size} must be in [1, {len(self)}] (the number of examples)")
         rng = np.random.default_rng(seed)
         while True:
             order = rng.permutation(len(self)) if shuffle else np.arange(len(self))
@@ -261,7 +261,7 @@ def shard(batch: dict[str, np.ndarray], rank: int, workers: int) -> dict[str, np
     the workers together see exactly the batch one process would."""
     size = len(batch["tokens"])
     if not 0 <= rank < workers or size % workers:
-        raise ValueError(f"a batch of {size} cannot be split into {workers} equal shards (rank {rank})")
+        raise UsageError(f"a batch of {size} cannot be split into {workers} equal shards (rank {rank})")
     rows = slice(rank * size // workers, (rank + 1) * size // workers)
     return {name: values[rows] for name, values in batch.items()}
 

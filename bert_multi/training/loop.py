@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.registry import backends, load_backend
+from ..errors import UsageError
 from ..files.weights import load_weights, save_weights
 from ..spec.config import HEADS, BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS, LossValues
@@ -38,18 +39,18 @@ def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_
         ("adam_epsilon_style", adam_epsilon_style, ADAM_EPSILON_STYLES),
     ):
         if value not in allowed:
-            raise ValueError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
+            raise UsageError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
 
 
 def check_trainable(config: BERTConfig, train_positions: bool) -> None:
     """Pretraining needs both pretraining heads; freezing the positional embedding (as d2l 0.16-0.17's
     PyTorch code did, by adding ``pos_embedding.data``) needs a learned one."""
     if config.heads != HEADS:
-        raise ValueError(
+        raise UsageError(
             f"pretraining needs the pooler and both heads (MLM and NSP); this model has only {list(config.heads)}"
         )
     if not train_positions and config.semantics.positions != "learned":
-        raise ValueError(
+        raise UsageError(
             f"there are no positional embeddings to freeze: preset {config.semantics.name!r} adds a fixed "
             "sinusoidal table"
         )
@@ -127,17 +128,17 @@ def run_pretraining(
     0 does); ``resume`` goes on from the state there, if any, to ``steps`` in all, and ends with the
     weights an uninterrupted run ends with. The losses returned are those of the steps this call took."""
     if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
+        raise UsageError(f"steps must be at least 1, got {steps}")
     if batch_size % workers:
-        raise ValueError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
+        raise UsageError(f"batch_size {batch_size} must be a multiple of the number of workers, {workers}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
-        raise ValueError("checkpoints and resuming need a checkpoint directory")
+        raise UsageError("checkpoints and resuming need a checkpoint directory")
     settings = {"backend": backend_name, "dtype": dtype, "seed": seed, "batch_size": batch_size, **options}
     settings = json.loads(json.dumps(settings))  # as a saved state holds them (tuples become lists)
     state = load_training_state(checkpoint_dir) if resume and checkpoint_dir is not None else None
     if state is not None:
         if state.config != config or state.settings != settings:
-            raise ValueError(
+            raise UsageError(
                 f"{checkpoint_dir}: its state was saved by a run with {state.config} and {state.settings}, not "
                 f"{config} and {settings}; resume with the same settings"
             )
@@ -146,7 +147,7 @@ def run_pretraining(
     backend = load_backend(backend_name)
     if not backend.can_train:
         trainable = [name for name, status in backends().items() if status.available and load_backend(name).can_train]
-        raise ValueError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
+        raise UsageError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
     model = backend.build(config, weights, device=device, dtype=dtype)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import UsageError
 from ..spec.config import BERTConfig
 
 Batch = dict[str, "np.ndarray | None"]
@@ -156,4 +157,4 @@ def get_case(name: str) -> Case:
     for case in CASES:
         if case.name == name:
             return case
-    raise ValueError(f"unknown case {name!r}: expected one of {list(CASE_NAMES)}")
+    raise UsageError(f"unknown case {name!r}: expected one of {list(CASE_NAMES)}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backend.contract import BackendModel, BERTOutput, parse_device
 from ..backend.registry import LoadedBackend, check_names, load_backend
-from ..errors import CannotRunHere, InputError
+from ..errors import CannotRunHere, InputError, UsageError
 from ..files.weights import load_weights, save_weights
 from ..spec.config import BERTConfig
 from ..spec.inputs import check_inputs
@@ -68,7 +68,7 @@ def run_conformance(
     """
     _check_targets(targets)
     if not cases:
-        raise ValueError("no cases to run: a conformance run needs at least one")
+        raise UsageError("no cases to run: a conformance run needs at least one")
     # Weights or inputs that do not fit the config are the caller's mistake, not a backend's failure.
     validate_weights(config, weights)
     inputs = [CaseInput(*case) for case in cases]
@@ -90,10 +90,10 @@ def _check_targets(targets: Sequence[Target]) -> None:
     check_names([target.backend for target in targets])
     for target in targets:
         if target.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"unknown dtype {target.dtype!r} in {target}: expected one of {list(SUPPORTED_DTYPES)}")
+            raise UsageError(f"unknown dtype {target.dtype!r} in {target}: expected one of {list(SUPPORTED_DTYPES)}")
         parse_device(target.device)
     if len(set(targets)) != len(targets):
-        raise ValueError(f"a target is asked for twice: {[str(t) for t in targets if list(targets).count(t) > 1]}")
+        raise UsageError(f"a target is asked for twice: {[str(t) for t in targets if list(targets).count(t) > 1]}")
 
 
 class _Run:

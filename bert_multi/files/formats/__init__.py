@@ -6,7 +6,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
-from ...errors import WeightsError
+from ...errors import UsageError, WeightsError
 from ..safe import ZIP_MAGIC, describe_format, open_regular, reason
 from . import d2l, gluon, huggingface, npz, pytorch
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
@@ -72,7 +72,7 @@ def for_output(path: str | Path, framework: str | None = None) -> CheckpointForm
             return own
     if suffix and not Path(path).is_dir():
         known = [suffix for own in FORMATS for suffix in own.suffixes]
-        raise ValueError(
+        raise UsageError(
             f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory name "
             "(a d2l pretrained-model directory)"
         )

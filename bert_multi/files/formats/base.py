@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import WeightsError
+from ...errors import UsageError, WeightsError
 from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
@@ -74,7 +74,7 @@ class CheckpointFormat:
     ) -> None:
         """Write ``weights`` as this format, atomically (``framework`` and ``vocab``: what a d2l directory
         holds)."""
-        raise ValueError(f"{path}: bert_multi reads {self.description}s but does not write them")
+        raise UsageError(f"{path}: bert_multi reads {self.description}s but does not write them")
 
 
 SHOWN = 5  # names shown in a message before "and N more"

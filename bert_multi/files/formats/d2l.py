@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ...backend.registry import load_backend
-from ...errors import WeightsError
+from ...errors import UsageError, WeightsError
 from ...spec.config import BERTConfig
 from ..safe import atomic_path, open_regular, reason
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory
@@ -80,12 +80,12 @@ class Directory(CheckpointFormat):
         vocab: list[str] | None = None,
     ) -> None:
         if vocab is None:
-            raise ValueError(
+            raise UsageError(
                 f"{path}: a d2l pretrained-model directory needs a {VOCAB_FILE} (d2l's load_pretrained_model reads "
                 "it), and the input has none: give one with vocab= (--vocab FILE, a JSON list of tokens)"
             )
         if len(vocab) != config.vocab_size:
-            raise ValueError(f"{path}: the vocab has {len(vocab)} tokens, the model {config.vocab_size}")
+            raise UsageError(f"{path}: the vocab has {len(vocab)} tokens, the model {config.vocab_size}")
         path.mkdir(parents=True, exist_ok=True)
         assert framework is not None  # save_checkpoint asks for it before anything is written
         load_backend(framework).save_checkpoint(path / PARAMS_FILE, config, weights)

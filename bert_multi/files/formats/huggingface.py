@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...backend.registry import load_backend
-from ...errors import WeightsError
+from ...errors import UsageError, WeightsError
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
@@ -280,7 +280,7 @@ def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[
     ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none; else a ``ValueError``."""
     reason = expressible(config)
     if reason is not None:
-        raise ValueError(reason)
+        raise UsageError(reason)
     semantics = config.semantics
     full = config.heads == HEADS
     inverse = hf_names(config)
