@@ -12,9 +12,10 @@ so bad input fails the same way, with the same message, in every framework.
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -68,8 +69,8 @@ class Backend(Protocol):
       turn (default none: it uses the canonical names).
     - ``save_checkpoint(path, config, weights)``, ``load_checkpoint(path, config=None, **statements)``,
       ``read_checkpoint(path, key=None)``: its framework's own checkpoint file (default: none).
-    - ``Pretrainer(model, **options)``: training (loss, gradients, optimizer step and state); see
-      ``bert_multi.pretraining`` (default: it cannot train).
+    - ``Pretrainer(model, **options)``: training (loss, gradients, optimizer step and state), a
+      ``bert_multi.training.Trainer`` (default: it cannot train).
     - ``train_data_parallel``, ``join_data_parallel``, ``end_worker``: data-parallel workers on the
       framework's own engine (default: none; ``end_worker(code)`` returns ``code``).
     - ``gemm(dtype, m, k, n) -> callable`` and ``synchronize()``: ``bench``'s timing helpers, a matrix
@@ -129,6 +130,39 @@ def intermediate_sources(config: BERTConfig) -> OrderedDict[str, tuple[str, str]
     return sources
 
 
+Hook = Callable[[Any, Any, Any], None]  # (module, its inputs, its output), as both frameworks call a forward hook
+
+
+@contextlib.contextmanager
+def recorded_activations(
+    config: BERTConfig,
+    wanted: bool,
+    rules: list[tuple[str, str]],
+    attach: Callable[[str, Hook], Callable[[], object]],
+    to_numpy: Callable[[Any], np.ndarray | None],
+) -> Iterator[OrderedDict[str, np.ndarray | None] | None]:
+    """The activations of ``intermediate_names(config)``, in order, recorded while the block runs a
+    forward (None unless ``wanted``): ``attach(path, hook)`` puts a forward hook on the framework's module
+    at ``path`` (in its own names, from ``rules``) and returns what removes it; each is removed after."""
+    if not wanted:
+        yield None
+        return
+    sources = intermediate_sources(config)
+    record: OrderedDict[str, np.ndarray | None] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
+    removers = []
+    try:
+        for name, (path, side) in sources.items():
+
+            def keep(module: Any, args: Any, output: Any, name: str = name, side: str = side) -> None:
+                record[name] = to_numpy(args[0] if side == "input" else output)
+
+            removers.append(attach(framework_module(path, rules), keep))
+        yield record
+    finally:
+        for remove in removers:
+            remove()
+
+
 def intermediate_names(config: BERTConfig) -> list[str]:
     """Names of the activations ``model(..., intermediates=True)`` returns, in computation order."""
     return list(intermediate_sources(config))
@@ -164,6 +198,7 @@ class BackendModel(abc.ABC):
     """
 
     backend: str
+    module: Any  # the framework's own model object, where it has one (the oracle has none)
 
     def __init__(self, config: BERTConfig, dtype: str, device: Device) -> None:
         self.config = config

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -18,11 +17,11 @@ from ..backend.contract import (
     BackendModel,
     BERTOutput,
     Device,
-    framework_module,
+    Hook,
     framework_names,
-    intermediate_sources,
     parse_device,
     prepare_weights,
+    recorded_activations,
 )
 from ..errors import CannotRunHere
 from ..files import checkpoints
@@ -117,18 +116,13 @@ class MXNetBERT(BackendModel):
     def _to_array(self, array: np.ndarray | None, dtype: str | None = None) -> mx.np.ndarray | None:
         return None if array is None else mx.np.array(array, dtype=dtype or array.dtype, ctx=self.context)
 
+    def _attach(self, path: str, hook: Hook) -> Callable[[], object]:
+        # Framework difference: Gluon reaches a child by attributes and indices; a hook's handle is detached.
+        return _submodule(self.module, path).register_forward_hook(hook).detach
+
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        sources = intermediate_sources(self.config) if intermediates else {}
-        record: OrderedDict[str, np.ndarray | None] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
-        hooks = []
-        for name, (path, side) in sources.items():
-
-            def keep(block, args, output, name=name, side=side):
-                record[name] = (args[0] if side == "input" else output).asnumpy()
-
-            hooks.append(_submodule(self.module, framework_module(path, NAME_RULES)).register_forward_hook(keep))
         tokens, segments, valid_lens, pred_positions = inputs
-        try:
+        with recorded_activations(self.config, intermediates, NAME_RULES, self._attach, _to_numpy) as record:
             # Framework difference: outside autograd.record() Gluon computes no gradients and its Dropout
             # is off; torch needs eval() and no_grad() for the same.
             # MXNet's sequence_mask wants the lengths in the data's float dtype (d2l passes float32).
@@ -138,10 +132,7 @@ class MXNetBERT(BackendModel):
                 self._to_array(valid_lens, self.dtype),
                 self._to_array(pred_positions),
             )
-        finally:
-            for hook in hooks:
-                hook.detach()
-        return BERTOutput(encoded.asnumpy(), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
+        return BERTOutput(encoded.asnumpy(), _to_numpy(mlm), _to_numpy(nsp), record)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         params = _parameters(self.module)

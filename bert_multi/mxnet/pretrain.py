@@ -21,21 +21,19 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from ..backend.contract import framework_names
 from ..errors import WorkerFailed
 from ..spec.loss import LossValues
 from ..training import (
     BatchTotals,
     TrainingRun,
     check_batch,
-    check_trainable,
-    check_training_options,
     free_address,
     load_run,
     relay_steps,
     run_pretraining,
     save_run,
 )
+from ..training.trainer import Trainer
 from .backend import NAME_RULES, MXNetBERT, _parameters
 from .model import BERTModel
 
@@ -89,15 +87,11 @@ def dist_kvstore() -> mx.kvstore.KVStore:
     return _KVSTORE[0]
 
 
-class Pretrainer:
-    """Training steps on an ``MXNetBERT``: ``optimizer`` "sgd" or "adam" at learning rate ``lr``.
+class Pretrainer(Trainer):
+    """Training steps on an ``MXNetBERT`` (``bert_multi.training.Trainer`` has the options). Its own Adam
+    style is "mxnet"; "torch" rescales epsilon each step."""
 
-    ``adam_epsilon_style`` says where Adam's epsilon acts: "mxnet" adds it to sqrt of the raw second
-    moment (MXNet folds the bias correction into the learning rate); "torch" adds it to sqrt of the
-    bias-corrected second moment, as torch.optim.Adam does. Both compute the same update when epsilon
-    is rescaled each step, which is what "torch" does here. ``train_positions=False`` freezes the
-    positional embedding, as d2l 0.16-0.17's PyTorch code did.
-    """
+    NAME_RULES = NAME_RULES
 
     def __init__(
         self,
@@ -111,19 +105,13 @@ class Pretrainer:
         train_positions: bool = True,
         distributed: bool = False,
     ) -> None:
-        check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
-        check_trainable(model.config, train_positions)
-        self.model, self.config = model, model.config
-        # d2l 0.16-0.17's PyTorch code never trained the positional embedding (it added pos_embedding.data).
-        model.module.encoder.train_positions = train_positions
+        super().__init__(model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions)
+        self.model: MXNetBERT = model
         if not train_positions:
             # Framework difference: a Gluon Trainer refuses a parameter whose gradient backward never
             # updated unless its grad_req is 'null'; torch's optimizers skip a parameter whose grad is None.
             model.module.encoder.pos_embedding.grad_req = "null"
-        self.mlm_normalization = mlm_normalization
-        self.adam_epsilon, self.adam_epsilon_style = adam_epsilon, adam_epsilon_style
-        self.steps = 0
-        params = model.module.collect_params()
+        self.params = _parameters(model.module)
         # Framework difference: Gluon's Trainer takes its hyper-parameters as a dict and scales
         # gradients by 1 / the batch size passed to step(); the loss is already a mean, so step(1)
         # (docs/framework-differences.md: "who divides by the batch size", "Adam's epsilon").
@@ -140,6 +128,7 @@ class Pretrainer:
         # MXNet's asynchronous engine before the update, is exact and repeatable.
         self.kvstore = dist_kvstore() if distributed else None
         self.workers = 1 if self.kvstore is None else self.kvstore.num_workers
+        params = model.module.collect_params()
         self.trainer = gluon.Trainer(params, optimizer, hyper, kvstore=None)
         if self.kvstore is not None:
             self.trained = [param for param in params.values() if param.grad_req != "null"]
@@ -163,8 +152,11 @@ class Pretrainer:
         )
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
-        """The loss in inference mode (dropout off), without gradients."""
+        # Framework difference: outside autograd.record() Gluon computes no gradients and dropout is off.
         return LossValues(*(float(value) for value in self._loss(batch)))
+
+    def seed(self, value: int) -> None:
+        mx.random.seed(value)
 
     def _backward(self, batch: dict[str, np.ndarray], totals: BatchTotals | None) -> LossValues:
         # Framework difference: Gluon records the graph (and turns dropout on) only inside
@@ -179,59 +171,7 @@ class Pretrainer:
         self.kvstore.pull(self.loss_key, out=values)
         return LossValues(*values.asnumpy().tolist())
 
-    def gradients(
-        self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
-    ) -> tuple[LossValues, dict[str, np.ndarray]]:
-        """The loss in train mode and its gradient for every canonical parameter (no step taken; one that
-        does not train, such as a frozen positional embedding, has a zero gradient); with ``totals``,
-        ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
-        losses = self._backward(batch, totals)
-        params = _parameters(self.model.module)
-        gradients = {}
-        for name, gluon_name in framework_names(self.config, NAME_RULES).items():
-            param = params[gluon_name]
-            # Framework difference: a parameter that does not train has no gradient array (grad_req 'null').
-            grad = mx.np.zeros_like(param.data()) if param.grad_req == "null" else param.grad(self.model.context)
-            gradients[name] = grad.asnumpy().copy()
-        return losses, gradients
-
-    def seed(self, value: int) -> None:
-        """Seed the generator dropout draws from (the framework's global one)."""
-        mx.random.seed(value)
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The optimizer's state as canonical arrays: Adam's moments as "m.<name>" and "v.<name>" (SGD
-        keeps none); with ``self.steps``, all a resumed run needs besides the weights."""
-        # Framework difference: Gluon's Trainer.save_states pickles its updater, and nothing may be
-        # unpickled on a load path here, so the moments are read out of the updater one by one.
-        states = self.trainer._updaters[0].states
-        params = _parameters(self.model.module)
-        arrays = {}
-        for name, gluon_name in framework_names(self.config, NAME_RULES).items():
-            moments = states.get(self.trainer._param2idx[params[gluon_name].name])
-            if moments is not None:
-                arrays[f"m.{name}"], arrays[f"v.{name}"] = (moment.asnumpy() for moment in moments)
-        return arrays
-
-    def load_state(self, arrays: dict[str, np.ndarray], steps: int) -> None:
-        """Take up the optimizer state ``state()`` returned after ``steps`` steps."""
-        self.steps = steps
-        updater, optimizer = self.trainer._updaters[0], self.trainer._optimizer
-        params = _parameters(self.model.module)
-        for name, gluon_name in framework_names(self.config, NAME_RULES).items():
-            if f"m.{name}" in arrays:
-                index = self.trainer._param2idx[params[gluon_name].name]
-                moments = (mx.nd.array(arrays[f"{slot}.{name}"], dtype=self.model.dtype) for slot in "mv")
-                updater.states[index] = tuple(moments)
-                updater.states_synced[index] = False  # moved to the parameter's device at the next update
-                optimizer._index_update_count[index] = steps
-        optimizer.num_update = steps
-
-    def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
-        """One optimizer step; returns the loss before it. With ``totals``, ``batch`` is one shard of a
-        larger batch whose totals they are (``pretraining.shard``), and the loss is its share."""
-        losses = self._backward(batch, totals)
-        self.steps += 1
+    def _update(self) -> None:
         optimizer = self.trainer._optimizer
         if self.adam_epsilon_style == "torch" and isinstance(optimizer, mx.optimizer.Adam):
             optimizer.epsilon = self.adam_epsilon * math.sqrt(1 - optimizer.beta2**self.steps)
@@ -240,7 +180,26 @@ class Pretrainer:
                 self.kvstore.pushpull(key, param.grad(), out=param.grad())  # summed over the workers
             mx.npx.waitall()
         self.trainer.step(1)
-        return losses
+
+    def _gradient(self, own_name: str) -> np.ndarray:
+        param = self.params[own_name]
+        # Framework difference: a parameter that does not train has no gradient array (grad_req 'null').
+        grad = mx.np.zeros_like(param.data()) if param.grad_req == "null" else param.grad(self.model.context)
+        return grad.asnumpy().copy()
+
+    def _moments(self, own_name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        # Framework difference: Gluon's Trainer.save_states pickles its updater, and nothing may be
+        # unpickled on a load path here, so the moments are read out of the updater one by one.
+        moments = self.trainer._updaters[0].states.get(self.trainer._param2idx[self.params[own_name].name])
+        return None if moments is None else (moments[0].asnumpy(), moments[1].asnumpy())
+
+    def _restore(self, own_name: str, moments: tuple[np.ndarray, np.ndarray], steps: int) -> None:
+        updater, optimizer = self.trainer._updaters[0], self.trainer._optimizer
+        index = self.trainer._param2idx[self.params[own_name].name]
+        updater.states[index] = tuple(mx.nd.array(moment, dtype=self.model.dtype) for moment in moments)
+        updater.states_synced[index] = False  # moved to the parameter's device at the next update
+        optimizer._index_update_count[index] = steps
+        optimizer.num_update = steps
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ import os
 import re
 import warnings
 import zipfile
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, TypeGuard
 
@@ -22,12 +21,12 @@ from ..backend.contract import (
     BackendModel,
     BERTOutput,
     Device,
-    framework_module,
+    Hook,
     framework_names,
-    intermediate_sources,
     parse_device,
     prepare_weights,
     read_only,
+    recorded_activations,
     shareable,
 )
 from ..errors import CannotRunHere, WeightsError
@@ -111,26 +110,23 @@ class TorchBERT(BackendModel):
     def _to_tensor(self, array: np.ndarray | None) -> torch.Tensor | None:
         return None if array is None else torch.from_numpy(array).to(self.torch_device)
 
+    def _attach(self, path: str, hook: Hook) -> Callable[[], object]:
+        # Framework difference: torch finds a submodule by its dotted path; a hook's handle is removed.
+        return self.module.get_submodule(path).register_forward_hook(hook).remove
+
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        sources = intermediate_sources(self.config) if intermediates else {}
-        record: OrderedDict[str, np.ndarray | None] = OrderedDict.fromkeys(sources)  # filled by the hooks, in order
-        hooks = []
-        for name, (path, side) in sources.items():
-
-            def keep(module, args, output, name=name, side=side):
-                record[name] = (args[0] if side == "input" else output).detach().cpu().numpy()
-
-            hooks.append(self.module.get_submodule(framework_module(path, NAME_RULES)).register_forward_hook(keep))
         was_training = self.module.training
         self.module.eval()
         try:
-            with torch.no_grad(), tf32_enabled(self.tf32):
+            with (
+                recorded_activations(self.config, intermediates, NAME_RULES, self._attach, _to_numpy) as record,
+                torch.no_grad(),
+                tf32_enabled(self.tf32),
+            ):
                 encoded, mlm, nsp = self.module(*(self._to_tensor(array) for array in inputs))
         finally:
             self.module.train(was_training)  # leave a module the user is training as it was
-            for hook in hooks:
-                hook.remove()
-        return BERTOutput(encoded.cpu().numpy(), _to_numpy(mlm), _to_numpy(nsp), record if intermediates else None)
+        return BERTOutput(encoded.cpu().numpy(), _to_numpy(mlm), _to_numpy(nsp), record)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()

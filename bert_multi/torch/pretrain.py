@@ -19,21 +19,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..backend.contract import framework_names
 from ..errors import UsageError, WorkerFailed
 from ..spec.loss import LossValues
 from ..training import (
     BatchTotals,
     TrainingRun,
     check_batch,
-    check_trainable,
-    check_training_options,
     free_address,
     load_run,
     relay_steps,
     run_pretraining,
     save_run,
 )
+from ..training.trainer import Trainer
 from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
 
 
@@ -69,15 +67,11 @@ def pretraining_loss(
     return mlm_l + nsp_l, mlm_l, nsp_l
 
 
-class Pretrainer:
-    """Training steps on a ``TorchBERT``: ``optimizer`` "sgd" or "adam" at learning rate ``lr``.
+class Pretrainer(Trainer):
+    """Training steps on a ``TorchBERT`` (``bert_multi.training.Trainer`` has the options). Its own Adam
+    style is "torch"; "mxnet" rescales epsilon each step."""
 
-    ``adam_epsilon_style`` says where Adam's epsilon acts: "torch" adds it to sqrt of the
-    bias-corrected second moment (torch.optim.Adam); "mxnet" adds it to sqrt of the raw second moment,
-    as MXNet does by folding the bias correction into the learning rate. Both compute the same update
-    when epsilon is rescaled each step, which is what "mxnet" does here. ``train_positions=False``
-    freezes the positional embedding, as d2l 0.16-0.17's PyTorch code did.
-    """
+    NAME_RULES = NAME_RULES
 
     def __init__(
         self,
@@ -91,11 +85,8 @@ class Pretrainer:
         train_positions: bool = True,
         distributed: bool = False,
     ) -> None:
-        check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
-        check_trainable(model.config, train_positions)
-        self.model, self.config = model, model.config
-        # d2l 0.16-0.17's PyTorch code never trained the positional embedding (it added pos_embedding.data).
-        model.module.encoder.train_positions = train_positions
+        super().__init__(model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions)
+        self.model: TorchBERT = model
         # distributed: this process is one worker of torch.distributed's default process group, and the
         # module runs inside DistributedDataParallel, whose backward all-reduces every gradient to the
         # workers' mean: each worker's share of the loss is scaled by their number to make it the sum.
@@ -105,17 +96,14 @@ class Pretrainer:
             if not train_positions:
                 model.module.encoder.pos_embedding.requires_grad_(False)  # DDP refuses a parameter never used
             self.net = nn.parallel.DistributedDataParallel(model.module)
-        self.mlm_normalization = mlm_normalization
-        self.adam_epsilon, self.adam_epsilon_style = adam_epsilon, adam_epsilon_style
-        self.steps = 0
-        params = model.module.parameters()
+        self.params = dict(model.module.named_parameters())
         # Framework difference: a torch optimizer holds the parameters; Gluon's Trainer does too, but
         # takes its hyper-parameters as a dict and scales gradients by 1 / the batch size it is given
         # (docs/framework-differences.md: "who divides by the batch size", "Adam's epsilon").
         self.optimizer = (
-            torch.optim.SGD(params, lr=lr)
+            torch.optim.SGD(self.params.values(), lr=lr)
             if optimizer == "sgd"
-            else torch.optim.Adam(params, lr=lr, betas=adam_betas, eps=adam_epsilon)
+            else torch.optim.Adam(self.params.values(), lr=lr, betas=adam_betas, eps=adam_epsilon)
         )
 
     def _tensors(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -130,10 +118,12 @@ class Pretrainer:
         return pretraining_loss(self.net, self._tensors(batch), self.config.vocab_size, self.mlm_normalization, totals)
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
-        """The loss in eval mode (dropout off), without gradients."""
         self.model.module.eval()
         with torch.no_grad():
             return LossValues(*(float(value) for value in self._loss(batch)))
+
+    def seed(self, value: int) -> None:
+        torch.manual_seed(value)
 
     def _backward(self, batch: dict[str, np.ndarray], totals: BatchTotals | None) -> LossValues:
         self.model.module.train()
@@ -145,62 +135,29 @@ class Pretrainer:
             dist.all_reduce(values)  # the workers' shares add up to the whole batch's loss
         return LossValues(*values.tolist())
 
-    def gradients(
-        self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
-    ) -> tuple[LossValues, dict[str, np.ndarray]]:
-        """The loss in train mode and its gradient for every canonical parameter (no step taken; one that
-        does not train, such as a frozen positional embedding, has a zero gradient); with ``totals``,
-        ``batch``'s share of the loss of the whole batch they count (see ``step``)."""
-        losses = self._backward(batch, totals)
-        params = dict(self.model.module.named_parameters())
-        gradients = {}
-        for name, torch_name in framework_names(self.config, NAME_RULES).items():
-            param = params[torch_name]
-            # Framework difference: a parameter that does not train has no gradient at all (None).
-            grad = torch.zeros_like(param) if param.grad is None else param.grad
-            gradients[name] = grad.detach().cpu().numpy().copy()
-        return losses, gradients
-
-    def seed(self, value: int) -> None:
-        """Seed the generator dropout draws from (the framework's global one)."""
-        torch.manual_seed(value)
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The optimizer's state as canonical arrays: Adam's moments as "m.<name>" and "v.<name>" (SGD
-        keeps none); with ``self.steps``, all a resumed run needs besides the weights."""
-        params = dict(self.model.module.named_parameters())
-        arrays = {}
-        for name, torch_name in framework_names(self.config, NAME_RULES).items():
-            slots = self.optimizer.state.get(params[torch_name], {})
-            for slot, key in (("m", "exp_avg"), ("v", "exp_avg_sq")):
-                if key in slots:
-                    arrays[f"{slot}.{name}"] = slots[key].detach().cpu().numpy().copy()
-        return arrays
-
-    def load_state(self, arrays: dict[str, np.ndarray], steps: int) -> None:
-        """Take up the optimizer state ``state()`` returned after ``steps`` steps."""
-        self.steps = steps
-        params = dict(self.model.module.named_parameters())
-        for name, torch_name in framework_names(self.config, NAME_RULES).items():
-            if f"m.{name}" in arrays:
-                parameter = params[torch_name]
-                self.optimizer.state[parameter] = {
-                    "step": torch.tensor(float(steps)),
-                    "exp_avg": torch.from_numpy(arrays[f"m.{name}"]).to(parameter.device, parameter.dtype),
-                    "exp_avg_sq": torch.from_numpy(arrays[f"v.{name}"]).to(parameter.device, parameter.dtype),
-                }
-
-    def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
-        """One optimizer step; returns the loss before it. With ``totals``, ``batch`` is one shard of a
-        larger batch whose totals they are (``pretraining.shard``), and the loss is its share."""
-        losses = self._backward(batch, totals)
-        self.steps += 1
+    def _update(self) -> None:
         if self.adam_epsilon_style == "mxnet" and isinstance(self.optimizer, torch.optim.Adam):
             beta2 = self.optimizer.param_groups[0]["betas"][1]
             for group in self.optimizer.param_groups:
                 group["eps"] = self.adam_epsilon / math.sqrt(1 - beta2**self.steps)
         self.optimizer.step()
-        return losses
+
+    def _gradient(self, own_name: str) -> np.ndarray:
+        param = self.params[own_name]
+        # Framework difference: a parameter that does not train has no gradient at all (None).
+        grad = torch.zeros_like(param) if param.grad is None else param.grad
+        return grad.detach().cpu().numpy().copy()
+
+    def _moments(self, own_name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        slots = self.optimizer.state.get(self.params[own_name], {})
+        if "exp_avg" not in slots:
+            return None
+        return slots["exp_avg"].detach().cpu().numpy().copy(), slots["exp_avg_sq"].detach().cpu().numpy().copy()
+
+    def _restore(self, own_name: str, moments: tuple[np.ndarray, np.ndarray], steps: int) -> None:
+        param = self.params[own_name]
+        first, second = (torch.from_numpy(moment).to(param.device, param.dtype) for moment in moments)
+        self.optimizer.state[param] = {"step": torch.tensor(float(steps)), "exp_avg": first, "exp_avg_sq": second}
 
 
 @contextlib.contextmanager

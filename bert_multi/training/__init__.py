@@ -1,6 +1,6 @@
 """Pretraining, framework-free: d2l's data pipeline (``data``), the loop on any backend that can train
-(``loop``) and the whole training state in one file (``state``). Each framework backend's
-``Pretrainer`` computes the loss, the gradients and the optimizer steps."""
+(``loop``), the whole training state in one file (``state``), and what every framework's ``Pretrainer``
+shares (``trainer``): each framework fills in its loss, backward pass and optimizer step."""
 
 from ..spec.loss import MLM_NORMALIZATIONS, LossValues
 from .data import (
@@ -32,6 +32,7 @@ from .loop import (
     save_run,
 )
 from .state import STATE_FILE, TrainingState, load_training_state, save_training_state
+from .trainer import Trainer
 
 __all__ = [
     "RESERVED_TOKENS",
@@ -64,4 +65,5 @@ __all__ = [
     "TrainingState",
     "load_training_state",
     "save_training_state",
+    "Trainer",
 ]
