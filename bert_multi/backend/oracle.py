@@ -47,7 +47,7 @@ def relu(X: np.ndarray) -> np.ndarray:
     return np.maximum(X, 0)
 
 
-_erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; math.erf is correctly rounded in float64
+erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; math.erf is correctly rounded in float64
 
 
 def activation(X: np.ndarray, kind: str) -> np.ndarray:
@@ -55,7 +55,7 @@ def activation(X: np.ndarray, kind: str) -> np.ndarray:
     if kind == "relu":  # d2l
         return relu(X)
     if kind == "gelu":  # original BERT: x * Phi(x), Phi the standard normal CDF, in its exact erf form
-        return (0.5 * X * (1.0 + _erf(X / math.sqrt(2.0)))).astype(X.dtype)
+        return (0.5 * X * (1.0 + erf(X / math.sqrt(2.0)))).astype(X.dtype)
     # "gelu_tanh": the tanh approximation some BERT checkpoints were trained with
     return 0.5 * X * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (X + 0.044715 * X**3)))
 
@@ -200,18 +200,23 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def pretraining_loss(
-    config: BERTConfig, weights: dict, batch: dict[str, np.ndarray], mlm_normalization: str = "real_slots"
+    config: BERTConfig,
+    weights: dict,
+    batch: dict[str, np.ndarray],
+    mlm_normalization: str = "real_slots",
+    layer_norm_eps: float | None = None,
 ) -> LossValues:
-    """(total, MLM, NSP) loss of a checked pretraining batch (see ``pretraining.check_batch``).
+    """(total, MLM, NSP) loss of a checked pretraining batch (see ``training.check_batch``).
 
     MLM cross-entropy is averaged over the real prediction slots (weight 1), NSP cross-entropy over the
     batch. ``mlm_normalization="all_slots"`` reproduces d2l's PyTorch code instead, whose loss had
     already averaged over every slot, padding included, before the weights were applied.
+    ``layer_norm_eps`` as for ``forward``.
     """
     if mlm_normalization not in MLM_NORMALIZATIONS:
         raise UsageError(f"unknown mlm_normalization {mlm_normalization!r}: expected one of {list(MLM_NORMALIZATIONS)}")
     inputs = ModelInputs(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
-    out = forward(config, weights, inputs)
+    out = forward(config, weights, inputs, layer_norm_eps=layer_norm_eps)
     if out.mlm is None or out.nsp is None:
         raise UsageError(f"pretraining needs the MLM and NSP heads; this model has {list(config.heads)}")
     slot_losses = cross_entropy(out.mlm.reshape(-1, config.vocab_size), batch["mlm_labels"].reshape(-1))
