@@ -40,13 +40,14 @@ class Registration:
     name: str
     load: Callable[[], Any] = field(repr=False, compare=False)  # the module or object satisfying the contract
     where: str  # where it comes from, for people: a module path, or an entry point and its distribution
+    origin: str  # who registered it: "bert_multi" (its own), "entry point" or "code"
     role: str = "framework"  # a key of ROLES; a backend registered from outside may state its own ROLE
     label: str = ""  # how people call it (default: its name)
     install: str = ""  # what to install when it cannot load
 
 
 def _own(name: str, path: str, role: str, label: str, install: str = "") -> Registration:
-    return Registration(name, lambda: importlib.import_module(path), path, role, label, install)
+    return Registration(name, lambda: importlib.import_module(path), path, "bert_multi", role, label, install)
 
 
 # The project's own backends, in the order reports list them: one entry each.
@@ -97,12 +98,12 @@ class _Registry:
         dist = getattr(getattr(entry, "dist", None), "name", None)
         where = f"entry point {entry.name} = {entry.value} (from {dist or 'an unknown distribution'})"
         if entry.name in self.registrations:
-            taken = self.registrations[entry.name].where
-            owner = "bert_multi's own backend" if taken.startswith("bert_multi.") else taken
+            taken = self.registrations[entry.name]
+            owner = "bert_multi's own backend" if taken.origin == "bert_multi" else taken.where
             self.refused.append(f"{where}: refused, the name {entry.name!r} is taken by {owner}")
             return
         install = f"pip install {dist}" if dist else ""
-        self.registrations[entry.name] = Registration(entry.name, entry.load, where, install=install)
+        self.registrations[entry.name] = Registration(entry.name, entry.load, where, "entry point", install=install)
 
 
 _REGISTRY = _Registry()
@@ -136,7 +137,7 @@ def register_backend(backend: object, *, role: str | None = None, label: str | N
         raise UsageError(f"a backend named {name!r} is already registered ({known[name].where})")
     where = f"registered in code ({getattr(backend, '__name__', type(backend).__name__)})"
     role = role or str(getattr(backend, "ROLE", "framework"))
-    known[name] = Registration(name, lambda: backend, where, role, label or "")
+    known[name] = Registration(name, lambda: backend, where, "code", role, label or "")
     try:
         return load_backend(name)
     except Exception:
@@ -147,7 +148,7 @@ def register_backend(backend: object, *, role: str | None = None, label: str | N
 def unregister_backend(name: str) -> None:
     """Undo ``register_backend``; the built-ins and installed entry points stay."""
     known = _REGISTRY.all()
-    if name not in known or not known[name].where.startswith("registered in code"):
+    if name not in known or known[name].origin != "code":
         raise UsageError(f"{name!r} was not registered in code")
     del known[name]
     _REGISTRY.loaded.pop(name, None)
@@ -184,6 +185,12 @@ def load_backend(name: str) -> LoadedBackend:
     return _REGISTRY.loaded[name]
 
 
+def label_of(name: str) -> str:
+    """How people call the backend ``name`` ("PyTorch"), known without loading it: its registration's
+    label, else its name."""
+    return _REGISTRY.all()[name].label or name
+
+
 class BackendStatus(NamedTuple):
     available: bool
     reason: str | None  # why it is unavailable, with what to install
@@ -197,7 +204,7 @@ def backends() -> dict[str, BackendStatus]:
     that breaks the contract is listed as unavailable, saying so."""
     status: dict[str, BackendStatus] = {}
     for name, registration in _REGISTRY.all().items():
-        label = registration.label or name
+        label = label_of(name)
         try:
             backend = load_backend(name)
         except (CannotRunHere, BackendContractError) as error:
@@ -216,7 +223,7 @@ def backend_names(role: str | None = None) -> list[str]:
     names = []
     for name, registration in _REGISTRY.all().items():
         own = registration.role
-        if role is not None and not registration.where.startswith("bert_multi."):
+        if role is not None and registration.origin != "bert_multi":
             try:
                 own = load_backend(name).role
             except (CannotRunHere, BackendContractError):

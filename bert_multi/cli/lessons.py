@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 
-from ..backend.registry import backends
+from ..backend.registry import backends, label_of
 from ..errors import UsageError
 from ..tools import lessons
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         outcome = lessons.run([sample])[0] if status[sample.framework].available else None
         printed = outcome.printed.rstrip() if outcome else f"(not run: {status[sample.framework].reason})"
         verdict = "" if outcome is None else ("as the guide says" if outcome.as_written else "NOT as the guide says")
-        parts.append((f"{lessons.label(sample.framework)}:", sample.code.splitlines(), printed.splitlines(), verdict))
+        parts.append((f"{label_of(sample.framework)}:", sample.code.splitlines(), printed.splitlines(), verdict))
     code_rows = max(len(code) for _, code, _, _ in parts)
     printed_rows = max(len(printed) for _, _, printed, _ in parts)
     columns = [

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.contract import framework_names
-from ..backend.registry import registrations
+from ..backend.registry import label_of, registrations
 from ..errors import UsageError, WeightsError
 from ..spec.config import BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
@@ -43,10 +43,6 @@ from .formats import (
 )
 from .formats.base import some
 from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, Layout, interpret, unknowns
-
-
-def _label(framework: str) -> str:
-    return registrations()[framework].label or framework
 
 
 def _reader(framework: str | None) -> str:
@@ -89,7 +85,7 @@ class CheckpointInfo:
 
         lines = [f"{self.path}: {DESCRIPTIONS[self.format]}"]
         if self.framework:
-            lines[0] += f", {_label(self.framework)}"
+            lines[0] += f", {label_of(self.framework)}"
         rows = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype] for t in self.tensors]
         lines += ["", format_table(["tensor", "shape", "dtype"], rows), ""]
         total = sum(int(np.prod(t.shape)) for t in self.tensors)
@@ -242,9 +238,9 @@ def _statement(preset: str | Semantics | None, d2l_version: str | None) -> Seman
 def _check_framework(path: Path, kind: str, found: str | None, wanted: str) -> None:
     """A framework's reader refuses the other framework's files (and canonical ones), naming the reader."""
     if found != wanted:
-        written = f", written by {_label(found)}" if found else ""
+        written = f", written by {label_of(found)}" if found else ""
         raise WeightsError(
-            f"{path}: this is a {DESCRIPTIONS[kind]}{written}, not a {_label(wanted)} checkpoint: read it "
+            f"{path}: this is a {DESCRIPTIONS[kind]}{written}, not a {label_of(wanted)} checkpoint: read it "
             f"with {'bert_multi.from_huggingface' if kind == 'hf-dir' else _reader(found)} or "
             "bert_multi.load_checkpoint (any format), or convert it: "
             f"bert-multi convert {path} OUT"

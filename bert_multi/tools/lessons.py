@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backend.registry import frameworks, registrations
+from ..backend.registry import frameworks
 from ..errors import UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
@@ -131,11 +131,6 @@ def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
         raise RuntimeError(f"the samples' Python failed (exit {child.returncode}): {child.stderr[-2000:]}")
     printed = json.loads(child.stdout.strip().splitlines()[-1])
     return [Outcome(sample, text) for sample, text in zip(samples, printed)]
-
-
-def label(framework: str) -> str:
-    """How the guide calls a framework backend ("PyTorch")."""
-    return registrations()[framework].label or framework
 
 
 def check(sections: list[Section], only: Sequence[str] | None = None) -> list[Outcome]:
