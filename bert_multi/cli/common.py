@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend.contract import parse_device
-from ..backend.registry import backend_names, check_names, frameworks
+from ..backend.registry import backend_names, frameworks
 from ..display import ProgressBar
 from ..errors import InputError, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
@@ -22,7 +21,7 @@ from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..spec.semantics import PRESETS
 from ..verify.cases import Batch, CaseInput
-from ..verify.conform import run_conformance
+from ..verify.conform import check_targets, run_conformance
 from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
 from ..verify.results import Report, Target
 
@@ -45,13 +44,9 @@ def parse_targets(args: argparse.Namespace) -> list[Target]:
         if args.reference not in references:
             raise UsageError(f"--reference {args.reference!r}: expected one of the references {references}")
         names = [*names, args.reference] if args.reference not in names else names
-    check_names(names)
-    for dtype in args.dtypes:
-        if dtype not in SUPPORTED_DTYPES:
-            raise UsageError(f"unknown dtype {dtype!r}: expected some of {list(SUPPORTED_DTYPES)}")
-    for device in args.devices:
-        parse_device(device)
-    return [Target(backend, dtype, device) for device in args.devices for backend in names for dtype in args.dtypes]
+    targets = [Target(backend, dtype, device) for device in args.devices for backend in names for dtype in args.dtypes]
+    check_targets(targets)
+    return targets
 
 
 def model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -> tuple[BERTConfig, dict]:

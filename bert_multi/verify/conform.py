@@ -66,7 +66,7 @@ def run_conformance(
     with the reason; any other exception from a backend is a ``RunError``, a failure; and
     ``Report.passed`` needs at least one check, all passing.
     """
-    _check_targets(targets)
+    check_targets(targets)
     if not cases:
         raise UsageError("no cases to run: a conformance run needs at least one")
     # Weights or inputs that do not fit the config are the caller's mistake, not a backend's failure.
@@ -85,7 +85,7 @@ def run_conformance(
     return report
 
 
-def _check_targets(targets: Sequence[Target]) -> None:
+def check_targets(targets: Sequence[Target]) -> None:
     """Refuse a name that is not a backend, a dtype or a device, before anything runs."""
     check_names([target.backend for target in targets])
     for target in targets:
