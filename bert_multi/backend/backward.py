@@ -190,7 +190,7 @@ def gradients(
     semantics = config.semantics
     eps = semantics.layer_norm_eps if layer_norm_eps is None else layer_norm_eps
     grads = {name: np.zeros_like(array, dtype=np.float64) for name, array in weights.items()}
-    # The forward again, keeping each block's input (the rules' own functions, so nothing is written twice).
+    # The forward again, keeping what each block's backward needs (the rules' own functions).
     T = tokens.shape[1]
     summed = weights["encoder.token_embedding.weight"][tokens] + weights["encoder.segment_embedding.weight"][segments]
     if semantics.positions == "learned":
@@ -198,19 +198,14 @@ def gradients(
     else:
         summed = summed + sinusoidal_positions(config.max_len, config.num_hiddens)[:T]
     X = layer_norm(summed, weights, "encoder.embedding_norm", eps) if semantics.embedding_norm else summed
-    block_inputs = []
+    blocks = []  # per block: its input, attention, first add-and-norm and FFN outputs
     for i in range(config.num_blks):
-        block_inputs.append(X)
         blk = f"encoder.blks.{i}"
-        Y = layer_norm(
-            X + multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads, semantics),
-            weights,
-            f"{blk}.addnorm1.ln",
-            eps,
-        )
-        X = layer_norm(
-            Y + position_wise_ffn(Y, weights, f"{blk}.ffn", semantics.activation), weights, f"{blk}.addnorm2.ln", eps
-        )
+        attention = multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads, semantics)
+        Y = layer_norm(X + attention, weights, f"{blk}.addnorm1.ln", eps)
+        ffn = position_wise_ffn(Y, weights, f"{blk}.ffn", semantics.activation)
+        blocks.append((X, attention, Y, ffn))
+        X = layer_norm(Y + ffn, weights, f"{blk}.addnorm2.ln", eps)
     encoded = X
     # Backwards: the heads, the blocks last to first, the embedding.
     dX = np.zeros_like(encoded) if dEncoded is None else np.array(dEncoded, dtype=np.float64)
@@ -219,10 +214,8 @@ def gradients(
     if "pooler" in config.heads:
         dX += pooler_backward(config, weights, encoded, dNSP if "nsp" in config.heads else None, grads)
     for i in reversed(range(config.num_blks)):
-        blk, X = f"encoder.blks.{i}", block_inputs[i]
-        attention = multi_head_attention(X, valid_lens, weights, f"{blk}.attention", config.num_heads, semantics)
-        Y = layer_norm(X + attention, weights, f"{blk}.addnorm1.ln", eps)
-        ffn = position_wise_ffn(Y, weights, f"{blk}.ffn", semantics.activation)
+        blk = f"encoder.blks.{i}"
+        X, attention, Y, ffn = blocks[i]
         dSum2 = layer_norm_backward(Y + ffn, weights, f"{blk}.addnorm2.ln", eps, dX, grads)
         dY = dSum2 + position_wise_ffn_backward(Y, weights, f"{blk}.ffn", semantics.activation, dSum2, grads)
         dSum1 = layer_norm_backward(X + attention, weights, f"{blk}.addnorm1.ln", eps, dY, grads)
