@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...spec.config import BERTConfig
 
@@ -98,3 +99,27 @@ def is_directory(path: Path) -> bool:
         return stat.S_ISDIR(os.stat(path).st_mode)
     except (OSError, ValueError):  # too long, unreadable, a NUL byte: open_regular says which
         return False
+
+
+class FrameworkFile(CheckpointFormat):
+    """A framework's own parameter file: read by ``read_arrays`` (the arrays under the file's names, their
+    dtypes, notes), written by that framework's backend, as its own save writes it."""
+
+    framework: str
+
+    def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+        raise NotImplementedError
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        arrays, dtypes, notes = self.read_arrays(path, key)
+        return Raw(self.kind, self.framework, arrays, dtypes, notes)
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        load_backend(self.framework).save_checkpoint(path, config, weights)

@@ -26,11 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...backend.registry import load_backend
 from ...errors import WeightsError
-from ...spec.config import BERTConfig
 from ..safe import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
-from .base import CheckpointFormat, Probe, Raw, no_key
+from .base import FrameworkFile, Probe, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -173,7 +171,7 @@ def read_checkpoint(
 BACKEND = "mxnet"  # whose own file it is
 
 
-class ParameterFile(CheckpointFormat):
+class ParameterFile(FrameworkFile):
     kind = "gluon"
     description = "Gluon parameter file (save_parameters)"
     framework = BACKEND
@@ -183,20 +181,8 @@ class ParameterFile(CheckpointFormat):
     def recognizes(self, probe: Probe) -> bool:
         return probe.head.startswith(MXNET_LIST_MAGIC)
 
-    def read(self, path: Path, key: str | None) -> Raw:
-        arrays, dtypes, notes = read_checkpoint(path, key)
-        return Raw(self.kind, self.framework, arrays, dtypes, notes)
-
-    def write(
-        self,
-        path: Path,
-        config: BERTConfig,
-        weights: dict[str, np.ndarray],
-        framework: str | None = None,
-        vocab: list[str] | None = None,
-    ) -> None:
-        # Written by MXNet itself (npx.save), as save_parameters writes it.
-        load_backend(BACKEND).save_checkpoint(path, config, weights)
+    def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+        return read_checkpoint(path, key)  # framework-free: MXNet's own reader trusts every size in the file
 
 
 FORMAT = ParameterFile()

@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from ...backend.registry import load_backend
-from ...spec.config import BERTConfig
-from .base import CheckpointFormat, Probe, Raw
+from .base import FrameworkFile, Probe
 
 BACKEND = "torch"  # whose own file it is
 
 
-class StateDict(CheckpointFormat):
+class StateDict(FrameworkFile):
     kind = "torch"
     description = "PyTorch state_dict file (torch.save)"
     framework = BACKEND
@@ -25,19 +24,8 @@ class StateDict(CheckpointFormat):
     def recognizes(self, probe: Probe) -> bool:
         return any(name.endswith("/data.pkl") or name == "data.pkl" for name in probe.members)
 
-    def read(self, path: Path, key: str | None) -> Raw:
-        arrays, dtypes, notes = load_backend(BACKEND).read_checkpoint(path, key)
-        return Raw(self.kind, self.framework, arrays, dtypes, notes)
-
-    def write(
-        self,
-        path: Path,
-        config: BERTConfig,
-        weights: dict[str, np.ndarray],
-        framework: str | None = None,
-        vocab: list[str] | None = None,
-    ) -> None:
-        load_backend(BACKEND).save_checkpoint(path, config, weights)
+    def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+        return load_backend(BACKEND).read_checkpoint(path, key)
 
 
 FORMAT = StateDict()
