@@ -5,6 +5,7 @@ hold little memory (collecting dropped models, returning memory to the system) i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import tempfile
 import time
@@ -28,6 +29,7 @@ from .memory import collector_skipping_existing_objects, release_memory
 from .results import Check, Report, RunError, Target, compare_outputs, shifted
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)
+Build = Callable[[BERTConfig, dict[str, np.ndarray]], BackendModel]
 
 
 def _planned_steps(targets: Sequence[Target], num_cases: int, pairs: bool) -> int:
@@ -200,7 +202,7 @@ class _Run:
         lends = keep or file is not None
         paired = self.pairs and sum(other.dtype == target.dtype for other in self.backends) > 1
         # Not enumerate(): it would hold each model until the next was built.
-        for model, indices in self.models(target, self.config, weights):
+        for model, indices in self.models(self.builder(target), self.config, weights):
             self.report.runtime[str(target)] = model.runtime_info()
             if lends:  # the first model, of the longest max_len, lends its weights
                 lends = False
@@ -232,7 +234,7 @@ class _Run:
         eps, source_eps = self.kernel_eps(target), self.kernel_eps(source)
         label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
         first, second = sorted((self.targets.index(target), self.targets.index(source)))
-        for model, indices in self.models(target, *lent, rebuilt_from=f"{source}'s weights via {how}"):
+        for model, indices in self.models(self.builder(target), *lent, rebuilt_from=f"{source}'s weights via {how}"):
             for index in indices:
                 out = self.run_case(model, index, f"{target} <- {source} ({how})")
                 expected = self.results[source][index]
@@ -243,38 +245,34 @@ class _Run:
             del model
 
     def models(
-        self, target: Target, config: BERTConfig, weights: dict[str, np.ndarray], rebuilt_from: str = ""
+        self, build: Build, config: BERTConfig, weights: dict[str, np.ndarray], rebuilt_from: str = ""
     ) -> Iterator[tuple[BackendModel, list[int]]]:
-        """``target``'s model for each group of cases, cut to the group's max_len, with the group. The
+        """A model of ``build`` for each group of cases, cut to the group's max_len, with the group. The
         caller drops each before asking for the next, which is built only once the one before is freed."""
-        backend = self.backends[target]
         for max_len, indices in self.groups.items():
             self.during = f"building its model (max_len {max_len}" + (
                 f", from {rebuilt_from})" if rebuilt_from else ")"
             )
-            model = backend.build(
-                *cut_max_len(config, weights, max_len),
-                device=target.device,
-                dtype=target.dtype,
-                gradients=False,
-                share=True,
-            )
+            model = build(*cut_max_len(config, weights, max_len))
             yield model, indices
             del model
             release_memory()
+
+    def builder(self, target: Target) -> Build:
+        """How ``target``'s models are built: only run, sharing the weights they are given."""
+        backend = self.backends[target]
+        return functools.partial(backend.build, device=target.device, dtype=target.dtype, gradients=False, share=True)
 
     def reference(self, eps: float) -> dict[int, BERTOutput]:
         """The oracle's float64 outputs for every case, computed with LayerNorm ``eps``, once."""
         if eps not in self.references:
             self.references[eps] = {}
-            for max_len, indices in self.groups.items():
-                model_config, weights = cut_max_len(self.config, self.weights, max_len)
-                oracle = self.oracle.build(model_config, weights, dtype="float64", layer_norm_eps=eps, share=True)
+            build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps, share=True)
+            for oracle, indices in self.models(build, self.config, self.weights):
                 self.references[eps].update(
                     (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
                 )
                 del oracle
-                release_memory()
         return self.references[eps]
 
     def kernel_eps(self, target: Target) -> float:
