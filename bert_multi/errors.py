@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import traceback
+from pathlib import Path
+
 
 class UsageError(ValueError):
     """What was asked is wrong wherever it runs: an unknown name, options that cannot go together, a
@@ -39,3 +43,26 @@ class WorkerFailed(RuntimeError):
     def died(cls, index: int, workers: int, how: str) -> WorkerFailed:
         """Worker ``index`` of ``workers`` ended by ``how`` ("signal SIGKILL", "exit code 1")."""
         return cls(f"worker {index} of {workers} died ({how}); the others were stopped")
+
+
+class UserCodeError(Exception):
+    """The user's own code raised: shown with the frames of their code, since that is where to look."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        self.error = error
+        frames = [
+            frame for frame in traceback.extract_tb(error.__traceback__) if not _ours_or_a_library(frame.filename)
+        ]
+        shown = "".join(traceback.format_list(frames)) if frames else "".join(traceback.format_tb(error.__traceback__))
+        message = "".join(traceback.format_exception_only(type(error), error)).strip()
+        super().__init__(f"{what} raised {message}\nTraceback (your code):\n{shown.rstrip()}")
+
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _ours_or_a_library(filename: str) -> bool:
+    """Whether a frame is bert_multi's or an installed library's (the framework), not the user's."""
+    path = Path(filename).resolve()
+    libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix)}
+    return path.is_relative_to(_PACKAGE) or any(path.is_relative_to(lib) for lib in libraries) or "<frozen" in filename

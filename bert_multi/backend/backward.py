@@ -253,12 +253,20 @@ def pretraining_loss_gradients(
     inputs = ModelInputs(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
     out = forward(config, weights, inputs, layer_norm_eps=layer_norm_eps)
     assert out.mlm is not None and out.nsp is not None  # pretraining_loss refused a model without them
+    dMLM, dNSP = loss_cotangents(config, out.mlm, out.nsp, batch, mlm_normalization)
+    return losses, gradients(config, weights, inputs, None, dMLM, dNSP, layer_norm_eps)
+
+
+def loss_cotangents(
+    config: BERTConfig, mlm: np.ndarray, nsp: np.ndarray, batch: dict[str, np.ndarray], mlm_normalization: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The pretraining loss's gradient with respect to the MLM and NSP outputs ``mlm`` and ``nsp``."""
     slot_weights = batch["mlm_weights"].reshape(-1).astype(np.float64)
     denominator = slot_weights.sum() + 1e-8
     per_slot = slot_weights / denominator
     if mlm_normalization == "all_slots":
         per_slot = np.full_like(slot_weights, slot_weights.sum() / denominator / slot_weights.size)
-    dMLM = cross_entropy_backward(out.mlm.reshape(-1, config.vocab_size), batch["mlm_labels"].reshape(-1))
-    dMLM = (dMLM * per_slot[:, None]).reshape(out.mlm.shape)
-    dNSP = cross_entropy_backward(out.nsp, batch["nsp_labels"]) / len(batch["nsp_labels"])
-    return losses, gradients(config, weights, inputs, None, dMLM, dNSP, layer_norm_eps)
+    dMLM = cross_entropy_backward(mlm.reshape(-1, config.vocab_size), batch["mlm_labels"].reshape(-1))
+    dMLM = (dMLM * per_slot[:, None]).reshape(mlm.shape)
+    dNSP = cross_entropy_backward(nsp, batch["nsp_labels"]) / len(batch["nsp_labels"])
+    return dMLM, dNSP

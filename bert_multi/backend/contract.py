@@ -52,6 +52,7 @@ ROLES = {
     "oracle": "the float64 NumPy specification every other backend is held to",
     "framework": "an implementation of d2l's BERT in a framework: checked by default, trained, benchmarked",
     "reference": "an independent implementation of the original BERT, compared when asked (--reference)",
+    "subject": "a user's own model under bert-multi verify, registered for that run only",
 }
 
 
@@ -73,6 +74,9 @@ class Backend(Protocol):
       ``bert_multi.training.Trainer`` (default: it cannot train).
     - ``train_data_parallel``, ``join_data_parallel``, ``end_worker``: data-parallel workers on the
       framework's own engine (default: none; ``end_worker(code)`` returns ``code``).
+    - ``USER_MODELS`` (class names, module.qualname) and ``wrap_user_model(model, dtype, device, example,
+      copied)``: a user's own model of those classes as a ``bert_multi.verify.subject.Subject``, for
+      ``bert-multi verify`` (default: it wraps none).
     - ``gemm(dtype, m, k, n) -> callable`` and ``synchronize()``: ``bench``'s timing helpers, a matrix
       product as its dense layers compute one, and waiting for queued work (default: NumPy's product,
       and nothing to wait for).
@@ -199,6 +203,8 @@ class BackendModel(abc.ABC):
 
     backend: str
     module: Any  # the framework's own model object, where it has one (the oracle has none)
+    # The named activations it records (None: every one of intermediate_names); only those are compared.
+    recorded: tuple[str, ...] | None = None
 
     def __init__(self, config: BERTConfig, dtype: str, device: Device) -> None:
         self.config = config

@@ -233,6 +233,22 @@ def backend_names(role: str | None = None) -> list[str]:
     return names
 
 
+def wrapper_for(model: object) -> LoadedBackend | None:
+    """The backend that wraps ``model`` (a user's own model object) for ``bert-multi verify``: of those
+    declaring one of its classes in ``USER_MODELS``, the one nearest its own class (transformers' before
+    PyTorch's for a transformers model, which is also an ``nn.Module``); None if no backend does."""
+    found: list[tuple[int, LoadedBackend]] = []
+    for name in _REGISTRY.all():
+        try:
+            backend = load_backend(name)
+        except (CannotRunHere, BackendContractError):
+            continue
+        depth = backend.wraps(model)
+        if depth is not None:
+            found.append((depth, backend))
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
 def frameworks() -> list[str]:
     """The framework backends: what ``conform`` checks, ``pretrain`` trains and ``bench`` times by default."""
     return backend_names("framework")
@@ -366,6 +382,22 @@ class LoadedBackend:
         """How a data-parallel worker ends once its work is written (default: return ``code``)."""
         own = getattr(self.module, "end_worker", None)
         return code if own is None else own(code)
+
+    # --- users' own models ----------------------------------------------------------------------------
+
+    def wraps(self, model: object) -> int | None:
+        """How far up ``model``'s class hierarchy the nearest class this backend wraps is (0: its own
+        class), or None: the backend's ``USER_MODELS`` names them as module.qualname."""
+        wrapped = getattr(self.module, "USER_MODELS", ())
+        for depth, cls in enumerate(type(model).__mro__):
+            if f"{cls.__module__}.{cls.__qualname__}" in wrapped:
+                return depth
+        return None
+
+    def wrap_user_model(self, model: object, dtype: str, device: str, example: Any, copied: bool) -> Any:
+        """``model`` as a ``bert_multi.verify.subject.Subject`` at ``dtype`` on ``device``."""
+        wrap = self._required("wrap_user_model", "wraps no model of a user's")
+        return wrap(model, dtype, device, example, copied)
 
     # --- timing -------------------------------------------------------------------------------------
 

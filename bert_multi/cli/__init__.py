@@ -7,11 +7,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..errors import BackendContractError, CannotRunHere, InputError, UsageError, WeightsError, WorkerFailed
-from . import backends, bench, compare, conform, convert, demo, fixtures, inspect, lessons, pretrain
+from ..errors import (
+    BackendContractError,
+    CannotRunHere,
+    InputError,
+    UsageError,
+    UserCodeError,
+    WeightsError,
+    WorkerFailed,
+)
+from . import backends, bench, compare, conform, convert, demo, fixtures, inspect, lessons, pretrain, verify
 
 # In the order `bert-multi --help` lists them.
-COMMANDS = (conform, compare, inspect, convert, demo, pretrain, fixtures, bench, lessons, backends)
+COMMANDS = (conform, compare, verify, inspect, convert, demo, pretrain, fixtures, bench, lessons, backends)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The project's own errors: each says what is wrong and what was expected, in one line.
-EXPECTED = (UsageError, InputError, WeightsError, CannotRunHere, BackendContractError, WorkerFailed)
+# The project's own errors: each says what is wrong and what was expected, in one line (a user's code's
+# exception with the frames of their code, which is where to look).
+EXPECTED = (UsageError, InputError, WeightsError, CannotRunHere, BackendContractError, WorkerFailed, UserCodeError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

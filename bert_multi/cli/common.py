@@ -186,12 +186,14 @@ def check_report_outputs(args: argparse.Namespace) -> None:
     check_plot(args.plot)
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backends",
-        type=comma_list,
-        help="comma-separated backend names (default: every framework backend; bert-multi backends lists them)",
-    )
+def add_run_options(parser: argparse.ArgumentParser, backends: bool = True) -> None:
+    """The options of a conformance run; without ``backends``, those that choose backends and pairs."""
+    if backends:
+        parser.add_argument(
+            "--backends",
+            type=comma_list,
+            help="comma-separated backend names (default: every framework backend; bert-multi backends lists them)",
+        )
     parser.add_argument(
         "--devices",
         type=comma_list,
@@ -203,14 +205,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated (default: float32,float64)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
-    parser.add_argument(
-        "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
-    )
-    parser.add_argument(
-        "--reference",
-        help="add a reference backend, an independent implementation of the original BERT such as "
-        "transformers, as one more row (the bert preset only)",
-    )
+    if backends:
+        parser.add_argument(
+            "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
+        )
+        parser.add_argument(
+            "--reference",
+            help="add a reference backend, an independent implementation of the original BERT such as "
+            "transformers, as one more row (the bert preset only)",
+        )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
 

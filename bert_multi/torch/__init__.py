@@ -34,6 +34,7 @@ from .model import (
     masked_softmax,
 )
 from .pretrain import Pretrainer, end_worker, join_data_parallel, pretraining_loss, train_data_parallel
+from .user import USER_MODELS, wrap_user_model
 
 __all__ = [
     "LAYER_NORM_EPS",
@@ -54,6 +55,8 @@ __all__ = [
     "join_data_parallel",
     "pretraining_loss",
     "train_data_parallel",
+    "USER_MODELS",
+    "wrap_user_model",
     "AddNorm",
     "BERTEncoder",
     "BERTModel",

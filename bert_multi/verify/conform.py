@@ -217,7 +217,8 @@ class _Run:
                 if paired:  # what the other targets of its dtype are compared with
                     self.results[target][index] = out
                 expected = self.reference(eps)[index]
-                self.check((0, self.targets.index(target), index), target, label, index, out, expected, tolerance)
+                key = (0, self.targets.index(target), index)
+                self.check(key, target, label, index, out, expected, tolerance, model.recorded)
             del model  # so that it is freed before the next is built
         return export
 
@@ -241,7 +242,7 @@ class _Run:
                 if eps != source_eps:
                     expected = shifted(expected, self.reference(eps)[index], self.reference(source_eps)[index])
                 key = (1, first, second, 0 if how == "memory" else 1, index)
-                self.check(key, target, label, index, out, expected, tolerance)
+                self.check(key, target, label, index, out, expected, tolerance, model.recorded)
             del model
 
     def models(
@@ -298,8 +299,9 @@ class _Run:
         out: BERTOutput,
         expected: BERTOutput,
         tolerance: Tolerance,
+        recorded: tuple[str, ...] | None,
     ) -> None:
-        outputs = compare_outputs(out, expected, tolerance)
+        outputs = compare_outputs(out, expected, tolerance, recorded)
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
 
 

@@ -4,7 +4,7 @@ ran on, and plots of the error per layer and of pretraining curves."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..backend.contract import intermediate_names
@@ -68,14 +68,17 @@ def summary_table(report: Report) -> str:
     )
 
 
-def failure_details(report: Report) -> str:
+def failure_details(report: Report, names: Callable[[str], str] | None = None) -> str:
     """What each backend that raised was doing, and for each failing check where it first diverged, in
-    computation order."""
+    computation order; ``names`` says where an activation is in a user's own model."""
     lines = [error.describe() for error in report.errors]
     for check in report.failures():
         first = check.first_divergence
         assert first is not None
-        lines.append(f"FAIL {check.target} vs {check.reference}, case {check.case}: first divergence at {first.name!r}")
+        where = f" (yours: {names(first.name)})" if names and names(first.name) != first.name else ""
+        lines.append(
+            f"FAIL {check.target} vs {check.reference}, case {check.case}: first divergence at {first.name!r}{where}"
+        )
         lines.append(f"     {first.describe()}")
     return "\n".join(lines)
 

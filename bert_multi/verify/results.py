@@ -69,11 +69,16 @@ class Check:
 
 
 def compare_outputs(
-    out: BERTOutput, ref: BERTOutput, tolerance: Tolerance
+    out: BERTOutput, ref: BERTOutput, tolerance: Tolerance, recorded: tuple[str, ...] | None = None
 ) -> tuple[tuple[Comparison, ...], tuple[Comparison, ...]]:
-    """Compare every output and, when either side recorded intermediates, each of the reference's. An
+    """Compare every output and, when either side recorded intermediates, each of the reference's (or
+    only those named in ``recorded``: what a user's model states it records; () compares none). An
     output or activation that one side lacks is a failing comparison naming it, never an exception; so is
     a side that recorded no activations where the other did."""
+    if recorded is not None:
+        kept = OrderedDict((name, (ref.intermediates or {}).get(name)) for name in recorded)
+        ref = BERTOutput(ref.encoded, ref.mlm, ref.nsp, kept if recorded else None)
+        out = BERTOutput(out.encoded, out.mlm, out.nsp, out.intermediates if recorded else None)
     outputs = tuple(
         compare_arrays(name, getattr(out, name), getattr(ref, name), tolerance)
         for name in OUTPUT_NAMES

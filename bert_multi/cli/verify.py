@@ -1,0 +1,151 @@
+"""``bert-multi verify``: hold your own BERT (a PyTorch or Gluon port, a transformers model) to the oracle,
+and say where it goes wrong in your names."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..display import ProgressBar, format_table
+from ..spec.loss import MLM_NORMALIZATIONS
+from ..spec.semantics import PRESETS
+from ..verify.cases import CASE_NAMES
+from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
+from ..verify.repro import save_repro
+from ..verify.session import VerifyReport, load_factory, verify
+from .common import (
+    add_checkpoint_options,
+    add_run_options,
+    check_output,
+    check_report_outputs,
+    comma_list,
+    model_and_weights,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "verify",
+        help="hold your own BERT to the oracle: forward, gradients, loss; where it first goes wrong",
+        description="Run the conformance cases on your model (FILE.py:FACTORY or package.module:FACTORY, where "
+        "FACTORY(config) returns it), with the canonical weights loaded into its own parameters; compare "
+        "outputs and activations with the float64 oracle, and optionally gradients and your loss function. "
+        "Exit 0 when everything conforms, 1 when something does not, 2 for a set-up error.",
+    )
+    parser.add_argument("model", metavar="FILE.py:FACTORY", help="where your model's factory is")
+    parser.add_argument("--config", default="chapter", help="a built-in config or a weights file (default: chapter)")
+    parser.add_argument("--preset", help=f"the d2l generation your model computes: {', '.join(PRESETS)} (default d2l)")
+    parser.add_argument("--cases", type=comma_list, default=["all"], help=f"comma-separated: {', '.join(CASE_NAMES)}")
+    parser.add_argument("--map", metavar="FILE", help="a JSON map file placing the canonical tensors (docs/verify.md)")
+    parser.add_argument("--gradients", action="store_true", help="also compare every parameter's float64 gradient")
+    parser.add_argument(
+        "--frozen", nargs="+", default=[], metavar="NAME", help="parameters meant to get no gradient (your names)"
+    )
+    parser.add_argument(
+        "--loss", metavar="FILE.py:FN", help="your _get_batch_loss_bert(net, loss, vocab_size, tokens_X, ...)"
+    )
+    parser.add_argument(
+        "--mlm-normalization",
+        choices=MLM_NORMALIZATIONS,
+        default="real_slots",
+        help="how the masked-LM loss should be averaged: over the real slots (default) or all (d2l's PyTorch code)",
+    )
+    parser.add_argument("--save-repro", metavar="DIR", help="on a failure, write what reproduces it with NumPy alone")
+    add_checkpoint_options(parser, preset=False)
+    add_run_options(parser, backends=False)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    check_report_outputs(args)
+    check_output(args.save_repro, "--save-repro", directory=True)
+    factory, label = load_factory(args.model)
+    loss = load_factory(args.loss)[0] if args.loss else None
+    config, weights = model_and_weights(args, args.config, args.preset)
+    print(f"verifying {label} against the oracle; config: {config}")
+    bar = ProgressBar()
+    try:
+        report = verify(
+            factory, config, weights=weights, dtypes=args.dtypes, devices=args.devices, seed=args.seed, label=label,
+            cases=None if args.cases == ["all"] else args.cases, gradients=args.gradients, frozen=args.frozen,
+            loss=loss, mlm_normalization=args.mlm_normalization, map_file=args.map, progress=bar,
+        )  # fmt: skip
+    finally:
+        bar.close()
+    print(f"parameters placed by {report.mapping.how}: {len(report.mapping.placements)} canonical tensors")
+    print(summary_table(report.forward))
+    print(f"\nran on:\n{runtime_lines(report.forward)}")
+    if not report.forward.passed:
+        print("\n" + failure_details(report.forward, report.user_name))
+    print_gradients_and_loss(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        print(f"report written to {args.json}")
+    if args.plot:
+        print(f"plot written to {plot_report(report.forward, args.plot)}")
+    if args.save_repro and not report.forward.passed:
+        print(f"reproduction written to {save_repro(report, factory, weights, args.save_repro)}")
+    print("\n" + verdict(report))
+    return 0 if report.passed else 1
+
+
+def print_gradients_and_loss(report: VerifyReport) -> None:
+    rows = []
+    for check in report.gradients:
+        worst = max(check.comparisons, key=lambda c: c.ratio, default=None)
+        result = "PASS" if check.passed else "FAIL"
+        if check.ungraded:
+            result += f": no gradient reaches {', '.join(report.user_name(n) for n in check.ungraded)}"
+        elif worst is not None and not worst.passed:
+            result += f": first at {report.user_name(check.first_divergence.name)}"  # type: ignore[union-attr]
+        rows.append(
+            (
+                check.scalar,
+                check.device,
+                str(len(check.comparisons)) + (f" ({len(check.frozen)} frozen)" if check.frozen else ""),
+                "-" if worst is None else f"{worst.max_abs:.2e}",
+                "-" if worst is None else report.user_name(worst.name),
+                result,
+            )
+        )
+    if rows:
+        heads = ("gradient of", "device", "parameters", "max abs err", "worst parameter (yours)", "result")
+        print("\ngradients, float64, against the gradient oracle:\n" + format_table(heads, rows))
+    if report.loss is not None:
+        mlm, nsp, total = report.loss.values
+        result = "PASS" if report.loss.passed else "FAIL"
+        averaged = report.loss.normalization
+        print(f"\nyour loss: mlm {mlm:.10g}, nsp {nsp:.10g}, total {total:.10g}: {result} ({averaged})")
+        for comparison in report.loss.comparisons:
+            if not comparison.passed:
+                print(f"  {comparison.describe()}")
+        if report.loss.diagnosis:
+            print(f"  {report.loss.diagnosis}")
+
+
+def verdict(report: VerifyReport) -> str:
+    """One sentence: does the user's model compute d2l's BERT, and if not, where it first goes wrong."""
+    if report.passed:
+        asked = ["its outputs and activations"]
+        asked += ["its gradients"] if report.gradients else []
+        asked += ["its loss"] if report.loss else []
+        return f"PASS: {report.label} computes {report.config.semantics.name}'s BERT: {', '.join(asked)} conform."
+    failures = report.forward.failures()
+    if failures:
+        check = failures[0]
+        first = check.first_divergence
+        assert first is not None
+        return (
+            f"FAIL: {report.label} first diverges at {first.name} (yours: {report.user_name(first.name)}), "
+            f"case {check.case}, {check.target.dtype} on {check.target.device}."
+        )
+    if not report.forward.passed:
+        return f"FAIL: {report.label}'s forward did not run through (see the errors above)."
+    broken = next((check for check in report.gradients if not check.passed), None)
+    if broken is not None:
+        where = broken.ungraded or [c.name for c in broken.comparisons if not c.passed]
+        return f"FAIL: {report.label}'s outputs conform, but its gradient of the {broken.scalar} does not, at " + (
+            f"{report.user_name(where[0])}." if where else "no parameter (nothing compared)."
+        )
+    return f"FAIL: {report.label}'s outputs conform, but its loss does not."

@@ -1,0 +1,141 @@
+"""A user's own PyTorch BERT, wrapped for ``bert-multi verify`` (``bert_multi.verify.subject.Subject``):
+its parameters under their own names, hooks at its modules, its gradients by autograd.
+
+Parallel to ``bert_multi/mxnet/user.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..backend.contract import parse_device
+from ..spec.inputs import ModelInputs
+from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user
+from .backend import TORCH_DTYPES, tf32_enabled, to_framework_device
+
+# The classes whose instances this framework wraps (most derived first wins across frameworks).
+USER_MODELS = ("torch.nn.modules.module.Module",)
+
+
+def _to_numpy(value: Any) -> np.ndarray | None:
+    value = value[0] if isinstance(value, (tuple, list)) else value
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else None
+
+
+class WrappedModel:
+    """A user's ``nn.Module``, called the d2l way (tokens, segments, valid_lens, pred_positions) ->
+    (encoded, mlm, nsp), at one dtype on one device."""
+
+    def __init__(self, module: nn.Module, dtype: str, device: str, example: ModelInputs, copied: bool) -> None:
+        self.device = to_framework_device(parse_device(device))
+        self.dtype = TORCH_DTYPES[dtype]
+        # Framework difference: .to() changes a torch module in place, so a model the user handed over
+        # is copied first; a factory's model is verify's own.
+        self.module = (copy.deepcopy(module) if copied else module).to(self.device, self.dtype)
+        self.framework = f"PyTorch {torch.__version__}"
+        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in self.module.parameters()):
+            # d2l 1.0's LazyLinear layers learn their input width on the first forward.
+            with torch.no_grad():
+                call_user("your model's first forward (creating its lazy parameters)", self._call, example)
+            self.module.to(self.device, self.dtype)
+
+    def _tensors(self, inputs: ModelInputs) -> list[torch.Tensor | None]:
+        return [None if array is None else torch.from_numpy(array).to(self.device) for array in inputs]
+
+    def _call(self, inputs: ModelInputs) -> Any:
+        return self.module(*self._tensors(inputs))
+
+    def parameters(self) -> list[tuple[str, Shape]]:
+        return [(name, tuple(p.shape)) for name, p in self.module.named_parameters()]
+
+    def modules(self) -> set[str]:
+        return {name for name, _ in self.module.named_modules()}
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for name, parameter in self.module.named_parameters():
+                if name in arrays:
+                    parameter.copy_(torch.from_numpy(np.asarray(arrays[name])))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: p.detach().cpu().numpy().copy() for name, p in self.module.named_parameters()}
+
+    def _hooks(self, taps: Taps, record: dict[str, np.ndarray | None]) -> list[Callable[[], object]]:
+        removers: list[Callable[[], object]] = []
+        for activation, (path, side) in taps.items():
+
+            def keep(module: nn.Module, args: Any, output: Any, activation: str = activation, side: str = side) -> None:
+                if record.get(activation) is None:  # a module called twice is recorded at its first call
+                    record[activation] = _to_numpy(args if side == "input" else output)
+
+            removers.append(self.module.get_submodule(path).register_forward_hook(keep).remove)
+        return removers
+
+    def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
+        record: dict[str, np.ndarray | None] = {}
+        was_training = self.module.training
+        self.module.eval()
+        removers = self._hooks(taps, record)
+        try:
+            with torch.no_grad(), tf32_enabled(False):
+                returned = self._call(inputs)
+        finally:
+            for remove in removers:
+                remove()
+            self.module.train(was_training)
+        return _outputs(returned), record
+
+    def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
+        """Each parameter's gradient of sum(cotangent * output); None where autograd gives none (a
+        parameter that does not require gradients, or one the graph never reaches, as through ``.data``)."""
+        named = dict(self.module.named_parameters())
+        trained = [name for name, p in named.items() if p.requires_grad]
+        self.module.eval()  # dropout off: the gradient of the function the forward check compared
+        with torch.enable_grad(), tf32_enabled(False):
+            returned = self._call(inputs)
+            pairs = [
+                (output, torch.from_numpy(np.ascontiguousarray(cotangent)).to(self.device, self.dtype))
+                for output, cotangent in zip(returned, cotangents)
+                if output is not None and cotangent is not None
+            ]
+            grads = torch.autograd.grad(
+                [o for o, _ in pairs], [named[n] for n in trained], [c for _, c in pairs], allow_unused=True
+            )
+        found = dict(zip(trained, grads))
+        return {name: _to_numpy(found.get(name)) for name in named}
+
+    def batch_loss(self, function: Callable[..., Any], batch: Mapping[str, np.ndarray], vocab_size: int) -> Any:
+        """The user's ``_get_batch_loss_bert(net, loss, vocab_size, tokens_X, segments_X, valid_lens_x,
+        pred_positions_X, mlm_weights_X, mlm_Y, nsp_y)`` on ``batch``, with the loss object d2l passes."""
+        # d2l's data loader gives valid_lens and mlm_weights as float32 tensors; the labels as int64.
+        floats = {"valid_lens": torch.float32, "mlm_weights": self.dtype}
+        tensors = {name: torch.from_numpy(np.asarray(a)).to(self.device, floats.get(name)) for name, a in batch.items()}
+        self.module.eval()
+        with torch.no_grad(), tf32_enabled(False):
+            returned = function(
+                self.module, nn.CrossEntropyLoss(), vocab_size, tensors["tokens"], tensors["segments"],
+                tensors["valid_lens"], tensors["pred_positions"], tensors["mlm_weights"], tensors["mlm_labels"],
+                tensors["nsp_labels"],
+            )  # fmt: skip
+        return [float(value) for value in returned]
+
+
+def _outputs(returned: Any) -> Outputs:
+    if not isinstance(returned, (tuple, list)) or len(returned) != 3:
+        raise TypeError(f"your model returned {type(returned).__name__}; d2l's BERTModel returns (encoded, mlm, nsp)")
+    encoded, mlm, nsp = (_to_numpy(value) for value in returned)
+    if encoded is None:
+        raise TypeError("your model's first output (encoded) is not a tensor")
+    return encoded, mlm, nsp
+
+
+def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:
+    """``model`` (an ``nn.Module``) wrapped for verify at ``dtype`` on ``device``; ``example`` inputs
+    create lazy parameters; ``copied``: the caller's own object, so work on a copy."""
+    return WrappedModel(model, dtype, device, example, copied)

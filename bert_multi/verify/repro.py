@@ -1,0 +1,83 @@
+"""``verify --save-repro``: what shows a failing check with NumPy alone, for a bug report or a notebook: the
+weights, the inputs, the oracle's and the user's outputs and activations, and a script that prints the
+first divergence."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backend.oracle import build as build_oracle
+from ..files.weights import save_weights
+from ..spec.schema import cut_max_len
+from .cases import get_case
+from .results import OUTPUT_NAMES
+from .user import Given, UserBackend
+
+SCRIPT = '''"""{title}
+
+Run it with NumPy alone: python repro.py. weights.npz holds the canonical weights (bert_multi's format:
+plain .npy members), inputs.npz the batch, reference.npz the float64 oracle's outputs and activations,
+yours.npz your model's, in the order they are computed."""
+
+import numpy as np
+
+ORDER = {order}
+WHERE = {where}
+ATOL, RTOL = {atol!r}, {rtol!r}  # the tolerance of this check
+
+reference, yours = np.load("reference.npz"), np.load("yours.npz")
+for name in ORDER:
+    if name not in yours.files:
+        print(f"{{name}}: your model has no value for it")
+        break
+    got, expected = yours[name].astype(np.float64), reference[name]
+    if got.shape != expected.shape:
+        print(f"{{name}}: shape {{got.shape}}, expected {{expected.shape}}")
+        break
+    error = np.abs(got - expected)
+    bad = ~np.isfinite(got) | (error > ATOL + RTOL * np.abs(expected))
+    if bad.any():
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        print(f"first divergence: {{name}} ({{WHERE.get(name, 'an output')}}), max abs error {{np.nanmax(error):.3g}}")
+        print(f"first element outside the tolerance: {{index}}, yours {{got[index]!r}}, expected {{expected[index]!r}}")
+        break
+else:
+    print("no divergence: every activation and output is within the tolerance")
+'''
+
+
+def save_repro(report: Any, factory: Any, weights: dict[str, np.ndarray], directory: str | Path) -> Path:
+    """Write the reproduction of ``report``'s first failing forward check into ``directory``."""
+    check = report.forward.failures()[0]
+    case = get_case(check.case).input(report.config, report.seed)
+    config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
+    backend = UserBackend(Given.of(factory, report.label), report.map_file)
+    yours = backend.build(config, cut, check.target.device, check.target.dtype)(**case.batch, intermediates=True)
+    expected = build_oracle(config, cut, dtype="float64")(**case.batch, intermediates=True)
+    names = [name for name in (yours.intermediates or {}) if name in (expected.intermediates or {})]
+    order = names + [name for name in OUTPUT_NAMES if getattr(expected, name) is not None]
+
+    def arrays(out: Any) -> OrderedDict[str, np.ndarray]:
+        found = OrderedDict((name, (out.intermediates or {}).get(name)) for name in names)
+        found.update((name, getattr(out, name)) for name in OUTPUT_NAMES)
+        return OrderedDict((name, value) for name, value in found.items() if value is not None)
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    save_weights(path / "weights.npz", config, cut)
+    np.savez(path / "inputs.npz", **{k: v for k, v in case.batch.items() if v is not None})
+    np.savez(path / "reference.npz", **arrays(expected))
+    np.savez(path / "yours.npz", **arrays(yours))
+    tolerance = check.outputs[0].tolerance
+    title = f"{report.label} against the oracle: case {check.case}, {check.target.dtype} on {check.target.device}."
+    where = {name: report.user_name(name) for name in names}
+    text = SCRIPT.format(
+        title=title, order=json.dumps(order), where=json.dumps(where), atol=tolerance.atol, rtol=tolerance.rtol
+    )
+    (path / "repro.py").write_text(text)
+    return path

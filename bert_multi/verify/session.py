@@ -1,0 +1,189 @@
+"""``verify``: hold a user's own BERT to the oracle (forward, gradients, loss) and say where it goes wrong,
+in the user's names. The command line's ``bert-multi verify`` and ``bert_multi.testing`` call this."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backend.registry import register_backend, unregister_backend
+from ..errors import UsageError
+from ..spec.config import CONFIGS, BERTConfig
+from ..spec.schema import random_weights, validate_weights
+from .cases import CASES, get_case
+from .conform import Progress, run_conformance
+from .gradients import GradientCheck, LossCheck, check_gradients, check_loss, resolve_frozen
+from .mapping import MapFile, ParameterMap, read_map
+from .results import Report, Target
+from .subject import call_user
+from .user import Given, UserBackend, UserBERT
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found: the forward conformance report, the gradient and loss checks, and how the
+    user's parameters and activations were placed."""
+
+    label: str
+    config: BERTConfig
+    mapping: ParameterMap
+    activations: dict[str, str]  # canonical activation -> where it is in the user's model
+    forward: Report
+    gradients: list[GradientCheck] = field(default_factory=list)
+    loss: LossCheck | None = None
+    seed: int = 0  # of the weights and the cases
+    map_file: MapFile | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Every check asked for ran and passed (a forward run that compared nothing is a failure)."""
+        return (
+            self.forward.passed
+            and all(check.passed for check in self.gradients)
+            and (self.loss is None or self.loss.passed)
+        )
+
+    def user_name(self, name: str) -> str:
+        """A canonical parameter's or activation's place in the user's model, for a message."""
+        if name in self.activations:
+            return self.activations[name]
+        if name in self.mapping.placements:
+            return self.mapping.user_name(name)
+        return name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.label,
+            "passed": self.passed,
+            "parameters placed by": self.mapping.how,
+            "placements": {name: self.mapping.user_name(name) for name in self.mapping.placements},
+            "activations": self.activations,
+            "forward": self.forward.to_json(),
+            "gradients": [
+                {
+                    "scalar": check.scalar,
+                    "device": check.device,
+                    "passed": check.passed,
+                    "no_gradient": list(check.ungraded),
+                    "frozen": list(check.frozen),
+                    "worst": _worst(check),
+                }
+                for check in self.gradients
+            ],
+            "loss": None
+            if self.loss is None
+            else {
+                "passed": self.loss.passed,
+                "normalization": self.loss.normalization,
+                "values": list(self.loss.values),
+                "diagnosis": self.loss.diagnosis,
+            },
+        }
+
+
+def _worst(check: GradientCheck) -> dict[str, Any] | None:
+    if not check.comparisons:
+        return None
+    worst = max(check.comparisons, key=lambda c: c.ratio)
+    return {"parameter": worst.name, "max_abs": worst.max_abs, "ratio": worst.ratio}
+
+
+def load_factory(spec: str) -> tuple[Callable[..., Any], str]:
+    """``FILE.py:NAME`` or ``package.module:NAME``: the object, and a label for reports. Importing runs
+    the user's module, so what it raises is theirs (``UserCodeError``)."""
+    where, colon, name = spec.rpartition(":")
+    if not colon or not where or not name.isidentifier():
+        raise UsageError(f"{spec!r}: expected FILE.py:FACTORY or package.module:FACTORY")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise UsageError(f"{spec!r}: no file {where}")
+        module_name = f"bert_multi_user_{path.stem}"
+        loader = importlib.util.spec_from_file_location(module_name, path)
+        assert loader is not None and loader.loader is not None
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+        sys.path.insert(0, str(path.resolve().parent))  # so that it imports its neighbours
+        try:
+            call_user(f"importing {where}", loader.loader.exec_module, module)
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+    else:
+        if importlib.util.find_spec(where.split(".")[0]) is None:
+            raise UsageError(f"{spec!r}: no module {where!r} can be imported here")
+        module = call_user(f"importing {where}", importlib.import_module, where)
+    if not hasattr(module, name):
+        found = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise UsageError(f"{spec!r}: {where} has no {name!r}; it defines {found[:10]}")
+    return getattr(module, name), f"{Path(where).name}:{name}"
+
+
+def verify(
+    model: Any,
+    config: BERTConfig | str = "chapter",
+    *,
+    weights: dict[str, np.ndarray] | None = None,
+    dtypes: Sequence[str] = ("float32", "float64"),
+    devices: Sequence[str] = ("cpu",),
+    cases: Iterable[str] | None = None,
+    gradients: bool = False,
+    frozen: Iterable[str] = (),
+    loss: Callable[..., Any] | None = None,
+    mlm_normalization: str = "real_slots",
+    map_file: MapFile | str | Path | None = None,
+    seed: int = 0,
+    label: str | None = None,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    """Hold ``model`` (a factory ``factory(config)``, or a model object) to the oracle.
+
+    Its forward runs every case (or those named) at each dtype and device, with activations compared at
+    the modules its parameter mapping locates; with ``gradients``, each parameter's float64 gradient of
+    two fixed scalars is compared with the gradient oracle's (``frozen``: parameters meant to get none);
+    with ``loss`` (d2l's ``_get_batch_loss_bert`` signature), its value with the loss whose masked-LM
+    part is averaged as ``mlm_normalization`` says. ``weights``: canonical weights (default: random from
+    ``seed``). A mapping or set-up problem raises (``MappingError``, ``UsageError``); an exception in
+    the user's own code raises ``UserCodeError`` with their frames."""
+    config = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
+    if not isinstance(config, BERTConfig):
+        raise UsageError(f"config {config!r}: expected a BERTConfig or one of {sorted(CONFIGS)}")
+    weights = random_weights(config, seed=seed, dtype="float64") if weights is None else weights
+    validate_weights(config, weights)
+    if map_file is not None and not isinstance(map_file, MapFile):
+        map_file = read_map(map_file)
+    given = Given.of(model, label)
+    chosen = CASES if cases is None else [get_case(name) for name in cases]
+    backend = UserBackend(given, map_file)
+    register_backend(backend, role="subject", label=given.label)
+    try:
+        # Set-up first, on the CPU in float64: making, mapping, loading and one forward of the model, so
+        # that a mapping problem or an exception in the user's code stops here, before any comparison.
+        probe = backend.build(config, weights, "cpu", "float64")
+        frozen_names = resolve_frozen(frozen, probe.mapping)
+        first = next(case.input(config, seed) for case in chosen)
+        call_user(f"your model {given.label}", probe, **first.batch)
+        targets = [Target(given.label, dtype, device) for device in devices for dtype in dtypes]
+        inputs = [case.input(config, seed) for case in chosen]
+        forward = run_conformance(config, weights, targets, inputs, pairs=True, progress=progress)
+        report = VerifyReport(given.label, config, probe.mapping, probe.activation_names(), forward, seed=seed)
+        report.map_file = map_file
+        if gradients:
+            for device in devices:
+                model64 = probe if device == "cpu" else backend.build(config, weights, device, "float64")
+                checks = check_gradients(config, weights, model64.subject, model64.mapping, device, frozen_names, seed)
+                report.gradients += checks
+        if loss is not None:
+            report.loss = check_loss(config, weights, probe.subject, loss, mlm_normalization, seed)
+        return report
+    finally:
+        unregister_backend(given.label)
+
+
+__all__ = ["VerifyReport", "UserBERT", "load_factory", "verify"]

@@ -1,0 +1,149 @@
+"""What a user's model must provide to be verified, written once.
+
+``bert-multi verify`` holds a model the user wrote to the oracle. Each framework wraps its own kind of
+model into a ``Subject`` (``bert_multi/torch/user.py``, ``bert_multi/mxnet/user.py``,
+``bert_multi/transformers/user.py``): its parameters under their own names, setting them, running it
+with hooks at its modules, and its gradients. Any other model (TensorFlow, ONNX Runtime, C++ behind a
+binding) is verified through the smaller ``NumpyProtocol``: it loads canonical weights and runs on
+NumPy arrays, and ``ProtocolSubject`` makes a ``Subject`` of it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import CannotRunHere, InputError, UsageError, UserCodeError, WeightsError
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
+from ..spec.schema import nsp_layers, param_shapes
+
+Shape = tuple[int, ...]
+Outputs = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]  # encoded, mlm, nsp
+Taps = Mapping[str, tuple[str, str]]  # activation -> (the user's module path, "input" or "output")
+
+
+class Cotangents(NamedTuple):
+    """What each output is multiplied by before summing to the scalar whose gradient is taken."""
+
+    encoded: np.ndarray
+    mlm: np.ndarray | None
+    nsp: np.ndarray | None
+
+
+class Subject(Protocol):
+    """A user's model at one dtype and device, wrapped by its framework.
+
+    ``vjp`` and ``batch_loss`` are optional (``verify --gradients`` and ``--loss`` need them)."""
+
+    framework: str  # the framework and its version, for the report
+
+    def parameters(self) -> list[tuple[str, Shape]]:
+        """Every parameter's own name and shape, in registration order."""
+        ...
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Set every parameter named in ``arrays`` (the user's names, the model's dtype)."""
+        ...
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every parameter's value, as NumPy arrays under the user's names."""
+        ...
+
+    def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
+        """Inference (dropout off) on checked inputs: (encoded, mlm, nsp) and each tapped activation."""
+        ...
+
+
+# Where each named activation is found, by the canonical parameter whose module it enters or leaves:
+# attention is W_o's output (before the residual), the add-and-norms are their LayerNorms' outputs, the
+# embedding is what the first block's W_q reads, the pooler what the NSP classifier reads.
+def tap_sources(config: BERTConfig) -> dict[str, tuple[str, str]]:
+    """Each activation of ``intermediate_names(config)`` -> (canonical parameter, "input" or "output")."""
+    sources = {"embedding": ("encoder.blks.0.attention.W_q.weight", "input")}
+    for i in range(config.num_blks):
+        blk = f"encoder.blks.{i}"
+        sources[f"blks.{i}.attention"] = (f"{blk}.attention.W_o.weight", "output")
+        sources[f"blks.{i}.addnorm1"] = (f"{blk}.addnorm1.ln.weight", "output")
+        sources[f"blks.{i}.ffn"] = (f"{blk}.ffn.dense2.weight", "output")
+        sources[f"blks.{i}.output"] = (f"{blk}.addnorm2.ln.weight", "output")
+    if "pooler" in config.heads:
+        sources["pooler"] = (f"{nsp_layers(config)[1]}.weight", "input")
+    return sources
+
+
+@runtime_checkable
+class NumpyProtocol(Protocol):
+    """Any model, in any language behind Python: ``load_weights(weights)`` takes the canonical dict
+    (``bert_multi.param_shapes`` names, NumPy arrays); calling it as d2l's BERTModel (tokens, segments,
+    valid_lens, pred_positions as NumPy arrays; valid_lens and pred_positions may be None) returns
+    (encoded, mlm, nsp), each a NumPy array or None, optionally with a fourth item: a dict of named
+    activations (``bert_multi.intermediate_names``). Optional: ``gradients(tokens, segments,
+    valid_lens, pred_positions, d_encoded, d_mlm, d_nsp)`` returns each canonical parameter's gradient
+    of sum(d_encoded * encoded) + sum(d_mlm * mlm) + sum(d_nsp * nsp) (None where it gets none)."""
+
+    def load_weights(self, weights: dict[str, np.ndarray]) -> None: ...
+
+    def __call__(self, tokens: np.ndarray, segments: np.ndarray, valid_lens: Any, pred_positions: Any) -> Any: ...
+
+
+class ProtocolSubject:
+    """A ``NumpyProtocol`` model as a ``Subject``: its parameters are the canonical tensors, under their
+    own names; its activations are those it returns."""
+
+    framework = "the NumPy protocol"
+
+    def __init__(self, model: NumpyProtocol, config: BERTConfig, dtype: str) -> None:
+        self.model, self.config, self.dtype = model, config, dtype
+        self.loaded: dict[str, np.ndarray] = {}
+        if callable(getattr(model, "gradients", None)):
+            self.vjp = self._vjp
+
+    def parameters(self) -> list[tuple[str, Shape]]:
+        return list(param_shapes(self.config).items())
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self.loaded = {name: np.asarray(array, dtype=self.dtype) for name, array in arrays.items()}
+        self.model.load_weights(dict(self.loaded))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: array.copy() for name, array in self.loaded.items()}
+
+    def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
+        returned = self.model(*inputs)
+        if not isinstance(returned, tuple) or len(returned) not in (3, 4):
+            raise TypeError(
+                f"the model returned {type(returned).__name__}; expected (encoded, mlm, nsp[, activations])"
+            )
+        activations = dict(returned[3]) if len(returned) == 4 else {}
+        encoded, mlm, nsp = (None if value is None else np.asarray(value) for value in returned[:3])
+        if encoded is None:
+            raise TypeError("the model returned no encoded output (None)")
+        return (encoded, mlm, nsp), {name: np.asarray(value) for name, value in activations.items()}
+
+    def _vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
+        grads = self.model.gradients(*inputs, *cotangents)  # type: ignore[attr-defined]
+        return {name: None if value is None else np.asarray(value) for name, value in dict(grads).items()}
+
+
+def call_user(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, where an exception is the user's code's (a ``UserCodeError``) unless
+    it is one of the project's own, which say what was asked wrongly or cannot run here."""
+    try:
+        return function(*args, **kwargs)
+    except (UserCodeError, UsageError, InputError, WeightsError, CannotRunHere):
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever their code raises is theirs to see
+        raise UserCodeError(what, error) from error
+
+
+def accepts(function: Callable[..., Any], *names: str) -> bool:
+    """Whether ``function`` takes every keyword in ``names``."""
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in parameters for name in names) or any(p.kind == p.VAR_KEYWORD for p in parameters.values())

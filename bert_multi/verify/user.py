@@ -1,0 +1,142 @@
+"""A user's own model as a backend: made by their factory (or copied from their object), wrapped by its
+framework into a ``Subject``, loaded with the canonical weights through its ``ParameterMap``, and run by
+the conformance engine like any other backend."""
+
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backend.contract import BackendModel, BERTOutput, Device, parse_device, prepare_weights
+from ..backend.registry import wrapper_for
+from ..errors import CannotRunHere, UsageError
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
+from ..spec.schema import param_shapes
+from .mapping import MapFile, ParameterMap, map_parameters
+from .subject import NumpyProtocol, ProtocolSubject, Subject, accepts, call_user, tap_sources
+
+ROLE = "subject"
+
+
+@dataclass(frozen=True)
+class Given:
+    """What verify was given: a factory (``factory(config)`` returns the model) or a model object."""
+
+    label: str
+    factory: Callable[..., Any] | None = None
+    model: Any = None
+
+    @classmethod
+    def of(cls, model_or_factory: Any, label: str | None = None) -> Given:
+        """A class, function or method is a factory; anything else is the model itself."""
+        is_factory = inspect.isclass(model_or_factory) or inspect.isroutine(model_or_factory)
+        is_factory = is_factory or type(model_or_factory).__name__ == "partial"
+        name = label or getattr(model_or_factory, "__qualname__", None) or type(model_or_factory).__name__
+        return cls(name, model_or_factory, None) if is_factory else cls(name, None, model_or_factory)
+
+    def make(self, config: BERTConfig, dtype: str, device: str) -> tuple[Any, bool]:
+        """A model object for ``config``, and whether it is the caller's own (so must be copied to change)."""
+        if self.factory is None:
+            return self.model, True
+        stated = {"dtype": dtype, "device": device} if accepts(self.factory, "dtype", "device") else {}
+        return call_user(f"your factory {self.label}(config)", self.factory, config, **stated), False
+
+
+def example_inputs(config: BERTConfig) -> ModelInputs:
+    """A small batch for a model's first forward (lazy layers learn their widths from it)."""
+    T = min(4, config.max_len)
+    zeros = np.zeros((1, T), dtype=np.int64)
+    positions = np.zeros((1, 1), dtype=np.int64) if "mlm" in config.heads else None
+    return ModelInputs(zeros, zeros.copy(), np.array([T]), positions)
+
+
+def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> Subject:
+    """The user's model for ``config`` at ``dtype`` on ``device``, wrapped by its framework."""
+    model, copied = given.make(config, dtype, device)
+    backend = wrapper_for(model)
+    if backend is not None:
+        wrap = backend.wrap_user_model
+        return call_user(
+            f"wrapping your model {given.label}", wrap, model, dtype, device, example_inputs(config), copied
+        )
+    if isinstance(model, NumpyProtocol):
+        if parse_device(device).kind != "cpu":
+            raise CannotRunHere(f"{given.label} is a NumPy-protocol model: verify gives it NumPy arrays, on the CPU")
+        return ProtocolSubject(model, config, dtype)
+    raise UsageError(
+        f"{given.label} gave a {type(model).__module__}.{type(model).__qualname__}: verify takes a PyTorch "
+        "nn.Module, a Gluon Block, a transformers BERT, or any object with load_weights() and __call__ (the "
+        "NumPy protocol, docs/verify.md)"
+    )
+
+
+class UserBERT(BackendModel):
+    """A user's model behind the backend contract; its activations are recorded at the modules the mapping
+    located, and named there in the user's words (``activation_names``)."""
+
+    def __init__(
+        self, name: str, config: BERTConfig, subject: Subject, mapping: ParameterMap, dtype: str, device: Device
+    ) -> None:
+        super().__init__(config, dtype, device)
+        self.backend, self.subject, self.mapping = name, subject, mapping
+        self.module = getattr(subject, "module", getattr(subject, "model", None))
+        modules = subject.modules() if hasattr(subject, "modules") else set()
+        self.taps = OrderedDict(
+            (activation, (module, side))
+            for activation, (parameter, side) in tap_sources(config).items()
+            if (module := mapping.module_of(parameter)) is not None and module in modules
+        )
+        self.recorded = tuple(self.taps) if modules else None
+
+    def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        (encoded, mlm, nsp), activations = self.subject.run(inputs, self.taps if intermediates else {})
+        if isinstance(self.subject, ProtocolSubject):
+            self.recorded = tuple(name for name in tap_sources(self.config) if name in activations)
+        record = OrderedDict((name, activations.get(name)) for name in (self.recorded or ()))
+        return BERTOutput(encoded, mlm, nsp, record if intermediates else None)
+
+    def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
+        canonical = self.mapping.to_canonical(self.subject.arrays(), param_shapes(self.config))
+        return {name: np.ascontiguousarray(array) for name, array in canonical.items() if array is not None}
+
+    def framework_info(self) -> dict[str, object]:
+        return {"framework": self.subject.framework, "parameters placed by": self.mapping.how}
+
+    def activation_names(self) -> dict[str, str]:
+        """Each recorded activation -> where it is in the user's model, in their names."""
+        return {name: f"{path} ({side})" for name, (path, side) in self.taps.items()}
+
+
+class UserBackend:
+    """A user's model registered as a backend for one verify run (role "subject")."""
+
+    ROLE = ROLE
+
+    def __init__(self, given: Given, map_file: MapFile | None) -> None:
+        self.NAME = self.LABEL = given.label
+        self.given, self.map_file = given, map_file
+
+    def mapping(self, config: BERTConfig, subject: Subject) -> ParameterMap:
+        return map_parameters(config, subject.parameters(), self.map_file)
+
+    def build(
+        self,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        device: str = "cpu",
+        dtype: object = "float32",
+        gradients: bool = True,
+        share: bool = False,
+    ) -> UserBERT:
+        """The user's model of ``config`` holding ``weights`` at ``dtype`` on ``device``."""
+        dtype, weights = prepare_weights(config, weights, dtype)
+        subject = subject_of(self.given, config, dtype, device)
+        mapping = self.mapping(config, subject)
+        subject.load(mapping.to_user(weights))
+        return UserBERT(self.NAME, config, subject, mapping, dtype, parse_device(device))

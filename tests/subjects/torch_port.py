@@ -1,0 +1,150 @@
+"""A user's PyTorch port of d2l 1.0's BERT, written the way users write them: its own names, one class per
+idea, no bert_multi import. ``fault`` plants one of the bugs that hurt d2l's readers, so that the tests
+can check that ``bert-multi verify`` catches each and names where it lives."""
+
+import math
+
+import torch
+from torch import nn
+
+FAULTS = ("scale", "inf_mask", "tiled_valid_lens", "detached_positions")
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, hidden, heads, fault=None, fused=False):
+        super().__init__()
+        self.heads, self.fault, self.fused = heads, fault, fused
+        if fused:
+            self.qkv = nn.Linear(hidden, 3 * hidden)
+        else:
+            self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = nn.Linear(hidden, hidden)
+
+    def split(self, x):
+        b, t, h = x.shape
+        return x.reshape(b, t, self.heads, h // self.heads).transpose(1, 2)
+
+    def forward(self, x, valid_lens):
+        if self.fused:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+        else:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        q, k, v = self.split(q), self.split(k), self.split(v)
+        scale = math.sqrt(x.shape[-1]) if self.fault == "scale" else math.sqrt(q.shape[-1])
+        scores = q @ k.transpose(-1, -2) / scale
+        if valid_lens is not None:
+            b = scores.shape[0]
+            per_row = valid_lens.reshape(b, -1)  # (B, 1), or (B, T) with a length per query
+            if self.fault == "tiled_valid_lens":  # d2l 0.12-0.15: lengths tiled, row b*heads + h gets (b*heads + h) % B
+                lens = per_row[torch.arange(b * self.heads, device=x.device) % b].reshape(b, self.heads, -1)
+            else:
+                lens = per_row[:, None, :].expand(-1, self.heads, -1)
+            keep = torch.arange(scores.shape[-1], device=x.device) < lens[..., None]
+            scores = scores.masked_fill(~keep, -math.inf if self.fault == "inf_mask" else -1e6)
+        mixed = torch.softmax(scores, dim=-1) @ v
+        return self.out(mixed.transpose(1, 2).reshape(x.shape))
+
+
+class Layer(nn.Module):
+    def __init__(self, hidden, ffn, heads, fault=None, fused=False):
+        super().__init__()
+        self.attn = SelfAttention(hidden, heads, fault, fused)
+        self.norm1 = nn.LayerNorm(hidden)
+        self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+
+    def forward(self, x, valid_lens):
+        y = self.norm1(x + self.attn(x, valid_lens))
+        return self.norm2(y + self.down(torch.relu(self.up(y))))
+
+
+class MyBERT(nn.Module):
+    def __init__(self, vocab, hidden, ffn, heads, layers, max_len, fault=None, fused=False):
+        super().__init__()
+        self.fault = fault
+        self.positions = nn.Parameter(torch.randn(1, max_len, hidden))
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.segments = nn.Embedding(2, hidden)
+        self.layers = nn.ModuleList(Layer(hidden, ffn, heads, fault, fused) for _ in range(layers))
+        self.pool = nn.Linear(hidden, hidden)
+        self.mlm_hidden, self.mlm_norm = nn.Linear(hidden, hidden), nn.LayerNorm(hidden)
+        self.mlm_out = nn.Linear(hidden, vocab)
+        self.nsp_out = nn.Linear(hidden, 2)
+
+    def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
+        positions = self.positions.data if self.fault == "detached_positions" else self.positions  # d2l 0.16-0.17
+        x = self.tokens(tokens) + self.segments(segments) + positions[:, : tokens.shape[1]]
+        for layer in self.layers:
+            x = layer(x, valid_lens)
+        mlm = None
+        if pred_positions is not None:
+            rows = torch.arange(x.shape[0], device=x.device)[:, None]
+            picked = x[rows, pred_positions]
+            mlm = self.mlm_out(self.mlm_norm(torch.relu(self.mlm_hidden(picked))))
+        nsp = self.nsp_out(torch.tanh(self.pool(x[:, 0])))
+        return x, mlm, nsp
+
+
+def make(config, fault=None, fused=False):
+    return MyBERT(
+        config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads, config.num_blks,
+        config.max_len, fault, fused,
+    )  # fmt: skip
+
+
+def build(config):
+    return make(config)
+
+
+def build_fused(config):
+    return make(config, fused=True)
+
+
+class Wrapper(nn.Module):
+    """What DataParallel or a training framework does to names: every parameter under a prefix."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    def forward(self, *args):
+        return self.module(*args)
+
+
+def build_wrapped_d2l(config):
+    import bert_multi.torch as d2l_port  # d2l's own classes, under a wrapper's prefix
+
+    return Wrapper(d2l_port.BERTModel(*config.d2l_args(), semantics=config.semantics))
+
+
+FUSED_MAP = {
+    "names": {
+        "encoder.blks.{i}.attention.W_q.{p}": "layers.{i}.attn.qkv.{p}[0/3]",
+        "encoder.blks.{i}.attention.W_k.{p}": "layers.{i}.attn.qkv.{p}[1/3]",
+        "encoder.blks.{i}.attention.W_v.{p}": "layers.{i}.attn.qkv.{p}[2/3]",
+    }
+}
+
+
+def d2l_batch_loss(net, loss, vocab_size, tokens_X, segments_X, valid_lens_x, pred_positions_X, mlm_weights_X,
+                   mlm_Y, nsp_y):  # fmt: skip
+    """d2l's ``_get_batch_loss_bert``, as the PyTorch chapter wrote it (with ``nn.CrossEntropyLoss()``, a mean)."""
+    _, mlm_Y_hat, nsp_Y_hat = net(tokens_X, segments_X, valid_lens_x.reshape(-1), pred_positions_X)
+    mlm_l = loss(mlm_Y_hat.reshape(-1, vocab_size), mlm_Y.reshape(-1)) * mlm_weights_X.reshape(-1, 1)
+    mlm_l = mlm_l.sum() / (mlm_weights_X.sum() + 1e-8)
+    nsp_l = loss(nsp_Y_hat, nsp_y)
+    return mlm_l, nsp_l, mlm_l + nsp_l
+
+
+def fixed_batch_loss(net, loss, vocab_size, tokens_X, segments_X, valid_lens_x, pred_positions_X, mlm_weights_X,
+                     mlm_Y, nsp_y):  # fmt: skip
+    """The same with the per-slot losses kept (reduction='none'), so that the weights mask the padding."""
+    _, mlm_Y_hat, nsp_Y_hat = net(tokens_X, segments_X, valid_lens_x.reshape(-1), pred_positions_X)
+    per_slot = nn.functional.cross_entropy(mlm_Y_hat.reshape(-1, vocab_size), mlm_Y.reshape(-1), reduction="none")
+    mlm_l = (per_slot * mlm_weights_X.reshape(-1)).sum() / (mlm_weights_X.sum() + 1e-8)
+    nsp_l = loss(nsp_Y_hat, nsp_y)
+    return mlm_l, nsp_l, mlm_l + nsp_l
+
+
+def build_faulty(config):
+    return make(config, fault="scale")
