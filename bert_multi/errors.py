@@ -65,4 +65,5 @@ def _ours_or_a_library(filename: str) -> bool:
     """Whether a frame is bert_multi's or an installed library's (the framework), not the user's."""
     path = Path(filename).resolve()
     libraries = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix)}
-    return path.is_relative_to(_PACKAGE) or any(path.is_relative_to(lib) for lib in libraries) or "<frozen" in filename
+    generated = filename == "<string>" or filename.startswith("<frozen")  # code a library compiled at run time
+    return path.is_relative_to(_PACKAGE) or any(path.is_relative_to(lib) for lib in libraries) or generated

@@ -52,6 +52,7 @@ from .model import (  # noqa: E402
     masked_softmax,
 )
 from .pretrain import Pretrainer, end_worker, join_data_parallel, pretraining_loss, train_data_parallel  # noqa: E402
+from .user import USER_MODELS, wrap_user_model  # noqa: E402
 
 __all__ = [
     "LAYER_NORM_EPS",
@@ -71,6 +72,8 @@ __all__ = [
     "join_data_parallel",
     "pretraining_loss",
     "train_data_parallel",
+    "USER_MODELS",
+    "wrap_user_model",
     "AddNorm",
     "BERTEncoder",
     "BERTModel",
