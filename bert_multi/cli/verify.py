@@ -112,6 +112,10 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
     if rows:
         heads = ("gradient of", "device", "parameters", "max abs err", "worst parameter (yours)", "result")
         print("\ngradients, float64, against the gradient oracle:\n" + format_table(heads, rows))
+    for check in report.gradients:
+        first = check.first_divergence
+        if first is not None:
+            print(f"  {check.scalar}, first divergence in {report.user_name(first.name)}: {first.describe()}")
     if report.loss is not None:
         mlm, nsp, total = report.loss.values
         result = "PASS" if report.loss.passed else "FAIL"

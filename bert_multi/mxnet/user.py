@@ -125,9 +125,7 @@ class WrappedModel:
             if output is not None and cotangent is not None
         ]
         autograd.backward([o for o, _ in pairs], head_grads=[c for _, c in pairs])
-        return {
-            name: None if p.grad_req == "null" else p.grad(self.context).asnumpy() for name, p in params.items()
-        }
+        return {name: None if p.grad_req == "null" else p.grad(self.context).asnumpy() for name, p in params.items()}
 
     def batch_loss(self, function: Callable[..., Any], batch: Mapping[str, np.ndarray], vocab_size: int) -> Any:
         """The user's ``_get_batch_loss_bert`` on ``batch``, with the loss object d2l passes. Framework

@@ -7,5 +7,18 @@ become transformers' additive attention mask, (B, 1, T, T), so a length per quer
 """
 
 from .backend import NAME, TransformersBERT, build, devices, gemm, kernel_eps, supports, synchronize
+from .user import USER_MODELS, D2LView, wrap_user_model
 
-__all__ = ["NAME", "TransformersBERT", "build", "devices", "gemm", "kernel_eps", "supports", "synchronize"]
+__all__ = [
+    "NAME",
+    "TransformersBERT",
+    "build",
+    "devices",
+    "gemm",
+    "kernel_eps",
+    "supports",
+    "synchronize",
+    "USER_MODELS",
+    "D2LView",
+    "wrap_user_model",
+]

@@ -32,6 +32,17 @@ def kernel_eps(eps: float) -> float:
     return eps
 
 
+def attention_mask(valid_lens: Any, T: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """valid_lens ((B,) or (B, T_q), NumPy or torch) as transformers' additive mask, (B, 1, T_q, T_k)."""
+    if valid_lens is None:
+        return None
+    lens = torch.as_tensor(valid_lens, device=device)
+    lens = lens[:, None] if lens.dim() == 1 else lens
+    keep = torch.arange(T, device=device)[None, None, :] < lens[:, :, None]
+    blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
+    return torch.where(keep, torch.zeros((), dtype=dtype, device=device), blocked)[:, None]
+
+
 class TransformersBERT(BackendModel):
     """A transformers BERT (``.module``) holding canonical weights, run in eval mode without gradients."""
 
@@ -54,15 +65,6 @@ class TransformersBERT(BackendModel):
             sources["pooler"] = self.bert.pooler
         return sources
 
-    def _mask(self, valid_lens: np.ndarray | None, T: int) -> torch.Tensor | None:
-        if valid_lens is None:
-            return None
-        lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens  # (B, T_q)
-        keep = np.arange(T)[None, None, :] < lens[:, :, None]  # (B, T_q, T_k)
-        dtype = TORCH_DTYPES[self.dtype]
-        additive = np.where(keep, 0.0, torch.finfo(dtype).min)[:, None]  # (B, 1, T_q, T_k), added to the scores
-        return torch.from_numpy(additive).to(self.torch_device, dtype)
-
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         tokens, segments, valid_lens, pred_positions = inputs
         record: OrderedDict[str, np.ndarray | None] = OrderedDict()
@@ -78,7 +80,7 @@ class TransformersBERT(BackendModel):
         arguments = {
             "input_ids": torch.from_numpy(tokens).to(self.torch_device),
             "token_type_ids": torch.from_numpy(segments).to(self.torch_device),
-            "attention_mask": self._mask(valid_lens, tokens.shape[1]),
+            "attention_mask": attention_mask(valid_lens, tokens.shape[1], TORCH_DTYPES[self.dtype], self.torch_device),
         }
         try:
             with torch.no_grad(), tf32_enabled(False):

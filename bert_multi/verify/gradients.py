@@ -34,16 +34,22 @@ SCALARS = ("random projection", "pretraining loss")
 
 
 def gradient_batch(config: BERTConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """A pretraining batch with fixed labels: the ``mixed_valid_lens`` case's inputs (lengths T, T/2, 1
-    and 0), masked-LM labels, and weights that make two prediction slots padding (weight 0), so that a
-    loss averaged over the padding differs from the masked mean."""
-    batch = get_case("mixed_valid_lens").batch(config, seed)
+    """A pretraining batch with fixed labels: the ``mixed_valid_lens`` case's inputs with lengths T, T/2,
+    1 and 1, masked-LM labels, and weights that make two prediction slots padding (weight 0), so that a
+    loss averaged over the padding differs from the masked mean.
+
+    No length is 0, as in pretraining data (<cls> and <sep> at least): with every key masked, d2l's
+    attention is uniform whatever the scores, so no gradient reaches them, while an additive mask
+    (transformers') is uniform only by rounding and passes the scores' gradient on; the forward cases
+    cover length 0."""
+    batch = {name: np.asarray(array) for name, array in get_case("mixed_valid_lens").batch(config, seed).items()}
+    batch["valid_lens"] = np.maximum(batch["valid_lens"], 1)
     rng = np.random.default_rng(seed + 1)
-    B, P = batch["pred_positions"].shape  # type: ignore[union-attr]
+    B, P = batch["pred_positions"].shape
     weights = np.ones((B, P))
     weights[0, -1] = weights[2, -1] = 0.0
     return {
-        **{name: np.asarray(array) for name, array in batch.items()},
+        **batch,
         "mlm_labels": rng.integers(0, config.vocab_size, size=(B, P)),
         "mlm_weights": weights,
         "nsp_labels": np.arange(B) % 2,
@@ -152,11 +158,12 @@ def _compare(
             continue
         # None (torch: not in the graph) or all zero (Gluon keeps a zero gradient there) where the
         # oracle's is not: no gradient reaches the parameter.
-        if got.get(name) is None or (np.any(reference != 0) and not np.any(got[name])):
+        own_gradient = got.get(name)
+        if own_gradient is None or (np.any(reference != 0) and not np.any(own_gradient)):
             if np.any(reference != 0):
                 ungraded.append(name)
             continue
-        comparisons.append(compare_arrays(name, got[name], reference, GRADIENT_TOLERANCE))
+        comparisons.append(compare_arrays(name, own_gradient, reference, GRADIENT_TOLERANCE))
     return GradientCheck(scalar, device, tuple(comparisons), tuple(ungraded), tuple(sorted(frozen)))
 
 
