@@ -15,7 +15,15 @@ from .backend.registry import (
     register_backend,
     unregister_backend,
 )
-from .errors import BackendContractError, BackendUnavailable, CannotRunHere, InputError, UsageError, WeightsError
+from .errors import (
+    BackendContractError,
+    BackendUnavailable,
+    CannotRunHere,
+    InputError,
+    UsageError,
+    UserCodeError,
+    WeightsError,
+)
 from .files.checkpoints import (
     Checkpoint,
     CheckpointInfo,
@@ -31,7 +39,10 @@ from .spec.inputs import ModelInputs, check_inputs, get_tokens_and_segments, val
 from .spec.schema import init_weights, param_shapes, random_weights, validate_weights
 from .verify.compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .verify.conform import run_conformance
+from .verify.mapping import MappingError
+from .verify.masking import MaskingReport, verify_masking
 from .verify.results import Report, RunError, Target, assert_conforms, compare_outputs
+from .verify.session import VerifyReport, verify
 
 __version__ = "0.1.0"
 
@@ -60,11 +71,17 @@ __all__ = [
     "assert_conforms",
     "compare_outputs",
     "run_conformance",
+    "MappingError",
+    "MaskingReport",
+    "VerifyReport",
+    "verify",
+    "verify_masking",
     "BackendContractError",
     "BackendUnavailable",
     "CannotRunHere",
     "InputError",
     "UsageError",
+    "UserCodeError",
     "WeightsError",
     "ModelInputs",
     "check_inputs",

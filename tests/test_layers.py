@@ -15,7 +15,7 @@ LAYERS = [
     ("spec", ("bert_multi.spec",)),
     ("backend", ("bert_multi.backend",)),
     ("files", ("bert_multi.files",)),
-    ("verify", ("bert_multi.verify",)),
+    ("verify", ("bert_multi.verify", "bert_multi.testing")),
     ("training", ("bert_multi.training",)),
     ("frameworks", ("bert_multi.torch", "bert_multi.mxnet", "bert_multi.transformers")),
     ("tools", ("bert_multi.tools",)),

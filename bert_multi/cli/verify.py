@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot written to {plot_report(report.forward, args.plot)}")
     if args.save_repro and not report.forward.passed:
         print(f"reproduction written to {save_repro(report, factory, weights, args.save_repro)}")
-    print("\n" + verdict(report))
+    print("\n" + report.verdict())
     return 0 if report.passed else 1
 
 
@@ -126,30 +126,3 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
                 print(f"  {comparison.describe()}")
         if report.loss.diagnosis:
             print(f"  {report.loss.diagnosis}")
-
-
-def verdict(report: VerifyReport) -> str:
-    """One sentence: does the user's model compute d2l's BERT, and if not, where it first goes wrong."""
-    if report.passed:
-        asked = ["its outputs and activations"]
-        asked += ["its gradients"] if report.gradients else []
-        asked += ["its loss"] if report.loss else []
-        return f"PASS: {report.label} computes {report.config.semantics.name}'s BERT: {', '.join(asked)} conform."
-    failures = report.forward.failures()
-    if failures:
-        check = failures[0]
-        first = check.first_divergence
-        assert first is not None
-        return (
-            f"FAIL: {report.label} first diverges at {first.name} (yours: {report.user_name(first.name)}), "
-            f"case {check.case}, {check.target.dtype} on {check.target.device}."
-        )
-    if not report.forward.passed:
-        return f"FAIL: {report.label}'s forward did not run through (see the errors above)."
-    broken = next((check for check in report.gradients if not check.passed), None)
-    if broken is not None:
-        where = broken.ungraded or [c.name for c in broken.comparisons if not c.passed]
-        return f"FAIL: {report.label}'s outputs conform, but its gradient of the {broken.scalar} does not, at " + (
-            f"{report.user_name(where[0])}." if where else "no parameter (nothing compared)."
-        )
-    return f"FAIL: {report.label}'s outputs conform, but its loss does not."

@@ -43,7 +43,7 @@ class WrappedModel:
         self.dtype = next((p.dtype for p in params.values()), "float32")  # its own, until it is cast
         if any(p._data is None for p in params.values()):
             self.module.initialize(ctx=self.context)  # in its own dtype: Gluon's initialisers draw float32
-            if any(0 in p.shape for p in params.values()):
+            if any(d <= 0 for p in params.values() for d in p.shape):  # unknown: 0, or -1 in NumPy mode
                 call_user("your model's first forward (creating its deferred parameters)", self._call, example)
         self.module.collect_params().reset_ctx(self.context)
         self.module.cast(dtype)

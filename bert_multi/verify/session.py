@@ -17,10 +17,12 @@ from ..backend.registry import register_backend, unregister_backend
 from ..errors import UsageError
 from ..spec.config import CONFIGS, BERTConfig
 from ..spec.schema import random_weights, validate_weights
+from ..spec.semantics import releases_of
 from .cases import CASES, get_case
 from .conform import Progress, run_conformance
 from .gradients import GradientCheck, LossCheck, check_gradients, check_loss, resolve_frozen
 from .mapping import MapFile, ParameterMap, read_map
+from .report import failure_details
 from .results import Report, Target
 from .subject import call_user
 from .user import Given, UserBackend, UserBERT
@@ -57,6 +59,48 @@ class VerifyReport:
         if name in self.mapping.placements:
             return self.mapping.user_name(name)
         return name
+
+    def verdict(self) -> str:
+        """One sentence: does the user's model compute d2l's BERT, and if not, where it first goes wrong."""
+        if self.passed:
+            asked = ["its outputs and activations"]
+            asked += ["its gradients"] if self.gradients else []
+            asked += ["its loss"] if self.loss else []
+            name = self.config.semantics.name
+            what = "the original BERT" if name == "bert" else f"the BERT of {releases_of(name).split(' (')[0]}"
+            return f"PASS: {self.label} computes {what}: {', '.join(asked)} conform."
+        failures = self.forward.failures()
+        if failures:
+            check = failures[0]
+            first = check.first_divergence
+            assert first is not None
+            return (
+                f"FAIL: {self.label} first diverges at {first.name} (yours: {self.user_name(first.name)}), "
+                f"case {check.case}, {check.target.dtype} on {check.target.device}."
+            )
+        if not self.forward.passed:
+            return f"FAIL: {self.label}'s forward did not run through (see the errors above)."
+        broken = next((check for check in self.gradients if not check.passed), None)
+        if broken is not None:
+            where = broken.ungraded or [c.name for c in broken.comparisons if not c.passed]
+            return f"FAIL: {self.label}'s outputs conform, but its gradient of the {broken.scalar} does not, at " + (
+                f"{self.user_name(where[0])}." if where else "no parameter (nothing compared)."
+            )
+        return f"FAIL: {self.label}'s outputs conform, but its loss does not."
+
+    def failures(self) -> str:
+        """Where each failing check first goes wrong, in the user's names (empty when all passed)."""
+        lines = [failure_details(self.forward, self.user_name)] if not self.forward.passed else []
+        for check in self.gradients:
+            if check.ungraded:
+                names = ", ".join(self.user_name(name) for name in check.ungraded)
+                lines.append(f"gradient of the {check.scalar} ({check.device}): no gradient reaches {names}")
+            elif check.first_divergence is not None:
+                lines.append(f"gradient of the {check.scalar} ({check.device}): {check.first_divergence.describe()}")
+        if self.loss is not None and not self.loss.passed:
+            lines += [c.describe() for c in self.loss.comparisons if not c.passed]
+            lines += [self.loss.diagnosis] if self.loss.diagnosis else []
+        return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,276 @@
+"""``bert-multi verify`` on users' own models in each framework: ports with their own names and order, a
+fused QKV, a wrapper's prefix, d2l's drop-in classes of every generation, transformers' BERT, and the
+fault catalogue planted in them, each caught and named where it lives."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bert_multi import CONFIGS, backends, verify
+from bert_multi.testing import assert_model_conforms
+
+ROOT = Path(__file__).resolve().parent.parent
+SUBJECTS = Path(__file__).resolve().parent / "subjects"
+TINY = CONFIGS["tiny"]
+
+
+def needs(backend):
+    status = backends()[backend]
+    return pytest.mark.skipif(not status.available, reason=str(status.reason))
+
+
+# --- PyTorch ---------------------------------------------------------------------------------------------
+
+
+@needs("torch")
+def test_a_port_with_its_own_names_conforms_forward_gradients_and_loss():
+    from subjects import torch_port
+
+    report = verify(torch_port.build, TINY, gradients=True, loss=torch_port.fixed_batch_loss)
+    assert report.passed, report.failures()
+    assert report.mapping.how.startswith("registration order and shape (inferred")
+    assert report.activations["blks.1.attention"] == "layers.1.attn.out (output)"
+    assert report.activations["embedding"] == "layers.0.attn.query (input)"
+    assert len(report.forward.checks) == 2 * 10 and all(check.intermediates for check in report.forward.checks)
+
+
+@needs("torch")
+@pytest.mark.parametrize("fault", ["scale", "inf_mask", "tiled_valid_lens"])
+def test_each_forward_fault_is_caught_at_the_attention_in_the_users_names(fault):
+    from subjects import torch_port
+
+    report = verify(functools.partial(torch_port.make, fault=fault), TINY, label=fault, dtypes=["float64"])
+    assert not report.passed
+    assert report.verdict().startswith(f"FAIL: {fault} first diverges at blks.0.attention (yours: layers.0.attn.out")
+
+
+@needs("torch")
+def test_detached_positions_conform_forward_but_not_in_gradients_unless_stated_frozen():
+    from subjects import torch_port
+
+    model = functools.partial(torch_port.make, fault="detached_positions")
+    report = verify(model, TINY, dtypes=["float64"], gradients=True, label="detached")
+    assert report.forward.passed and not report.passed
+    assert report.verdict() == (
+        "FAIL: detached's outputs conform, but its gradient of the random projection does not, at positions."
+    )
+    assert verify(model, TINY, dtypes=["float64"], gradients=True, frozen=["positions"]).passed
+
+
+@needs("torch")
+def test_d2ls_loss_with_a_mean_reducing_loss_object_fails_and_says_why():
+    from subjects import torch_port
+
+    report = verify(torch_port.build, TINY, dtypes=["float64"], loss=torch_port.d2l_batch_loss)
+    assert report.forward.passed and not report.passed
+    assert "padding included" in report.loss.diagnosis and "2582" in report.loss.diagnosis
+    stated = verify(
+        torch_port.build, TINY, dtypes=["float64"], loss=torch_port.d2l_batch_loss, mlm_normalization="all_slots"
+    )
+    assert stated.passed
+
+
+@needs("torch")
+def test_a_fused_qkv_is_placed_by_a_map_file(tmp_path):
+    from subjects import torch_port
+
+    (tmp_path / "map.json").write_text(json.dumps(torch_port.FUSED_MAP))
+    report = verify(torch_port.build_fused, TINY, gradients=True, map_file=tmp_path / "map.json")
+    assert report.passed, report.failures()
+    assert report.mapping.placements["encoder.blks.1.attention.W_k.bias"].describe() == "layers.1.attn.qkv.bias[1/3]"
+
+
+@needs("torch")
+def test_d2ls_classes_under_a_wrappers_prefix_are_found_by_name():
+    from subjects import torch_port
+
+    report = verify(torch_port.build_wrapped_d2l, TINY, gradients=True)
+    assert report.passed and report.mapping.how == "names (d2l >= 0.12's PyTorch names, under the prefix 'module.')"
+
+
+@needs("torch")
+def test_a_model_object_is_copied_not_changed():
+    import torch
+    from subjects import torch_port
+
+    model = torch_port.build(TINY)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert verify(model, TINY, gradients=True).passed  # each dtype's model is a copy holding the canonical weights
+    assert all(torch.equal(before[name], p) and p.dtype == torch.float32 for name, p in model.named_parameters())
+
+
+# --- every generation's drop-in classes, in both frameworks ---------------------------------------------
+
+GENERATIONS = [("d2l_0_11", "d2l-0.11"), ("d2l_0_12", "d2l-0.12"), ("d2l_0_17", "d2l")]
+
+
+def _drop_in(framework, module, config):
+    import importlib
+
+    d2l = importlib.import_module(f"bert_multi.{framework}.{module}")
+    V, H, F, heads, L, dropout, max_len = config.d2l_args()
+    if framework == "torch" and module == "d2l_0_17":  # 0.17's PyTorch signature spells out every width
+        return d2l.BERTModel(V, H, [H], H, F, heads, L, dropout, max_len, H, H, H, H, H, H)
+    return d2l.BERTModel(V, H, F, heads, L, dropout, max_len)
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+@pytest.mark.parametrize("module, preset", GENERATIONS)
+def test_the_drop_in_classes_of_every_generation_conform(framework, module, preset):
+    if not backends()[framework].available:
+        pytest.skip(backends()[framework].reason)
+    config = TINY.with_semantics(preset)
+    factory = functools.partial(_drop_in, framework, module)
+    # d2l 0.16-0.17's PyTorch code added pos_embedding.data: its positions never trained.
+    frozen = ["encoder.pos_embedding"] if (framework, module) == ("torch", "d2l_0_17") else []
+    report = verify(factory, config, gradients=True, frozen=frozen, label=f"{framework}.{module}")
+    assert report.passed, report.failures()
+    family = "Gluon" if framework == "mxnet" else "PyTorch"
+    assert report.mapping.how.startswith("names (d2l") and family in report.mapping.how
+    if frozen:
+        assert not verify(factory, config, dtypes=["float64"], gradients=True).passed
+
+
+# --- Gluon ----------------------------------------------------------------------------------------------
+
+
+@needs("mxnet")
+def test_a_gluon_port_with_deferred_shapes_conforms_forward_gradients_and_loss():
+    from subjects import gluon_port
+
+    report = verify(gluon_port.build, TINY, gradients=True, loss=gluon_port.d2l_batch_loss)
+    assert report.passed, report.failures()
+    assert report.activations["blks.0.output"] == "layers.0.norm2 (output)"
+
+
+@needs("mxnet")
+def test_a_fault_in_a_gluon_port_is_named_in_its_names():
+    from subjects import gluon_port
+
+    report = verify(gluon_port.build_faulty, TINY, dtypes=["float64"])
+    expected = "FAIL: build_faulty first diverges at blks.0.attention (yours: layers.0.attn.out"
+    assert report.verdict().startswith(expected)
+
+
+# --- transformers ---------------------------------------------------------------------------------------
+
+
+@needs("transformers")
+def test_a_transformers_bert_conforms_to_the_original_bert():
+    from subjects import hf_port
+
+    report = verify(hf_port.build, TINY.with_semantics("bert"), gradients=True)
+    assert report.passed, report.failures()
+    assert report.mapping.how == "names (transformers' names, under the prefix 'model.')"
+    assert report.activations["blks.0.addnorm1"] == "model.bert.encoder.layer.0.attention.output.LayerNorm (output)"
+
+
+@needs("transformers")
+def test_transformers_padding_row_gets_no_gradient_and_verify_finds_it():
+    # BertEmbeddings' padding_idx (pad_token_id, 0 by default) zeroes the gradient of that row: the
+    # original BERT trains it. Invisible in every forward output.
+    from subjects import hf_port
+
+    report = verify(functools.partial(hf_port.build, pad_token_id=0), TINY.with_semantics("bert"), gradients=True)
+    assert report.forward.passed and not report.passed
+    first = report.gradients[0].first_divergence
+    assert first.name == "encoder.token_embedding.weight" and first.worst_index[0] == 0
+
+
+# --- the command line -----------------------------------------------------------------------------------
+
+
+def cli(*args, cwd=ROOT):
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "bert_multi.cli", "verify", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=environment, timeout=300)
+
+
+@needs("torch")
+def test_the_command_says_pass_in_one_sentence_and_exits_0():
+    done = cli("tests/subjects/torch_port.py:build", "--config", "tiny", "--gradients")
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last == (
+        "PASS: torch_port.py:build computes the BERT of d2l 0.16 - 1.0: its outputs and activations, its gradients "
+        "conform."
+    )
+
+
+@needs("torch")
+def test_the_command_exits_1_and_writes_a_repro_that_needs_numpy_alone(tmp_path):
+    done = cli("tests/subjects/torch_port.py:build_faulty", "--config", "tiny", "--dtypes", "float64",
+               "--save-repro", str(tmp_path / "repro"), "--json", str(tmp_path / "report.json"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "first diverges at blks.0.attention (yours: layers.0.attn.out (output))" in done.stdout
+    assert json.loads((tmp_path / "report.json").read_text())["passed"] is False
+    script = subprocess.run(
+        [sys.executable, "-I", "repro.py"], capture_output=True, text=True, cwd=tmp_path / "repro", timeout=60
+    )
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.startswith("first divergence: blks.0.attention (layers.0.attn.out (output))")
+
+
+@needs("torch")
+def test_an_exception_in_the_users_model_shows_their_frames_and_exits_2(tmp_path):
+    (tmp_path / "broken.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\n\n"
+        "class Broken(torch_port.MyBERT):\n    def forward(self, tokens, segments, valid_lens, positions):\n"
+        "        return self.tokens(tokens.float())\n\n"
+        "def build(config):\n    return Broken(50, 12, 20, 3, 2, 16)\n"
+    )
+    done = cli(f"{tmp_path / 'broken.py'}:build", "--config", "tiny")
+    assert done.returncode == 2
+    assert "Traceback (your code):" in done.stderr and "return self.tokens(tokens.float())" in done.stderr
+    assert "bert_multi/verify" not in done.stderr and "site-packages" not in done.stderr
+
+
+@needs("torch")
+def test_set_up_errors_are_one_line_and_exit_2(tmp_path):
+    assert "no file" in cli("nothere.py:build", "--config", "tiny").stderr
+    done = cli("tests/subjects/torch_port.py:nothing", "--config", "tiny")
+    assert done.returncode == 2 and "has no 'nothing'" in done.stderr and "Traceback" not in done.stderr
+    done = cli("tests/subjects/torch_port.py:build_fused", "--config", "tiny")
+    assert done.returncode == 2 and "could not be placed" in done.stderr and "[0/3]" in done.stderr
+    done = cli("tests/subjects/torch_port.py:build", "--config", "tiny", "--gradients", "--frozen", "position")
+    assert done.returncode == 2 and "did you mean 'positions'" in done.stderr
+
+
+# --- users' test suites ---------------------------------------------------------------------------------
+
+
+@needs("torch")
+def test_assert_model_conforms_raises_with_the_verdict():
+    from subjects import torch_port
+
+    assert assert_model_conforms(torch_port.build, "tiny").passed
+    with pytest.raises(AssertionError, match="first diverges at blks.0.attention"):
+        assert_model_conforms(torch_port.build_faulty, "tiny", dtypes=["float64"])
+
+
+@needs("torch")
+def test_the_pytest_plugin_gives_users_the_bert_verify_fixture(tmp_path):
+    (tmp_path / "test_mine.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\n\n"
+        "def test_good(bert_verify):\n    bert_verify(torch_port.build, 'tiny', dtypes=['float64'])\n\n"
+        "def test_bad(bert_verify):\n    bert_verify(torch_port.build_faulty, 'tiny', dtypes=['float64'])\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "bert_multi.testing", "-p", "no:cacheprovider", "test_mine.py"],
+        capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=300,
+    )  # fmt: skip
+    assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:]
+    assert "first diverges at blks.0.attention" in done.stdout
+
+
+def test_the_plugin_is_registered_for_pytest():
+    import tomllib
+
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert entry == {"bert_multi": "bert_multi.testing"}

@@ -1,0 +1,258 @@
+"""``verify``'s framework-free parts: the parameter mapping and map files, a NumPy-protocol model held to
+the oracle, and ``verify_masking``'s statistics."""
+
+import json
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from subjects import masking
+
+from bert_multi import (
+    CONFIGS,
+    MappingError,
+    UsageError,
+    UserCodeError,
+    WeightsError,
+    param_shapes,
+    random_weights,
+    verify,
+    verify_masking,
+)
+from bert_multi.backend import backward, oracle
+from bert_multi.verify.mapping import Placement, map_parameters, parse_placement, read_map
+
+CONFIG = CONFIGS["tiny"]
+SHAPES = param_shapes(CONFIG)
+
+
+def test_known_names_are_found_under_a_wrapper_prefix():
+    mapping = map_parameters(CONFIG, [(f"module.{name}", shape) for name, shape in SHAPES.items()])
+    assert mapping.how == "names (d2l >= 0.12's PyTorch names, under the prefix 'module.')"
+    assert all(p.name == f"module.{c}" for c, p in mapping.placements.items())
+
+
+def test_gluon_names_are_known_and_say_so():
+    from bert_multi.backend.contract import framework_names
+    from bert_multi.files.formats.gluon import NAME_RULES
+
+    gluon = framework_names(CONFIG, NAME_RULES)
+    mapping = map_parameters(CONFIG, [(gluon[name], shape) for name, shape in SHAPES.items()])
+    assert mapping.how.startswith("names (d2l >= 0.12's Gluon names")
+    assert mapping.placements["mlm.mlp.2.weight"].name == "mlm.mlp.1.gamma"
+
+
+def test_own_names_in_the_schemas_order_are_placed_by_order_and_the_report_says_it_was_inferred():
+    parameters = [(f"p{i}", shape) for i, shape in enumerate(SHAPES.values())]
+    mapping = map_parameters(CONFIG, parameters)
+    assert mapping.how.startswith("registration order and shape (inferred")
+    assert [p.name for p in mapping.placements.values()] == [name for name, _ in parameters]
+
+
+def test_a_mapping_that_cannot_be_found_lists_what_is_missing_and_a_map_file_that_places_it(tmp_path):
+    # A fused QKV: the order no longer corresponds, so nothing is placed automatically.
+    parameters = []
+    for name, shape in SHAPES.items():
+        if ".W_k." in name or ".W_v." in name:
+            continue
+        if ".W_q." in name:
+            name, shape = name.replace("W_q", "qkv"), (3 * shape[0], *shape[1:])
+        parameters.append((f"net.{name}".replace("encoder.blks", "layers"), shape))
+    with pytest.raises(MappingError) as caught:
+        map_parameters(CONFIG, parameters)
+    message = str(caught.value)
+    assert "could not be placed" in message and "encoder.blks.0.attention.W_q.weight (12, 12)" in message
+    template = json.loads(message[message.index("\n{") :])
+    assert template["names"]["encoder.blks.{i}.attention.W_k.weight"] == "net.layers.{i}.attention.qkv.weight[1/3]"
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(template))
+    mapping = map_parameters(CONFIG, parameters, read_map(path))
+    fused = Placement("net.layers.1.attention.qkv.bias", part=(2, 3))
+    assert mapping.placements["encoder.blks.1.attention.W_v.bias"] == fused
+
+
+def test_parts_and_transposes_go_there_and_back_exactly():
+    parameters = [("qkv", (36, 12)), ("w_o_t", (12, 12))]
+    rules = {f"encoder.blks.0.attention.W_{x}.weight": f"qkv[{k}/3]" for k, x in enumerate("qkv")}
+    rules["encoder.blks.0.attention.W_o.weight"] = "w_o_t.T"
+    from bert_multi.verify.mapping import MapFile, ParameterMap
+
+    placements = MapFile(rules, (), "test").expand(SHAPES)
+    mapping = ParameterMap(placements, dict(parameters), "test")
+    weights = {name: np.random.default_rng(0).standard_normal(SHAPES[name]) for name in rules}
+    user = mapping.to_user(weights)
+    assert np.array_equal(user["qkv"][12:24], weights["encoder.blks.0.attention.W_k.weight"])
+    assert np.array_equal(user["w_o_t"], weights["encoder.blks.0.attention.W_o.weight"].T)
+    back = mapping.to_canonical(user, SHAPES)
+    assert all(np.array_equal(back[name], weights[name]) for name in rules)
+
+
+def test_a_parameter_no_canonical_tensor_sets_is_an_error_unless_ignored(tmp_path):
+    parameters = [*((f"m.{n}", s) for n, s in SHAPES.items()), ("m.classifier.weight", (3, 12))]
+    with pytest.raises(MappingError, match="classifier.weight"):
+        map_parameters(CONFIG, parameters)
+    (tmp_path / "map.json").write_text(json.dumps({"ignore": ["m.classifier.weight"]}))
+    assert len(map_parameters(CONFIG, parameters, read_map(tmp_path / "map.json")).placements) == len(SHAPES)
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (b"\xff\xfe", "not a JSON map file"),
+        (b"[1, 2]", "expected an object"),
+        (b'{"names": {"a": 1}}', "must map canonical names to strings"),
+        (b'{"names": {"a": "b[3/3]"}}', "does not exist"),
+        (b'{"renames": {}}', "expected an object"),
+        (b"[" * 100_000, "not a JSON map file"),
+    ],
+)
+def test_a_malformed_map_file_is_a_weights_error_naming_the_file(tmp_path, text, problem):
+    path = tmp_path / "bad.json"
+    path.write_bytes(text)
+    with pytest.raises(WeightsError, match=problem) as caught:
+        read_map(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_map_rule_that_names_no_canonical_tensor_is_refused(tmp_path):
+    (tmp_path / "map.json").write_text(json.dumps({"names": {"encoder.blocks.{i}.W_q.weight": "x"}}))
+    with pytest.raises(UsageError, match="names no canonical tensor"):
+        map_parameters(CONFIG, list(SHAPES.items()), read_map(tmp_path / "map.json"))
+
+
+def test_placements_parse():
+    assert parse_placement("a.b.T") == Placement("a.b", True)
+    assert parse_placement("a.b[1/3]") == Placement("a.b", False, (1, 3))
+    assert parse_placement("a.b[1/3].T") == Placement("a.b", True, (1, 3))
+
+
+# --- a NumPy-protocol model ------------------------------------------------------------------------------
+
+
+class OracleInDisguise:
+    """Any model behind the NumPy protocol: here the oracle itself, optionally with a planted fault."""
+
+    def __init__(self, config, fault=None, activations=True, gradients=True):
+        self.config, self.fault, self.activations = config, fault, activations
+        if gradients:
+            self.gradients = self._gradients
+
+    def load_weights(self, weights):
+        self.weights = dict(weights)
+
+    def __call__(self, tokens, segments, valid_lens, pred_positions):
+        if self.fault == "ignores valid_lens":
+            valid_lens = None
+        record = OrderedDict()
+        out = oracle.forward(self.config, self.weights, (tokens, segments, valid_lens, pred_positions), record)
+        returned = (out.encoded, out.mlm, out.nsp)
+        return returned + ((dict(record),) if self.activations else ())
+
+    def _gradients(self, tokens, segments, valid_lens, pred_positions, d_encoded, d_mlm, d_nsp):
+        inputs = (tokens, segments, valid_lens, pred_positions)
+        grads = backward.gradients(self.config, self.weights, inputs, d_encoded, d_mlm, d_nsp)
+        if self.fault == "frozen positions":
+            grads["encoder.pos_embedding"] = None
+        return grads
+
+
+def test_a_numpy_protocol_model_is_held_to_the_oracle_forward_and_gradients():
+    report = verify(OracleInDisguise(CONFIG), CONFIG, gradients=True)
+    assert report.passed, report.failures()
+    assert report.forward.checks and all(check.intermediates for check in report.forward.checks)
+    assert [check.scalar for check in report.gradients] == ["random projection", "pretraining loss"]
+
+
+def test_a_numpy_protocol_model_without_activations_is_still_held_to_its_outputs():
+    report = verify(OracleInDisguise(CONFIG, activations=False), CONFIG)
+    assert report.passed and all(not check.intermediates and check.outputs for check in report.forward.checks)
+    report = verify(OracleInDisguise(CONFIG, "ignores valid_lens", activations=False), CONFIG)
+    assert not report.passed and "first diverges at encoded" in report.verdict()
+
+
+def test_a_fault_is_named_at_the_first_activation_it_moves():
+    report = verify(OracleInDisguise(CONFIG, "ignores valid_lens"), CONFIG, dtypes=["float64"])
+    assert not report.passed
+    assert report.verdict().startswith("FAIL: OracleInDisguise first diverges at blks.0.attention")
+
+
+def test_no_gradient_where_the_oracle_has_one_fails_unless_stated_frozen():
+    model = OracleInDisguise(CONFIG, "frozen positions")
+    report = verify(model, CONFIG, dtypes=["float64"], gradients=True)
+    assert not report.passed and report.gradients[0].ungraded == ("encoder.pos_embedding",)
+    assert "no gradient reaches encoder.pos_embedding" in report.failures()
+    assert verify(model, CONFIG, dtypes=["float64"], gradients=True, frozen=["encoder.pos_embedding"]).passed
+
+
+def test_a_gradient_check_that_compared_nothing_fails():
+    everything = list(SHAPES)
+    report = verify(OracleInDisguise(CONFIG), CONFIG, dtypes=["float64"], gradients=True, frozen=everything)
+    assert report.forward.passed and not report.passed
+
+
+def test_frozen_names_are_checked_before_anything_runs():
+    with pytest.raises(UsageError, match="did you mean 'encoder.pos_embedding'"):
+        verify(OracleInDisguise(CONFIG), CONFIG, gradients=True, frozen=["encoder.pos_embeding"])
+
+
+def test_what_verify_cannot_take_is_refused_in_one_sentence():
+    with pytest.raises(UsageError, match="verify takes a PyTorch nn.Module, a Gluon Block"):
+        verify(lambda config: object(), CONFIG)
+
+
+def test_an_exception_in_the_users_factory_is_theirs_with_their_frames():
+    def broken_factory(config):
+        return config.no_such_field
+
+    with pytest.raises(UserCodeError) as caught:
+        verify(broken_factory, CONFIG)
+    message = str(caught.value)
+    assert "AttributeError" in message and "broken_factory" in message and "return config.no_such_field" in message
+    assert "bert_multi/verify" not in message  # only the user's frames
+
+
+# --- verify_masking -------------------------------------------------------------------------------------
+
+
+def test_d2ls_masking_follows_berts_rule():
+    report = verify_masking(masking.get_mlm_data_from_tokens)
+    assert report.passed, report.describe()
+    assert report.predictions > 10_000
+
+
+def test_the_randint_bug_is_caught_and_explained():
+    report = verify_masking(masking.with_randint)
+    assert not report.passed
+    failing = [check for check in report.checks if not check.passed]
+    assert [check.name for check in failing] == ["random tokens uniform over the vocabulary"]
+    assert "are <unk>" in failing[0].detail and "random.randint" in failing[0].detail
+
+
+def test_masking_that_never_keeps_or_replaces_fails_the_proportions():
+    report = verify_masking(masking.always_mask)
+    assert {check.name for check in report.checks if not check.passed} >= {"replaced by <mask>", "kept"}
+
+
+def test_masking_that_predicts_cls_breaks_a_rule():
+    def predicts_cls(tokens, vocab):
+        ids, positions, labels = masking.get_mlm_data_from_tokens(tokens, vocab)
+        return ids, [0, *positions[1:]], [vocab["<cls>"], *labels[1:]]
+
+    report = verify_masking(predicts_cls)
+    assert not report.checks[0].passed and "<cls>/<sep>" in report.checks[0].detail
+
+
+def test_verify_masking_leaves_pythons_random_as_it_was():
+    import random
+
+    random.seed(123)
+    expected = random.random()
+    random.seed(123)
+    verify_masking(masking.get_mlm_data_from_tokens, calls=10)
+    assert random.random() == expected
+
+
+def test_the_weights_are_random_from_the_seed_and_checked():
+    with pytest.raises(WeightsError):
+        verify(OracleInDisguise(CONFIG), CONFIG, weights={"x": np.zeros(1)})
+    assert verify(OracleInDisguise(CONFIG), CONFIG, weights=random_weights(CONFIG, seed=3), dtypes=["float64"]).passed
