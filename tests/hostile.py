@@ -69,14 +69,27 @@ def _inputs(path: str) -> object:
     return read_inputs(path)
 
 
+def _map_file(path: str) -> object:
+    from bert_multi.verify.mapping import read_map
+
+    return read_map(path)
+
+
 LOADERS: dict[str, Callable[[str], object]] = {
+    "map": _map_file,
     "weights": _load_weights,
     "params": _read_params,
     "torch": _torch_checkpoint,
     "mxnet": _mxnet_checkpoint,
     "inputs": _inputs,
 }
-CLEAN_ERRORS = {"weights": WeightsError, "params": WeightsError, "torch": WeightsError, "mxnet": WeightsError}
+CLEAN_ERRORS = {
+    "map": WeightsError,
+    "weights": WeightsError,
+    "params": WeightsError,
+    "torch": WeightsError,
+    "mxnet": WeightsError,
+}
 
 
 def probe(loader: str, path: str) -> dict[str, str]:
@@ -404,7 +417,25 @@ def hostile_inputs() -> dict[str, tuple[bytes, str]]:
     }
 
 
+MAP = {"names": {"encoder.blks.{i}.attention.W_q.{p}": "layers.{i}.qkv.{p}[0/3]", "mlm.mlp.0.weight": "head.T"},
+       "ignore": ["classifier.weight"]}  # fmt: skip
+
+
+def hostile_maps() -> dict[str, tuple[bytes, str]]:
+    return {
+        "not UTF-8": (b"\xff\xfe{}", "not a JSON map file"),
+        "deeply nested": (b"[" * 200_000, "not a JSON map file"),
+        "a list": (b"[]", "expected an object"),
+        "an unknown key": (b'{"rename": {}}', "expected an object"),
+        "a number as a name": (b'{"names": {"a": 7}}', "must map canonical names to strings"),
+        "a part past the end": (b'{"names": {"a": "b[3/3]"}}', "does not exist"),
+        "ignore not a list": (b'{"ignore": "x"}', "must be a list"),
+        "two megabytes": (b'{"ignore": ["' + b"x" * (2 << 20) + b'"]}', "is not one"),
+    }
+
+
 HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
+    "map": hostile_maps,
     "weights": hostile_weights,
     "params": hostile_params,
     "torch": hostile_torch,
@@ -489,6 +520,8 @@ def mutate_npy_header(data: bytes, rng: random.Random, corpus: list[bytes]) -> b
 def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     """Valid files for ``loader`` and the mutations that suit them."""
     generic = [mutate_bytes, mutate_bytes]
+    if loader == "map":
+        return [json.dumps(MAP).encode(), json.dumps(MAP, indent=2).encode()], generic
     if loader == "weights":
         return [weights_bytes("float32"), weights_bytes("float64", 1)], [
             *generic,

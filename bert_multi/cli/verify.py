@@ -112,6 +112,8 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
     if rows:
         heads = ("gradient of", "device", "parameters", "max abs err", "worst parameter (yours)", "result")
         print("\ngradients, float64, against the gradient oracle:\n" + format_table(heads, rows))
+    for device, reason in report.gradients_skipped.items():
+        print(f"  gradients on {device}: SKIP, {reason}")
     for check in report.gradients:
         first = check.first_divergence
         if first is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.registry import register_backend, unregister_backend
-from ..errors import UsageError
+from ..errors import CannotRunHere, UsageError
 from ..spec.config import CONFIGS, BERTConfig
 from ..spec.schema import random_weights, validate_weights
 from ..spec.semantics import releases_of
@@ -41,13 +41,16 @@ class VerifyReport:
     gradients: list[GradientCheck] = field(default_factory=list)
     loss: LossCheck | None = None
     seed: int = 0  # of the weights and the cases
+    gradients_skipped: dict[str, str] = field(default_factory=dict)  # device -> why its gradients were not taken
     map_file: MapFile | None = None
 
     @property
     def passed(self) -> bool:
-        """Every check asked for ran and passed (a forward run that compared nothing is a failure)."""
+        """Every check asked for ran and passed (a forward run that compared nothing is a failure, and so is
+        asking for gradients where none could be taken)."""
         return (
             self.forward.passed
+            and (bool(self.gradients) or not self.gradients_skipped)
             and all(check.passed for check in self.gradients)
             and (self.loss is None or self.loss.passed)
         )
@@ -68,7 +71,10 @@ class VerifyReport:
             asked += ["its loss"] if self.loss else []
             name = self.config.semantics.name
             what = "the original BERT" if name == "bert" else f"the BERT of {releases_of(name).split(' (')[0]}"
-            return f"PASS: {self.label} computes {what}: {', '.join(asked)} conform."
+            skipped = [f"{t.dtype} on {t.device}" for t in self.forward.skipped]
+            skipped += [f"gradients on {device}" for device in self.gradients_skipped]
+            unrun = f" (not run here: {', '.join(skipped)})" if skipped else ""
+            return f"PASS: {self.label} computes {what}: {', '.join(asked)} conform{unrun}."
         failures = self.forward.failures()
         if failures:
             check = failures[0]
@@ -121,6 +127,7 @@ class VerifyReport:
                 }
                 for check in self.gradients
             ],
+            "gradients_skipped": self.gradients_skipped,
             "loss": None
             if self.loss is None
             else {
@@ -220,7 +227,11 @@ def verify(
         report.map_file = map_file
         if gradients:
             for device in devices:
-                model64 = probe if device == "cpu" else backend.build(config, weights, device, "float64")
+                try:
+                    model64 = probe if device == "cpu" else backend.build(config, weights, device, "float64")
+                except CannotRunHere as error:
+                    report.gradients_skipped[device] = str(error)
+                    continue
                 checks = check_gradients(config, weights, model64.subject, model64.mapping, device, frozen_names, seed)
                 report.gradients += checks
         if loss is not None:
