@@ -351,6 +351,17 @@ def test_bench_quick_runs_every_installed_backend_and_writes_json(tmp_path, caps
     assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]
 
 
+def test_bench_verify_times_verify_beside_a_plain_forward(tmp_path):
+    if not backends()["torch"].available:
+        pytest.skip(backends()["torch"].reason)
+    argv = ["bench", "--quick", "--verify", "--no-train", "--no-files", "--dtypes", "float64"]
+    assert main([*argv, "--json", str(tmp_path / "bench.json")]) == 0
+    rows = [row for row in json.loads((tmp_path / "bench.json").read_text())["rows"] if "verify" in row["workload"]]
+    names = ["plain forward (torch)", "conform --no-pairs (torch)", "verify", "verify --gradients"]
+    assert [row["backend"] for row in rows] == names
+    assert all(len(row["seconds"]) == 2 and row["min_s"] > 0 and row["threads"] for row in rows)
+
+
 @pytest.mark.parametrize(
     "raised, shown",
     [

@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-files", action="store_true", help="no weight-file save and load (at the last shape's size)"
     )
+    parser.add_argument(
+        "--verify", action="store_true", help="also what bert-multi verify costs beside a plain forward (PyTorch)"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
     parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of tokens/s")
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
             progress=lambda label: bar(0, 1, label),
             files=not args.no_files,
         )
+        if args.verify:
+            rows += bench.verify_rows(shapes[0], rounds, lambda label: bar(0, 1, label))
     finally:
         bar.close()
     per_backend = {row.backend: row.threads for row in rows if row.threads is not None}

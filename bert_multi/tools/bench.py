@@ -26,7 +26,7 @@ import numpy as np
 from ..backend.registry import LoadedBackend, backends, frameworks, load_backend
 from ..files.weights import load_weights, save_weights
 from ..spec.config import CONFIGS, BERTConfig
-from ..spec.schema import random_weights
+from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..training import PretrainingData, builtin_corpus, paragraphs_from_lines
 
 # name -> (config, batch size, sequence length): the chapter's shape and BERT-base's; --quick: a tiny one.
@@ -239,6 +239,43 @@ def _file_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) 
     return rows
 
 
+def verify_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
+    """What ``bert-multi verify`` costs beside a plain forward of the same model: d2l's PyTorch classes
+    stand for the user's model (built by a factory, as a user's is), over the conformance cases in float32
+    and float64; ``conform`` on the torch backend over the same cases is the engine's own cost."""
+    from ..verify.cases import CASES
+    from ..verify.conform import run_conformance
+    from ..verify.results import Target
+    from ..verify.session import verify
+
+    config = SHAPES[shape][0]
+    torch_backend = load_backend("torch")
+    weights = random_weights(config, seed=0, dtype="float64")
+    cases = [case.input(config) for case in CASES]
+
+    def factory(config: BERTConfig) -> Any:
+        return torch_backend.BERTModel(*config.d2l_args(), semantics=config.semantics)
+
+    def plain() -> None:  # one model per dtype, every case
+        for dtype in SUPPORTED_DTYPES:
+            model = torch_backend.build(config, weights, dtype=dtype, gradients=False)
+            for case in cases:
+                batch = case.batch
+                model(batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
+
+    targets = [Target("torch", dtype) for dtype in SUPPORTED_DTYPES]
+    calls = {
+        "plain forward (torch)": _every_round(plain),
+        "conform --no-pairs (torch)": _every_round(lambda: run_conformance(config, weights, targets, cases, False)),
+        "verify": _every_round(lambda: verify(factory, config, weights=weights)),
+        "verify --gradients": _every_round(lambda: verify(factory, config, weights=weights, gradients=True)),
+    }
+    workload = f"verify {shape}, {len(cases)} cases, float32+float64"
+    timings = _interleave(calls, rounds, workload, progress)
+    threads = torch_backend.build(config, weights, gradients=False).runtime_info().get("threads")
+    return [Row(workload, name, "both", timings[name], 0, 0.0, None, threads=threads) for name in calls]
+
+
 def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
     """One pretraining step (forward, both losses, backward, Adam) per framework, float32."""
     base, batch, steps = SHAPES[shape]
@@ -282,7 +319,7 @@ def format_rows(rows: list[Row]) -> str:
     def rate(row: Row) -> str:
         if row.nbytes:
             return f"{row.nbytes / 1e6 / row.median:,.0f} MB/s"
-        return f"{row.tokens / row.median:,.0f}"
+        return f"{row.tokens / row.median:,.0f}" if row.tokens else "-"
 
     body = [
         [

@@ -220,6 +220,7 @@ def verify(
         frozen_names = resolve_frozen(frozen, probe.mapping)
         first = next(case.input(config, seed) for case in chosen)
         call_user(f"your model {given.label}", probe, **first.batch)
+        backend.keep_spare(probe)
         targets = [Target(given.label, dtype, device) for device in devices for dtype in dtypes]
         inputs = [case.input(config, seed) for case in chosen]
         forward = run_conformance(config, weights, targets, inputs, pairs=True, progress=progress)

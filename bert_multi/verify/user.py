@@ -121,6 +121,12 @@ class UserBackend:
     def __init__(self, given: Given, map_file: MapFile | None) -> None:
         self.NAME = self.LABEL = given.label
         self.given, self.map_file = given, map_file
+        self.spare: UserBERT | None = None  # a model already built, for the next build of its kind
+
+    def keep_spare(self, model: UserBERT) -> None:
+        """Give ``model`` to the next build of its config, dtype and device, instead of making another
+        (the user's factory may take longer than the forward: random initialisation)."""
+        self.spare = model
 
     def mapping(self, config: BERTConfig, subject: Subject) -> ParameterMap:
         return map_parameters(config, subject.parameters(), self.map_file)
@@ -136,6 +142,11 @@ class UserBackend:
     ) -> UserBERT:
         """The user's model of ``config`` holding ``weights`` at ``dtype`` on ``device``."""
         dtype, weights = prepare_weights(config, weights, dtype)
+        spare = self.spare
+        if spare is not None and (spare.config, spare.dtype, spare.device) == (config, dtype, parse_device(device)):
+            self.spare = None
+            spare.subject.load(spare.mapping.to_user(weights))
+            return spare
         subject = subject_of(self.given, config, dtype, device)
         mapping = self.mapping(config, subject)
         subject.load(mapping.to_user(weights))
