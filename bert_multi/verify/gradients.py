@@ -119,18 +119,21 @@ def check_gradients(
     device: str,
     frozen: set[str],
     seed: int = 0,
+    layer_norm_eps: float | None = None,
 ) -> list[GradientCheck]:
-    """Both scalars' gradients of the float64 ``subject`` (holding ``weights``) against the oracle's."""
+    """Both scalars' gradients of the float64 ``subject`` (holding ``weights``) against the oracle's,
+    computed with the LayerNorm eps the subject's framework uses (``layer_norm_eps``)."""
+    eps = layer_norm_eps
     if not hasattr(subject, "vjp"):
         raise UsageError(f"{subject.framework} gives no gradients (a NumPy-protocol model needs a gradients method)")
     batch = gradient_batch(config, seed)
     inputs = check_inputs(config, batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
-    reference = oracle.forward(config, weights, inputs)
+    reference = oracle.forward(config, weights, inputs, layer_norm_eps=eps)
     cotangents = projection((reference.encoded, reference.mlm, reference.nsp), seed)
-    expected = backward.gradients(config, weights, inputs, *cotangents)
+    expected = backward.gradients(config, weights, inputs, *cotangents, layer_norm_eps=eps)
     checks = [_compare(SCALARS[0], device, subject, mapping, inputs, cotangents, expected, frozen)]
     if "mlm" in config.heads and "nsp" in config.heads:
-        _, expected = backward.pretraining_loss_gradients(config, weights, batch)
+        _, expected = backward.pretraining_loss_gradients(config, weights, batch, layer_norm_eps=eps)
         (_, mlm, nsp), _ = call_user("your model", subject.run, inputs, {})
         assert mlm is not None and nsp is not None
         dMLM, dNSP = backward.loss_cotangents(config, mlm, nsp, batch, "real_slots")
@@ -174,6 +177,7 @@ def check_loss(
     function: object,
     normalization: str,
     seed: int = 0,
+    layer_norm_eps: float | None = None,
 ) -> LossCheck:
     """The user's ``_get_batch_loss_bert`` on the fixed batch, held to the loss whose masked-LM part is
     averaged as ``normalization`` says (``real_slots``: over the real prediction slots)."""
@@ -187,7 +191,7 @@ def check_loss(
     if len(returned) != 3:
         raise UsageError(f"your loss function returned {len(returned)} values; expected (mlm_l, nsp_l, l) as d2l's")
     values = (returned[0], returned[1], returned[2])
-    reference = oracle.pretraining_loss(config, weights, batch, normalization)
+    reference = oracle.pretraining_loss(config, weights, batch, normalization, layer_norm_eps)
     names = ("mlm", "nsp", "total")
     expected = (reference.mlm, reference.nsp, reference.total)
     comparisons = tuple(
@@ -197,7 +201,7 @@ def check_loss(
     diagnosis = None
     if not all(c.passed for c in comparisons):
         other = next(n for n in MLM_NORMALIZATIONS if n != normalization)
-        alternative = oracle.pretraining_loss(config, weights, batch, other)
+        alternative = oracle.pretraining_loss(config, weights, batch, other, layer_norm_eps)
         if abs(values[0] - alternative.mlm) <= LOSS_TOLERANCE.atol + LOSS_TOLERANCE.rtol * abs(alternative.mlm):
             diagnosis = (
                 "your masked-LM loss is averaged over every prediction slot, padding included (the loss object "

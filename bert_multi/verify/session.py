@@ -226,6 +226,7 @@ def verify(
         forward = run_conformance(config, weights, targets, inputs, pairs=True, progress=progress)
         report = VerifyReport(given.label, config, probe.mapping, probe.activation_names(), forward, seed=seed)
         report.map_file = map_file
+        eps = backend.kernel_eps(config.semantics.layer_norm_eps)
         if gradients:
             for device in devices:
                 try:
@@ -233,10 +234,10 @@ def verify(
                 except CannotRunHere as error:
                     report.gradients_skipped[device] = str(error)
                     continue
-                checks = check_gradients(config, weights, model64.subject, model64.mapping, device, frozen_names, seed)
-                report.gradients += checks
+                subject, mapping = model64.subject, model64.mapping
+                report.gradients += check_gradients(config, weights, subject, mapping, device, frozen_names, seed, eps)
         if loss is not None:
-            report.loss = check_loss(config, weights, probe.subject, loss, mlm_normalization, seed)
+            report.loss = check_loss(config, weights, probe.subject, loss, mlm_normalization, seed, eps)
         return report
     finally:
         unregister_backend(given.label)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.contract import BackendModel, BERTOutput, Device, parse_device, prepare_weights
-from ..backend.registry import wrapper_for
+from ..backend.registry import LoadedBackend, wrapper_for
 from ..errors import CannotRunHere, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
@@ -56,19 +56,19 @@ def example_inputs(config: BERTConfig) -> ModelInputs:
     return ModelInputs(zeros, zeros.copy(), np.array([T]), positions)
 
 
-def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> Subject:
-    """The user's model for ``config`` at ``dtype`` on ``device``, wrapped by its framework."""
+def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tuple[Subject, LoadedBackend | None]:
+    """The user's model for ``config`` at ``dtype`` on ``device``, wrapped by its framework, and the
+    backend of that framework (None for a NumPy-protocol model)."""
     model, copied = given.make(config, dtype, device)
     backend = wrapper_for(model)
     if backend is not None:
+        example = example_inputs(config)
         wrap = backend.wrap_user_model
-        return call_user(
-            f"wrapping your model {given.label}", wrap, model, dtype, device, example_inputs(config), copied
-        )
+        return call_user(f"wrapping {given.label}", wrap, model, dtype, device, example, copied), backend
     if isinstance(model, NumpyProtocol):
         if parse_device(device).kind != "cpu":
             raise CannotRunHere(f"{given.label} is a NumPy-protocol model: verify gives it NumPy arrays, on the CPU")
-        return ProtocolSubject(model, config, dtype)
+        return ProtocolSubject(model, config, dtype), None
     raise UsageError(
         f"{given.label} gave a {type(model).__module__}.{type(model).__qualname__}: verify takes a PyTorch "
         "nn.Module, a Gluon Block, a transformers BERT, or any object with load_weights() and __call__ (the "
@@ -122,6 +122,12 @@ class UserBackend:
         self.NAME = self.LABEL = given.label
         self.given, self.map_file = given, map_file
         self.spare: UserBERT | None = None  # a model already built, for the next build of its kind
+        self.framework: LoadedBackend | None = None  # the backend that wrapped the model, once known
+
+    def kernel_eps(self, eps: float) -> float:
+        """The LayerNorm epsilon the model's framework really computes with (MXNet's is a C float), so
+        that the oracle it is held to computes with the same."""
+        return eps if self.framework is None else self.framework.kernel_eps(eps)
 
     def keep_spare(self, model: UserBERT) -> None:
         """Give ``model`` to the next build of its config, dtype and device, instead of making another
@@ -147,7 +153,7 @@ class UserBackend:
             self.spare = None
             spare.subject.load(spare.mapping.to_user(weights))
             return spare
-        subject = subject_of(self.given, config, dtype, device)
+        subject, self.framework = subject_of(self.given, config, dtype, device)
         mapping = self.mapping(config, subject)
         subject.load(mapping.to_user(weights))
         return UserBERT(self.NAME, config, subject, mapping, dtype, parse_device(device))
