@@ -23,6 +23,19 @@ def test_the_python_example_runs_as_written(page, tmp_path, monkeypatch):
     assert namespace["out"].mlm.shape == (1, 2, 10000)
 
 
+VERIFY_PAGE = README.parent / "docs" / "verify.md"
+
+
+@pytest.mark.skipif(not backends()["torch"].available, reason="the example verifies a PyTorch model")
+def test_the_verify_pages_examples_run_as_written(capsys):
+    masking, verifying = re.findall(r"```python\n(.*?)```", VERIFY_PAGE.read_text(), flags=re.S)
+    namespace: dict = {}
+    exec(compile(masking, VERIFY_PAGE.name, "exec"), namespace)
+    assert namespace["report"].passed and "follows BERT's rule" in capsys.readouterr().out
+    exec(compile(verifying, VERIFY_PAGE.name, "exec"), namespace)
+    assert namespace["report"].passed and capsys.readouterr().out.startswith("PASS: build computes")
+
+
 BACKENDS_PAGE = Path(__file__).parent.parent / "docs" / "backends.md"
 
 

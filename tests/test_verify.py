@@ -234,6 +234,14 @@ def test_an_exception_in_the_users_model_shows_their_frames_and_exits_2(tmp_path
 
 
 @needs("torch")
+def test_a_factory_in_an_importable_module_is_found_by_its_dotted_name():
+    environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    command = [sys.executable, "-m", "bert_multi.cli", "verify", "subjects.torch_port:build", "--config", "tiny"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environment, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("conform."), done.stderr
+
+
+@needs("torch")
 def test_set_up_errors_are_one_line_and_exit_2(tmp_path):
     assert "no file" in cli("nothere.py:build", "--config", "tiny").stderr
     done = cli("tests/subjects/torch_port.py:nothing", "--config", "tiny")
