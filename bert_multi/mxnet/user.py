@@ -16,7 +16,7 @@ from mxnet import autograd, gluon
 
 from ..backend.contract import parse_device
 from ..spec.inputs import ModelInputs
-from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user
+from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
 from .backend import _parameters, _submodule, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
@@ -106,7 +106,7 @@ class WrappedModel:
         finally:
             for remove in removers:
                 remove()
-        return _outputs(returned), record
+        return outputs_of(returned, _to_numpy), record
 
     def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
         """Each parameter's gradient of sum(cotangent * output); None for a parameter whose grad_req is
@@ -140,15 +140,6 @@ class WrappedModel:
             shards["nsp_labels"],
         )  # fmt: skip
         return [float(np.asarray(_to_numpy(value)).reshape(-1)[0]) for value in returned]
-
-
-def _outputs(returned: Any) -> Outputs:
-    if not isinstance(returned, (tuple, list)) or len(returned) != 3:
-        raise TypeError(f"your model returned {type(returned).__name__}; d2l's BERTModel returns (encoded, mlm, nsp)")
-    encoded, mlm, nsp = (_to_numpy(value) for value in returned)
-    if encoded is None:
-        raise TypeError("your model's first output (encoded) is not an array")
-    return encoded, mlm, nsp
 
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:

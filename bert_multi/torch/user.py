@@ -16,7 +16,7 @@ from torch import nn
 
 from ..backend.contract import parse_device
 from ..spec.inputs import ModelInputs
-from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user
+from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
 from .backend import TORCH_DTYPES, tf32_enabled, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
@@ -89,7 +89,7 @@ class WrappedModel:
             for remove in removers:
                 remove()
             self.module.train(was_training)
-        return _outputs(returned), record
+        return outputs_of(returned, _to_numpy), record
 
     def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
         """Each parameter's gradient of sum(cotangent * output); None where autograd gives none (a
@@ -124,15 +124,6 @@ class WrappedModel:
                 tensors["nsp_labels"],
             )  # fmt: skip
         return [float(value) for value in returned]
-
-
-def _outputs(returned: Any) -> Outputs:
-    if not isinstance(returned, (tuple, list)) or len(returned) != 3:
-        raise TypeError(f"your model returned {type(returned).__name__}; d2l's BERTModel returns (encoded, mlm, nsp)")
-    encoded, mlm, nsp = (_to_numpy(value) for value in returned)
-    if encoded is None:
-        raise TypeError("your model's first output (encoded) is not a tensor")
-    return encoded, mlm, nsp
 
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:

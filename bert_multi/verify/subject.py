@@ -45,6 +45,10 @@ class Subject(Protocol):
         """Every parameter's own name and shape, in registration order."""
         ...
 
+    def modules(self) -> set[str]:
+        """The paths of its modules, where ``run`` can record an activation."""
+        ...
+
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Set every parameter named in ``arrays`` (the user's names, the model's dtype)."""
         ...
@@ -105,6 +109,9 @@ class ProtocolSubject:
     def parameters(self) -> list[tuple[str, Shape]]:
         return list(param_shapes(self.config).items())
 
+    def modules(self) -> set[str]:
+        return set()  # nothing to hook: it returns the activations it records
+
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         self.loaded = {name: np.asarray(array, dtype=self.dtype) for name, array in arrays.items()}
         self.model.load_weights(dict(self.loaded))
@@ -127,6 +134,16 @@ class ProtocolSubject:
     def _vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
         grads = self.model.gradients(*inputs, *cotangents)  # type: ignore[attr-defined]
         return {name: None if value is None else np.asarray(value) for name, value in dict(grads).items()}
+
+
+def outputs_of(returned: Any, to_numpy: Callable[[Any], np.ndarray | None]) -> Outputs:
+    """A d2l-style model's return value, (encoded, mlm, nsp), as NumPy arrays (or a ``TypeError``)."""
+    if not isinstance(returned, (tuple, list)) or len(returned) != 3:
+        raise TypeError(f"your model returned {type(returned).__name__}; d2l's BERTModel returns (encoded, mlm, nsp)")
+    encoded, mlm, nsp = (to_numpy(value) for value in returned)
+    if encoded is None:
+        raise TypeError("your model's first output (encoded) is not an array of its framework")
+    return encoded, mlm, nsp
 
 
 def call_user(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

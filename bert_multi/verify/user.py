@@ -4,6 +4,7 @@ the conformance engine like any other backend."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,7 +37,7 @@ class Given:
     def of(cls, model_or_factory: Any, label: str | None = None) -> Given:
         """A class, function or method is a factory; anything else is the model itself."""
         is_factory = inspect.isclass(model_or_factory) or inspect.isroutine(model_or_factory)
-        is_factory = is_factory or type(model_or_factory).__name__ == "partial"
+        is_factory = is_factory or isinstance(model_or_factory, functools.partial)
         name = label or getattr(model_or_factory, "__qualname__", None) or type(model_or_factory).__name__
         return cls(name, model_or_factory, None) if is_factory else cls(name, None, model_or_factory)
 
@@ -86,13 +87,15 @@ class UserBERT(BackendModel):
         super().__init__(config, dtype, device)
         self.backend, self.subject, self.mapping = name, subject, mapping
         self.module = getattr(subject, "module", getattr(subject, "model", None))
-        modules = subject.modules() if hasattr(subject, "modules") else set()
+        modules = subject.modules()
         self.taps = OrderedDict(
             (activation, (module, side))
             for activation, (parameter, side) in tap_sources(config).items()
             if (module := mapping.module_of(parameter)) is not None and module in modules
         )
-        self.recorded = tuple(self.taps) if modules else None
+        # A framework's model is hooked where the mapping located its modules; a NumPy-protocol model
+        # records what it returns, known once it has run.
+        self.recorded = () if isinstance(subject, ProtocolSubject) else tuple(self.taps)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         (encoded, mlm, nsp), activations = self.subject.run(inputs, self.taps if intermediates else {})
