@@ -49,6 +49,7 @@ def test_conform_fails_with_exit_1_and_names_the_layer(monkeypatch, capsys):
     assert "FAIL: 0 of 1 checks within tolerance" in out
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
 def test_a_device_missing_here_is_reported_as_skipped(capsys):
     import torch

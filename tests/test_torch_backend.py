@@ -26,6 +26,7 @@ from bert_multi.torch.backend import SkipInitialisers  # noqa: E402
 
 CONFIG = BERTConfig(vocab_size=37, num_hiddens=16, ffn_num_hiddens=24, num_heads=4, num_blks=2, dropout=0.3, max_len=12)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to PyTorch here")
+cuda = pytest.mark.cuda
 
 
 def d2l_model(config):
@@ -150,6 +151,7 @@ def test_tf32_context_restores_the_callers_setting():
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
 
 
+@cuda
 @needs_cuda
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -165,6 +167,7 @@ def test_cuda_matches_the_oracle_with_tf32_off(case, dtype):
     assert all(exported[n].tobytes() == weights[n].astype(dtype).tobytes() for n in weights)
 
 
+@cuda
 @needs_cuda
 def test_cuda_gradients_reach_every_parameter():
     module = bt.build(CONFIG, random_weights(CONFIG), device="cuda").module.train()

@@ -104,6 +104,20 @@ def test_a_model_object_is_copied_not_changed():
     assert all(torch.equal(before[name], p) and p.dtype == torch.float32 for name, p in model.named_parameters())
 
 
+@pytest.mark.cuda
+@needs("torch")
+def test_a_port_on_the_gpu_conforms_and_its_gradients_match_there(tmp_path):
+    import torch
+    from subjects import torch_port
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to PyTorch here")
+    report = verify(torch_port.build, TINY, devices=["cpu", "cuda"], gradients=True)
+    assert report.passed, report.failures()
+    assert {check.device for check in report.gradients} == {"cpu", "cuda"}
+    assert any("via" in check.reference and check.target.device == "cuda" for check in report.forward.checks)
+
+
 # --- every generation's drop-in classes, in both frameworks ---------------------------------------------
 
 GENERATIONS = [("d2l_0_11", "d2l-0.11"), ("d2l_0_12", "d2l-0.12"), ("d2l_0_17", "d2l")]

@@ -156,7 +156,7 @@ def forward(
     if semantics.positions == "learned":  # d2l >= 0.12: a learned (1, max_len, H) parameter
         X = X + weights["encoder.pos_embedding"][:, :T, :]
     else:  # d2l 0.11: the fixed sin/cos table of d2l.PositionalEncoding (its dropout: off at inference)
-        X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[:T]
+        X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[:T].astype(X.dtype, copy=False)
     if semantics.embedding_norm:  # original BERT: LayerNorm (then dropout, off here) on the sum; d2l has none
         X = layer_norm(X, weights, "encoder.embedding_norm", eps)
     keep("embedding", X)

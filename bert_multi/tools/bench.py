@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.registry import LoadedBackend, backends, frameworks, load_backend
+from ..errors import CannotRunHere
 from ..files.weights import load_weights, save_weights
 from ..spec.config import CONFIGS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, random_weights
@@ -148,61 +149,90 @@ def run_bench(
     train: bool = True,
     progress: Callable[[str], None] | None = None,
     files: bool = True,
+    device: str = "cpu",
+    only: list[str] | None = None,
 ) -> list[Row]:
     """Every installed backend (a reference such as transformers on the original BERT of the same
-    sizes) on each shape and dtype, ``rounds`` interleaved rounds; then a pretraining step each, and
-    the weight file saved and loaded at the last shape's size."""
-    available = [load_backend(name) for name, status in backends().items() if status.available]
+    sizes; or the backends named in ``only``) on each shape and dtype, ``rounds`` interleaved rounds;
+    then a pretraining step each, and the weight file saved and loaded at the last shape's size. On a
+    ``device`` other than the CPU, the backends that can use it, without the GEMM peak and the file."""
+    available = [
+        load_backend(name) for name, status in backends().items() if status.available and (only is None or name in only)
+    ]
     rows: list[Row] = []
     for shape in shapes:
-        base, batch, steps = SHAPES[shape]
         for dtype in dtypes:
-            runners: dict[str, Callable[[], object]] = {}
-            threads: dict[str, object] = {}
-            for backend in available:
-                config = _computable(backend, base)
-                if config is None:
-                    continue
-                name = backend.name
-                weights = random_weights(config, seed=0, dtype=dtype)
-                model = backend.build(config, weights, dtype=dtype)
-                threads[name] = model.runtime_info().get("threads")
-                rng = np.random.default_rng(0)
-                inputs = {
-                    "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
-                    "segments": rng.integers(0, 2, (batch, steps)),
-                    "valid_lens": rng.integers(steps // 2, steps + 1, batch),
-                    "pred_positions": rng.integers(0, steps, (batch, max(1, round(0.15 * steps)))),
-                }
-                runners[name] = functools.partial(
-                    model, inputs["tokens"], inputs["segments"], inputs["valid_lens"], inputs["pred_positions"]
-                )
-            # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so
-            # that a tiny model is not measured against a product too small to reach it).
-            m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
-            for name in runners:  # building may queue work (MXNet); none may run inside another's timing
-                _synchronize(name)
-            products = {name: load_backend(name).gemm(dtype, m, k, n) for name in runners}
-            fastest = {name: _best(product, 3) for name, product in products.items()}
-            workload = f"forward {shape} {batch}x{steps}"
-
-            def sample_peak(name: str, fastest=fastest, products=products) -> None:
-                # in every round too, beside the forward: the best of all is the peak
-                fastest[name] = min(fastest[name], _best(products[name], 1))
-
-            calls = {name: _every_round(run) for name, run in runners.items()}
-            timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
-            gemm = {name: 2.0 * m * k * n / seconds for name, seconds in fastest.items()}
-            flops = forward_flops(base, batch, steps)
-            rows += [
-                Row(workload, name, dtype, timings[name], batch * steps, flops, gemm[name], threads=threads[name])
-                for name in runners
-            ]
+            rows += _forward_rows(shape, dtype, rounds, progress, available, device)
     if train:
-        rows += _train_rows(shapes[0], rounds, progress)
-    if files:
+        rows += _train_rows(shapes[0], rounds, progress, device, [backend.name for backend in available])
+    if files and device == "cpu":
         rows += _file_rows(shapes[-1], rounds, progress)
     return rows
+
+
+def _forward_rows(
+    shape: str,
+    dtype: str,
+    rounds: int,
+    progress: Callable[[str], None] | None,
+    available: list[LoadedBackend],
+    device: str,
+) -> list[Row]:
+    """The forward at one shape and dtype, every backend in turn each round; with the share of the GEMM
+    peak on the CPU."""
+    base, batch, steps = SHAPES[shape]
+    runners: dict[str, Callable[[], object]] = {}
+    threads: dict[str, object] = {}
+    for backend in available:
+        config = _computable(backend, base)
+        if config is None or backend.supports(config, device) is not None:
+            continue
+        name = backend.name
+        weights = random_weights(config, seed=0, dtype=dtype)
+        try:
+            model = backend.build(config, weights, device=device, dtype=dtype, gradients=False)
+        except CannotRunHere:
+            continue
+        threads[name] = model.runtime_info().get("threads")
+        rng = np.random.default_rng(0)
+        inputs = {
+            "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
+            "segments": rng.integers(0, 2, (batch, steps)),
+            "valid_lens": rng.integers(steps // 2, steps + 1, batch),
+            "pred_positions": rng.integers(0, steps, (batch, max(1, round(0.15 * steps)))),
+        }
+        runners[name] = functools.partial(
+            model, inputs["tokens"], inputs["segments"], inputs["valid_lens"], inputs["pred_positions"]
+        )
+    for name in runners:  # building may queue work (MXNet); none may run inside another's timing
+        _synchronize(name)
+    workload = f"forward {shape} {batch}x{steps}"
+    # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so that a
+    # tiny model is not measured against a product too small to reach it), on the CPU.
+    m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
+    products = {name: load_backend(name).gemm(dtype, m, k, n) for name in runners} if device == "cpu" else {}
+    fastest = {name: _best(product, 3) for name, product in products.items()}
+
+    def sample_peak(name: str) -> None:  # in every round too, beside the forward: the best of all is the peak
+        if name in products:
+            fastest[name] = min(fastest[name], _best(products[name], 1))
+
+    calls = {name: _every_round(run) for name, run in runners.items()}
+    timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
+    flops = forward_flops(base, batch, steps)
+    return [
+        Row(
+            workload,
+            name,
+            dtype,
+            timings[name],
+            batch * steps,
+            flops,
+            2.0 * m * k * n / fastest[name] if name in fastest else None,
+            threads=threads[name],
+        )  # fmt: skip
+        for name in runners
+    ]
 
 
 def _file_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
@@ -276,8 +306,11 @@ def verify_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
     return [Row(workload, name, "both", timings[name], 0, 0.0, None, threads=threads) for name in calls]
 
 
-def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) -> list[Row]:
-    """One pretraining step (forward, both losses, backward, Adam) per framework, float32."""
+def _train_rows(
+    shape: str, rounds: int, progress: Callable[[str], None] | None, device: str = "cpu", only: list[str] | None = None
+) -> list[Row]:
+    """One pretraining step (forward, both losses, backward, Adam) per framework (of ``only``) on
+    ``device``, float32."""
     base, batch, steps = SHAPES[shape]
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=min(steps, 64))
     config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
@@ -285,9 +318,12 @@ def _train_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
     trainers, threads = {}, {}
     status = backends()
     for name in frameworks():
-        if status[name].available and load_backend(name).can_train:
+        if status[name].available and load_backend(name).can_train and (only is None or name in only):
             backend = load_backend(name)
-            model = backend.build(config, weights, dtype="float32")
+            try:
+                model = backend.build(config, weights, device=device, dtype="float32")
+            except CannotRunHere:
+                continue
             trainers[name], threads[name] = backend.trainer(model), model.runtime_info().get("threads")
     stream = data.batches(batch, seed=0)
     batches = [next(stream) for _ in range(rounds + 1)]

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.contract import BERTOutput, intermediate_names
-from ..backend.registry import load_backend
+from ..backend.registry import LoadedBackend, load_backend
 from ..files.safe import atomic_path
 from ..files.weights import load_weights, save_weights
 from ..spec.config import BERTConfig
 from ..spec.schema import random_weights
 from ..spec.semantics import PRESETS
 from ..verify.cases import CASES, Batch
-from ..verify.results import OUTPUT_NAMES
+from ..verify.results import OUTPUT_NAMES, assert_conforms, shifted
 
 DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
 SEED = 0
@@ -94,3 +94,27 @@ def read_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Fixt
             cases[case_name] = (batch, outputs)
         fixtures.append(Fixture(name, config, weights, cases))
     return fixtures
+
+
+def fixture_failures(backend: LoadedBackend, fixtures: list[Fixture], device: str, dtype: str) -> list[str]:
+    """Where ``backend`` on ``device`` in ``dtype`` misses the fixtures: one line per case out of the
+    policy's tolerance (none: it matches them all). ``CannotRunHere`` if it cannot run there. The fixtures
+    hold the oracle at the stated LayerNorm eps; for a framework whose kernels use another (MXNet's C
+    float), the oracle's own difference between the two is added, as the engine does for pairs."""
+    oracle = load_backend("numpy")
+    failures = []
+    for fixture in fixtures:
+        model = backend.build(fixture.config, fixture.weights, device=device, dtype=dtype)
+        stated = fixture.config.semantics.layer_norm_eps
+        own, at_stated = (
+            oracle.build(fixture.config, fixture.weights, layer_norm_eps=eps)
+            for eps in (backend.kernel_eps(stated), stated)
+        )
+        for case, (batch, expected) in fixture.cases.items():
+            if backend.kernel_eps(stated) != stated:
+                expected = shifted(expected, own(**batch, intermediates=True), at_stated(**batch, intermediates=True))
+            try:
+                assert_conforms(model(**batch, intermediates=True), expected, dtype, device=device)
+            except AssertionError as error:
+                failures.append(f"{fixture.name}/{case} on {model}: {error}")
+    return failures

@@ -139,7 +139,10 @@ class TorchBERT(BackendModel):
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
         if self.device.kind == "gpu":
-            info["gpu"] = torch.cuda.get_device_name(self.device.index)
+            properties = torch.cuda.get_device_properties(self.device.index)
+            info["gpu"] = properties.name
+            info["gpu memory GiB"] = round(properties.total_memory / 2**30, 1)
+            info["CUDA"] = torch.version.cuda
             info["tf32"] = self.tf32
         return info
 
