@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from bert_multi import backends, load_backend, register_backend, unregister_backend
-from bert_multi.backend import oracle
 from bert_multi.backend.contract import parse_device
 from bert_multi.tools.gpu_check import nvidia_smi, run_gpu_check
 
