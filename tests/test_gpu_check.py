@@ -106,3 +106,26 @@ def test_a_report_records_everything_as_json_and_markdown(stand_in, tmp_path):
     document = json.loads((tmp_path / "gpu-check.json").read_text())
     assert document["passed"] and np.isfinite(document["seconds"])
     assert "## bench, standin on gpu:0" in (tmp_path / "gpu-check.md").read_text()
+
+
+def test_a_check_that_raises_is_a_fail_saying_what_and_the_others_still_run():
+    from bert_multi.errors import CannotRunHere
+    from bert_multi.tools.gpu_check import Part, _guarded
+
+    backend = load_backend("numpy")
+
+    def breaks():
+        yield Part("conformance d2l", "numpy", "gpu:0", "PASS", "fine")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def cannot():
+        raise CannotRunHere("no such device")
+        yield
+
+    parts = _guarded("conformance", backend, "gpu:0", breaks) + _guarded("tf32", backend, "gpu:0", cannot)
+    assert [(p.check, p.status) for p in parts] == [
+        ("conformance d2l", "PASS"),
+        ("conformance", "FAIL"),
+        ("tf32", "SKIP"),
+    ]
+    assert parts[1].detail == "raised RuntimeError: CUDA error: an illegal memory access was encountered"

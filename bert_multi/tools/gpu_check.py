@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,7 +236,7 @@ def check_tf32(backend: LoadedBackend, device: str, config: BERTConfig) -> Part:
     return Part("tf32", backend.name, device, status, detail, found)
 
 
-def check_training(backend: LoadedBackend, device: str) -> Iterator[Part]:
+def check_training(backend: LoadedBackend, device: str, progress: Progress) -> Iterator[Part]:
     """Gradients and a few pretraining steps on the GPU against the CPU, from the same weights and
     batches: float64 to the pair bound, float32 to the float32 pair policy."""
     if not backend.can_train:
@@ -248,6 +248,7 @@ def check_training(backend: LoadedBackend, device: str) -> Iterator[Part]:
     stream = data.batches(8, seed=0)
     batches = [next(stream) for _ in range(TRAINING_STEPS)]
     for dtype in SUPPORTED_DTYPES:
+        progress(f"training {dtype}: {backend.name} on {device}")
         tolerance = tolerance_for(dtype, "gpu", pair=True)
         weights = random_weights(config, seed=0, dtype=dtype)
         # SGD: Adam divides by the root of each gradient's running square, so it turns rounding-level
@@ -305,6 +306,34 @@ def environment(seen: list[dict[str, str]], found: list[tuple[LoadedBackend, str
     }
 
 
+def _checks_on(
+    backend: LoadedBackend, device: str, config: BERTConfig, shapes: list[str], rounds: int, say: Progress
+) -> list[Part]:
+    """Every check of one backend on one GPU, each guarded."""
+    checks: list[tuple[str, Callable[[], Iterable[Part]]]] = [
+        ("conformance", lambda: check_conformance(backend, device, config, say)),
+        ("fixtures", lambda: [check_fixtures(backend, device)]),
+        ("tf32", lambda: [check_tf32(backend, device, config)]),
+        ("training", lambda: check_training(backend, device, say)),
+        ("bench", lambda: [check_bench(backend, device, shapes, rounds, say)]),
+    ]
+    return [part for name, check in checks for part in _guarded(name, backend, device, check)]
+
+
+def _guarded(name: str, backend: LoadedBackend, device: str, check: Callable[[], Iterable[Part]]) -> list[Part]:
+    """The parts ``check`` makes; what it cannot do here is a SKIP, and anything else it raises a FAIL
+    saying what, so that one broken check still leaves the others and the report."""
+    done: list[Part] = []
+    try:
+        for part in check():
+            done.append(part)
+    except CannotRunHere as error:
+        done.append(Part(name, backend.name, device, "SKIP", str(error)))
+    except Exception as error:  # noqa: BLE001 - a backend's failure on the GPU is reported, not raised
+        done.append(Part(name, backend.name, device, "FAIL", f"raised {type(error).__name__}: {error}"))
+    return done
+
+
 def run_gpu_check(quick: bool = False, bench_rounds: int = 3, progress: Progress | None = None) -> GpuReport:
     """Every check on every GPU and backend that can use one; ``quick``: the tiny model and shape."""
     started = time.perf_counter()
@@ -312,14 +341,9 @@ def run_gpu_check(quick: bool = False, bench_rounds: int = 3, progress: Progress
     seen = nvidia_smi()
     found, parts = gpus(seen)
     config = CONFIGS["tiny" if quick else "chapter"]
+    shapes, rounds = (["tiny"], 1) if quick else (["chapter", "base"], bench_rounds)
     for backend, device in found:
-        parts += list(check_conformance(backend, device, config, say))
-        parts.append(check_fixtures(backend, device))
-        parts.append(check_tf32(backend, device, config))
-        say(f"training: {backend.name} on {device}")
-        parts += list(check_training(backend, device))
-        shapes = ["tiny"] if quick else ["chapter", "base"]
-        parts.append(check_bench(backend, device, shapes, 1 if quick else bench_rounds, say))
+        parts += _checks_on(backend, device, config, shapes, rounds, say)
     report = GpuReport(parts, environment(seen, found))
     report.seconds = time.perf_counter() - started
     return report
