@@ -75,20 +75,35 @@ def _map_file(path: str) -> object:
     return read_map(path)
 
 
+def _safetensors(path: str) -> object:
+    from bert_multi.files.formats.huggingface import read_safetensors
+
+    return read_safetensors(path)
+
+
+def _huggingface_config(path: str) -> object:
+    """A HuggingFace directory whose config.json is (a link to) the file at ``path``, beside valid weights."""
+    from bert_multi.files.formats.huggingface import read_directory
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "config.json").symlink_to(Path(path).absolute())
+        (Path(directory) / "model.safetensors").write_bytes(huggingface_files()["model.safetensors"])
+        return read_directory(directory)
+
+
 LOADERS: dict[str, Callable[[str], object]] = {
     "map": _map_file,
+    "safetensors": _safetensors,
+    "hfconfig": _huggingface_config,
     "weights": _load_weights,
     "params": _read_params,
     "torch": _torch_checkpoint,
     "mxnet": _mxnet_checkpoint,
     "inputs": _inputs,
 }
+# The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 CLEAN_ERRORS = {
-    "map": WeightsError,
-    "weights": WeightsError,
-    "params": WeightsError,
-    "torch": WeightsError,
-    "mxnet": WeightsError,
+    name: WeightsError for name in ("map", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
 }
 
 
@@ -421,6 +436,60 @@ MAP = {"names": {"encoder.blks.{i}.attention.W_q.{p}": "layers.{i}.qkv.{p}[0/3]"
        "ignore": ["classifier.weight"]}  # fmt: skip
 
 
+_HF_FILES: dict[str, bytes] = {}
+
+
+def huggingface_files() -> dict[str, bytes]:
+    """A small original BERT saved as a HuggingFace directory: its config.json and model.safetensors."""
+    if not _HF_FILES:
+        from bert_multi import save_checkpoint
+
+        config = BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+        with tempfile.TemporaryDirectory() as directory:
+            save_checkpoint(Path(directory) / "hf", config, random_weights(config), framework="huggingface")
+            for name in ("config.json", "model.safetensors"):
+                _HF_FILES[name] = (Path(directory) / "hf" / name).read_bytes()
+    return _HF_FILES
+
+
+def _safetensors_with(*entries: tuple[str, dict]) -> bytes:
+    """The valid file's data under a header of ``entries`` as written (a name may repeat)."""
+    data = huggingface_files()["model.safetensors"]
+    (size,) = struct.unpack("<Q", data[:8])
+    text = "{" + ", ".join(f"{json.dumps(name)}: {json.dumps(entry)}" for name, entry in entries) + "}"
+    return struct.pack("<Q", len(text)) + text.encode() + data[8 + size :]
+
+
+def hostile_safetensors() -> dict[str, tuple[bytes, str]]:
+    def entry(dtype: object = "F32", shape: object = (1,), offsets: tuple = (0, 4)) -> dict:
+        return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+    return {
+        "a dtype that is a list": (_safetensors_with(("a", entry(["F32"]))), "has dtype"),
+        "33 axes": (_safetensors_with(("a", entry(shape=[1] * 33))), "at most 32 axes"),
+        "a name twice": (_safetensors_with(("a", entry()), ("a", entry())), "appears twice"),
+        "overlapping": (
+            _safetensors_with(("a", entry(shape=[2], offsets=(0, 8))), ("b", entry(shape=[2], offsets=(4, 12)))),
+            "overlap",
+        ),
+    }
+
+
+def hostile_hfconfigs() -> dict[str, tuple[bytes, str]]:
+    document = json.loads(huggingface_files()["config.json"])
+
+    def changed(**fields: object) -> bytes:
+        return json.dumps({**document, **fields}).encode()
+
+    return {
+        "Infinity": (changed(vocab_size=float("inf")), "vocab_size is inf"),
+        "a million layers": (changed(num_hidden_layers=10**6), "num_hidden_layers is 1000000"),
+        "heads as true": (changed(num_attention_heads=True), "num_attention_heads is True"),
+        "a size as a string": (changed(hidden_size="4"), "hidden_size is '4'"),
+        "not JSON": (b"{", "not valid JSON"),
+    }
+
+
 def hostile_maps() -> dict[str, tuple[bytes, str]]:
     return {
         "not UTF-8": (b"\xff\xfe{}", "not a JSON map file"),
@@ -436,6 +505,8 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
 
 HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "map": hostile_maps,
+    "safetensors": hostile_safetensors,
+    "hfconfig": hostile_hfconfigs,
     "weights": hostile_weights,
     "params": hostile_params,
     "torch": hostile_torch,
@@ -522,6 +593,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     generic = [mutate_bytes, mutate_bytes]
     if loader == "map":
         return [json.dumps(MAP).encode(), json.dumps(MAP, indent=2).encode()], generic
+    if loader in ("safetensors", "hfconfig"):
+        return [huggingface_files()["model.safetensors" if loader == "safetensors" else "config.json"]], generic
     if loader == "weights":
         return [weights_bytes("float32"), weights_bytes("float64", 1)], [
             *generic,

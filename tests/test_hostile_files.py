@@ -20,7 +20,16 @@ from bert_multi import WeightsError, backends, load_weights
 
 # Readers and the frameworks they need. "mxnet" is the MXNet backend's load_checkpoint on the .params
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
-READERS = {"map": None, "weights": None, "params": None, "inputs": None, "torch": "torch", "mxnet": "mxnet"}
+READERS = {
+    "map": None,
+    "safetensors": None,
+    "hfconfig": None,
+    "weights": None,
+    "params": None,
+    "inputs": None,
+    "torch": "torch",
+    "mxnet": "mxnet",
+}
 REPRODUCERS = {"mxnet": "params"}  # which set of reproducers a reader is given
 FUZZ_SECONDS = float(os.environ.get("BERT_MULTI_FUZZ_SECONDS", "12"))
 FUZZ_SEED = int(os.environ.get("BERT_MULTI_FUZZ_SEED", "0"))

@@ -170,12 +170,59 @@ def test_safetensors_round_trip_and_hostile_headers(tmp_path):
         "shape and offsets disagree": _with_header(header, data, "a", shape=[3, 3]),
         "unknown dtype": _with_header(header, data, "a", dtype="F8_E4M3"),
         "not JSON": struct.pack("<Q", 3) + b"{x}",
+        # Round 3 (issue 26): each was another exception, a traceback or gigabytes before the refusal.
+        "a dtype that is a list": _with_header(header, data, "a", dtype=["F32"]),
+        "a dtype that is a dict": _with_header(header, data, "a", dtype={"F32": 1}),
+        "33 axes": _with_header(header, data, "b", shape=[1] * 32 + [4], data_offsets=[24, 56]),
+        "a shape of floats": _with_header(header, data, "a", shape=[2.0, 3]),
+        "overlapping tensors": _with_header(header, data, "b", shape=[3], dtype="F64", data_offsets=[0, 24]),
+        "a name twice": _header_text(data, f'{{"a": {json.dumps(header["a"])}, "a": {json.dumps(header["a"])}}}'),
     }
     for case, content in bad.items():
         (tmp_path / "bad.safetensors").write_bytes(content)
         with pytest.raises(WeightsError, match="not a readable safetensors file"):
             read_safetensors(tmp_path / "bad.safetensors")
         assert case
+
+
+def _header_text(data, text):
+    """``data`` with its header replaced by ``text`` as written (JSON objects may repeat a name)."""
+    (size,) = struct.unpack("<Q", data[:8])
+    return struct.pack("<Q", len(text)) + text.encode() + data[8 + size :]
+
+
+def test_a_header_of_many_tensors_is_refused_before_any_is_read(tmp_path):
+    import time
+
+    entries = {f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(200_000)}
+    encoded = json.dumps(entries).encode()
+    (tmp_path / "many.safetensors").write_bytes(struct.pack("<Q", len(encoded)) + encoded)
+    started = time.perf_counter()
+    with pytest.raises(WeightsError, match="200000 tensors; a BERT has hundreds"):
+        read_safetensors(tmp_path / "many.safetensors")
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("vocab_size", float("inf")),
+        ("hidden_size", "4"),
+        ("num_attention_heads", 1.5),
+        ("num_attention_heads", True),
+        ("num_hidden_layers", 10**6),
+        ("max_position_embeddings", -1),
+    ],
+)
+def test_sizes_in_config_json_are_whole_numbers_checked_against_the_weights(tmp_path, field, value):
+    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
+    document = json.loads((tmp_path / "hf" / "config.json").read_text())
+    document[field] = value
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(document))  # Infinity, as Python's json writes it
+    with pytest.raises(WeightsError, match=f"config.json: not a usable BERT config: {field} is") as caught:
+        bm.load_checkpoint(tmp_path / "hf")
+    assert str(tmp_path / "hf") in str(caught.value)
 
 
 def _with_header(header, data, name, **changes):

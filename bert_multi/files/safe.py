@@ -110,6 +110,17 @@ def check_shape(shape: tuple, dtype: np.dtype) -> None:
         raise ValueError(f"a shape {shape} too large for any array")
 
 
+def size_field(value: object, what: str, low: int = 0, high: int = 1 << 40) -> int:
+    """``value`` as a size or a count read from a file: an int in [``low``, ``high``]. A bool, a float
+    (Infinity and 1.5 among them) or a string is not a size, whatever it would convert to; ``ValueError``
+    naming ``what`` otherwise."""
+    if type(value) is not int:
+        raise ValueError(f"{what} is {value!r:.40}, not a whole number")
+    if not low <= value <= high:
+        raise ValueError(f"{what} is {value}, outside [{low}, {high}]")
+    return value
+
+
 def parse_npy_header(read: Callable[[int], bytes]) -> NpyHeader:
     """Parse a .npy header from ``read(n) -> bytes``, bounded in size; raise ``ValueError`` if malformed."""
     prefix = read(len(NPY_MAGIC) + 2)

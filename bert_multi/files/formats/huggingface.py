@@ -15,6 +15,7 @@ import json
 import math
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,13 @@ from ...errors import UsageError, WeightsError
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from ..safe import atomic_path, check_shape, file_size, open_regular, reason
+from ..safe import atomic_path, check_shape, file_size, open_regular, reason, size_field
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header
+MAX_TENSORS = 100_000  # a BERT has hundreds; more is no BERT, and refused before any is read
+MAX_NDIM = 32  # NumPy's limit
 MAX_CONFIG_BYTES = 1 << 20
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
@@ -67,6 +70,16 @@ def _translate(name: str, to_canonical: bool) -> str | None:
     return None
 
 
+# bert_multi's size -> config.json's: each a whole number in a sane range, never converted from anything else.
+SIZE_FIELDS = {
+    "vocab_size": "vocab_size",
+    "num_hiddens": "hidden_size",
+    "ffn_num_hiddens": "intermediate_size",
+    "num_heads": "num_attention_heads",
+    "num_blks": "num_hidden_layers",
+    "max_len": "max_position_embeddings",
+}
+
 # Buffers, not weights.
 IGNORED = (r"(bert\.)?embeddings\.position_ids",)
 DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
@@ -99,35 +112,21 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
         (header_size,) = struct.unpack("<Q", head)
         if header_size > min(MAX_HEADER_BYTES, size - 8):
             raise fail(f"its header claims {header_size} bytes, the file has {size - 8} after the length")
-        try:
-            header = json.loads(file.read(header_size))
-        except (ValueError, RecursionError) as error:
-            raise fail(f"its header is not JSON: {reason(error)}") from None
-        if not isinstance(header, dict):
-            raise fail("its header is not a JSON object")
+        header = _header(file.read(header_size), fail)
         header.pop("__metadata__", None)
+        if len(header) > MAX_TENSORS:
+            raise fail(f"its header lists {len(header)} tensors; a BERT has hundreds")
         data_size = size - 8 - header_size
+        entries = {name: _entry(name, entry, data_size, fail) for name, entry in header.items()}
+        # Each byte of data belongs to one tensor at most: what is read is never more than the file holds.
+        spans = sorted((begin, end, name) for name, (_, _, begin, end) in entries.items() if end > begin)
+        for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+            if begin < end:
+                raise fail(f"tensors {first!r} and {second!r} overlap in the data")
         arrays: dict[str, np.ndarray] = {}
         dtypes: dict[str, str] = {}
-        for name, entry in header.items():
-            if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-                raise fail(f"tensor {name!r}: expected dtype, shape and data_offsets, got {entry!r:.200}")
-            kind, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-            if kind != "BF16" and kind not in SAFETENSORS_DTYPES:
-                raise fail(f"tensor {name!r} has dtype {kind!r}, which bert_multi does not read")
+        for name, (kind, shape, begin, end) in entries.items():
             dtype = np.dtype("<u2" if kind == "BF16" else SAFETENSORS_DTYPES[kind]).newbyteorder("<")
-            valid = isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
-            valid = valid and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
-            if not valid:
-                raise fail(f"tensor {name!r}: shape and data_offsets must be lists of non-negative ints")
-            try:
-                check_shape(tuple(shape), dtype)
-            except ValueError as error:
-                raise fail(f"tensor {name!r}: {error}") from None
-            begin, end = offsets
-            if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
-                raise fail(f"tensor {name!r}: data_offsets {offsets} do not hold shape {shape} of {kind} "
-                           f"within the file's {data_size} data bytes")  # fmt: skip
             file.seek(8 + header_size + begin)
             array = np.frombuffer(file.read(end - begin), dtype=dtype).reshape(shape)
             if kind == "BF16":  # bfloat16 is the top half of a float32
@@ -135,6 +134,55 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
             arrays[name] = array.astype(array.dtype.newbyteorder("="))
             dtypes[name] = "bfloat16" if kind == "BF16" else dtype.name
     return arrays, dtypes
+
+
+def _header(data: bytes, fail: Callable[[str], WeightsError]) -> dict[str, Any]:
+    """A safetensors header: a JSON object, each name once (JSON lets a later twin silently win)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in found:
+                raise fail(f"{key!r} appears twice in its header")
+            found[key] = value
+        return found
+
+    try:
+        header = json.loads(data, object_pairs_hook=unique)
+    except (ValueError, RecursionError) as error:
+        if isinstance(error, WeightsError):
+            raise
+        raise fail(f"its header is not JSON: {reason(error)}") from None
+    if not isinstance(header, dict):
+        raise fail("its header is not a JSON object")
+    return header
+
+
+def _entry(
+    name: str, entry: object, data_size: int, fail: Callable[[str], WeightsError]
+) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype, shape, begin, end) of one header entry, checked against the data really there."""
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise fail(f"tensor {name!r}: expected dtype, shape and data_offsets, got {entry!r:.200}")
+    kind, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(kind, str) or (kind != "BF16" and kind not in SAFETENSORS_DTYPES):
+        raise fail(f"tensor {name!r} has dtype {kind!r:.40}, which bert_multi does not read")
+    dtype = np.dtype("<u2" if kind == "BF16" else SAFETENSORS_DTYPES[kind])
+    valid = isinstance(shape, list) and len(shape) <= MAX_NDIM and all(type(n) is int and n >= 0 for n in shape)
+    valid = valid and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
+    if not valid:
+        raise fail(
+            f"tensor {name!r}: shape (at most {MAX_NDIM} axes) and data_offsets must be lists of non-negative ints"
+        )
+    try:
+        check_shape(tuple(shape), dtype)
+    except ValueError as error:
+        raise fail(f"tensor {name!r}: {error}") from None
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
+        raise fail(f"tensor {name!r}: data_offsets {offsets} do not hold shape {shape} of {kind} "
+                   f"within the file's {data_size} data bytes")  # fmt: skip
+    return kind, tuple(shape), begin, end
 
 
 def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
@@ -234,16 +282,11 @@ def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray],
         if probe in arrays
     )
     try:
-        config = BERTConfig(
-            vocab_size=int(hf["vocab_size"]),
-            num_hiddens=int(hf["hidden_size"]),
-            ffn_num_hiddens=int(hf["intermediate_size"]),
-            num_heads=int(hf["num_attention_heads"]),
-            num_blks=int(hf["num_hidden_layers"]),
-            max_len=int(hf["max_position_embeddings"]),
-            semantics=_semantics(path, hf, tied),
-            heads=heads,
-        )
+        sizes = {ours: size_field(hf.get(theirs), theirs, 1, 1 << 31) for ours, theirs in SIZE_FIELDS.items()}
+        # Checked against what the file holds before anything of that size is built (each layer has tensors).
+        if sizes["num_blks"] > len(arrays):
+            raise ValueError(f"num_hidden_layers is {sizes['num_blks']}, but the weights hold {len(arrays)} tensors")
+        config = BERTConfig(**sizes, semantics=_semantics(path, hf, tied), heads=heads)
     except (KeyError, TypeError, ValueError) as error:
         raise WeightsError(f"{path / CONFIG_FILE}: not a usable BERT config: {reason(error)}") from None
     return config, arrays, kinds, notes
