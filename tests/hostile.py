@@ -91,8 +91,18 @@ def _huggingface_config(path: str) -> object:
         return read_directory(directory)
 
 
+def _training_state(path: str) -> object:
+    """A checkpoint directory whose state.npz is (a link to) the file at ``path``."""
+    from bert_multi.training import load_training_state
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "state.npz").symlink_to(Path(path).absolute())
+        return load_training_state(directory)
+
+
 LOADERS: dict[str, Callable[[str], object]] = {
     "map": _map_file,
+    "state": _training_state,
     "safetensors": _safetensors,
     "hfconfig": _huggingface_config,
     "weights": _load_weights,
@@ -102,9 +112,8 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "inputs": _inputs,
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
-CLEAN_ERRORS = {
-    name: WeightsError for name in ("map", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
-}
+WEIGHT_READERS = ("map", "state", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
+CLEAN_ERRORS = {name: WeightsError for name in WEIGHT_READERS}
 
 
 def probe(loader: str, path: str) -> dict[str, str]:
@@ -490,6 +499,34 @@ def hostile_hfconfigs() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def state_bytes(**changes: object) -> bytes:
+    """A training state of CONFIG after a step of Adam (moments of every parameter), as saved."""
+    import dataclasses
+
+    from bert_multi.training import TrainingState, save_training_state
+
+    weights = random_weights(CONFIG, seed=0, dtype="float32")
+    optimizer = {f"{kind}.{name}": np.full_like(array, 0.5) for name, array in weights.items() for kind in "mv"}
+    state = TrainingState(2, CONFIG, weights, optimizer, {"backend": "torch", "optimizer": "adam"})
+    state = TrainingState(**{**state._asdict(), **changes})
+    if "num_blks" in changes:
+        state = state._replace(config=dataclasses.replace(CONFIG, num_blks=changes["num_blks"]))
+    with tempfile.TemporaryDirectory() as directory:
+        return save_training_state(directory, state).read_bytes()
+
+
+def hostile_states() -> dict[str, tuple[bytes, str]]:
+    weights = random_weights(CONFIG, seed=0, dtype="float32")
+    name = next(iter(weights))
+    wrong_shape = {f"m.{name}": np.zeros(2, np.float32), f"v.{name}": np.zeros(2, np.float32)}
+    alone = {f"m.{name}": np.zeros_like(weights[name])}
+    return {
+        "a step of true": (state_bytes(step=True), "its step is True"),
+        "a moment of the wrong shape": (state_bytes(optimizer=wrong_shape), "its parameter is"),
+        "a moment without its partner": (state_bytes(optimizer=alone), "no partner"),
+    }
+
+
 def hostile_maps() -> dict[str, tuple[bytes, str]]:
     return {
         "not UTF-8": (b"\xff\xfe{}", "not a JSON map file"),
@@ -505,6 +542,7 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
 
 HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "map": hostile_maps,
+    "state": hostile_states,
     "safetensors": hostile_safetensors,
     "hfconfig": hostile_hfconfigs,
     "weights": hostile_weights,
@@ -593,6 +631,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     generic = [mutate_bytes, mutate_bytes]
     if loader == "map":
         return [json.dumps(MAP).encode(), json.dumps(MAP, indent=2).encode()], generic
+    if loader == "state":
+        return [state_bytes()], [*generic, mutate_inside_zip, mutate_manifest, mutate_npy_header]
     if loader in ("safetensors", "hfconfig"):
         return [huggingface_files()["model.safetensors" if loader == "safetensors" else "config.json"]], generic
     if loader == "weights":

@@ -267,6 +267,10 @@ def test_a_d2l_directory_is_read_without_any_framework_and_its_vocab_checked(tmp
         (directory / "vocab.json").write_text(bad)
         with pytest.raises(WeightsError, match=why):
             inspect_checkpoint(directory)
+    (directory / "vocab.json").unlink()
+    (directory / "vocab.json").symlink_to(tmp_path / "gone.json")  # a link to nothing: refused, not "no vocab"
+    with pytest.raises(WeightsError, match="vocab.json"):
+        load_checkpoint(directory, num_heads=2, preset="d2l")
 
 
 def test_a_zip_member_claiming_to_expand_beyond_reason_is_refused_before_it_is_extracted(tmp_path):

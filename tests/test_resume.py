@@ -140,3 +140,83 @@ def test_with_dropout_a_resumed_run_draws_the_masks_the_uninterrupted_one_would(
     assert max(np.abs(resumed.weights[name] - uninterrupted.weights[name]).max() for name in WEIGHTS) == 0
     without = run_pretraining(**{**options, "config": CONFIG})  # dropout really acted: other weights
     assert max(np.abs(without.weights[name] - uninterrupted.weights[name]).max() for name in WEIGHTS) > 1e-3
+
+
+# --- Hostile training states (issue 26) ------------------------------------------------------------------
+
+
+def saved_state(tmp_path, optimizer="adam"):
+    """A real state after two steps, from the torch backend (or the oracle-free SGD path where absent)."""
+    from bert_multi import backends
+
+    if not backends()["torch"].available:
+        pytest.skip(backends()["torch"].reason)
+    run_pretraining(**{**arguments("torch", optimizer), "steps": 2}, checkpoint_every=2, checkpoint_dir=tmp_path)
+    return load_training_state(tmp_path)
+
+
+def rewritten(tmp_path, state, **changes):
+    from bert_multi.training import TrainingState, save_training_state
+
+    save_training_state(tmp_path, TrainingState(**{**state._asdict(), **changes}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda s: {"optimizer": {**s.optimizer, "v.encoder.pos_embedding": np.zeros((2, 2))}}, r"\(2, 2\); its"),
+        (lambda s: {"optimizer": {k: v for k, v in s.optimizer.items() if not k.startswith("v.")}}, "has no partner"),
+        (lambda s: {"optimizer": {k: v.astype(np.int8) for k, v in s.optimizer.items()}}, "is int8"),
+        (lambda s: {"optimizer": {**s.optimizer, "m.nothing": np.zeros(1), "v.nothing": np.zeros(1)}}, "no moment"),
+        (lambda s: {"optimizer": {k: -abs(v) - 1 for k, v in s.optimizer.items()}}, "negative"),
+    ],
+)
+def test_a_state_whose_optimizer_arrays_do_not_fit_is_refused_naming_the_file(tmp_path, change, problem):
+    state = saved_state(tmp_path)
+    rewritten(tmp_path, state, **change(state))
+    with pytest.raises(WeightsError, match=problem) as caught:
+        load_training_state(tmp_path)
+    assert str(tmp_path / STATE_FILE) in str(caught.value)
+
+
+def test_a_state_of_a_billion_blocks_or_a_step_of_true_is_refused_at_once(tmp_path):
+    import time
+
+    state = saved_state(tmp_path)
+    started = time.perf_counter()
+    rewritten(tmp_path, state, config=dataclasses.replace(CONFIG, num_blks=10**9))
+    with pytest.raises(WeightsError, match="missing tensor"):
+        load_training_state(tmp_path)
+    rewritten(tmp_path, state, step=True)
+    with pytest.raises(WeightsError, match="its step is True, not a whole number"):
+        load_training_state(tmp_path)
+    assert time.perf_counter() - started < 10
+
+
+def test_a_state_past_the_steps_asked_for_is_refused_instead_of_replayed(tmp_path):
+    from bert_multi import UsageError
+
+    state = saved_state(tmp_path)
+    rewritten(tmp_path, state, step=10**7)
+    with pytest.raises(UsageError, match="at step 10000000, past the 6 steps asked for"):
+        run_pretraining(**arguments("torch", "adam"), checkpoint_dir=tmp_path, resume=True)
+
+
+def test_a_dangling_state_link_is_refused_not_taken_for_no_state(tmp_path):
+    (tmp_path / STATE_FILE).symlink_to(tmp_path / "gone.npz")
+    with pytest.raises(WeightsError):
+        load_training_state(tmp_path)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_skipped_are_the_batches_drawn_and_dropped(shuffle):
+    per_epoch = len(DATA) // 8
+    for skip in (0, 1, per_epoch - 1, per_epoch, 2 * per_epoch + 3):
+        drawn = DATA.batches(8, seed=5, shuffle=shuffle)
+        for _ in range(skip):
+            next(drawn)
+        skipped = DATA.batches(8, seed=5, shuffle=shuffle, skip=skip)
+        for _ in range(per_epoch + 2):
+            expected, got = next(drawn), next(skipped)
+            assert all(np.array_equal(expected[k], got[k]) for k in expected), skip

@@ -7,7 +7,6 @@ model config, the dtype and a SHA-256 per tensor. Nothing on the load path can u
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import zipfile
@@ -19,7 +18,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..spec.config import D2L_ARGUMENTS, BERTConfig
-from ..spec.schema import SUPPORTED_DTYPES, check_names, iter_param_specs, validate_weights
+from ..spec.schema import SUPPORTED_DTYPES, check_names, param_shapes_within, validate_weights
 from .safe import NpzReader, atomic_path, open_regular
 
 FORMAT_NAME = "bert_multi.weights"
@@ -162,7 +161,7 @@ def load_weights(path: str | os.PathLike) -> tuple[BERTConfig, dict[str, np.ndar
             raise WeightsError(f"{path}: tensor(s) {absent[:5]} are listed in the manifest but missing from the file")
         # A schema larger than the file cannot match it; building no more of it than the file could
         # hold keeps a config claiming 10**40 blocks from costing anything.
-        shapes = {name: spec.shape for name, spec in itertools.islice(iter_param_specs(config), len(stored) + 1)}
+        shapes = param_shapes_within(config, len(stored))
         try:
             check_names(shapes, stored)
         except WeightsError as error:

@@ -8,6 +8,7 @@ own structural names; nothing else in the project spells them out.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal, NamedTuple
 
@@ -104,6 +105,12 @@ def param_shapes(config: BERTConfig) -> dict[str, tuple[int, ...]]:
     return {name: spec.shape for name, spec in param_specs(config).items()}
 
 
+def param_shapes_within(config: BERTConfig, count: int) -> dict[str, tuple[int, ...]]:
+    """The schema's first ``count + 1`` names and shapes at most: enough to tell that ``count`` tensors do
+    not match a larger config, without building a schema of its size (a file may claim 10**9 blocks)."""
+    return {name: spec.shape for name, spec in itertools.islice(iter_param_specs(config), count + 1)}
+
+
 def cut_max_len(
     config: BERTConfig, weights: dict[str, np.ndarray], max_len: int
 ) -> tuple[BERTConfig, dict[str, np.ndarray]]:
@@ -186,10 +193,8 @@ def check_names(shapes: dict[str, tuple[int, ...]], names: Iterable[str]) -> Non
     """``WeightsError`` unless ``names`` are exactly the schema's (a set or dict, for fast lookups)."""
     missing = [name for name in shapes if name not in names]
     if missing:
-        raise WeightsError(
-            f"missing tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
-            f"({len(missing)} of {len(shapes)} in the schema)"
-        )
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise WeightsError(f"missing tensor(s) {missing[:5]}{more} of the config's schema")
     extra = [name for name in names if name not in shapes]
     if extra:
         raise WeightsError(f"unexpected tensor(s) {extra[:5]} not in the canonical schema for this config")
@@ -203,7 +208,7 @@ def validate_weights(config: BERTConfig, weights: object) -> str:
     """
     if not isinstance(weights, dict):
         raise WeightsError(f"weights must be a dict of name -> numpy array, got {type(weights).__name__}")
-    shapes = param_shapes(config)
+    shapes = param_shapes_within(config, len(weights))
     check_names(shapes, weights)
     common_dtype = None
     for name, expected_shape in shapes.items():

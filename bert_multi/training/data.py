@@ -228,17 +228,27 @@ class PretrainingData:
     def __len__(self) -> int:
         return len(self.arrays["tokens"])
 
-    def batches(self, batch_size: int, seed: int = 0, shuffle: bool = True) -> Iterator[dict[str, np.ndarray]]:
+    def batches(
+        self, batch_size: int, seed: int = 0, shuffle: bool = True, skip: int = 0
+    ) -> Iterator[dict[str, np.ndarray]]:
         """Endless batches of ``batch_size`` examples: an epoch at a time, reshuffled each epoch from
-        ``seed``; an epoch's last, smaller batch is dropped so every step sees the same shapes."""
+        ``seed``; an epoch's last, smaller batch is dropped so every step sees the same shapes. ``skip``:
+        start after that many batches, the same ones as drawing and dropping them, without making them
+        (a resumed run reaches its step at the cost of one shuffle per epoch it passes)."""
         if not 1 <= batch_size <= len(self):
             raise UsageError(f"batch_size {batch_size} must be in [1, {len(self)}] (the number of examples)")
         rng = np.random.default_rng(seed)
+        per_epoch = len(self) // batch_size
+        epochs, offset = divmod(skip, per_epoch)
+        for _ in range(epochs):
+            if shuffle:
+                rng.permutation(len(self))
         while True:
             order = rng.permutation(len(self)) if shuffle else np.arange(len(self))
-            for start in range(0, len(self) - batch_size + 1, batch_size):
+            for start in range(offset * batch_size, len(self) - batch_size + 1, batch_size):
                 rows = order[start : start + batch_size]
                 yield {field: values[rows] for field, values in self.arrays.items()}
+            offset = 0
 
 
 class BatchTotals(NamedTuple):

@@ -137,6 +137,8 @@ def run_pretraining(
     settings = json.loads(json.dumps(settings))  # as a saved state holds them (tuples become lists)
     state = load_training_state(checkpoint_dir) if resume and checkpoint_dir is not None else None
     if state is not None:
+        if state.step > steps:
+            raise UsageError(f"{checkpoint_dir}: its state is at step {state.step}, past the {steps} steps asked for")
         if state.config != config or state.settings != settings:
             raise UsageError(
                 f"{checkpoint_dir}: its state was saved by a run with {state.config} and {state.settings}, not "
@@ -155,9 +157,7 @@ def run_pretraining(
     saves = checkpoint_dir if checkpoint_every and rank == 0 else None  # where this worker saves, if it does
     if saves is not None:
         os.makedirs(saves, exist_ok=True)
-    batches = data.batches(batch_size, seed)
-    for _ in range(start):  # the batches the saved steps took
-        next(batches)
+    batches = data.batches(batch_size, seed, skip=start)  # after the batches the saved steps took
     losses, tokens = [], 0
     started = time.perf_counter()
     for step in range(start + 1, steps + 1):

@@ -9,8 +9,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..arrays import all_finite
 from ..errors import WeightsError
-from ..files.safe import NpzReader, open_regular
+from ..files.safe import NpzReader, open_regular, size_field
 from ..files.weights import MANIFEST_KEY, read_json_manifest, write_npz
 from ..spec.config import BERTConfig
 from ..spec.schema import validate_weights
@@ -46,7 +47,7 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
     """The state ``save_training_state`` left in ``directory``, or None if there is none. A file that is
     not one, or is damaged, is a ``WeightsError`` naming it."""
     path = Path(directory) / STATE_FILE
-    if not path.exists():
+    if not os.path.lexists(path):  # there is none; a link to nothing is a broken state, not none
         return None
     with open_regular(path, "training state", WeightsError) as file:
         archive = NpzReader(file, path, WeightsError)
@@ -54,9 +55,9 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
         try:
             if manifest.get("format") != STATE_FORMAT or manifest.get("format_version") != 1:
                 raise ValueError(f"format {manifest.get('format')!r}, expected {STATE_FORMAT!r} version 1")
-            step, settings = manifest["step"], manifest["settings"]
-            if not isinstance(step, int) or step < 0 or not isinstance(settings, dict):
-                raise ValueError("a step that is not a count, or settings that are not a dict")
+            step, settings = size_field(manifest["step"], "its step"), manifest["settings"]
+            if not isinstance(settings, dict):
+                raise ValueError("its settings are not a dict")
             config = BERTConfig.from_dict(manifest["config"])
         except (ValueError, TypeError, KeyError) as error:
             raise WeightsError(f"{path}: not a readable training state: {error}") from None
@@ -65,6 +66,28 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
     optimizer = {name[len("optimizer.") :]: array for name, array in arrays.items() if name.startswith("optimizer.")}
     try:
         validate_weights(config, weights)
+        check_optimizer_state(weights, optimizer)
     except WeightsError as error:
         raise WeightsError(f"{path}: {error}") from None
     return TrainingState(step, config, weights, optimizer, settings)
+
+
+def check_optimizer_state(weights: dict[str, np.ndarray], optimizer: dict[str, np.ndarray]) -> None:
+    """The optimizer's arrays are Adam's moments ``m.<name>`` and ``v.<name>`` of parameters there are,
+    each with its partner, of its parameter's shape and dtype, finite (SGD keeps none); else a
+    ``WeightsError``: a resumed run must be the uninterrupted one, not one with made-up moments."""
+    for key, array in optimizer.items():
+        kind, _, name = key.partition(".")
+        if kind not in ("m", "v") or name not in weights:
+            raise WeightsError(f"optimizer array {key!r} is no moment of a parameter (m.<name> or v.<name>)")
+        partner = f"{'v' if kind == 'm' else 'm'}.{name}"
+        if partner not in optimizer:
+            raise WeightsError(f"optimizer array {key!r} has no partner {partner!r}")
+        expected = weights[name]
+        if array.shape != expected.shape or array.dtype != expected.dtype:
+            raise WeightsError(
+                f"optimizer array {key!r} is {array.dtype} {array.shape}; its parameter is {expected.dtype} "
+                f"{expected.shape}"
+            )
+        if not all_finite(array) or (kind == "v" and array.size and array.min() < 0):
+            raise WeightsError(f"optimizer array {key!r} holds non-finite values or, as a second moment, negative ones")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import zipfile
@@ -66,7 +67,7 @@ class Directory(CheckpointFormat):
             raw = _params_format(path / PARAMS_FILE).read(path / PARAMS_FILE, key)
         except WeightsError as error:  # name the file the user gave, not a scratch copy
             raise WeightsError(str(error).replace(str(path), str(shown_as or path))) from None
-        if (path / VOCAB_FILE).exists():
+        if os.path.lexists(path / VOCAB_FILE):  # a link to nothing is a broken vocabulary, not none
             raw.vocab = read_vocab(path / VOCAB_FILE, shown_as)
         raw.format = self.kind
         return raw
