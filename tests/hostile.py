@@ -414,7 +414,16 @@ def hostile_torch() -> dict[str, tuple[bytes, str]]:
             "has dtype int64; expected floating-point weights",
         ),
         "empty file": (b"", "not a format bert_multi reads"),
+        # Round 3 (issue 26): each cost gigabytes before any check.
+        "an expanded view": (torch_bytes({**valid, name: torch.zeros(1).expand(2**28)}), "is an expanded view"),
+        "a thousand views of one storage": (torch_bytes(_aliased_views(torch)), "views that overlap or repeat"),
     }
+
+
+def _aliased_views(torch):
+    """A thousand overlapping views of one 4 MiB storage: what reading them would copy is 4 GB."""
+    base = torch.zeros(1 << 20)
+    return {f"w{i}": base[i:] for i in range(1000)}
 
 
 def quantized(tensor):

@@ -258,6 +258,7 @@ def read_checkpoint(
     archive's sizes are checked before torch reads it, and any failure is a ``WeightsError``.
     """
     with open_regular(path, "PyTorch checkpoint", WeightsError) as file:
+        size = file_size(file)
         # Framework difference: torch's reader gets the file once its zip layout is checked; Gluon's
         # format is parsed by bert_multi itself, since MXNet's C++ reader trusts every size in it.
         _check_archive(file, path)
@@ -268,9 +269,53 @@ def read_checkpoint(
                 f"{path}: not a readable PyTorch state_dict checkpoint: {_load_failure(error)}"
             ) from None
     state, notes = _find_state_dict(path, loaded, key)
-    arrays = {str(name): _to_numpy_checked(path, str(name), tensor) for name, tensor in state.items()}
+    views = _distinct_views(path, state, size)
+    copies: dict[tuple, np.ndarray] = {}  # a view saved under two names (tied weights) is copied once
+    arrays = {}
+    for name, tensor in state.items():
+        view = views[str(name)]
+        if view not in copies:
+            copies[view] = _to_numpy_checked(path, str(name), tensor)
+        arrays[str(name)] = copies[view]
     dtypes = {str(name): str(tensor.dtype).removeprefix("torch.") for name, tensor in state.items()}
     return arrays, dtypes, notes
+
+
+MATERIALISED_FACTOR = 2  # what the arrays may take, as a multiple of the file's size (bfloat16 doubles)
+MATERIALISED_SLACK = 1 << 20  # and beyond it: a tiny file of many small tensors
+
+
+def _distinct_views(path: str | os.PathLike, state: dict, size: int) -> dict[str, tuple]:
+    """Each tensor's view of its storage, checked before anything is copied: no view larger than its
+    storage (an expanded tensor, stride 0), and the distinct views together no larger than a stated
+    multiple of the file (a storage shared by tied weights counts once; many overlapping views of one
+    storage would multiply it)."""
+    views: dict[str, tuple] = {}
+    seen: set[tuple] = set()
+    total = 0
+    for name, tensor in state.items():
+        if tensor.is_quantized or tensor.layout != torch.strided or tensor.is_meta:
+            views[str(name)] = (id(tensor),)  # refused, saying why, when it is read
+            continue
+        nbytes = tensor.numel() * tensor.element_size()
+        expanded = any(stride == 0 and length > 1 for stride, length in zip(tensor.stride(), tensor.shape))
+        if expanded or nbytes > tensor.untyped_storage().nbytes():
+            raise WeightsError(
+                f"{path}: tensor {str(name)!r} of shape {tuple(tensor.shape)} is an expanded view of "
+                f"{tensor.untyped_storage().nbytes()} stored bytes; expected a tensor of its own values"
+            )
+        storage = tensor.untyped_storage().data_ptr()
+        view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if view not in seen:
+            seen.add(view)
+            total += nbytes * (2 if tensor.dtype == torch.bfloat16 else 1)
+        views[str(name)] = view
+    if total > MATERIALISED_FACTOR * size + MATERIALISED_SLACK:
+        raise WeightsError(
+            f"{path}: its tensors would take {total} bytes from a file of {size}: views that overlap or repeat "
+            "one storage; expected each tensor's own values"
+        )
+    return views
 
 
 def gemm(dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
