@@ -263,7 +263,15 @@ def test_a_d2l_directory_is_read_without_any_framework_and_its_vocab_checked(tmp
     (directory / "vocab.json").write_text(json.dumps(["a", "b"]))
     with pytest.raises(WeightsError, match="vocab.json has 2 tokens, but the token embedding has 13 rows"):
         load_checkpoint(directory, num_heads=2, preset="d2l")
-    for bad, why in (("[" * 100_000 + "]" * 100_000, "not valid JSON"), ('{"a": 1}', "a JSON list of tokens")):
+    many_lists = "[" + "[]," * 1_000_000 + "[]]"  # parsed, 15 to 25 times its size; refused before parsing
+    too_many = "[" + '"a",' * (1 << 20) + '"a"]'
+    for bad, why in (
+        ("[" * 100_000 + "]" * 100_000, "a JSON list of tokens"),
+        ('{"a": 1}', "a JSON list of tokens"),
+        (many_lists, "a JSON list of tokens"),
+        (too_many, "1048577 tokens; a BERT's vocabulary has at most 1048576"),
+        ('["a", "\\q"]', "not valid JSON"),  # shaped as a list of strings, but \q is no JSON escape
+    ):
         (directory / "vocab.json").write_text(bad)
         with pytest.raises(WeightsError, match=why):
             inspect_checkpoint(directory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -20,9 +21,18 @@ from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_dire
 
 MAX_ZIP_RATIO = 20  # weights hardly compress; a member that claims to expand more is refused
 MAX_VOCAB_BYTES = 64 << 20
+MAX_VOCAB_TOKENS = 1 << 20  # more than any BERT's vocabulary (multilingual ones have 250,000 tokens)
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 
 def _parse_vocab(path: Path, data: bytes) -> list[str]:
+    """A flat JSON list of strings, its shape and length checked before it is parsed: parsing builds an
+    object per element, 15 to 25 times the bytes for a list of empty lists."""
+    shape = re.sub(rb"\s", b"", _STRING.sub(b"S", data))  # every string one letter, no spaces
+    if not re.fullmatch(rb"\[(S(,S)*)?\]", shape):
+        raise WeightsError(f"{path}: expected a JSON list of tokens (d2l's vocab.idx_to_token)")
+    if shape.count(b"S") > MAX_VOCAB_TOKENS:
+        raise WeightsError(f"{path}: {shape.count(b'S')} tokens; a BERT's vocabulary has at most {MAX_VOCAB_TOKENS}")
     try:
         vocab = json.loads(data)
     except (ValueError, RecursionError) as error:
