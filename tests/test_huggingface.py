@@ -310,3 +310,6 @@ def test_a_huggingface_directory_is_a_checkpoint_like_any_other(tmp_path, capsys
     assert main(["compare", str(tmp_path / "hf"), "--backends", "numpy", "--no-pairs"]) == 0
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "w.npz")]) == 0
     assert bm.load_weights(tmp_path / "w.npz")[0] == config
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "w.npz"), str(tmp_path / "back"), "--framework", "huggingface"]) == 0
+    assert f"wrote {tmp_path / 'back'}: HuggingFace BERT directory" in capsys.readouterr().out

@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.out, "OUT", directory=kind == "d2l-dir")
     vocab = read_vocab(args.vocab) if args.vocab else None
     checkpoint = load_as_stated(args, args.source, args.preset)
-    save_checkpoint(
+    written = save_checkpoint(
         args.out, checkpoint.config, checkpoint.weights, framework=args.framework, vocab=vocab or checkpoint.vocab
     )
     print(f"config: {checkpoint.config}")
-    print(f"wrote {args.out}: {DESCRIPTIONS[kind]}")
+    print(f"wrote {args.out}: {DESCRIPTIONS[written]}")  # what was written (--framework huggingface: its directory)
     return 0
