@@ -61,3 +61,20 @@ def test_the_lessons_command_lists_and_runs_a_section(capsys):
     shown = capsys.readouterr().out
     assert "valid_lens.repeat(2)" in shown and ("[3, 5, 3, 5]" in shown) == ("torch" in available)
     assert main(["lessons", "99"]) == 2
+
+
+def test_a_sample_must_print_exactly_what_the_guide_shows():
+    """Whitespace, alignment and line breaks are part of what a sample prints (issue 26)."""
+    sample = lessons.Sample("torch", "", "x  y\n[1, 2]", 1)
+    assert lessons.Outcome(sample, "x  y\n[1, 2]\n").as_written  # only the end's newline is not compared
+    for printed in ("x y\n[1, 2]", "x  y\n[1,2]", "x  y [1, 2]", "x  y\n\n[1, 2]", " x  y\n[1, 2]"):
+        assert not lessons.Outcome(sample, printed).as_written, printed
+
+
+def test_a_samples_output_is_the_block_right_after_it_not_a_later_one(tmp_path):
+    guide = tmp_path / "guide.md"
+    guide.write_text(
+        "## 1. A claim\n\n```python torch\nprint(1)\n```\n\n```python mxnet\nprint(1)\n```\n\n```text\n1\n```\n"
+    )
+    with pytest.raises(ValueError, match=r"guide.md:4: .*followed at once by a 'text' block"):
+        lessons.read_guide(guide)
