@@ -295,7 +295,15 @@ def test_the_temporary_file_is_written_beside_the_target(tmp_path, monkeypatch, 
     assert Path(source).name.startswith(".w.npz.") and Path(source).name.endswith(".tmp")
 
 
-def test_permissions_follow_the_umask_then_the_earlier_file(tmp_path, weights):
+@pytest.fixture(params=[True, False], ids=["unnamed file", "named file"])
+def either_way(request, monkeypatch, tmp_path):
+    """Saves through an unnamed file (O_TMPFILE, where the filesystem has it) and through a named one."""
+    if request.param and files.unnamed_file(tmp_path) is None:
+        pytest.skip("this system or filesystem has no unnamed files (O_TMPFILE)")
+    monkeypatch.setattr(files, "UNNAMED_WRITES", request.param)
+
+
+def test_permissions_follow_the_umask_then_the_earlier_file(tmp_path, weights, either_way):
     path = tmp_path / "w.npz"
     old_umask = os.umask(0o022)
     try:
@@ -309,7 +317,7 @@ def test_permissions_follow_the_umask_then_the_earlier_file(tmp_path, weights):
         os.umask(old_umask)
 
 
-def test_saving_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp_path, weights):
+def test_saving_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(tmp_path, weights, either_way):
     target = save_weights(tmp_path / "real.npz", CONFIG, init_weights(CONFIG, seed=3))
     link = tmp_path / "link.npz"
     link.symlink_to(target)
@@ -318,7 +326,7 @@ def test_saving_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(t
     assert all(np.array_equal(load_weights(target)[1][n], weights[n]) for n in weights)
 
 
-def test_the_file_and_its_directory_are_fsynced_before_save_returns(tmp_path, monkeypatch, weights):
+def test_the_file_and_its_directory_are_fsynced_before_save_returns(tmp_path, monkeypatch, weights, either_way):
     synced = []
     real_fsync = os.fsync
 
@@ -329,6 +337,7 @@ def test_the_file_and_its_directory_are_fsynced_before_save_returns(tmp_path, mo
     monkeypatch.setattr(files.os, "fsync", spy)
     save_weights(tmp_path / "w.npz", CONFIG, weights)
     assert synced == ["file", "directory"]
+    assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]
 
 
 def a_dead_pid():
@@ -357,7 +366,9 @@ def test_leftovers_of_dead_writers_are_removed_and_a_live_writers_file_is_kept(t
 
 KILLED_WRITER = """
 import sys, time
+import bert_multi.files.safe
 import bert_multi.files.weights as weights_module
+bert_multi.files.safe.UNNAMED_WRITES = {unnamed}
 from bert_multi import BERTConfig, init_weights, save_weights
 
 def write_then_hang(file, arrays):
@@ -372,11 +383,17 @@ save_weights(sys.argv[1], config, init_weights(config, seed=9))
 """
 
 
-def test_kill_9_in_the_middle_of_a_save_loses_nothing_and_the_next_save_cleans_up(tmp_path, weights):
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed file", "named file"])
+def test_kill_9_in_the_middle_of_a_save_loses_nothing_and_leaves_nothing(tmp_path, weights, unnamed):
+    """An unnamed file (O_TMPFILE) dies with its writer; a named one is removed by the next save."""
+    if unnamed and files.unnamed_file(tmp_path) is None:
+        pytest.skip("this system or filesystem has no unnamed files (O_TMPFILE)")
+    elif unnamed:
+        os.close(files.unnamed_file(tmp_path))
     path = save_weights(tmp_path / "w.npz", CONFIG, weights)
     before = path.read_bytes()
     writer = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER.format(config=CONFIG.to_dict()), str(path)],
+        [sys.executable, "-c", KILLED_WRITER.format(config=CONFIG.to_dict(), unnamed=unnamed), str(path)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -385,8 +402,13 @@ def test_kill_9_in_the_middle_of_a_save_loses_nothing_and_the_next_save_cleans_u
     finally:
         writer.send_signal(signal.SIGKILL)
         writer.wait()
-    [leftover] = [p for p in tmp_path.iterdir() if p.name != "w.npz"]
-    assert path.read_bytes() == before and leftover.stat().st_size > 0
+    assert path.read_bytes() == before
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "w.npz"]
+    if unnamed:
+        assert leftovers == []
+    else:
+        [leftover] = leftovers
+        assert leftover.stat().st_size > 0
     save_weights(path, CONFIG, init_weights(CONFIG, seed=10))
     assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]
     assert np.array_equal(load_weights(path)[1]["hidden.0.weight"], init_weights(CONFIG, seed=10)["hidden.0.weight"])

@@ -307,6 +307,33 @@ def _remove_leftovers(target: Path) -> None:
             continue  # alive under another user, or not a pid at all: leave it
 
 
+@contextlib.contextmanager
+def _named_when_done(fd: int, target: Path) -> Iterator[Path]:
+    """Yield a path that writes the unnamed file ``fd``; once the writer is done, sync it, give it a name
+    beside ``target`` and rename that onto ``target``. The descriptor is closed either way."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
+        yield Path(f"/proc/self/fd/{fd}")
+        os.fsync(fd)
+        tmp = target.parent / _temporary_name(target)
+        # Its first name, now that it is complete. A directory descriptor makes Python call linkat
+        # (following the /proc link to the file), where it would otherwise link the /proc link itself.
+        directory = os.open(target.parent, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.link(f"/proc/self/fd/{fd}", tmp.name, dst_dir_fd=directory, follow_symlinks=True)
+        finally:
+            os.close(directory)
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        os.close(fd)
+    _fsync_directory(target.parent)
+
+
 def _fsync_directory(directory: Path) -> None:
     """Make a rename in ``directory`` durable; some filesystems cannot, which is not an error."""
     with contextlib.suppress(OSError):
@@ -317,6 +344,21 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
+UNNAMED_WRITES = True  # write into an unnamed file where the system has them (False: always named)
+
+
+def unnamed_file(directory: Path) -> int | None:
+    """A file with no name in ``directory`` (Linux's ``O_TMPFILE``), open for writing through
+    ``/proc/self/fd``; None where the system or the filesystem has none."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not UNNAMED_WRITES or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:  # mode 0o666: the umask decides, as for any new file
+        return os.open(directory, flag | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError:  # the filesystem cannot (EOPNOTSUPP), or the kernel predates it (EISDIR)
+        return None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it.
@@ -324,12 +366,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     Whatever goes wrong before the rename, an earlier file at ``path`` is left as it was. The new
     file gets the old file's permissions (or the umask's, for a new file), a symbolic link at ``path``
     keeps pointing where it did (its target is replaced), and the file and the rename are fsynced,
-    so a save that returned survives a power loss. Leftovers of writers killed mid-save are removed.
+    so a save that returned survives a power loss. Where the filesystem has unnamed files, the new file
+    has no name until it is complete and synced, so a writer killed meanwhile leaves nothing; elsewhere
+    (and for the instant between naming and renaming) leftovers of killed writers are removed by the
+    next save of the same file.
     """
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise IsADirectoryError(f"{path} is a directory; expected a file name to write")
     _remove_leftovers(target)
+    unnamed = unnamed_file(target.parent)
+    if unnamed is not None:
+        with _named_when_done(unnamed, target) as tmp:
+            yield tmp
+        return
     tmp = target.parent / _temporary_name(target)
     # Mode 0o666 lets the umask decide, as for any new file (mkstemp would force 0o600).
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
