@@ -100,8 +100,27 @@ def _training_state(path: str) -> object:
         return load_training_state(directory)
 
 
+def _d2l_vocab(path: str) -> object:
+    """A d2l pretrained-model directory (a Gluon pretrained.params) whose vocab.json is (a link to) ``path``."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "pretrained.params").write_bytes(params_bytes(gluon_weights()))
+        (Path(directory) / "vocab.json").symlink_to(Path(path).absolute())
+        return load_checkpoint(directory, num_heads=2, preset="d2l")
+
+
+def _corpus(path: str) -> object:
+    from bert_multi.cli.pretrain import _read_corpus
+    from bert_multi.training import PretrainingData, paragraphs_from_lines
+
+    return PretrainingData.from_paragraphs(paragraphs_from_lines(_read_corpus(path)), max_len=64)
+
+
 LOADERS: dict[str, Callable[[str], object]] = {
     "map": _map_file,
+    "vocab": _d2l_vocab,
+    "corpus": _corpus,
     "state": _training_state,
     "safetensors": _safetensors,
     "hfconfig": _huggingface_config,
@@ -112,7 +131,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "inputs": _inputs,
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
-WEIGHT_READERS = ("map", "state", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
+WEIGHT_READERS = ("map", "vocab", "state", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
 CLEAN_ERRORS = {name: WeightsError for name in WEIGHT_READERS}
 
 
@@ -536,6 +555,31 @@ def hostile_states() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def vocab_bytes() -> bytes:
+    return json.dumps([f"t{i}" for i in range(CONFIG.vocab_size)]).encode()
+
+
+def hostile_vocabs() -> dict[str, tuple[bytes, str]]:
+    return {
+        "lists, not tokens": (b"[" + b"[]," * 100_000 + b"[]]", "a JSON list of tokens"),
+        "too few tokens": (b'["a"]', "has 1 tokens, but the token embedding has 11 rows"),
+        "not UTF-8 inside a string": (b'["\xff"]', "not valid JSON"),
+    }
+
+
+def corpus_bytes() -> bytes:
+    from bert_multi.training import builtin_corpus
+
+    return "\n".join(builtin_corpus(20)).encode()
+
+
+def hostile_corpora() -> dict[str, tuple[bytes, str]]:
+    return {
+        "not UTF-8": (b"a . b\n\xff\xfe . c", "not UTF-8 text"),
+        "no sentence pairs": (b"one sentence only\n", "no sentence pair"),
+    }
+
+
 def hostile_maps() -> dict[str, tuple[bytes, str]]:
     return {
         "not UTF-8": (b"\xff\xfe{}", "not a JSON map file"),
@@ -551,6 +595,8 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
 
 HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "map": hostile_maps,
+    "vocab": hostile_vocabs,
+    "corpus": hostile_corpora,
     "state": hostile_states,
     "safetensors": hostile_safetensors,
     "hfconfig": hostile_hfconfigs,
@@ -640,6 +686,10 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     generic = [mutate_bytes, mutate_bytes]
     if loader == "map":
         return [json.dumps(MAP).encode(), json.dumps(MAP, indent=2).encode()], generic
+    if loader == "vocab":
+        return [vocab_bytes()], generic
+    if loader == "corpus":
+        return [corpus_bytes()], generic
     if loader == "state":
         return [state_bytes()], [*generic, mutate_inside_zip, mutate_manifest, mutate_npy_header]
     if loader in ("safetensors", "hfconfig"):

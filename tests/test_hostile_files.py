@@ -22,6 +22,8 @@ from bert_multi import WeightsError, backends, load_weights
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
 READERS = {
     "map": None,
+    "vocab": None,
+    "corpus": None,
     "state": None,
     "safetensors": None,
     "hfconfig": None,
