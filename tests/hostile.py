@@ -100,12 +100,17 @@ def _training_state(path: str) -> object:
         return load_training_state(directory)
 
 
+_D2L_FILES: dict[str, bytes] = {}
+
+
 def _d2l_vocab(path: str) -> object:
     """A d2l pretrained-model directory (a Gluon pretrained.params) whose vocab.json is (a link to) ``path``."""
     from bert_multi import load_checkpoint
 
     with tempfile.TemporaryDirectory() as directory:
-        (Path(directory) / "pretrained.params").write_bytes(params_bytes(gluon_weights()))
+        if "pretrained.params" not in _D2L_FILES:
+            _D2L_FILES["pretrained.params"] = params_bytes(gluon_weights())
+        (Path(directory) / "pretrained.params").write_bytes(_D2L_FILES["pretrained.params"])
         (Path(directory) / "vocab.json").symlink_to(Path(path).absolute())
         return load_checkpoint(directory, num_heads=2, preset="d2l")
 
