@@ -115,6 +115,20 @@ def _d2l_vocab(path: str) -> object:
         return load_checkpoint(directory, num_heads=2, preset="d2l")
 
 
+def _d2l_zip(path: str) -> object:
+    from bert_multi import load_checkpoint
+
+    return load_checkpoint(path, num_heads=2, preset="d2l")
+
+
+def d2l_zip_bytes() -> bytes:
+    """A d2l pretrained-model zip, as d2l's downloads are: bert.small/pretrained.params and vocab.json."""
+    if "pretrained.params" not in _D2L_FILES:
+        _D2L_FILES["pretrained.params"] = params_bytes(gluon_weights())
+    return make_zip([("bert.small/pretrained.params", _D2L_FILES["pretrained.params"]),
+                     ("bert.small/vocab.json", vocab_bytes())])  # fmt: skip
+
+
 def _corpus(path: str) -> object:
     from bert_multi.cli.pretrain import _read_corpus
     from bert_multi.training import PretrainingData, paragraphs_from_lines
@@ -125,6 +139,7 @@ def _corpus(path: str) -> object:
 LOADERS: dict[str, Callable[[str], object]] = {
     "map": _map_file,
     "vocab": _d2l_vocab,
+    "d2lzip": _d2l_zip,
     "corpus": _corpus,
     "state": _training_state,
     "safetensors": _safetensors,
@@ -136,7 +151,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "inputs": _inputs,
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
-WEIGHT_READERS = ("map", "vocab", "state", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
+WEIGHT_READERS = ("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
 CLEAN_ERRORS = {name: WeightsError for name in WEIGHT_READERS}
 
 
@@ -578,6 +593,18 @@ def corpus_bytes() -> bytes:
     return "\n".join(builtin_corpus(20)).encode()
 
 
+def hostile_d2l_zips() -> dict[str, tuple[bytes, str]]:
+    whole = d2l_zip_bytes()
+    params = _D2L_FILES["pretrained.params"]
+    return {
+        "two parameter files": (
+            make_zip([("a/pretrained.params", params), ("b/pretrained.params", params)]),
+            "found 2",
+        ),
+        "cut short": (whole[: len(whole) // 2], "zip"),
+    }
+
+
 def hostile_corpora() -> dict[str, tuple[bytes, str]]:
     return {
         "not UTF-8": (b"a . b\n\xff\xfe . c", "not UTF-8 text"),
@@ -601,6 +628,7 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
 HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "map": hostile_maps,
     "vocab": hostile_vocabs,
+    "d2lzip": hostile_d2l_zips,
     "corpus": hostile_corpora,
     "state": hostile_states,
     "safetensors": hostile_safetensors,
@@ -693,6 +721,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [json.dumps(MAP).encode(), json.dumps(MAP, indent=2).encode()], generic
     if loader == "vocab":
         return [vocab_bytes()], generic
+    if loader == "d2lzip":
+        return [d2l_zip_bytes()], [*generic, mutate_inside_zip]
     if loader == "corpus":
         return [corpus_bytes()], generic
     if loader == "state":

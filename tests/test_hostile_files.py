@@ -23,6 +23,7 @@ from bert_multi import WeightsError, backends, load_weights
 READERS = {
     "map": None,
     "vocab": None,
+    "d2lzip": None,
     "corpus": None,
     "state": None,
     "safetensors": None,
