@@ -146,7 +146,7 @@ def test_with_dropout_a_resumed_run_draws_the_masks_the_uninterrupted_one_would(
 
 
 def saved_state(tmp_path, optimizer="adam"):
-    """A real state after two steps, from the torch backend (or the oracle-free SGD path where absent)."""
+    """A real state after two steps of the torch backend (skipped where torch is absent)."""
     from bert_multi import backends
 
     if not backends()["torch"].available:
