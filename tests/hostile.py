@@ -222,16 +222,12 @@ def params_bytes(arrays: dict[str, np.ndarray] | list[tuple[str, np.ndarray]], m
 
 
 def gluon_weights(dtype: str = "float32", seed: int = 0) -> dict[str, np.ndarray]:
-    """Random weights under Gluon's structural names (the MXNet backend's table), as save_parameters
-    writes them; canonical names where MXNet is not installed (the .params reader does not care)."""
-    from bert_multi import backends
+    """Random weights under Gluon's structural names, as save_parameters writes them (the table needs no
+    MXNet: bert_multi reads .params files itself)."""
     from bert_multi.backend import framework_names
+    from bert_multi.files.formats.gluon import NAME_RULES
 
     weights = random_weights(CONFIG, seed=seed, dtype=dtype)
-    if not backends()["mxnet"].available:
-        return weights
-    from bert_multi.mxnet import NAME_RULES
-
     return {framework_names(CONFIG, NAME_RULES)[name]: array for name, array in weights.items()}
 
 

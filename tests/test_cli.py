@@ -87,7 +87,7 @@ def test_compare_on_the_users_own_weights_and_inputs(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["conform", "--backends", "jax"], "unknown backend 'jax'"),
+        (["conform", "--backends", "tensorflow"], "unknown backend 'tensorflow'"),
         (["conform", "--backends", "numpy,tourch"], "unknown backend 'tourch' (did you mean 'torch'?)"),
         (["conform", "--reference", "torch"], "--reference 'torch': expected one of the references ['transformers']"),
         (["pretrain", "--backend", "numpy"], "backend 'numpy' cannot train: it has no Pretrainer"),

@@ -1,0 +1,79 @@
+"""The JAX/Flax backend (in the NumPy-2 environment): every preset against the oracle in both dtypes and
+paired with PyTorch, float64 without switching the process to 64 bits, weights out bit-identical."""
+
+import numpy as np
+import pytest
+
+from bert_multi import (
+    CONFIGS,
+    CannotRunHere,
+    Target,
+    backends,
+    random_weights,
+    register_backend,
+    run_conformance,
+    unregister_backend,
+)
+from bert_multi.spec.semantics import PRESETS
+from bert_multi.verify.cases import CASES
+
+jax = pytest.importorskip("jax", reason="JAX lives in the NumPy-2 environment (.venv-numpy2)")
+pytest.importorskip("flax", reason="JAX lives in the NumPy-2 environment (.venv-numpy2)")
+import jax.numpy as jnp  # noqa: E402
+
+import bert_multi.jax  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """The JAX backend, registered for these tests only: it is not yet a built-in, which would make it a
+    framework every command runs (training, checkpoints, users' models and runs across environments are
+    still to come)."""
+    yield register_backend(bert_multi.jax)
+    unregister_backend("jax")
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_every_preset_conforms_in_both_dtypes_and_pairs_with_torch(backend, preset):
+    config = CONFIGS["tiny"].with_semantics(preset)
+    weights = random_weights(config, seed=1, dtype="float64")
+    paired = preset == "d2l" and backends()["torch"].available  # pairs once: they test moving weights
+    names = ["jax"] + (["torch"] if paired else [])
+    targets = [Target(name, dtype) for name in names for dtype in ("float32", "float64")]
+    report = run_conformance(config, weights, targets, [case.input(config) for case in CASES])
+    assert report.passed, report.failures()
+    assert {check.target.backend for check in report.checks} == set(names)
+    assert all(check.intermediates for check in report.checks)  # every activation compared
+
+
+def test_float64_leaves_the_process_in_32_bits(backend):
+    config = CONFIGS["tiny"]
+    model = backend.build(config, random_weights(config), dtype="float64")
+    batch = CASES[0].batch(config)
+    assert model(**batch).encoded.dtype == np.float64
+    assert not jax.config.jax_enable_x64 and jnp.ones(1).dtype == jnp.float32
+
+
+def test_weights_come_back_bit_identical_and_a_gpu_missing_here_is_a_skip(backend):
+    config = CONFIGS["tiny"].with_semantics("bert")
+    weights = random_weights(config, seed=2, dtype="float64")
+    exported = backend.build(config, weights, dtype="float64").export_weights()
+    assert list(exported) == list(weights) and all(np.array_equal(exported[n], weights[n]) for n in weights)
+    if backend.devices() == ["cpu"]:
+        with pytest.raises(CannotRunHere, match="sees 0 GPU"):
+            backend.build(config, weights, device="gpu")
+
+
+def test_the_forward_is_compiled_once_per_shape(backend):
+    config = CONFIGS["tiny"]
+    model = backend.build(config, random_weights(config), dtype="float32")
+    batch = CASES[0].batch(config)
+    from bert_multi.jax.backend import apply
+
+    apply.clear_cache()
+    model(**batch)
+    model(**batch)
+    backend.build(config, random_weights(config, seed=3), dtype="float32")(**batch)  # another model, same module
+    assert apply._cache_size() == 1
+    model(**{**batch, "pred_positions": None})  # another input structure: traced again
+    assert apply._cache_size() == 2
