@@ -39,7 +39,7 @@ def test_backends_lists_every_backend_with_its_status():
 def test_unknown_backend_names_the_known_ones():
     with pytest.raises(
         ValueError,
-        match=r"unknown backend 'tensorflow': expected one of \['numpy', 'torch', 'mxnet', 'jax', 'transformers'\]",
+        match=r"unknown backend 'tensorflow': expected one of \['numpy', 'torch', 'mxnet', 'transformers'\]",
     ):
         load_backend("tensorflow")
 
