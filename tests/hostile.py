@@ -103,14 +103,19 @@ def _training_state(path: str) -> object:
 _D2L_FILES: dict[str, bytes] = {}
 
 
+def d2l_params_bytes() -> bytes:
+    """A d2l directory's pretrained.params (Gluon's), made once per process."""
+    if "pretrained.params" not in _D2L_FILES:
+        _D2L_FILES["pretrained.params"] = params_bytes(gluon_weights())
+    return _D2L_FILES["pretrained.params"]
+
+
 def _d2l_vocab(path: str) -> object:
     """A d2l pretrained-model directory (a Gluon pretrained.params) whose vocab.json is (a link to) ``path``."""
     from bert_multi import load_checkpoint
 
     with tempfile.TemporaryDirectory() as directory:
-        if "pretrained.params" not in _D2L_FILES:
-            _D2L_FILES["pretrained.params"] = params_bytes(gluon_weights())
-        (Path(directory) / "pretrained.params").write_bytes(_D2L_FILES["pretrained.params"])
+        (Path(directory) / "pretrained.params").write_bytes(d2l_params_bytes())
         (Path(directory) / "vocab.json").symlink_to(Path(path).absolute())
         return load_checkpoint(directory, num_heads=2, preset="d2l")
 
@@ -123,9 +128,7 @@ def _d2l_zip(path: str) -> object:
 
 def d2l_zip_bytes() -> bytes:
     """A d2l pretrained-model zip, as d2l's downloads are: bert.small/pretrained.params and vocab.json."""
-    if "pretrained.params" not in _D2L_FILES:
-        _D2L_FILES["pretrained.params"] = params_bytes(gluon_weights())
-    return make_zip([("bert.small/pretrained.params", _D2L_FILES["pretrained.params"]),
+    return make_zip([("bert.small/pretrained.params", d2l_params_bytes()),
                      ("bert.small/vocab.json", vocab_bytes())])  # fmt: skip
 
 
@@ -590,8 +593,7 @@ def corpus_bytes() -> bytes:
 
 
 def hostile_d2l_zips() -> dict[str, tuple[bytes, str]]:
-    whole = d2l_zip_bytes()
-    params = _D2L_FILES["pretrained.params"]
+    whole, params = d2l_zip_bytes(), d2l_params_bytes()
     return {
         "two parameter files": (
             make_zip([("a/pretrained.params", params), ("b/pretrained.params", params)]),

@@ -28,6 +28,12 @@ def _to_numpy(value: Any) -> np.ndarray | None:
     return value.asnumpy() if hasattr(value, "asnumpy") else None
 
 
+def _array_maker() -> Any:
+    # Framework difference: Gluon code runs on mx.np arrays in NumPy mode (d2l's npx.set_np()), on
+    # legacy mx.nd arrays otherwise; the user's model decides which, so its inputs follow.
+    return mx.np.array if mx.util.is_np_array() else mx.nd.array
+
+
 class WrappedModel:
     """A user's Gluon ``Block``, called the d2l way (tokens, segments, valid_lens, pred_positions) ->
     (encoded, mlm, nsp), at one dtype on one device."""
@@ -52,7 +58,7 @@ class WrappedModel:
 
     def _arrays(self, inputs: ModelInputs) -> list[Any]:
         # d2l's Gluon code passes valid_lens in the data's float dtype (sequence_mask wants it so).
-        maker = mx.np.array if mx.util.is_np_array() else mx.nd.array
+        maker = _array_maker()
         dtypes = [None, None, self.dtype, None]
         return [
             None if array is None else maker(array, dtype=dtype or array.dtype, ctx=self.context)
@@ -77,7 +83,7 @@ class WrappedModel:
         return found
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
-        maker = mx.np.array if mx.util.is_np_array() else mx.nd.array
+        maker = _array_maker()
         for name, parameter in _parameters(self.module).items():
             if name in arrays:
                 parameter.set_data(maker(arrays[name], dtype=self.dtype, ctx=self.context))
@@ -116,7 +122,7 @@ class WrappedModel:
         for parameter in params.values():
             if parameter.grad_req != "null":
                 parameter.grad(self.context)[:] = 0  # zero_grad() takes only legacy arrays in NumPy mode
-        maker = mx.np.array if mx.util.is_np_array() else mx.nd.array
+        maker = _array_maker()
         with autograd.record(train_mode=False):  # dropout off: the function the forward check compared
             returned = self._call(inputs)
         pairs = [
@@ -131,7 +137,7 @@ class WrappedModel:
         """The user's ``_get_batch_loss_bert`` on ``batch``, with the loss object d2l passes. Framework
         difference: d2l's Gluon version takes lists of shards (one per GPU) and returns lists; it gets one
         shard each here, and its first results are taken."""
-        maker = mx.np.array if mx.util.is_np_array() else mx.nd.array
+        maker = _array_maker()
         floats = {"valid_lens": self.dtype, "mlm_weights": self.dtype}
         shards = {name: [maker(a, dtype=floats.get(name, a.dtype), ctx=self.context)] for name, a in batch.items()}
         returned = function(

@@ -184,7 +184,7 @@ def _forward_rows(
     runners: dict[str, Callable[[], object]] = {}
     threads: dict[str, object] = {}
     for backend in available:
-        config = _computable(backend, base)
+        config = computable(backend, base)
         if config is None or backend.supports(config, device) is not None:
             continue
         name = backend.name
@@ -336,11 +336,11 @@ def _train_rows(
     ]
 
 
-def _computable(backend: LoadedBackend, config: BERTConfig) -> BERTConfig | None:
+def computable(backend: LoadedBackend, config: BERTConfig, device: str = "cpu") -> BERTConfig | None:
     """``config``, or for a backend that computes only the original BERT (a reference) the original BERT
-    of its sizes; None if it computes neither."""
+    of its sizes; None if it computes neither on ``device``."""
     for candidate in (config, config.with_semantics("bert")):
-        if backend.supports(candidate) is None:
+        if backend.supports(candidate, device) is None:
             return candidate
     return None
 

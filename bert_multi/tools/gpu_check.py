@@ -135,11 +135,11 @@ def nvidia_smi() -> list[dict[str, str]]:
 
 def _framework(backend: LoadedBackend) -> str:
     """The framework and build, as a model of the backend reports it ("torch 2.13.0+cpu")."""
-    for config in (CONFIGS["tiny"], CONFIGS["tiny"].with_semantics("bert")):
-        if backend.supports(config) is None:
-            model = backend.build(config, random_weights(config), gradients=False)
-            return str(model.runtime_info().get("framework", backend.name))
-    return backend.name
+    config = bench.computable(backend, CONFIGS["tiny"])
+    if config is None:
+        return backend.name
+    model = backend.build(config, random_weights(config), gradients=False)
+    return str(model.runtime_info().get("framework", backend.name))
 
 
 def gpus(seen: list[dict[str, str]]) -> tuple[list[tuple[LoadedBackend, str]], list[Part]]:
@@ -290,11 +290,7 @@ def environment(seen: list[dict[str, str]], found: list[tuple[LoadedBackend, str
     memory, CUDA version, framework and build), with what nvidia-smi says (the driver)."""
     devices = {}
     for backend, device in found:
-        config = (
-            CONFIGS["tiny"]
-            if backend.supports(CONFIGS["tiny"], device) is None
-            else CONFIGS["tiny"].with_semantics("bert")
-        )
+        config = bench.computable(backend, CONFIGS["tiny"], device) or CONFIGS["tiny"].with_semantics("bert")
         model = backend.build(config, random_weights(config), device=device, gradients=False)
         devices[f"{backend.name} {device}"] = model.runtime_info()
     return {
