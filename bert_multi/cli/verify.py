@@ -123,8 +123,5 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
         result = "PASS" if report.loss.passed else "FAIL"
         averaged = report.loss.normalization
         print(f"\nyour loss: mlm {mlm:.10g}, nsp {nsp:.10g}, total {total:.10g}: {result} ({averaged})")
-        for comparison in report.loss.comparisons:
-            if not comparison.passed:
-                print(f"  {comparison.describe()}")
-        if report.loss.diagnosis:
-            print(f"  {report.loss.diagnosis}")
+        for problem in report.loss.problems():
+            print(f"  {problem}")

@@ -88,6 +88,10 @@ class LossCheck:
     def passed(self) -> bool:
         return all(c.passed for c in self.comparisons)
 
+    def problems(self) -> list[str]:
+        """Each value out of tolerance, and what the numbers show the function does."""
+        return [c.describe() for c in self.comparisons if not c.passed] + ([self.diagnosis] if self.diagnosis else [])
+
 
 def resolve_frozen(names: Iterable[str], mapping: ParameterMap) -> set[str]:
     """The canonical tensors that ``names`` (the user's parameter names or canonical ones) state frozen."""

@@ -103,9 +103,8 @@ class VerifyReport:
                 lines.append(f"gradient of the {check.scalar} ({check.device}): no gradient reaches {names}")
             elif check.first_divergence is not None:
                 lines.append(f"gradient of the {check.scalar} ({check.device}): {check.first_divergence.describe()}")
-        if self.loss is not None and not self.loss.passed:
-            lines += [c.describe() for c in self.loss.comparisons if not c.passed]
-            lines += [self.loss.diagnosis] if self.loss.diagnosis else []
+        if self.loss is not None:
+            lines += self.loss.problems()
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
