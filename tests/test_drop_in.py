@@ -1,9 +1,10 @@
 """The drop-in modules of earlier generations: each generation's constructor signatures, as the chapter
 and the pretraining section of that release call them, build the canonical model of its preset."""
 
+import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, backends, load_backend, param_shapes, random_weights
+from bert_multi import BERTConfig, load_backend, param_shapes, random_weights
 from bert_multi.backend import framework_names
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.results import assert_conforms
@@ -23,14 +24,27 @@ MODULES = {
     ("mxnet", "d2l_0_11"): ("d2l-0.11", GLUON_STYLE),
     ("mxnet", "d2l_0_12"): ("d2l-0.12", GLUON_STYLE),
     ("mxnet", "d2l_0_17"): ("d2l", GLUON_STYLE),
+    ("jax", "d2l_0_11"): ("d2l-0.11", GLUON_STYLE),
+    ("jax", "d2l_0_12"): ("d2l-0.12", GLUON_STYLE),
+    ("jax", "d2l_0_17"): ("d2l", GLUON_STYLE),
 }
+
+
+def in_process(framework):
+    """The framework's package, importable in this environment (a backend run by a worker in another
+    environment has no classes here to call), else a skip saying why."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"bert_multi.{framework}")
+    except ImportError as error:
+        pytest.skip(f"{framework} cannot run in this environment ({error})")
 
 
 @pytest.fixture(params=sorted(MODULES), ids=[f"{f}.{m}" for f, m in sorted(MODULES)])
 def module(request):
     framework, name = request.param
-    if not backends()[framework].available:
-        pytest.skip(backends()[framework].reason)
+    in_process(framework)
     import importlib
 
     return framework, importlib.import_module(f"bert_multi.{framework}.{name}"), *MODULES[request.param]
@@ -50,6 +64,16 @@ def test_the_release_signature_builds_the_canonical_model_of_its_preset(module):
         net.eval()
         with torch.no_grad():
             outputs = [t.numpy() for t in net(*(torch.from_numpy(batch[k]) for k in batch))]
+    elif framework == "jax":
+        import jax
+
+        from bert_multi.jax import to_flax
+
+        # Framework difference: the parameters are not in the module; init makes a tree for these inputs.
+        made = net.init(jax.random.key(0), *batch.values())["params"]
+        shapes = jax.tree_util.tree_map(lambda a: a.shape, (dict(made), to_flax(config, weights)))
+        assert shapes[0] == shapes[1]
+        outputs = [np.asarray(a) for a in net.apply({"params": to_flax(config, weights)}, *batch.values())]
     else:
         import mxnet as mx
 
@@ -67,19 +91,17 @@ def test_the_release_signature_builds_the_canonical_model_of_its_preset(module):
 
 
 def test_0_17_widths_that_disagree_with_num_hiddens_are_explained():
-    if not backends()["torch"].available:
-        pytest.skip(backends()["torch"].reason)
+    in_process("torch")
     from bert_multi.torch import d2l_0_17 as d2l
 
     with pytest.raises(ValueError, match=r"key_size=768, but BERT's blocks read and write num_hiddens=128"):
         d2l.BERTModel(37, 128, [128], 128, 256, 2, 2, 0.2)  # the release's 768 defaults, left as they were
 
 
-@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+@pytest.mark.parametrize("framework", ["torch", "mxnet", "jax"])
 def test_tiling_is_the_releases_own_code_path(framework):
     """d2l 0.12's MultiHeadAttention tiles valid_lens: same weights, different rows masked."""
-    if not backends()[framework].available:
-        pytest.skip(backends()[framework].reason)
+    in_process(framework)
     import importlib
 
     old = importlib.import_module(f"bert_multi.{framework}.d2l_0_12")

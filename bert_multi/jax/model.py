@@ -196,11 +196,11 @@ class BERTEncoder(nn.Module):
     num_blks: int
     dropout: float
     max_len: int = 1000
-    semantics: Semantics = PRESETS["d2l"]
+    semantics: Semantics | str = PRESETS["d2l"]
     train_positions: bool = True
 
     def setup(self) -> None:
-        semantics = self.semantics
+        self.switches = semantics = semantics_for(self.semantics)
         self.token_embedding = nn.Embed(self.vocab_size, self.num_hiddens)
         self.segment_embedding = nn.Embed(2, self.num_hiddens)
         if semantics.positions == "learned":
@@ -232,13 +232,13 @@ class BERTEncoder(nn.Module):
 
     def __call__(self, tokens, segments, valid_lens, training: bool = False):
         X = self.token_embedding(tokens) + self.segment_embedding(segments)
-        if self.semantics.positions == "learned":
+        if self.switches.positions == "learned":
             # d2l 0.16-0.17's PyTorch code added pos_embedding.data, so it never trained: train_positions=False.
             positions = self.pos_embedding if self.train_positions else jax.lax.stop_gradient(self.pos_embedding)
             X = X + positions[:, : X.shape[1], :].astype(X.dtype)
         else:
             X = self.pos_encoding(X, training)
-        if self.semantics.embedding_norm:
+        if self.switches.embedding_norm:
             X = self.embedding_dropout(self.embedding_norm(X), deterministic=not training)
         self.sow("intermediates", "embedding", X)
         for blk in self.blks:

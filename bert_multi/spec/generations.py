@@ -13,10 +13,13 @@ every input width (``key_size``, ``norm_shape``, ``ffn_num_input``, ``hid_in_fea
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..errors import UsageError
 from .semantics import Semantics, semantics_for
+
+T = TypeVar("T")
 
 
 class Generation:
@@ -33,6 +36,32 @@ class Generation:
     @property
     def _switches(self) -> Semantics:
         return semantics_for(self.preset)
+
+
+class _Arguments:
+    """The end of a translation: keeps the arguments a mixin passes on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+
+def constructor(
+    mixin: type[Generation], target: Callable[..., T], preset: str, train_positions: bool = True
+) -> Callable[..., T]:
+    """A function taking ``mixin``'s signature and returning ``target`` built from the translated arguments:
+    the adapter for a framework whose classes cannot take a mixin's ``__init__`` (Flax modules are
+    dataclasses, their fields the constructor)."""
+    translate = type(mixin.__name__, (mixin, _Arguments), {"preset": preset, "train_positions": train_positions})
+
+    def build(*args: Any, **kwargs: Any) -> T:
+        translated = translate(*args, **kwargs)
+        return target(*translated.args, **translated.kwargs)
+
+    build.__name__ = build.__qualname__ = mixin.__name__.removeprefix("GluonStyle").removeprefix("Sized")
+    build.__doc__ = (
+        f"{mixin.__doc__}\n\nBuilds a {getattr(target, '__name__', target)} computing the preset {preset!r}."
+    )
+    return build
 
 
 # --- d2l's MXNet signatures (0.11 to 0.17), shared by the PyTorch twins of 0.11 and 0.12 ----------------

@@ -1,0 +1,39 @@
+"""d2l 0.11's BERT (its chapter's code; MXNet-only in d2l) in Flax with that release's constructor
+signatures, as the Gluon classes take them: ``from bert_multi.jax import d2l_0_11 as d2l``.
+
+The preset "d2l-0.11": fixed sinusoidal positions (then dropout), attention without biases, valid_lens
+tiled over the heads (d2l's bug, reproduced), and a next-sentence head that pools <cls> itself. The
+modules are bert_multi's own (``model.py``); ``bert_multi.generations`` translates the old arguments.
+"""
+
+from ..spec import generations
+from ..spec.inputs import get_tokens_and_segments
+from . import model
+
+PRESET = "d2l-0.11"
+
+masked_softmax = model.masked_softmax
+DotProductAttention = model.DotProductAttention
+PositionalEncoding = model.PositionalEncoding
+MaskLM = model.MaskLM
+NextSentencePred = model.NextSentencePredMLP  # NextSentencePred(num_hiddens): reads <cls>, then its MLP
+
+# Framework difference: a Flax module is a dataclass whose fields are its constructor, so it takes no
+# mixin's __init__; each old signature is a function that builds the 1.0 module from the translated arguments.
+MultiHeadAttention = generations.constructor(generations.GluonStyleMultiHeadAttention, model.MultiHeadAttention, PRESET)
+EncoderBlock = generations.constructor(generations.GluonStyleEncoderBlock, model.TransformerEncoderBlock, PRESET)
+BERTEncoder = generations.constructor(generations.GluonStyleBERTEncoder, model.BERTEncoder, PRESET)
+BERTModel = generations.constructor(generations.GluonStyleBERTModel, model.BERTModel, PRESET)
+
+__all__ = [
+    "BERTEncoder",
+    "BERTModel",
+    "DotProductAttention",
+    "EncoderBlock",
+    "MaskLM",
+    "MultiHeadAttention",
+    "NextSentencePred",
+    "PositionalEncoding",
+    "get_tokens_and_segments",
+    "masked_softmax",
+]
