@@ -3,12 +3,13 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# NumPy 2 with PyTorch and no MXNet: the core and the torch backend must work there too.
+# NumPy 2 with PyTorch and JAX, no MXNet: JAX lives there, and the core and the torch backend must work
+# there too. Each environment runs the other's frameworks in a worker process (bert_multi.backend.remote).
 VENV_NUMPY2 := .venv-numpy2
 
 .PHONY: run test check test-main test-numpy2 fuzz venv clean
 
-run: venv
+run: venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
 
 test: check test-main test-numpy2
@@ -19,10 +20,10 @@ check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test-main: venv
+test-main: venv $(VENV_NUMPY2)/.installed
 	$(BIN)/python -m pytest
 
-test-numpy2: $(VENV_NUMPY2)/.installed
+test-numpy2: venv $(VENV_NUMPY2)/.installed
 	$(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
 
 # A longer hunt for hostile files than the test suite's (12 s per reader): FUZZ_SECONDS per reader.

@@ -17,8 +17,14 @@ if os.environ.get("CI"):
 
 @pytest.fixture(params=frameworks())
 def framework(request):
-    """Each framework backend in turn; the tests written against it run for every one."""
+    """Each framework backend in turn; the tests written against it run for every one, but those marked
+    ``needs("Pretrainer", ...)`` only for a backend offering those capabilities of the contract."""
     status = backends()[request.param]
     if not status.available:
         pytest.skip(status.reason)
-    return load_backend(request.param)
+    backend = load_backend(request.param)
+    for marker in request.node.iter_markers("needs"):
+        lacking = [capability for capability in marker.args if getattr(backend.module, capability, None) is None]
+        if lacking:
+            pytest.skip(f"backend {backend.name!r} has no {', '.join(lacking)} (capabilities of the backend contract)")
+    return backend

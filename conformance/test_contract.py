@@ -217,7 +217,7 @@ def installed(tmp_path, monkeypatch):
 
 def test_an_installed_package_adds_its_backends_and_the_registry_refuses_what_breaks_the_rules(installed, capsys):
     status = backends()
-    assert list(status)[:4] == ["numpy", "torch", "mxnet", "transformers"]  # the built-ins come first
+    assert list(status)[:5] == ["numpy", "torch", "mxnet", "jax", "transformers"]  # the built-ins come first
     assert status["ext"].available and status["ext"].label == "External"
     assert status["ext"].where == "entry point ext = ext_bert (from ext-bert)"
     assert {"ext", "extbad", "misnamed", "broken"} <= set(frameworks())

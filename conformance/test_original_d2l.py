@@ -72,7 +72,10 @@ def test_each_backend_computes_what_each_release_computed(framework, release, dt
     (_, _, _), (config, weights, runs, eps, precision) = release
     model = framework.build(config, weights, dtype=dtype)
     oracle = load_backend("numpy")
-    at_backend, at_release = (oracle.build(config, weights, layer_norm_eps=e) for e in (framework.LAYER_NORM_EPS, eps))
+    at_backend, at_release = (
+        oracle.build(config, weights, layer_norm_eps=e)
+        for e in (framework.kernel_eps(config.semantics.layer_norm_eps), eps)
+    )
     for case, (inputs, original) in runs[dtype].items():
         expected = shifted(original, at_backend(**inputs), at_release(**inputs))
         try:

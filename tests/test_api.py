@@ -8,6 +8,7 @@ import pytest
 
 import bert_multi
 from bert_multi import BackendUnavailable, backends, load_backend
+from bert_multi.backend.registry import registrations
 from bert_multi.cli import main
 
 
@@ -30,7 +31,7 @@ def test_public_names_are_exported():
 
 def test_backends_lists_every_backend_with_its_status():
     status = backends()
-    assert list(status) == ["numpy", "torch", "mxnet", "transformers"]
+    assert list(status) == ["numpy", "torch", "mxnet", "jax", "transformers"]
     assert status["numpy"].available and status["numpy"].reason is None
     for name, state in status.items():
         assert state.available == (state.reason is None), name
@@ -39,23 +40,23 @@ def test_backends_lists_every_backend_with_its_status():
 def test_unknown_backend_names_the_known_ones():
     with pytest.raises(
         ValueError,
-        match=r"unknown backend 'tensorflow': expected one of \['numpy', 'torch', 'mxnet', 'transformers'\]",
+        match=r"unknown backend 'tensorflow': expected one of \['numpy', 'torch', 'mxnet', 'jax', 'transformers'\]",
     ):
         load_backend("tensorflow")
 
 
-@pytest.mark.parametrize("backend, package", [("torch", "torch"), ("mxnet", "mxnet")])
+@pytest.mark.parametrize("backend, package", [("torch", "torch"), ("mxnet", "mxnet"), ("jax", "jax")])
 def test_missing_framework_is_a_clear_error_naming_the_package(backend, package):
-    # Hide the framework as if it were not installed.
+    # Hide the framework as if it were not installed, and look for no other environment that has it.
     result = run_python(
-        f"import sys; sys.modules[{package!r}] = None\n"
+        f"import os, sys; sys.modules[{package!r}] = None; os.environ['BERT_MULTI_PYTHON_{backend.upper()}'] = 'none'\n"
         "import bert_multi\n"
         f"print(bert_multi.backends()[{backend!r}])\n"
         f"bert_multi.load_backend({backend!r})\n"
     )
     assert "available=False" in result.stdout
     assert "BackendUnavailable" in result.stderr
-    assert f"pip install 'bert_multi[{backend}]'" in result.stderr
+    assert registrations()[backend].install.split(" (")[0] in result.stderr  # the command that installs it
 
 
 def test_backend_unavailable_is_an_import_error():

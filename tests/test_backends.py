@@ -152,10 +152,14 @@ def test_a_shared_build_and_export_cost_no_copy_where_the_framework_allows(frame
         assert all(lent[name].tobytes() == given[name].tobytes() for name in given)
         assert not any(array.flags.writeable for array in lent.values())
         assert all(array.flags.writeable and not np.shares_memory(array, lent[name]) for name, array in copied.items())
-        kept = framework.NAME == "torch" and (given is weights or not gradients)
-        assert all(np.shares_memory(lent[name], given[name]) == kept for name in given), (given is weights, kept)
+        # Whether the model keeps the caller's arrays: torch does, Gluon never; JAX's device_put may keep
+        # an aligned one, so it is not pinned here.
+        kept = {"torch": given is weights or not gradients, "mxnet": False}.get(framework.NAME)
+        if kept is not None:
+            assert all(np.shares_memory(lent[name], given[name]) == kept for name in given), (given is weights, kept)
         again = model.export_weights(share=True)
-        assert all(np.shares_memory(lent[name], again[name]) for name in given)
+        if framework.elsewhere is None:  # a worker's weights come back as read-only copies
+            assert all(np.shares_memory(lent[name], again[name]) for name in given)
         del model, copied, again
         gc.collect()
         assert all(lent[name].tobytes() == given[name].tobytes() for name in given)
@@ -220,6 +224,7 @@ def test_weights_in_any_numpy_layout_build_and_compute_the_same(framework):
         assert all(np.array_equal(model.export_weights()[n], weights[n]) for n in weights)
 
 
+@pytest.mark.needs("save_checkpoint", "load_checkpoint")
 def test_a_big_endian_weights_file_converts_to_a_framework_checkpoint(framework, tmp_path):
     from bert_multi import load_weights, save_weights
 

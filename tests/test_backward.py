@@ -96,6 +96,7 @@ def test_gradients_of_the_pretraining_loss_match_finite_differences(preset, norm
     assert_close(analytic, finite_differences(loss, weights))
 
 
+@pytest.mark.needs("Pretrainer")
 def test_every_framework_autograd_agrees_with_the_gradient_oracle(framework):
     """float64 gradients of d2l's pretraining loss, taken by each framework's own autograd."""
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=16, seed=0)

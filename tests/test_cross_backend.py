@@ -2,7 +2,16 @@
 
 import pytest
 
-from bert_multi import CONFIGS, BERTConfig, backends, load_backend, load_weights, random_weights, save_weights
+from bert_multi import (
+    CONFIGS,
+    BERTConfig,
+    backends,
+    load_backend,
+    load_checkpoint,
+    load_weights,
+    random_weights,
+    save_weights,
+)
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.results import assert_conforms
 
@@ -60,9 +69,9 @@ def test_weights_travel_between_frameworks_through_files(tmp_path):
     # and through each framework's own checkpoint format: Gluon .params -> torch state_dict -> canonical
     mxnet_backend.save_checkpoint(tmp_path / "gluon.params", CONFIG, original)
     torch_backend.save_checkpoint(
-        tmp_path / "torch.pt", CONFIG, mxnet_backend.load_checkpoint(tmp_path / "gluon.params", CONFIG).weights
+        tmp_path / "torch.pt", CONFIG, load_checkpoint(tmp_path / "gluon.params", CONFIG).weights
     )
-    final = torch_backend.load_checkpoint(tmp_path / "torch.pt", CONFIG).weights
+    final = load_checkpoint(tmp_path / "torch.pt", CONFIG).weights
     assert all(final[name].tobytes() == original[name].tobytes() for name in original)
 
 

@@ -10,16 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_multi import backends, load_backend, register_backend, unregister_backend
+from bert_multi import load_backend, register_backend, unregister_backend
 from bert_multi.backend.contract import parse_device
+from bert_multi.backend.registry import not_in_process
 from bert_multi.tools.gpu_check import nvidia_smi, run_gpu_check
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(
-    backends()["mxnet"].available, reason="runs in the NumPy-2 environment (no MXNet), as a GPU machine"
-)
+@pytest.mark.skipif(not not_in_process("mxnet"), reason="runs in the NumPy-2 environment (no MXNet), as a GPU machine")
 def test_gpu_check_runs_from_the_source_tree_as_on_a_gpu_machine(tmp_path):
     environment = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "bert_multi.cli", "gpu-check", "--quick", "--out", str(tmp_path / "out")]
@@ -65,8 +64,8 @@ class StandInGPU:
 @pytest.fixture
 def stand_in(request):
     base, fault = getattr(request, "param", ("numpy", None))
-    if not backends()[base].available:
-        pytest.skip(backends()[base].reason)
+    if not_in_process(base):
+        pytest.skip(not_in_process(base))
     register_backend(StandInGPU(base, fault))
     yield
     unregister_backend("standin")

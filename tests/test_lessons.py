@@ -4,6 +4,7 @@ what the guide says it prints (``bert_multi.tools.lessons``), and the runner cat
 import pytest
 
 from bert_multi import backends, frameworks
+from bert_multi.backend.registry import not_in_process
 from bert_multi.cli import main
 from bert_multi.tools import lessons
 
@@ -18,10 +19,12 @@ def test_every_section_shows_both_frameworks():
 
 @pytest.mark.parametrize("framework", frameworks())
 def test_every_sample_prints_what_the_guide_says(framework):
-    status = backends()[framework]
-    if not status.available:
-        pytest.skip(status.reason)
-    wrong = [o for o in lessons.check(SECTIONS, (framework,)) if not o.as_written]
+    if not_in_process(framework):  # the samples run in this process
+        pytest.skip(not_in_process(framework))
+    outcomes = lessons.check(SECTIONS, (framework,))
+    if not outcomes:
+        pytest.skip(f"the guide has no {framework} samples yet")
+    wrong = [o for o in outcomes if not o.as_written]
     assert not wrong, "\n".join(
         f"guide line {o.sample.line}: printed\n{o.printed}\nwhere the guide says\n{o.sample.expected}" for o in wrong
     )

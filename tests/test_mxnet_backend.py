@@ -8,13 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, WeightsError, backends, init_weights, load_backend, random_weights
+from bert_multi import BERTConfig, WeightsError, init_weights, load_backend, random_weights
+from bert_multi.backend.registry import not_in_process
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.results import Target, assert_conforms
 
-if not backends()["mxnet"].available:
-    pytest.skip(backends()["mxnet"].reason, allow_module_level=True)
+if not_in_process("mxnet"):
+    pytest.skip(not_in_process("mxnet"), allow_module_level=True)
 
 import mxnet as mx  # noqa: E402
 from mxnet import autograd  # noqa: E402

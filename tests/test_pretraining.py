@@ -7,12 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, backends, init_weights, load_backend, random_weights
+from bert_multi import BERTConfig, init_weights, load_backend, random_weights
 from bert_multi.backend.oracle import pretraining_loss
+from bert_multi.backend.registry import not_in_process
 from bert_multi.training import PretrainingData, builtin_corpus, check_batch, paragraphs_from_lines, run_pretraining
 
+pytestmark = pytest.mark.needs("Pretrainer")  # training: each framework's own Pretrainer
+
 both = pytest.mark.skipif(
-    not all(backends()[n].available for n in ("torch", "mxnet")), reason="needs both the torch and the mxnet backend"
+    any(not_in_process(n) for n in ("torch", "mxnet")), reason="needs both the torch and the mxnet backend here"
 )
 
 # Hyper-parameters that float32 represents exactly: MXNet hands its optimizer kernels lr, betas and

@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 
 from bert_multi import WeightsError
+from bert_multi.backend.registry import not_in_process
 from bert_multi.files.safe import unnamed_file
 from bert_multi.training import STATE_FILE, load_training_state, run_pretraining
+
+pytestmark = pytest.mark.needs("Pretrainer")  # training: each framework's own Pretrainer
 
 SETUP = """
 from bert_multi import BERTConfig, init_weights
 from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
 DATA = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=32, seed=0)
 CONFIG = BERTConfig(len(DATA.vocab), 16, 24, 2, 2, max_len=32)
 WEIGHTS = init_weights(CONFIG, seed=1, dtype="float64")
@@ -151,10 +155,9 @@ def test_with_dropout_a_resumed_run_draws_the_masks_the_uninterrupted_one_would(
 
 def saved_state(tmp_path, optimizer="adam"):
     """A real state after two steps of the torch backend (skipped where torch is absent)."""
-    from bert_multi import backends
 
-    if not backends()["torch"].available:
-        pytest.skip(backends()["torch"].reason)
+    if not_in_process("torch"):
+        pytest.skip(not_in_process("torch"))
     run_pretraining(**{**arguments("torch", optimizer), "steps": 2}, checkpoint_every=2, checkpoint_dir=tmp_path)
     return load_training_state(tmp_path)
 

@@ -8,16 +8,16 @@ from bert_multi import (
     BERTConfig,
     InputError,
     WeightsError,
-    backends,
     load_backend,
     param_shapes,
     random_weights,
 )
+from bert_multi.backend.registry import not_in_process
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.results import assert_conforms
 
-if not backends()["torch"].available:
-    pytest.skip(backends()["torch"].reason, allow_module_level=True)
+if not_in_process("torch"):
+    pytest.skip(not_in_process("torch"), allow_module_level=True)
 
 import torch  # noqa: E402
 

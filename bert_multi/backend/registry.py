@@ -20,6 +20,7 @@ import difflib
 import importlib
 import importlib.metadata
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ import numpy as np
 
 from ..errors import BackendContractError, BackendUnavailable, CannotRunHere, UsageError
 from ..spec.config import BERTConfig
+from . import remote
 from .contract import BUILD_OPTIONS, ROLES, BackendModel, parse_device
 
 ENTRY_POINT_GROUP = "bert_multi.backends"
@@ -44,10 +46,14 @@ class Registration:
     role: str = "framework"  # a key of ROLES; a backend registered from outside may state its own ROLE
     label: str = ""  # how people call it (default: its name)
     install: str = ""  # what to install when it cannot load
+    # The environment (a directory beside the source tree) where the project installs its framework: run
+    # there by a worker process when it cannot load here (``bert_multi.backend.remote``).
+    environment: str = ""
 
 
-def _own(name: str, path: str, role: str, label: str, install: str = "") -> Registration:
-    return Registration(name, lambda: importlib.import_module(path), path, "bert_multi", role, label, install)
+def _own(name: str, path: str, role: str, label: str, install: str = "", environment: str = "") -> Registration:
+    load = lambda: importlib.import_module(path)  # noqa: E731
+    return Registration(name, load, path, "bert_multi", role, label, install, environment)
 
 
 # The project's own backends, in the order reports list them: one entry each.
@@ -66,6 +72,15 @@ BUILTIN = (
         "framework",
         "MXNet/Gluon",
         "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)",
+        ".venv",
+    ),
+    _own(
+        "jax",
+        "bert_multi.jax",
+        "framework",
+        "JAX/Flax",
+        "make .venv-numpy2/.installed (jax==0.10.2, flax==0.12.8, optax==0.2.8; they need numpy>=1.24)",
+        ".venv-numpy2",
     ),
     _own(
         "transformers",
@@ -172,11 +187,17 @@ def load_backend(name: str) -> LoadedBackend:
         registration = _REGISTRY.all()[name]
         try:
             target = registration.load()
+        except ImportError as error:  # BackendUnavailable included: the framework cannot run in this environment
+            if isinstance(error, BackendUnavailable):
+                unavailable = error
+            else:
+                install = f"; to install it: {registration.install}" if registration.install else ""
+                unavailable = BackendUnavailable(f"backend {name!r} is unavailable ({error}){install}")
+            if registration.origin != "bert_multi":
+                raise unavailable from error
+            target = remote.load_elsewhere(name, registration.environment, unavailable)
         except CannotRunHere:
             raise
-        except ImportError as error:
-            install = f"; to install it: {registration.install}" if registration.install else ""
-            raise BackendUnavailable(f"backend {name!r} is unavailable ({error}){install}") from error
         except Exception as error:  # noqa: BLE001 - an entry point's import may raise anything: a broken backend
             raise BackendContractError(
                 f"backend {name!r} ({registration.where}) failed to import: {type(error).__name__}: {error}"
@@ -210,8 +231,18 @@ def backends() -> dict[str, BackendStatus]:
         except (CannotRunHere, BackendContractError) as error:
             status[name] = BackendStatus(False, str(error), registration.role, label, registration.where)
         else:
-            status[name] = BackendStatus(True, None, backend.role, backend.label, registration.where)
+            status[name] = BackendStatus(True, None, backend.role, backend.label, backend.where)
     return status
+
+
+def not_in_process(name: str) -> str | None:
+    """Why backend ``name``'s framework cannot be used in this process (its classes, its checkpoints,
+    users' models of it), or None: it is unavailable, or runs in another environment's worker."""
+    status = backends()[name]
+    if not status.available:
+        return status.reason
+    elsewhere = load_backend(name).elsewhere
+    return None if elsewhere is None else f"backend {name!r} runs in another environment here ({_shown(elsewhere)})"
 
 
 def backend_names(role: str | None = None) -> list[str]:
@@ -279,6 +310,18 @@ class LoadedBackend:
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.module, attribute)
+
+    @property
+    def elsewhere(self) -> str | None:
+        """The Python that runs it, when that is another environment's (``bert_multi.backend.remote``);
+        None when it runs in this process."""
+        return getattr(self.module, "ENVIRONMENT", None)
+
+    @property
+    def where(self) -> str:
+        """Where it comes from, for people; a backend run in another environment names its Python."""
+        python = self.elsewhere
+        return self.registration.where if python is None else f"{self.registration.where} in {_shown(python)}"
 
     def __repr__(self) -> str:
         return f"<backend {self.name!r} ({self.registration.where})>"
@@ -420,6 +463,14 @@ class LoadedBackend:
         if own is None:
             raise UsageError(f"backend {self.name!r} {missing}")
         return own
+
+
+def _shown(path: str) -> str:
+    """A path relative to the working directory where it lies under it."""
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:  # another drive
+        return path
 
 
 def _build_parameters(build: Callable[..., Any]) -> tuple[set[str], bool]:

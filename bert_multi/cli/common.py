@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend.registry import backend_names, frameworks
+from ..backend.registry import backend_names, check_names, frameworks
+from ..backend.remote import use_python
 from ..display import ProgressBar
 from ..errors import InputError, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
@@ -32,12 +33,22 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def backend_and_python(text: str) -> tuple[str, str]:
+    backend, equals, python = text.partition("=")
+    if not equals or not backend.strip() or not python.strip():
+        raise argparse.ArgumentTypeError(f"expected BACKEND=PYTHON, such as jax=.venv-numpy2/bin/python, got {text!r}")
+    return backend.strip(), python.strip()
+
+
 def comma_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def parse_targets(args: argparse.Namespace) -> list[Target]:
     """The targets asked for; any name that is not a backend, dtype or device is refused here."""
+    for backend, python in getattr(args, "python", None) or []:
+        check_names([backend])
+        use_python(backend, python)
     names = frameworks() if args.backends is None else args.backends
     if args.reference:
         references = backend_names("reference")
@@ -208,6 +219,14 @@ def add_run_options(parser: argparse.ArgumentParser, backends: bool = True) -> N
     if backends:
         parser.add_argument(
             "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
+        )
+        parser.add_argument(
+            "--python",
+            type=backend_and_python,
+            action="append",
+            metavar="BACKEND=PYTHON",
+            help="run BACKEND, where it cannot load here, in this Python's environment (default: the project's "
+            "own, e.g. .venv-numpy2 for jax; or BERT_MULTI_PYTHON_<BACKEND>); repeatable",
         )
         parser.add_argument(
             "--reference",

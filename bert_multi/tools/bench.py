@@ -152,12 +152,16 @@ def run_bench(
     device: str = "cpu",
     only: list[str] | None = None,
 ) -> list[Row]:
-    """Every installed backend (a reference such as transformers on the original BERT of the same
-    sizes; or the backends named in ``only``) on each shape and dtype, ``rounds`` interleaved rounds;
+    """Every backend that runs in this environment (a reference such as transformers on the original BERT
+    of the same sizes; or the backends named in ``only``) on each shape and dtype, ``rounds`` interleaved rounds;
     then a pretraining step each, and the weight file saved and loaded at the last shape's size. On a
     ``device`` other than the CPU, the backends that can use it, without the GEMM peak and the file."""
+    # A backend run by another environment's worker would be timed with its file transfers: it is timed
+    # by bench in its own environment.
     available = [
-        load_backend(name) for name, status in backends().items() if status.available and (only is None or name in only)
+        load_backend(name)
+        for name, status in backends().items()
+        if status.available and (only is None or name in only) and load_backend(name).elsewhere is None
     ]
     rows: list[Row] = []
     for shape in shapes:

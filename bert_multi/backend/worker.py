@@ -1,0 +1,141 @@
+"""The worker that runs a backend for a process in another Python environment (``remote``):
+``python -m bert_multi.backend.worker``. One JSON request per line on stdin, one JSON reply per line
+on stdout; arrays travel in the files the requests name. It ends when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+import numpy as np
+
+from ..spec.config import BERTConfig
+from .contract import BackendModel
+from .registry import LoadedBackend, load_backend
+from .remote import read_arrays
+
+
+class Session:
+    """The backend this worker serves and the models it holds, by number."""
+
+    def __init__(self) -> None:
+        self.backend: LoadedBackend | None = None
+        self.models: dict[int, BackendModel] = {}
+        self.numbers = itertools.count()
+
+    def load(self, backend: str) -> dict[str, Any]:
+        self.backend = load_backend(backend)
+        rules = [list(rule) for rule in self.backend.name_rules]
+        files = all(callable(getattr(self.backend.module, own, None)) for own in ("save_checkpoint", "read_checkpoint"))
+        return {
+            "checkpoints": files,
+            "role": self.backend.role,
+            "label": self.backend.label,
+            "devices": self.backend.devices(),
+            "name_rules": rules,
+        }
+
+    def supports(self, config: dict[str, Any], device: str) -> dict[str, Any]:
+        return {"reason": self._loaded().supports(BERTConfig.from_dict(config), device)}
+
+    def kernel_eps(self, eps: float) -> dict[str, Any]:
+        return {"eps": self._loaded().kernel_eps(eps)}
+
+    def build(
+        self, config: dict[str, Any], weights: str, device: str, dtype: str | None, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        model = self._loaded().build(BERTConfig.from_dict(config), read_arrays(weights), device, dtype, **options)
+        number = next(self.numbers)
+        self.models[number] = model
+        recorded = None if model.recorded is None else list(model.recorded)
+        info = {key: _plain(value) for key, value in model.framework_info().items()}
+        return {"model": number, "dtype": model.dtype, "device": str(model.device), "recorded": recorded, "info": info}
+
+    def forward(self, model: int, inputs: str, out: str, intermediates: bool) -> dict[str, Any]:
+        result = self.models[model](**read_arrays(inputs), intermediates=intermediates)
+        arrays = {name: a for name, a in (("encoded", result.encoded), ("mlm", result.mlm), ("nsp", result.nsp))}
+        names = None
+        if result.intermediates is not None:
+            names = list(result.intermediates)
+            arrays.update({f"intermediates/{name}": a for name, a in result.intermediates.items()})
+        np.savez(out, **{name: array for name, array in arrays.items() if array is not None})
+        return {"intermediates": names}
+
+    def export(self, model: int, out: str) -> dict[str, Any]:
+        np.savez(out, **self.models[model].export_weights(share=True))
+        return {}
+
+    def save_checkpoint(self, path: str, config: dict[str, Any], weights: str) -> dict[str, Any]:
+        self._loaded().save_checkpoint(path, BERTConfig.from_dict(config), read_arrays(weights))
+        return {}
+
+    def read_checkpoint(self, path: str, key: str | None, out: str) -> dict[str, Any]:
+        arrays, dtypes, notes = self._loaded().read_checkpoint(path, key)
+        np.savez(out, **arrays)
+        return {"dtypes": dtypes, "notes": notes}
+
+    def drop(self, model: int) -> dict[str, Any]:
+        self.models.pop(model, None)
+        return {}
+
+    def _loaded(self) -> LoadedBackend:
+        if self.backend is None:
+            raise RuntimeError("no backend loaded: the first request must be 'load'")
+        return self.backend
+
+
+OPERATIONS = (
+    "load",
+    "supports",
+    "kernel_eps",
+    "build",
+    "forward",
+    "export",
+    "save_checkpoint",
+    "read_checkpoint",
+    "drop",
+)
+
+
+def _plain(value: object) -> object:
+    """A value a JSON reply can carry."""
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def serve(requests: Iterable[str], reply: Callable[[dict[str, Any]], None]) -> None:
+    """Answer each request line until they end."""
+    session = Session()
+    for line in requests:
+        try:
+            request = json.loads(line)
+            op = request.pop("op")
+            if op not in OPERATIONS:
+                raise ValueError(f"unknown request {op!r}: expected one of {OPERATIONS}")
+            reply({"ok": True, **getattr(session, op)(**request)})
+        except Exception as error:  # noqa: BLE001 - every error goes back to the caller, who decides
+            reply(
+                {"ok": False, "type": type(error).__name__, "message": str(error), "traceback": traceback.format_exc()}
+            )
+
+
+def main() -> None:
+    os.environ["BERT_MULTI_WORKER"] = "1"
+    # The protocol has stdout to itself: whatever else writes there (a framework's notices) goes to stderr.
+    channel: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def reply(message: dict[str, Any]) -> None:
+        channel.write(json.dumps(message) + "\n")
+
+    serve(sys.stdin, reply)
+
+
+if __name__ == "__main__":
+    main()

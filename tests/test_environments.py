@@ -1,0 +1,175 @@
+"""Backends in another Python environment: a worker process of that interpreter runs the backend, so one
+run compares MXNet (NumPy < 1.24) with JAX (NumPy 2). The mechanism is tested with the oracle run by this
+very interpreter, which every machine has; the real pairing where both environments exist."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import CONFIGS, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
+from bert_multi.backend.registry import load_backend, registrations
+from bert_multi.backend.remote import RemoteBackend, RemoteFailure
+from bert_multi.verify.cases import CASES
+
+
+@pytest.fixture(scope="module")
+def remote_oracle():
+    """The NumPy oracle, run by a worker of this interpreter."""
+    backend = RemoteBackend("numpy", Path(sys.executable))
+    yield backend
+    backend.worker.close()
+
+
+def test_a_model_in_a_worker_computes_exactly_what_it_computes_here(remote_oracle):
+    config = CONFIGS["tiny"].with_semantics("bert")
+    weights = random_weights(config, seed=3, dtype="float64")
+    here = load_backend("numpy").build(config, weights)
+    there = remote_oracle.build(config, weights)
+    assert (there.backend, there.dtype, str(there.device)) == ("numpy", "float64", "cpu")
+    for case in CASES:
+        batch = case.batch(config, seed=1)
+        expected, got = here(**batch, intermediates=True), there(**batch, intermediates=True)
+        for name in ("encoded", "mlm", "nsp"):
+            if getattr(expected, name) is None:
+                assert getattr(got, name) is None, (case.name, name)
+            else:
+                assert np.array_equal(getattr(got, name), getattr(expected, name)), (case.name, name)
+        assert list(got.intermediates) == list(expected.intermediates)
+        assert all(np.array_equal(got.intermediates[n], a) for n, a in expected.intermediates.items())
+    exported = there.export_weights(share=True)
+    assert list(exported) == list(weights) and all(np.array_equal(exported[n], weights[n]) for n in weights)
+    assert not any(array.flags.writeable for array in exported.values())
+    assert there.runtime_info()["python"] == sys.executable
+
+
+def test_the_worker_raises_bert_multis_own_exceptions_and_shows_others_with_their_traceback(remote_oracle):
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=3, dtype="float64")
+    with pytest.raises(CannotRunHere, match="cuda:0"):
+        remote_oracle.build(config, weights, device="cuda:0")
+    with pytest.raises(UsageError, match="unsupported dtype 'float16'"):
+        remote_oracle.build(config, weights, dtype="float16")
+    with pytest.raises(RemoteFailure, match=r"KeyError: 12345\nin the worker:\nTraceback"):
+        remote_oracle.worker.call("forward", model=12345, inputs="none", out="none", intermediates=False)
+
+
+def test_inputs_are_checked_before_the_worker_sees_them(remote_oracle):
+    config = CONFIGS["tiny"]
+    model = remote_oracle.build(config, random_weights(config, seed=3, dtype="float64"))
+    model.worker = None  # any request would fail with AttributeError
+    with pytest.raises(ValueError, match="out of range"):
+        model(np.full((1, 3), config.vocab_size), np.zeros((1, 3), int))
+
+
+def test_a_worker_that_dies_is_an_error_quoting_what_it_said():
+    backend = RemoteBackend("numpy", Path(sys.executable))
+    backend.worker.process.kill()
+    backend.worker.process.wait()
+    with pytest.raises(RemoteFailure, match=r"the worker \(.*\) ended: exit code -9"):
+        backend.kernel_eps(1e-5)
+    backend.worker.close()
+
+
+def test_the_worker_process_ends_with_its_caller():
+    code = (
+        "import sys; from pathlib import Path; from bert_multi.backend.remote import RemoteBackend\n"
+        "backend = RemoteBackend('numpy', Path(sys.executable)); print(backend.worker.process.pid)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pid = int(done.stdout.strip())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def run(*args, **environment):
+    return subprocess.run(
+        [sys.executable, "-m", "bert_multi.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **environment},
+    )
+
+
+def test_a_backend_with_no_environment_is_a_skip_naming_the_command_that_provides_it():
+    hidden = "import sys; sys.modules['jax'] = None; from bert_multi.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", hidden, "conform", "--backends", "numpy,jax", "--cases", "batch_one"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BERT_MULTI_PYTHON_JAX": "none"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SKIP" in done.stdout and registrations()["jax"].install in done.stdout
+    assert "BERT_MULTI_PYTHON_JAX" in done.stdout
+
+
+def test_an_interpreter_that_is_not_there_is_refused_in_one_line():
+    done = run("conform", "--backends", "jax", "--python", "jax=/nowhere/python")
+    assert done.returncode == 2
+    assert "no Python interpreter at /nowhere/python (for backend 'jax')" in done.stderr
+    done = run("conform", "--backends", "jax", "--python", "jaxx=/nowhere/python")
+    assert done.returncode == 2 and "unknown backend 'jaxx' (did you mean 'jax'?)" in done.stderr
+
+
+def test_a_configured_interpreter_is_used_where_the_framework_is_missing(tmp_path):
+    """BERT_MULTI_PYTHON_<NAME> names the interpreter; here this one, with the framework hidden from the
+    caller only, so the worker has it and the caller does not."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import bert_multi as bm\n"
+        "backend = bm.load_backend('torch')\n"
+        "print(backend.where)\n"
+        "config = bm.CONFIGS['tiny']\n"
+        "from bert_multi.verify.cases import CASES\n"
+        "cases = [case.input(config) for case in CASES]\n"
+        "report = bm.run_conformance(config, bm.random_weights(config), [bm.Target('torch', 'float64')], cases)\n"
+        "print(report.passed, len(report.checks))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BERT_MULTI_PYTHON_TORCH": sys.executable},
+    )
+    assert done.returncode == 0, done.stderr
+    where, result = done.stdout.splitlines()
+    assert (
+        where.startswith("bert_multi.torch in ")
+        and Path(where.split(" in ")[1]).resolve() == Path(sys.executable).resolve()
+    )
+    assert result == f"True {len(CASES)}"
+
+
+def test_mxnet_and_jax_pair_across_their_environments():
+    """Whichever environment this is, one of the two runs in the other one's worker, both ways round."""
+    status = backends()
+    for name in ("mxnet", "jax"):
+        if not status[name].available:
+            pytest.skip(status[name].reason)
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=5, dtype="float64")
+    targets = [Target(name, dtype) for name in ("mxnet", "jax") for dtype in ("float32", "float64")]
+    report = run_conformance(config, weights, targets, [case.input(config) for case in CASES])
+    assert report.passed, report.failures()
+    pairs = {(c.target.backend, c.reference.split()[0]) for c in report.checks if not c.against_oracle}
+    assert pairs == {("mxnet", "jax"), ("jax", "mxnet")}
+    assert any(" in " in load_backend(name).where for name in ("mxnet", "jax"))  # one ran elsewhere
+
+
+def test_bad_input_is_refused_the_same_wherever_the_backend_runs(remote_oracle):
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=3, dtype="float64")
+    batch = {**CASES[0].batch(config), "valid_lens": np.array([99] * len(CASES[0].batch(config)["tokens"]))}
+    errors = []
+    for model in (load_backend("numpy").build(config, weights), remote_oracle.build(config, weights)):
+        with pytest.raises(ValueError) as caught:
+            model(**batch)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
