@@ -51,6 +51,12 @@ def _read_params(path: str) -> object:
     return read_params(path)
 
 
+def _read_flax(path: str) -> object:
+    from bert_multi.files.formats.flax import read_checkpoint
+
+    return read_checkpoint(path)
+
+
 def _torch_checkpoint(path: str) -> object:
     import bert_multi.torch
 
@@ -149,12 +155,15 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfconfig": _huggingface_config,
     "weights": _load_weights,
     "params": _read_params,
+    "flax": _read_flax,
     "torch": _torch_checkpoint,
     "mxnet": _mxnet_checkpoint,
     "inputs": _inputs,
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
-WEIGHT_READERS = ("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "weights", "params", "torch", "mxnet")
+WEIGHT_READERS = (
+    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "weights", "params", "flax", "torch", "mxnet"),
+)
 CLEAN_ERRORS = {name: WeightsError for name in WEIGHT_READERS}
 
 
@@ -232,6 +241,49 @@ def gluon_weights(dtype: str = "float32", seed: int = 0) -> dict[str, np.ndarray
 
     weights = random_weights(CONFIG, seed=seed, dtype=dtype)
     return {framework_names(CONFIG, NAME_RULES)[name]: array for name, array in weights.items()}
+
+
+def flax_bytes(dtype: str = "float32", seed: int = 0, wrapped: bool = False) -> bytes:
+    """What ``flax.serialization.to_bytes`` writes for the JAX model's parameter tree (or the variables
+    dict around it), written without Flax."""
+    from bert_multi.files.formats.flax import flax_tree, pack_tree
+
+    tree = flax_tree(CONFIG, random_weights(CONFIG, seed=seed, dtype=dtype))
+    return pack_tree({"params": tree} if wrapped else tree)
+
+
+def _msgpack_array(shape: bytes, dtype: bytes = b"\xa7float32", data: bytes = b"\xc4\x00") -> bytes:
+    """One Flax array leaf (extension 1 around [shape, dtype, data]) from raw MessagePack pieces."""
+    fields = b"\x93" + shape + dtype + data
+    return b"\xc7" + bytes([len(fields)]) + b"\x01" + fields
+
+
+def hostile_flax() -> dict[str, tuple[bytes, str]]:
+    leaf = _msgpack_array(b"\x91\x01", data=b"\xc4\x04" + b"\0" * 4)  # float32 (1,)
+    return {
+        "a map of 2**32 - 1 entries": (b"\xdf\xff\xff\xff\xff\xa1w" + leaf, "claims 4294967295 entries"),
+        "a key longer than the file": (b"\x81\xdb\x7f\xff\xff\xff", "needs 2147483647 bytes"),
+        "nested 40 deep": (b"\x81\xa1a" * 40 + leaf, "nested over 16 levels"),
+        "a shape of 2**62 x 2**62": (
+            b"\x81\xa1w" + _msgpack_array(b"\x92" + (b"\xcf" + (2**62).to_bytes(8, "big")) * 2),
+            "too large for any array",
+        ),
+        "a shape of 2**40, no data": (
+            b"\x81\xa1w" + _msgpack_array(b"\x91\xcf" + (2**40).to_bytes(8, "big")),
+            "data is a bin of 0 bytes",
+        ),
+        "a negative size": (b"\x81\xa1w" + _msgpack_array(b"\x91\xff"), "marker 0xFF"),
+        "dtype object": (b"\x81\xa1w" + _msgpack_array(b"\x91\x01", b"\xa6object"), "dtype 'object'"),
+        "extension type 2 (complex)": (b"\x81\xa1w\xd4\x02\x00", "extension type 2"),
+        "a float leaf": (b"\x81\xa1w\xcb" + b"\0" * 8, "marker 0xCB"),
+        "a key twice": (b"\x82\xa1w" + leaf + b"\xa1w" + leaf, "appears twice"),
+        "bytes after the tree": (b"\x81\xa1w" + leaf + b"\x00", "1 unexpected bytes"),
+        "a chunked array": (b"\x81\xda\x00\x19__msgpack_chunked_array__\xc3", "chunked array"),
+        "a key that is not text": (b"\x81\xa2\xff\xfe" + leaf, "not UTF-8"),
+        "a list at the top": (b"\x91\x01", "does not start with a MessagePack map"),
+        "empty file": (b"", "does not start with a MessagePack map"),
+        "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with a MessagePack map"),
+    }
 
 
 def torch_bytes(state: object, **options) -> bytes:
@@ -633,6 +685,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfconfig": hostile_hfconfigs,
     "weights": hostile_weights,
     "params": hostile_params,
+    "flax": hostile_flax,
     "torch": hostile_torch,
     "inputs": hostile_inputs,
 }
@@ -736,6 +789,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         ]
     if loader in ("params", "mxnet"):
         return [params_bytes(gluon_weights()), params_bytes(gluon_weights("float64", 1), V2_MAGIC)], generic
+    if loader == "flax":
+        return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
     if loader == "torch":
         import torch
 
@@ -810,12 +865,12 @@ def main() -> int:
         print(json.dumps(fuzz(args.loader, args.seconds, args.seed, args.out)))
         return 0
     # `make fuzz`: every loader whose framework is installed, each in its own capped child.
-    from bert_multi import backends
+    from bert_multi.backend.registry import not_in_process
 
     escaped = 0
     for loader in LOADERS:
-        if loader in ("torch", "mxnet") and not backends()[loader].available:
-            print(f"{loader}: skipped ({backends()[loader].reason})")
+        if loader in ("torch", "mxnet") and not_in_process(loader):
+            print(f"{loader}: skipped ({not_in_process(loader)})")
             continue
         report = fuzz_in_child(loader, args.seconds, args.seed, args.out / loader)
         escaped += len(report["escapes"])

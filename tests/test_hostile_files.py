@@ -16,7 +16,8 @@ from hostile import HOSTILE, fuzz_in_child, npy_bytes, probe_in_child, weights_b
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bert_multi import WeightsError, backends, load_weights
+from bert_multi import WeightsError, load_weights
+from bert_multi.backend.registry import not_in_process
 
 # Readers and the frameworks they need. "mxnet" is the MXNet backend's load_checkpoint on the .params
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
@@ -30,6 +31,7 @@ READERS = {
     "hfconfig": None,
     "weights": None,
     "params": None,
+    "flax": None,
     "inputs": None,
     "torch": "torch",
     "mxnet": "mxnet",
@@ -41,8 +43,8 @@ FUZZ_SEED = int(os.environ.get("BERT_MULTI_FUZZ_SEED", "0"))
 
 def skip_without(reader):
     framework = READERS[reader]
-    if framework and not backends()[framework].available:
-        pytest.skip(backends()[framework].reason)
+    if framework and not_in_process(framework):
+        pytest.skip(not_in_process(framework))
 
 
 @pytest.fixture(scope="module")

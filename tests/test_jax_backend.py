@@ -1,5 +1,6 @@
 """The JAX/Flax backend (in the NumPy-2 environment): every preset against the oracle in both dtypes and
-paired with PyTorch, float64 without switching the process to 64 bits, weights out bit-identical."""
+paired with PyTorch, float64 without switching the process to 64 bits, weights out bit-identical, and
+Flax's own parameter files written byte for byte as Flax writes them."""
 
 import numpy as np
 import pytest
@@ -9,10 +10,10 @@ from bert_multi import (
     CannotRunHere,
     Target,
     backends,
+    load_backend,
+    load_checkpoint,
     random_weights,
-    register_backend,
     run_conformance,
-    unregister_backend,
 )
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES
@@ -26,11 +27,7 @@ import bert_multi.jax  # noqa: E402
 
 @pytest.fixture(scope="module")
 def backend():
-    """The JAX backend, registered for these tests only: it is not yet a built-in, which would make it a
-    framework every command runs (training, checkpoints, users' models and runs across environments are
-    still to come)."""
-    yield register_backend(bert_multi.jax)
-    unregister_backend("jax")
+    return load_backend("jax")
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -77,3 +74,29 @@ def test_the_forward_is_compiled_once_per_shape(backend):
     assert apply._cache_size() == 1
     model(**{**batch, "pred_positions": None})  # another input structure: traced again
     assert apply._cache_size() == 2
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_tree_is_the_one_flax_makes_and_its_file_the_bytes_flax_writes(backend, preset, tmp_path):
+    import flax
+
+    from bert_multi.files.formats.flax import pack_tree
+
+    config = CONFIGS["tiny"].with_semantics(preset)
+    weights = random_weights(config, seed=4)
+    batch = CASES[0].batch(config)
+    model = backend.build(config, weights)
+    made = flax.core.unfreeze(model.module.init(jax.random.key(0), *batch.values())["params"])
+    tree = bert_multi.jax.to_flax(config, weights)
+    assert jax.tree_util.tree_structure(made) == jax.tree_util.tree_structure(tree)
+    assert jax.tree_util.tree_map(np.shape, made) == jax.tree_util.tree_map(np.shape, tree)
+    assert pack_tree(tree) == flax.serialization.to_bytes(tree)
+    backend.save_checkpoint(tmp_path / "ours.msgpack", config, weights)
+    restored = flax.serialization.msgpack_restore((tmp_path / "ours.msgpack").read_bytes())
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, restored, tree))
+    # What a Flax user saves (the variables dict), read back as the canonical weights.
+    (tmp_path / "theirs.msgpack").write_bytes(flax.serialization.to_bytes({"params": tree}))
+    stated = {"num_heads": config.num_heads} | ({"preset": preset} if preset in ("d2l", "d2l-0.12") else {})
+    loaded = load_checkpoint(tmp_path / "theirs.msgpack", **stated)
+    assert loaded.config.semantics.name == preset
+    assert all(np.array_equal(loaded.weights[name], weights[name]) for name in weights)

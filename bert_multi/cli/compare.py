@@ -25,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "and say where a failing backend first diverges.",
     )
     parser.add_argument(
-        "weights", help="a checkpoint: canonical .npz, PyTorch .pt/.pth, Gluon .params or a d2l pretrained-model dir"
+        "weights",
+        help="a checkpoint: canonical .npz, PyTorch .pt/.pth, Gluon .params, Flax .msgpack or a d2l "
+        "pretrained-model dir",
     )
     parser.add_argument(
         "--inputs",

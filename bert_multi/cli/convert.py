@@ -14,9 +14,11 @@ from .common import add_checkpoint_options, check_output, load_as_stated
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "convert",
-        help="convert a checkpoint between .npz, .pt, .params, d2l's pretrained-model directory and HuggingFace's",
+        help="convert a checkpoint between .npz, .pt, .params, .msgpack, d2l's pretrained-model directory and "
+        "HuggingFace's",
         description="Read a checkpoint in any format and write it in the format OUT's name asks for: .npz "
-        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), or a directory (with --framework: d2l's "
+        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), .msgpack (Flax), or a directory (with "
+        "--framework: d2l's "
         "pretrained.params + vocab.json, or HuggingFace's config.json + model.safetensors). Each is what that "
         "framework's code loads with its own strict call.",
     )

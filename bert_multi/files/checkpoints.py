@@ -340,7 +340,7 @@ def load_checkpoint(
 
 
 def output_format(path: str | Path) -> str:
-    """The format a path asks for: by suffix (.npz, .pt/.pth, .params), else a d2l directory."""
+    """The format a path asks for: by suffix (.npz, .pt/.pth, .params, .msgpack), else a d2l directory."""
     return for_output(path).kind
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend.contract import framework_names
+from ..backend.contract import framework_module, framework_names
 from ..errors import WeightsError
 from ..spec.config import HEADS, BERTConfig
 from ..spec.semantics import PRESETS, Semantics, releases_of
@@ -21,6 +21,7 @@ from .formats.base import some
 
 # The top-level modules of d2l's BERTModel; a file's other tensors belong to something else (a task head).
 MODEL_PARTS = ("encoder", "hidden", "mlm", "nsp")
+BLOCK_SENTINEL = 987654321  # a block number no file has, to find how a format writes encoder.blks.N
 D2L_0_11_MAX_LEN = 1000  # d2l 0.11 computes its sinusoidal table up to BERTEncoder's default max_len
 
 
@@ -60,8 +61,10 @@ def _family(names: set[str]) -> str:
 def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) -> Layout:
     """Which generations and heads a file's names fit, its canonical names, and its sizes."""
     names = set(arrays)
-    blocks = {int(m[1]) for name in names if (m := re.match(r"encoder\.blks\.(\d+)\.", name))}
     rules = of_framework(framework).name_rules if framework else []
+    # A block's prefix in the file's names: encoder.blks.N (encoder.blks_N in Flax's tree).
+    prefix = framework_module(f"encoder.blks.{BLOCK_SENTINEL}", rules).split(str(BLOCK_SENTINEL))[0]
+    blocks = {int(m[1]) for name in names if (m := re.match(re.escape(prefix) + r"(\d+)\.", name))}
     fits: list[tuple[str, tuple[str, ...], dict[str, str]]] = []
     nearest: tuple[int, list[str]] | None = None  # the closest candidate's names, in schema order
     for preset, semantics in PRESETS.items():

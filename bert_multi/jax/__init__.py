@@ -5,7 +5,20 @@ JAX's optax needs numpy >= 1.24, which MXNet 1.9.1 cannot have.
 """
 
 from ..spec.inputs import get_tokens_and_segments
-from .backend import NAME, JaxBERT, build, devices, flax_paths, kernel_eps, precision, to_flax
+from .backend import (
+    NAME,
+    NAME_RULES,
+    JaxBERT,
+    build,
+    devices,
+    flax_paths,
+    kernel_eps,
+    load_checkpoint,
+    precision,
+    read_checkpoint,
+    save_checkpoint,
+    to_flax,
+)
 from .model import (
     AddNorm,
     BERTEncoder,
@@ -20,16 +33,23 @@ from .model import (
     TransformerEncoderBlock,
     masked_softmax,
 )
+from .user import USER_MODELS, wrap_user_model
 
 __all__ = [
     "NAME",
+    "NAME_RULES",
     "JaxBERT",
     "build",
     "devices",
     "flax_paths",
     "kernel_eps",
+    "load_checkpoint",
     "precision",
+    "read_checkpoint",
+    "save_checkpoint",
     "to_flax",
+    "USER_MODELS",
+    "wrap_user_model",
     "AddNorm",
     "BERTEncoder",
     "BERTModel",

@@ -18,11 +18,23 @@ import flax
 import jax
 import numpy as np
 
-from ..backend.contract import BackendModel, BERTOutput, Device, intermediate_names, parse_device, prepare_weights
+from ..backend.contract import (
+    BackendModel,
+    BERTOutput,
+    Device,
+    framework_names,
+    intermediate_names,
+    parse_device,
+    prepare_weights,
+    read_only,
+    shareable,
+)
 from ..errors import CannotRunHere
+from ..files import checkpoints
+from ..files.checkpoints import Checkpoint
+from ..files.formats import flax as flax_format
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
-from ..spec.schema import param_specs
 from .model import BERTModel
 
 NAME = "jax"
@@ -68,38 +80,16 @@ def devices() -> list[str]:
         return ["cpu"]
 
 
-# Canonical name -> the Flax parameter path: "blks.0" is blks_0, a Sequential's "mlp.2" is mlp_2, the
-# pooler's "hidden.0" is hidden; a dense weight is the kernel, transposed, a LayerNorm's weight its
-# scale, an embedding's weight its embedding table.
-PATH_RULES: list[tuple[str, str]] = [(r"\.(blks|mlp)\.(\d+)\.", r".\1_\2."), (r"^hidden\.0\.", "hidden.")]
-LEAF = {"dense_weight": "kernel", "ln_gamma": "scale", "embedding": "embedding", "tied_embedding": "embedding"}
+# Framework difference: Flax's parameter tree nests dicts by module (blks_0, not blks.0), names a
+# LayerNorm's weight scale and a Dense's kernel, stored (in, out); one table says so, beside its file format.
+NAME_RULES = flax_format.NAME_RULES
+to_flax = flax_format.flax_tree
 
 
 def flax_paths(config: BERTConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
     """Canonical name -> (its path in the Flax parameter tree, whether it is stored transposed)."""
-    paths: dict[str, tuple[tuple[str, ...], bool]] = {}
-    for name, spec in param_specs(config).items():
-        own = name
-        for pattern, replacement in PATH_RULES:
-            own = re.sub(pattern, replacement, own)
-        parts = own.split(".")
-        if name == "encoder.pos_embedding":
-            paths[name] = (("encoder", "pos_embedding"), False)
-            continue
-        leaf = LEAF.get(spec.role, parts[-1])
-        paths[name] = ((*parts[:-1], leaf), spec.role == "dense_weight")
-    return paths
-
-
-def to_flax(config: BERTConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The canonical weights as a Flax parameter tree (NumPy arrays, dense kernels transposed)."""
-    tree: dict[str, Any] = {}
-    for name, (path, transposed) in flax_paths(config).items():
-        node = tree
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = np.ascontiguousarray(weights[name].T) if transposed else weights[name]
-    return tree
+    names = framework_names(config, NAME_RULES)
+    return {name: (tuple(dotted.split(".")), flax_format.transposed(dotted)) for name, dotted in names.items()}
 
 
 def _activations(collected: dict[str, Any]) -> OrderedDict[str, np.ndarray]:
@@ -163,20 +153,48 @@ class JaxBERT(BackendModel):
             node = self.params
             for part in path:
                 node = node[part]
-            array = np.asarray(node)
-            weights[name] = np.ascontiguousarray(array.T) if transposed else np.array(array)
+            # On the CPU np.asarray is a read-only view of JAX's own buffer, which it keeps alive.
+            array = np.asarray(node).T if transposed else np.asarray(node)
+            weights[name] = read_only(array) if share else np.array(array, order="C")
         return weights
 
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
-        info["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "unset")
+        info["threads"], info["XLA_FLAGS"] = xla_threads(), os.environ.get("XLA_FLAGS", "unset")
         if self.device.kind == "gpu":
             info["gpu"] = to_framework_device(self.device).device_kind
         return info
 
 
+def xla_threads() -> int:
+    """The threads XLA computes on here: its CPU client takes every core it may run on unless XLA_FLAGS
+    says otherwise (``--xla_cpu_multi_thread_eigen=false`` for one thread, or
+    ``intra_op_parallelism_threads=N``). Framework difference: no call sets it once JAX has started."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    found = re.search(r"intra_op_parallelism_threads=(\d+)", flags)
+    if found:
+        return int(found.group(1))
+    if "--xla_cpu_multi_thread_eigen=false" in flags:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _to_numpy(array: Any) -> np.ndarray | None:
     return None if array is None else np.asarray(array)
+
+
+# Framework difference: Flax's own file (flax.serialization's MessagePack) is read and written by
+# bert_multi itself, byte for byte as Flax writes it, so that any environment converts to and from it.
+save_checkpoint = flax_format.save_checkpoint
+read_checkpoint = flax_format.read_checkpoint
+
+
+def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, **statements: Any) -> Checkpoint:
+    """A Flax parameter file (``flax.serialization.to_bytes`` of the parameter tree, ``.msgpack``) as a
+    ``Checkpoint``: config, canonical weights. Without ``config`` the sizes come from the file, and what
+    it cannot reveal is stated (``num_heads``, and ``preset`` or ``d2l_version``; see
+    ``bert_multi.load_checkpoint``). Any problem is a ``WeightsError`` that says what to do."""
+    return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 
 
 def build(
@@ -188,12 +206,20 @@ def build(
     share: bool = False,
 ) -> JaxBERT:
     """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
-    ``gradients`` and ``share`` change nothing: JAX arrays are immutable copies, and gradients are taken
-    by transforming a function, not kept on the parameters."""
-    dtype, weights = prepare_weights(config, weights, dtype)
+    ``gradients`` changes nothing: gradients are taken by transforming a function, not kept on the
+    parameters."""
+    dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)
     module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+    # JAX never writes a parameter in place, so any array may be shared; on the CPU device_put may keep
+    # the NumPy memory itself, so an array the caller still owns is copied unless shared (a transposed
+    # kernel is a copy already).
+    transposed = {name for name, (_, turned) in flax_paths(config).items() if turned}
+    kept = {
+        name: array if name in transposed or shareable(array, weights, name, share, False) else array.copy()
+        for name, array in arrays.items()
+    }
     with precision(dtype):
-        params = jax.device_put(to_flax(config, weights), place)
+        params = jax.device_put(to_flax(config, kept), place)
     return JaxBERT(config, module, params, dtype, target)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...errors import UsageError, WeightsError
 from ..safe import ZIP_MAGIC, describe_format, open_regular, reason
-from . import d2l, gluon, huggingface, npz, pytorch
+from . import d2l, flax, gluon, huggingface, npz, pytorch
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
 
 # Every format, in the order a file is tried against them.
@@ -16,6 +16,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     npz.FORMAT,
     pytorch.FORMAT,
     gluon.FORMAT,
+    flax.FORMAT,
     huggingface.FORMAT,
     d2l.DIRECTORY,
     d2l.ZIP,
@@ -23,8 +24,9 @@ FORMATS: tuple[CheckpointFormat, ...] = (
 BY_KIND = {own.kind: own for own in FORMATS}
 DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people
 FRAMEWORK_FORMATS = {own.kind: own for own in FORMATS if own.framework is not None}  # a framework's own file
-# What a directory written by save_checkpoint holds: a d2l one of each framework's file, or HuggingFace's.
-DIRECTORY_FRAMEWORKS = [*(own.framework for own in FRAMEWORK_FORMATS.values()), "huggingface"]
+# What a directory written by save_checkpoint holds: a d2l one of a framework d2l published models in,
+# or HuggingFace's.
+DIRECTORY_FRAMEWORKS = [*(own.framework for own in FRAMEWORK_FORMATS.values() if own.d2l_published), "huggingface"]
 
 
 def sniff(path: Path) -> CheckpointFormat:

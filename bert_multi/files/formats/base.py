@@ -52,6 +52,7 @@ class CheckpointFormat:
     name_rules: list[tuple[str, str]] = []
     directory = False  # a directory, not a file
     zip_marker: str | None = None  # a zip-based format: what a zip would hold to be one, for messages
+    d2l_published = False  # a framework's file that d2l's pretrained-model directories hold (MXNet's, PyTorch's)
 
     def recognizes(self, probe: Probe) -> bool:
         """Whether the file (or directory) is one of this format."""
@@ -106,6 +107,7 @@ class FrameworkFile(CheckpointFormat):
     dtypes, notes), written by that framework's backend, as its own save writes it."""
 
     framework: str
+    d2l_published = True
 
     def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
         raise NotImplementedError

@@ -1,0 +1,309 @@
+"""Flax's own parameter file (``flax.serialization.to_bytes(params)``, a ``.msgpack``), read and written
+without Flax.
+
+Flax serialises a parameter tree as MessagePack: nested maps whose leaves are extension type 1, each
+holding a MessagePack array ``[shape, dtype name, raw C-order bytes]``. This module parses that
+format itself, checking every count and length against the bytes that remain before allocating,
+and writes exactly the bytes ``to_bytes`` writes for the same tree (a test compares them), so the
+files move between environments with or without JAX.
+
+The tree is the JAX backend's (``bert_multi/jax/model.py``): ``encoder/blks_0/attention/W_q/kernel``,
+dotted here as ``encoder.blks_0.attention.W_q.kernel`` (``NAME_RULES``). A file may hold the tree, or
+the variables dict around it (``{"params": tree}``). Framework difference: Flax's dense kernels are
+(in, out), torch's and Gluon's weights (out, in); the reader turns them to (out, in) and the writer
+back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...backend.contract import framework_names, prepare_weights
+from ...errors import WeightsError
+from ...spec.config import BERTConfig
+from ..safe import atomic_path, check_shape, describe_format, file_size, open_regular
+from .base import FrameworkFile, Probe, no_key
+
+# (regex, replacement) rules, applied in turn, from canonical names to the Flax tree's dotted paths: a
+# list of submodules is blks_0, blks_1 (a Sequential's mlp.2 is mlp_2), the pooler is one Dense
+# (hidden), a LayerNorm's weight is its scale, an embedding's its embedding table, a Dense's its kernel.
+NAME_RULES: list[tuple[str, str]] = [
+    (r"\.(blks|mlp)\.(\d+)\.", r".\1_\2."),
+    (r"^hidden\.0\.", "hidden."),
+    (r"(\.ln|\.embedding_norm|^mlm\.mlp_2)\.weight$", r"\1.scale"),
+    (r"(_embedding)\.weight$", r"\1.embedding"),
+    (r"\.weight$", ".kernel"),
+]
+
+NDARRAY_EXT = 1  # flax.serialization's extension code for an array
+MAX_DEPTH = 16  # BERT's tree is 6 deep; anything deeper is not a parameter tree
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+# MessagePack markers (msgpack-spec): map, str, bin, array, ext, and non-negative ints.
+FIXMAP, FIXARRAY, FIXSTR = range(0x80, 0x90), range(0x90, 0xA0), range(0xA0, 0xC0)
+SIZED = {
+    0xDE: ("map", ">H"),
+    0xDF: ("map", ">I"),
+    0xDC: ("array", ">H"),
+    0xDD: ("array", ">I"),
+    0xD9: ("str", ">B"),
+    0xDA: ("str", ">H"),
+    0xDB: ("str", ">I"),
+    0xC4: ("bin", ">B"),
+    0xC5: ("bin", ">H"),
+    0xC6: ("bin", ">I"),
+    0xC7: ("ext", ">B"),
+    0xC8: ("ext", ">H"),
+    0xC9: ("ext", ">I"),
+}
+FIXEXT = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
+UINTS = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q"}
+
+
+def transposed(name: str) -> bool:
+    """Whether the tree holds this dotted path transposed: a Dense kernel."""
+    return name.endswith(".kernel")
+
+
+class _Parser:
+    """MessagePack from ``data``, refusing any length beyond the bytes that remain."""
+
+    def __init__(self, data: bytes, path: str | os.PathLike) -> None:
+        self.data, self.at, self.path = memoryview(data), 0, path
+
+    def fail(self, message: str) -> WeightsError:
+        return WeightsError(f"{self.path}: not a readable Flax .msgpack checkpoint: {message} (at byte {self.at})")
+
+    def take(self, count: int, what: str) -> memoryview:
+        if count > len(self.data) - self.at:
+            raise self.fail(f"{what} needs {count} bytes, but only {len(self.data) - self.at} remain")
+        chunk = self.data[self.at : self.at + count]
+        self.at += count
+        return chunk
+
+    def number(self, fmt: str, what: str) -> int:
+        return int(struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0])
+
+    def header(self, what: str) -> tuple[str, int]:
+        """The next item's kind and its length (or value, for an int)."""
+        marker = self.number(">B", what)
+        if marker < 0x80:
+            return "int", marker
+        for kind, markers in (("map", FIXMAP), ("array", FIXARRAY), ("str", FIXSTR)):
+            if marker in markers:
+                return kind, marker - markers.start
+        if marker in SIZED:
+            kind, fmt = SIZED[marker]
+            return kind, self.number(fmt, f"{what}'s length")
+        if marker in FIXEXT:
+            return "ext", FIXEXT[marker]
+        if marker in UINTS:
+            return "int", self.number(UINTS[marker], what)
+        raise self.fail(f"{what} has MessagePack marker 0x{marker:02X}, which a Flax parameter file never holds")
+
+    def text(self, what: str) -> str:
+        kind, length = self.header(what)
+        if kind != "str":
+            raise self.fail(f"{what} is a MessagePack {kind}, not a string")
+        try:
+            return bytes(self.take(length, what)).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise self.fail(f"{what} is not UTF-8 text ({error.reason})") from None
+
+    def tree(self, path: tuple[str, ...], found: dict[str, np.ndarray]) -> None:
+        """The map at ``path``: its arrays into ``found`` under dotted paths."""
+        what = ".".join(path) or "the top level"
+        if len(path) > MAX_DEPTH:
+            raise self.fail(f"{what} is nested over {MAX_DEPTH} levels deep")
+        kind, count = self.header(what)
+        if kind != "map":
+            raise self.fail(f"{what} is a MessagePack {kind}, not a map of parameters")
+        if count > (len(self.data) - self.at) // 2:  # each entry takes at least two bytes
+            raise self.fail(f"{what} claims {count} entries, more than the file's remaining bytes can hold")
+        for _ in range(count):
+            key = self.text(f"a key of {what}")
+            if key == "__msgpack_chunked_array__":
+                raise self.fail(f"{what} is a chunked array (over 1 GiB), which is not read")
+            start = self.at
+            marker = self.number(">B", f"{what}.{key}")
+            self.at = start
+            if marker in FIXMAP or marker in (0xDE, 0xDF):
+                self.tree((*path, key), found)
+            else:
+                name = ".".join((*path, key))
+                if name in found:
+                    raise self.fail(f"{name} appears twice")
+                found[name] = self.array(name)
+
+    def array(self, name: str) -> np.ndarray:
+        kind, length = self.header(name)
+        if kind != "ext":
+            raise self.fail(f"{name} is a MessagePack {kind}, not an array")
+        code = self.number(">b", f"{name}'s extension type")
+        end = self.at + length
+        if code != NDARRAY_EXT:
+            raise self.fail(f"{name} has extension type {code}; arrays are type {NDARRAY_EXT}")
+        kind, items = self.header(f"{name}'s fields")
+        if (kind, items) != ("array", 3):
+            raise self.fail(f"{name}'s fields are a {kind} of {items}; expected [shape, dtype, data]")
+        kind, ndim = self.header(f"{name}'s shape")
+        if kind != "array" or ndim > 32:
+            raise self.fail(f"{name}'s shape is a {kind} of {ndim}; expected an array of at most 32 sizes")
+        shape = []
+        for axis in range(ndim):
+            kind, size = self.header(f"{name}'s size {axis}")
+            if kind != "int":
+                raise self.fail(f"{name}'s size {axis} is a {kind}, not a whole number")
+            shape.append(size)
+        dtype_name = self.text(f"{name}'s dtype")
+        dtype = np.dtype("<u2") if dtype_name == "bfloat16" else None
+        if dtype is None and dtype_name not in DTYPES:
+            raise self.fail(f"{name} has dtype {dtype_name!r}; expected one of {list(DTYPES)} or bfloat16")
+        dtype = dtype or np.dtype(dtype_name).newbyteorder("<")
+        try:
+            check_shape(tuple(shape), dtype)
+        except ValueError as error:
+            raise self.fail(f"{name} has {error}") from None
+        kind, count = self.header(f"{name}'s data")
+        if kind != "bin" or count != math.prod(shape) * dtype.itemsize:
+            raise self.fail(f"{name}'s data is a {kind} of {count} bytes; {dtype_name} {tuple(shape)} takes "
+                            f"{math.prod(shape) * dtype.itemsize}")  # fmt: skip
+        array = np.frombuffer(self.take(count, f"{name}'s data"), dtype=dtype).reshape(shape)
+        if self.at != end:
+            raise self.fail(f"{name}'s extension is {length} bytes, but its fields take {length + self.at - end}")
+        if dtype_name == "bfloat16":  # the upper half of a float32: widened exactly
+            return (array.astype("<u4") << 16).view("<f4")
+        return array.astype(array.dtype.newbyteorder("="))
+
+
+def read_tree(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of a Flax ``.msgpack`` file under its dotted path (below a top-level ``params``), as
+    stored: kernels (in, out). Anything malformed is a ``WeightsError`` naming the file and the entry."""
+    with open_regular(path, "Flax .msgpack checkpoint", WeightsError) as file:
+        data = file.read(file_size(file))
+    parser = _Parser(data, path)
+    if not data or data[0] not in FIXMAP and data[0] not in (0xDE, 0xDF):
+        raise parser.fail(f"it does not start with a MessagePack map; it looks like {describe_format(data[:8])}")
+    found: dict[str, np.ndarray] = {}
+    parser.tree((), found)
+    if parser.at != len(data):
+        raise parser.fail(f"{len(data) - parser.at} unexpected bytes follow the parameter tree")
+    if found and all(name.startswith("params.") for name in found):
+        found = {name.removeprefix("params."): array for name, array in found.items()}
+    return found
+
+
+def read_checkpoint(
+    path: str | os.PathLike, key: str | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """A Flax parameter file as a checkpoint reader returns one: its arrays under the file's dotted paths
+    with the kernels turned to (out, in), their dtypes, and notes."""
+    no_key(Path(path), key)
+    stored = read_tree(path)
+    arrays = {name: np.ascontiguousarray(a.T) if transposed(name) else a for name, a in stored.items()}
+    notes = ["Flax's (in, out) kernels read as (out, in) weights"] if any(map(transposed, stored)) else []
+    return arrays, {name: array.dtype.name for name, array in arrays.items()}, notes
+
+
+def _pack_length(kind: str, length: int) -> bytes:
+    """A str, bin, map, array or ext header as msgpack writes it: the smallest form that holds ``length``."""
+    fixed = {"str": (0xA0, 32), "map": (0x80, 16), "array": (0x90, 16)}
+    if kind in fixed and length < fixed[kind][1]:
+        return bytes([fixed[kind][0] + length])
+    markers = {"str": (0xD9, 0xDA, 0xDB), "bin": (0xC4, 0xC5, 0xC6), "map": (None, 0xDE, 0xDF),
+               "array": (None, 0xDC, 0xDD), "ext": (0xC7, 0xC8, 0xC9)}[kind]  # fmt: skip
+    for marker, fmt, limit in zip(markers, (">B", ">H", ">I"), (1 << 8, 1 << 16, 1 << 32)):
+        if marker is not None and length < limit:
+            return bytes([marker]) + struct.pack(fmt, length)
+    raise WeightsError(f"a MessagePack {kind} of {length} is too long (Flax chunks arrays over 1 GiB)")
+
+
+def _pack_int(value: int) -> bytes:
+    if value < 0x80:
+        return bytes([value])
+    for marker, fmt in UINTS.items():
+        if value < 1 << (8 * struct.calcsize(fmt)):
+            return bytes([marker]) + struct.pack(fmt, value)
+    raise WeightsError(f"a size of {value} is too large")
+
+
+def _pack_str(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _pack_length("str", len(raw)) + raw
+
+
+def _pack_array(array: np.ndarray) -> bytes:
+    data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+    fields = _pack_length("array", 3) + _pack_length("array", array.ndim) + b"".join(map(_pack_int, array.shape))
+    fields += _pack_str(array.dtype.name) + _pack_length("bin", len(data)) + data
+    fixext = {size: marker for marker, size in FIXEXT.items()}
+    header = bytes([fixext[len(fields)]]) if len(fields) in fixext else _pack_length("ext", len(fields))
+    return header + struct.pack(">b", NDARRAY_EXT) + fields
+
+
+def pack_tree(tree: dict[str, Any]) -> bytes:
+    """``tree`` (nested dicts of NumPy arrays) as ``flax.serialization.to_bytes`` writes it."""
+    parts = [_pack_length("map", len(tree))]
+    for key, value in tree.items():
+        parts.append(_pack_str(key))
+        parts.append(pack_tree(value) if isinstance(value, dict) else _pack_array(np.asarray(value)))
+    return b"".join(parts)
+
+
+def flax_tree(config: BERTConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The canonical weights as the Flax model's parameter tree, in the model's order, kernels (in, out)."""
+    tree: dict[str, Any] = {}
+    for name, dotted in framework_names(config, NAME_RULES).items():
+        *modules, leaf = dotted.split(".")
+        node = tree
+        for part in modules:
+            node = node.setdefault(part, {})
+        node[leaf] = np.ascontiguousarray(weights[name].T) if transposed(dotted) else weights[name]
+    return tree
+
+
+def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+    """Write canonical weights as a Flax parameter file: the bytes ``flax.serialization.to_bytes`` writes
+    for the JAX backend's parameter tree."""
+    _, weights = prepare_weights(config, weights)
+    data = pack_tree(flax_tree(config, weights))
+    with atomic_path(path) as tmp_path:
+        tmp_path.write_bytes(data)
+
+
+BACKEND = "jax"  # whose own file it is
+
+
+class ParameterTree(FrameworkFile):
+    kind = "flax"
+    description = "Flax parameter file (flax.serialization.to_bytes, .msgpack)"
+    framework = BACKEND
+    suffixes = (".msgpack",)
+    name_rules = NAME_RULES
+    d2l_published = False  # d2l never published a JAX BERT
+
+    def recognizes(self, probe: Probe) -> bool:
+        first = probe.head[:1]
+        starts = probe.head[1:].startswith((b"\xa6params", b"\xa7encode"))
+        return probe.path.suffix.lower() == ".msgpack" or (first != b"" and first[0] in FIXMAP and starts)
+
+    def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+        return read_checkpoint(path, key)  # framework-free: the format is plain MessagePack
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+    ) -> None:
+        save_checkpoint(path, config, weights)  # framework-free too, so any environment converts to it
+
+
+FORMAT = ParameterTree()
