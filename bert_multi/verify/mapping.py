@@ -4,8 +4,8 @@ through, reads gradients back through, and names activations by.
 A mapping is found without running the model, so that it never depends on whether the model conforms:
 
 1. a map file's rules first (``read_map``): renames, transposes, and parts of a fused tensor;
-2. then the names of a known family (every d2l generation's PyTorch and Gluon names, transformers'
-   names), under any wrapper prefix (``module.``, ``model.``);
+2. then the names of a known family (every d2l generation's PyTorch, Gluon and Flax names, with Flax's
+   (in, out) kernels transposed; transformers' names), under any wrapper prefix (``module.``, ``params.``);
 3. else registration order and shape, when the remaining tensors correspond one to one;
 4. else a ``MappingError`` listing what could not be placed, with a map file that would place it.
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..backend.contract import framework_names
 from ..errors import UsageError, WeightsError
-from ..files.formats import gluon, huggingface
+from ..files.formats import flax, gluon, huggingface
 from ..files.safe import open_regular
 from ..spec.config import BERTConfig
 from ..spec.schema import nsp_layers, param_shapes
@@ -122,30 +122,33 @@ def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
 # --- families of known names -----------------------------------------------------------------------------
 
 
-def families(config: BERTConfig) -> list[tuple[str, dict[str, str]]]:
-    """(who writes these names, canonical name -> their name) for every naming ``config``'s tensors are
-    known under: d2l's PyTorch and Gluon names of each generation, and transformers' names."""
+def families(config: BERTConfig) -> list[tuple[str, dict[str, Placement]]]:
+    """(who writes these names, canonical name -> its placement) for every naming ``config``'s tensors are
+    known under: d2l's PyTorch, Gluon and Flax names of each generation (Flax's kernels transposed), and
+    transformers' names."""
     found = []
     own_layout = nsp_layers(config)
     for layout in sorted(NSP_LAYOUTS, key=lambda layout: layout != own_layout):
         moved = [(rf"^{re.escape(old)}\.", f"{new}.") for old, new in zip(own_layout, layout) if old != new]
         generation = "d2l >= 0.12" if layout == NSP_LAYOUTS[0] else "d2l 0.11"
-        found.append((f"{generation}'s PyTorch names", framework_names(config, moved)))
-        found.append((f"{generation}'s Gluon names", framework_names(config, moved + gluon.NAME_RULES)))
+        for framework, rules in (("PyTorch", []), ("Gluon", gluon.NAME_RULES), ("Flax", flax.NAME_RULES)):
+            names = framework_names(config, moved + rules)
+            placed = {name: Placement(own, flax.transposed(own) and framework == "Flax") for name, own in names.items()}
+            found.append((f"{generation}'s {framework} names", placed))
     if huggingface.expressible(config) is None:
-        found.append(("transformers' names", huggingface.hf_names(config)))
+        found.append(("transformers' names", {c: Placement(own) for c, own in huggingface.hf_names(config).items()}))
     return found
 
 
-def _with_prefix(names: dict[str, str], wanted: Iterable[str], available: set[str]) -> str | None:
+def _with_prefix(names: dict[str, Placement], wanted: Iterable[str], available: set[str]) -> str | None:
     """The wrapper prefix under which every ``wanted`` canonical tensor's name in ``names`` is in
     ``available``, or None."""
     wanted = list(wanted)
-    anchor = names[wanted[0]]
+    anchor = names[wanted[0]].name
     for candidate in sorted(available):
         if candidate.endswith(anchor) and (candidate == anchor or candidate[: -len(anchor)].endswith(".")):
             prefix = candidate[: -len(anchor)]
-            if all(prefix + names[name] in available for name in wanted):
+            if all(prefix + names[name].name in available for name in wanted):
                 return prefix
     return None
 
@@ -257,10 +260,12 @@ def _automatic(config: BERTConfig, left: list[str], free: dict[str, Shape]) -> t
         prefix = _with_prefix(names, left, available)
         if prefix is not None:
             how = f"names ({family}" + (f", under the prefix {prefix!r})" if prefix else ")")
-            return {name: Placement(prefix + names[name]) for name in left}, how
+            return {name: Placement(prefix + names[name].name, names[name].transpose) for name in left}, how
     canonical = param_shapes(config)
-    if len(free) == len(left) and all(_expected_shape(canonical[c], free[u], Placement(u)) for c, u in zip(left, free)):
-        return {c: Placement(u) for c, u in zip(left, free)}, "registration order and shape (inferred: check it)"
+    # Framework difference: a Flax Dense keeps its kernel (in, out), the transpose of a d2l weight.
+    ordered = {c: Placement(u, flax.transposed(u) and len(free[u]) == 2) for c, u in zip(left, free)}
+    if len(free) == len(left) and all(_expected_shape(canonical[c], free[p.name], p) for c, p in ordered.items()):
+        return ordered, "registration order and shape (inferred: check it)"
     raise MappingError(_unplaced(left, free, canonical))
 
 

@@ -61,7 +61,8 @@ def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tup
     """The user's model for ``config`` at ``dtype`` on ``device``, wrapped by its framework, and the
     backend of that framework (None for a NumPy-protocol model)."""
     model, copied = given.make(config, dtype, device)
-    backend = wrapper_for(model)
+    # A framework that keeps the parameters apart from the model (Flax) is given (model, parameters).
+    backend = wrapper_for(model[0] if isinstance(model, tuple) and len(model) == 2 else model)
     if backend is not None:
         example = example_inputs(config)
         wrap = backend.wrap_user_model
@@ -72,8 +73,8 @@ def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tup
         return ProtocolSubject(model, config, dtype), None
     raise UsageError(
         f"{given.label} gave a {type(model).__module__}.{type(model).__qualname__}: verify takes a PyTorch "
-        "nn.Module, a Gluon Block, a transformers BERT, or any object with load_weights() and __call__ (the "
-        "NumPy protocol, docs/verify.md)"
+        "nn.Module, a Gluon Block, a Flax Module with its parameters, a transformers BERT, or any object with "
+        "load_weights() and __call__ (the NumPy protocol, docs/verify.md)"
     )
 
 

@@ -1,0 +1,136 @@
+"""A user's own Flax BERT, wrapped for ``bert-multi verify`` (``bert_multi.verify.subject.Subject``):
+its parameters under their own dotted paths, activations seen by Flax's method interception at its
+modules, its gradients by ``jax.grad``.
+
+Parallel to ``bert_multi/torch/user.py`` and ``bert_multi/mxnet/user.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax
+import jax
+import numpy as np
+from flax import linen as nn
+
+from ..backend.contract import parse_device
+from ..spec.inputs import ModelInputs
+from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
+from .backend import precision, to_framework_device
+
+# The classes whose instances this framework wraps (most derived first wins across frameworks).
+USER_MODELS = ("flax.linen.module.Module",)
+
+
+def _to_numpy(value: Any) -> np.ndarray | None:
+    return None if value is None else np.asarray(value)
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
+    """A parameter tree as {dotted path: array}, in the tree's order."""
+    flat: dict[str, np.ndarray] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = np.asarray(value)
+    return flat
+
+
+def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, value in flat.items():
+        *modules, leaf = name.split(".")
+        node = tree
+        for part in modules:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+class WrappedModel:
+    """A user's linen ``Module`` with its parameters, called the d2l way (tokens, segments, valid_lens,
+    pred_positions) -> (encoded, mlm, nsp), at one dtype on one device. Given as ``(module, variables)``
+    (what ``init`` returns, or its ``params``), as a bound module (``module.bind(variables)``), or as a
+    module alone, whose ``init`` on a small batch makes the parameters."""
+
+    def __init__(self, model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> None:
+        self.place = to_framework_device(parse_device(device))
+        self.dtype = dtype
+        self.framework = f"Flax {flax.__version__} (JAX {jax.__version__})"
+        # Framework difference: the parameters live outside the module, so the user hands both over (a
+        # bound module carries them); JAX arrays are immutable, so nothing of the user's is ever changed.
+        if isinstance(model, tuple):
+            module, variables = model
+        elif model.scope is not None:
+            module, variables = model.unbind()
+        else:
+            module = model
+            with precision(dtype):
+                variables = call_user("your module's init", module.init, jax.random.key(0), *self._arrays(example))
+        variables = flax.core.unfreeze(variables)
+        self.module: nn.Module = module
+        params = variables.get("params", variables)
+        self.flat = {name: array.astype(dtype) for name, array in _flatten(params).items()}
+
+    def _arrays(self, inputs: ModelInputs) -> list[jax.Array | None]:
+        return [None if array is None else jax.device_put(array, self.place) for array in inputs]
+
+    def _tree(self, flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        return _unflatten({name: jax.device_put(array, self.place) for name, array in flat.items()})
+
+    def parameters(self) -> list[tuple[str, Shape]]:
+        return [(name, tuple(array.shape)) for name, array in self.flat.items()]
+
+    def modules(self) -> set[str]:
+        """Every module holding parameters, and the modules around them, as dotted paths."""
+        return {".".join(name.split(".")[:depth]) for name in self.flat for depth in range(1, name.count(".") + 1)}
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> None:
+        for name, array in arrays.items():
+            if name in self.flat:
+                self.flat[name] = np.asarray(array, dtype=self.dtype)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: array.copy() for name, array in self.flat.items()}
+
+    def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
+        record: dict[str, np.ndarray | None] = {}
+        wanted: dict[str, list[tuple[str, str]]] = {}
+        for activation, (path, side) in taps.items():
+            wanted.setdefault(path, []).append((activation, side))
+
+        def keep(call: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+            # Framework difference: no hooks; Flax lets a function intercept every module method call.
+            output = call(*args, **kwargs)
+            if context.method_name == "__call__":
+                for activation, side in wanted.get(".".join(context.module.path), []):
+                    if record.get(activation) is None:  # a module called twice is recorded at its first call
+                        record[activation] = _to_numpy(args[0] if side == "input" else output)
+            return output
+
+        with precision(self.dtype), nn.intercept_methods(keep):
+            returned = self.module.apply({"params": self._tree(self.flat)}, *self._arrays(inputs))
+        return outputs_of(returned, _to_numpy), record
+
+    def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
+        """Each parameter's gradient of sum(cotangent * output), by ``jax.grad`` of that sum as a function
+        of the parameters (a parameter the outputs do not depend on gets zeros, as in Gluon)."""
+        with precision(self.dtype):
+            arrays = self._arrays(inputs)
+
+            def projected(params: Any) -> jax.Array:
+                returned = self.module.apply({"params": params}, *arrays)
+                pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
+                return sum((o * jax.numpy.asarray(c, dtype=o.dtype)).sum() for o, c in pairs)
+
+            grads = jax.grad(projected)(self._tree(self.flat))
+            return {name: np.asarray(array) for name, array in _flatten(grads).items()}
+
+
+def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:
+    """``model`` (a linen ``Module`` with its variables, or bound to them) wrapped for verify at ``dtype``
+    on ``device``; ``example`` inputs make the parameters of a module given alone."""
+    return WrappedModel(model, dtype, device, example, copied)
