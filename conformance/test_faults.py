@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, backends, random_weights
+from bert_multi import BERTConfig, random_weights
+from bert_multi.backend.registry import not_in_process
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.results import Target
@@ -172,7 +173,112 @@ def mxnet_faults():
     return locals()
 
 
-FAULT_SETS = {"torch": torch_faults, "mxnet": mxnet_faults}
+# --- JAX faults, the same list ----------------------------------------------------------------------
+
+
+def _plant_flax(mp, **classes):
+    """Put fault classes where the Flax model looks its classes up, with a fresh compiled forward.
+    Framework difference: Flax modules are dataclasses whose methods Flax wraps when the class is made, so
+    a fault is a subclass, not a patched method; and the forward is compiled once per module, so a fault
+    needs a forward of its own (restored with everything else)."""
+    import jax
+
+    import bert_multi.jax.backend as backend
+    import bert_multi.jax.model as model
+
+    for name, cls in classes.items():
+        mp.setattr(model, name, cls)
+    traced = backend.apply.__wrapped__
+
+    def apply(*arguments):  # a function of its own: jit caches compiled code by the function it wraps
+        return traced(*arguments)
+
+    mp.setattr(backend, "apply", jax.jit(apply, static_argnums=(0, 1)))
+
+
+def jax_faults():
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    import bert_multi.jax.backend as backend
+    import bert_multi.jax.model as model
+
+    def tiled_valid_lens(mp):
+        class Tiled(model.MultiHeadAttention):
+            def __call__(self, queries, keys, values, valid_lens, training=False):
+                queries, keys, values = (self.transpose_qkv(W(x)) for W, x in
+                                         ((self.W_q, queries), (self.W_k, keys), (self.W_v, values)))  # fmt: skip
+                if valid_lens is not None:
+                    valid_lens = jnp.tile(valid_lens, (self.num_heads,) + (1,) * (valid_lens.ndim - 1))
+                return self.W_o(self.transpose_output(self.attention(queries, keys, values, valid_lens, training)))
+
+        _plant_flax(mp, MultiHeadAttention=Tiled)
+
+    def layer_norm_eps(mp):
+        class Eps(model.AddNorm):
+            def setup(self):
+                self.ln = nn.LayerNorm(epsilon=1e-12)
+                self.drop = nn.Dropout(self.dropout)
+
+        _plant_flax(mp, AddNorm=Eps)
+
+    def gelu(mp):
+        class GELU(model.PositionWiseFFN):
+            def __call__(self, X):
+                return self.dense2(nn.gelu(self.dense1(X), approximate=False))
+
+        _plant_flax(mp, PositionWiseFFN=GELU)
+
+    def minus_inf_mask(mp):
+        def masked_softmax(X, valid_lens):
+            if valid_lens is None:
+                return nn.softmax(X, axis=-1)
+            lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
+            keep = jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None]
+            return nn.softmax(jnp.where(keep, X, -jnp.inf), axis=-1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+        _plant_flax(mp)
+
+    def scale_by_full_width(mp):
+        class FullWidth(model.DotProductAttention):
+            def __call__(self, queries, keys, values, valid_lens=None, training=False):
+                scores = queries @ keys.swapaxes(1, 2) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
+                return model.masked_softmax(scores, valid_lens) @ values
+
+        _plant_flax(mp, DotProductAttention=FullWidth)
+
+    def segments_ignored(mp):
+        class NoSegments(model.BERTEncoder):
+            def __call__(self, tokens, segments, valid_lens, training=False):
+                return super().__call__(tokens, jnp.zeros_like(segments), valid_lens, training)
+
+        _plant_flax(mp, BERTEncoder=NoSegments)
+
+    def nsp_reads_last_position(mp):
+        class LastPosition(model.BERTModel):
+            def __call__(self, tokens, segments, valid_lens=None, pred_positions=None, training=False):
+                encoded_X = self.encoder(tokens, segments, valid_lens, training)
+                mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
+                pooled = jnp.tanh(self.hidden(encoded_X[:, -1, :]))
+                self.sow("intermediates", "pooler", pooled)
+                return encoded_X, mlm_Y_hat, self.nsp(pooled)
+
+        _plant_flax(mp)
+        mp.setattr(backend, "BERTModel", LastPosition)
+
+    def dropout_at_inference(mp):  # JAX's way to leave dropout on: the call says training=True
+        def apply(module, record, params, *inputs):
+            mutable = {"mutable": ["intermediates"]} if record else {}
+            return module.apply({"params": params}, *inputs, True, rngs={"dropout": jax.random.key(0)}, **mutable)
+
+        mp.setattr(backend, "apply", jax.jit(apply, static_argnums=(0, 1)))
+
+    return locals()
+
+
+FAULT_SETS = {"torch": torch_faults, "mxnet": mxnet_faults, "jax": jax_faults}
 
 # fault -> (the case that must catch it, the layer localisation must name)
 EXPECTED = {
@@ -190,8 +296,8 @@ EXPECTED = {
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
 @pytest.mark.parametrize("backend", sorted(FAULT_SETS))
 def test_each_known_fault_is_caught_and_localised(backend, fault, monkeypatch):
-    if not backends()[backend].available:
-        pytest.skip(backends()[backend].reason)
+    if not_in_process(backend):  # the faults are planted in this process
+        pytest.skip(not_in_process(backend))
     FAULT_SETS[backend]()[fault](monkeypatch)
     catching_case, layer = EXPECTED[fault]
     cases = [(case.name, case.batch(CONFIG, seed=2)) for case in CASES]
@@ -209,8 +315,8 @@ def test_each_known_fault_is_caught_and_localised(backend, fault, monkeypatch):
 
 @pytest.mark.parametrize("backend", sorted(FAULT_SETS))
 def test_without_faults_the_same_run_passes(backend):
-    if not backends()[backend].available:
-        pytest.skip(backends()[backend].reason)
+    if not_in_process(backend):  # the faults are planted in this process
+        pytest.skip(not_in_process(backend))
     cases = [(case.name, case.batch(CONFIG, seed=2)) for case in CASES]
     report = run_conformance(
         CONFIG, random_weights(CONFIG, seed=2, dtype="float64"), [Target(backend, "float64")], cases, pairs=False
@@ -358,13 +464,15 @@ GENERATION_EXPECTED = {
     },
 }
 GENERATION_RUNS = [(preset, fault) for preset, faults in GENERATION_EXPECTED.items() for fault in faults]
+# The generation faults patch the classes' __init__ and forward: PyTorch's and Gluon's (Flax's are dataclasses).
+GENERATION_FAULT_SETS = ["mxnet", "torch"]
 
 
 @pytest.mark.parametrize("preset, fault", GENERATION_RUNS)
-@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+@pytest.mark.parametrize("backend", GENERATION_FAULT_SETS)
 def test_another_generations_rule_is_caught_and_localised(backend, preset, fault, monkeypatch):
-    if not backends()[backend].available:
-        pytest.skip(backends()[backend].reason)
+    if not_in_process(backend):  # the faults are planted in this process
+        pytest.skip(not_in_process(backend))
     config = CONFIG.with_semantics(preset)
     generation_faults(backend)[fault](monkeypatch)
     catching_case, layer = GENERATION_EXPECTED[preset][fault]
@@ -380,8 +488,8 @@ def test_another_generations_rule_is_caught_and_localised(backend, preset, fault
 @pytest.mark.parametrize("preset", sorted(GENERATION_EXPECTED))
 @pytest.mark.parametrize("backend", sorted(FAULT_SETS))
 def test_each_generation_passes_without_faults(backend, preset):
-    if not backends()[backend].available:
-        pytest.skip(backends()[backend].reason)
+    if not_in_process(backend):  # the faults are planted in this process
+        pytest.skip(not_in_process(backend))
     config = CONFIG.with_semantics(preset)
     cases = [(case.name, case.batch(config, seed=2)) for case in CASES]
     report = run_conformance(
