@@ -1,12 +1,13 @@
 """Fixtures shared by tests/ and conformance/: the framework backends (every one the registry knows) as a
-parameter, each skipped with its reason where it cannot run here."""
+parameter, each skipped with its reason where it cannot run in this process."""
 
 import os
 
 import pytest
 from hypothesis import settings
 
-from bert_multi import backends, frameworks, load_backend
+from bert_multi import frameworks, load_backend
+from bert_multi.backend.registry import not_in_process
 
 # CI runs the same Hypothesis examples every time, so a red run can be reproduced; locally each run
 # explores new ones.
@@ -17,11 +18,12 @@ if os.environ.get("CI"):
 
 @pytest.fixture(params=frameworks())
 def framework(request):
-    """Each framework backend in turn; the tests written against it run for every one, but those marked
-    ``needs("Pretrainer", ...)`` only for a backend offering those capabilities of the contract."""
-    status = backends()[request.param]
-    if not status.available:
-        pytest.skip(status.reason)
+    """Each framework backend in turn, in the environment where it runs in this process (one run by
+    another environment's worker is tested there, and the worker by tests/test_environments.py); those
+    marked ``needs("Pretrainer", ...)`` only for a backend offering those capabilities of the contract."""
+    reason = not_in_process(request.param)
+    if reason:
+        pytest.skip(reason)
     backend = load_backend(request.param)
     for marker in request.node.iter_markers("needs"):
         lacking = [capability for capability in marker.args if getattr(backend.module, capability, None) is None]

@@ -5,19 +5,19 @@ import pytest
 from bert_multi import (
     CONFIGS,
     BERTConfig,
-    backends,
     load_backend,
     load_checkpoint,
     load_weights,
     random_weights,
     save_weights,
 )
+from bert_multi.backend.registry import not_in_process
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.results import assert_conforms
 
-missing = [name for name in ("torch", "mxnet") if not backends()[name].available]
-if missing:
-    pytest.skip(f"needs both frameworks; unavailable: {missing}", allow_module_level=True)
+missing = [reason for name in ("torch", "mxnet") if (reason := not_in_process(name))]
+if missing:  # where one runs in another environment's worker, tests/test_environments.py pairs them
+    pytest.skip(f"needs both frameworks in this process: {'; '.join(missing)}", allow_module_level=True)
 
 torch_backend, mxnet_backend = load_backend("torch"), load_backend("mxnet")
 CONFIG = BERTConfig(vocab_size=29, num_hiddens=20, ffn_num_hiddens=12, num_heads=5, num_blks=2, max_len=14)

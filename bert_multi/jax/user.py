@@ -74,6 +74,10 @@ class WrappedModel:
         self.module: nn.Module = module
         params = variables.get("params", variables)
         self.flat = {name: array.astype(dtype) for name, array in _flatten(params).items()}
+        # Compiled once per set of taps (and, by jit, per input shape): a first call on a shape costs one
+        # compilation instead of one per operation.
+        self.forwards: dict[tuple, Any] = {}
+        self.gradient = jax.jit(jax.grad(self._projected))
 
     def _arrays(self, inputs: ModelInputs) -> list[jax.Array | None]:
         return [None if array is None else jax.device_put(array, self.place) for array in inputs]
@@ -97,37 +101,48 @@ class WrappedModel:
         return {name: array.copy() for name, array in self.flat.items()}
 
     def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
-        record: dict[str, np.ndarray | None] = {}
+        key = tuple(sorted(taps.items()))
+        if key not in self.forwards:
+            self.forwards[key] = self._compiled_forward(taps)
+        with precision(self.dtype):
+            returned, record = self.forwards[key](self._tree(self.flat), *self._arrays(inputs))
+        return outputs_of(returned, _to_numpy), {name: _to_numpy(value) for name, value in record.items()}
+
+    def _compiled_forward(self, taps: Taps) -> Any:
+        """The user's forward, compiled, returning the tapped activations beside its outputs."""
         wanted: dict[str, list[tuple[str, str]]] = {}
         for activation, (path, side) in taps.items():
             wanted.setdefault(path, []).append((activation, side))
 
-        def keep(call: Any, args: tuple, kwargs: dict, context: Any) -> Any:
-            # Framework difference: no hooks; Flax lets a function intercept every module method call.
-            output = call(*args, **kwargs)
-            if context.method_name == "__call__":
-                for activation, side in wanted.get(".".join(context.module.path), []):
-                    if record.get(activation) is None:  # a module called twice is recorded at its first call
-                        record[activation] = _to_numpy(args[0] if side == "input" else output)
-            return output
+        def forward(params: Any, *arrays: Any) -> tuple[Any, dict[str, Any]]:
+            record: dict[str, Any] = {}
 
-        with precision(self.dtype), nn.intercept_methods(keep):
-            returned = self.module.apply({"params": self._tree(self.flat)}, *self._arrays(inputs))
-        return outputs_of(returned, _to_numpy), record
+            def keep(call: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+                # Framework difference: no hooks; Flax lets a function intercept every module method call
+                # (here while jit traces, so what it keeps becomes an output of the compiled function).
+                output = call(*args, **kwargs)
+                if context.method_name == "__call__":
+                    for activation, side in wanted.get(".".join(context.module.path), []):
+                        record.setdefault(activation, args[0] if side == "input" else output)  # first call
+                return output
+
+            with nn.intercept_methods(keep):
+                returned = self.module.apply({"params": params}, *arrays)
+            return returned, record
+
+        return jax.jit(forward)
 
     def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
         """Each parameter's gradient of sum(cotangent * output), by ``jax.grad`` of that sum as a function
         of the parameters (a parameter the outputs do not depend on gets zeros, as in Gluon)."""
         with precision(self.dtype):
-            arrays = self._arrays(inputs)
-
-            def projected(params: Any) -> jax.Array:
-                returned = self.module.apply({"params": params}, *arrays)
-                pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
-                return sum((o * jax.numpy.asarray(c, dtype=o.dtype)).sum() for o, c in pairs)
-
-            grads = jax.grad(projected)(self._tree(self.flat))
+            grads = self.gradient(self._tree(self.flat), self._arrays(inputs), tuple(cotangents))
             return {name: np.asarray(array) for name, array in _flatten(grads).items()}
+
+    def _projected(self, params: Any, arrays: list[Any], cotangents: tuple[Any, ...]) -> jax.Array:
+        returned = self.module.apply({"params": params}, *arrays)
+        pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
+        return sum((o * c.astype(o.dtype)).sum() for o, c in pairs)
 
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:
