@@ -6,6 +6,7 @@ import pytest
 
 from bert_multi import BERTConfig, load_backend, param_shapes, random_weights
 from bert_multi.backend import framework_names
+from bert_multi.backend.registry import not_in_process
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.results import assert_conforms
 
@@ -31,14 +32,14 @@ MODULES = {
 
 
 def in_process(framework):
-    """The framework's package, importable in this environment (a backend run by a worker in another
-    environment has no classes here to call), else a skip saying why."""
+    """The framework's package in this process (a backend run by a worker in another environment has no
+    classes here to call), else a skip saying why."""
     import importlib
 
-    try:
-        return importlib.import_module(f"bert_multi.{framework}")
-    except ImportError as error:
-        pytest.skip(f"{framework} cannot run in this environment ({error})")
+    reason = not_in_process(framework)
+    if reason:
+        pytest.skip(reason)
+    return importlib.import_module(f"bert_multi.{framework}")
 
 
 @pytest.fixture(params=sorted(MODULES), ids=[f"{f}.{m}" for f, m in sorted(MODULES)])

@@ -8,15 +8,16 @@ import pytest
 
 import bert_multi as bm
 from bert_multi import WeightsError
+from bert_multi.backend.registry import not_in_process
 
 
 def framework(name):
     """The framework's package in this process, else a skip saying why (a backend run by a worker in
     another environment has no classes here)."""
-    try:
-        return importlib.import_module(f"bert_multi.{name}")
-    except ImportError as error:
-        pytest.skip(f"{name} cannot run in this environment ({error})")
+    reason = not_in_process(name)
+    if reason:
+        pytest.skip(reason)
+    return importlib.import_module(f"bert_multi.{name}")
 
 
 @pytest.mark.parametrize("name", ["torch", "mxnet", "jax"])

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bert_multi import CONFIGS, backends, load_backend, verify
+from bert_multi import CONFIGS, verify
+from bert_multi.backend.registry import not_in_process
 from bert_multi.testing import assert_model_conforms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,10 +22,8 @@ TINY = CONFIGS["tiny"]
 
 def needs(backend):
     """Skip unless the backend's framework runs in this process: users' models are wrapped here."""
-    status = backends()[backend]
-    elsewhere = status.available and load_backend(backend).elsewhere
-    reason = f"{backend} runs in another environment ({elsewhere}) here" if elsewhere else str(status.reason)
-    return pytest.mark.skipif(not status.available or bool(elsewhere), reason=reason)
+    reason = not_in_process(backend)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
 
 
 # --- PyTorch ---------------------------------------------------------------------------------------------

@@ -238,10 +238,10 @@ def backends() -> dict[str, BackendStatus]:
 def not_in_process(name: str) -> str | None:
     """Why backend ``name``'s framework cannot be used in this process (its classes, its checkpoints,
     users' models of it), or None: it is unavailable, or runs in another environment's worker."""
-    status = backends()[name]
-    if not status.available:
-        return status.reason
-    elsewhere = load_backend(name).elsewhere
+    try:
+        elsewhere = load_backend(name).elsewhere
+    except (CannotRunHere, BackendContractError) as error:  # as backends() reports it unavailable
+        return str(error)
     return None if elsewhere is None else f"backend {name!r} runs in another environment here ({_shown(elsewhere)})"
 
 
@@ -468,9 +468,10 @@ class LoadedBackend:
 def _shown(path: str) -> str:
     """A path relative to the working directory where it lies under it."""
     try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+        relative = os.path.relpath(path)
     except ValueError:  # another drive
         return path
+    return path if relative.startswith("..") else relative
 
 
 def _build_parameters(build: Callable[..., Any]) -> tuple[set[str], bool]:

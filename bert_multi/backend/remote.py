@@ -123,6 +123,23 @@ class Worker:
         """A new file name in the worker's directory."""
         return Path(self.directory.name) / f"{kind}-{next(self.files)}.npz"
 
+    def exchange(
+        self, op: str, sent: dict[str, dict[str, np.ndarray]], received: bool, **arguments: Any
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """``call`` with arrays: each of ``sent`` written to a file named by that argument, and, if
+        ``received``, the arrays the worker writes to the file named by ``out``; the files removed after."""
+        paths = {argument: self.path(argument) for argument in sent}
+        if received:
+            paths["out"] = self.path("out")
+        try:
+            for argument, arrays in sent.items():
+                np.savez(paths[argument], **arrays)
+            reply = self.call(op, **arguments, **{argument: str(path) for argument, path in paths.items()})
+            return reply, read_arrays(paths["out"]) if received else {}
+        finally:
+            for path in paths.values():
+                path.unlink(missing_ok=True)
+
     def call(self, op: str, **arguments: Any) -> dict[str, Any]:
         """Send one request and return its reply; the worker's exception raised here as the same
         bert_multi exception, or a ``RemoteFailure`` with its traceback."""
@@ -211,36 +228,20 @@ class RemoteBackend:
         self, config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = None, **options
     ) -> RemoteModel:
         """The worker's model of ``config`` holding ``weights``."""
-        path = self.worker.path("weights")
-        np.savez(path, **weights)
-        try:
-            dtype = None if dtype is None else str(np.dtype(dtype))  # type: ignore[call-overload]
-            reply = self.worker.call(
-                "build", config=config.to_dict(), weights=str(path), device=device, dtype=dtype, options=options
-            )
-        finally:
-            path.unlink(missing_ok=True)
+        dtype = None if dtype is None else str(np.dtype(dtype))  # type: ignore[call-overload]
+        reply, _ = self.worker.exchange(
+            "build", {"weights": weights}, False, config=config.to_dict(), device=device, dtype=dtype, options=options
+        )
         return RemoteModel(self, config, reply)
 
     def _save_checkpoint(self, path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
-        sent = self.worker.path("weights")
-        np.savez(sent, **weights)
-        try:
-            self.worker.call(
-                "save_checkpoint", path=str(Path(path).absolute()), config=config.to_dict(), weights=str(sent)
-            )
-        finally:
-            sent.unlink(missing_ok=True)
+        where = str(Path(path).absolute())
+        self.worker.exchange("save_checkpoint", {"weights": weights}, False, path=where, config=config.to_dict())
 
     def _read_checkpoint(
         self, path: str | os.PathLike, key: str | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
-        received = self.worker.path("checkpoint")
-        try:
-            reply = self.worker.call("read_checkpoint", path=str(Path(path).absolute()), key=key, out=str(received))
-            arrays = read_arrays(received)
-        finally:
-            received.unlink(missing_ok=True)
+        reply, arrays = self.worker.exchange("read_checkpoint", {}, True, path=str(Path(path).absolute()), key=key)
         return arrays, dict(reply["dtypes"]), list(reply["notes"])
 
 
@@ -257,28 +258,17 @@ class RemoteModel(BackendModel):
         weakref.finalize(self, self.worker.drop, self.id)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        sent, received = self.worker.path("inputs"), self.worker.path("outputs")
-        np.savez(sent, **{name: array for name, array in inputs._asdict().items() if array is not None})
-        try:
-            reply = self.worker.call(
-                "forward", model=self.id, inputs=str(sent), out=str(received), intermediates=intermediates
-            )
-            arrays = read_arrays(received)
-        finally:
-            sent.unlink(missing_ok=True)
-            received.unlink(missing_ok=True)
+        given = {name: array for name, array in inputs._asdict().items() if array is not None}
+        reply, arrays = self.worker.exchange(
+            "forward", {"inputs": given}, True, model=self.id, intermediates=intermediates
+        )
         record = None
         if reply["intermediates"] is not None:
             record = {name: arrays.get(f"intermediates/{name}") for name in reply["intermediates"]}
         return BERTOutput(arrays["encoded"], arrays.get("mlm"), arrays.get("nsp"), record)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
-        path = self.worker.path("export")
-        try:
-            self.worker.call("export", model=self.id, out=str(path))
-            weights = read_arrays(path)
-        finally:
-            path.unlink(missing_ok=True)
+        _, weights = self.worker.exchange("export", {}, True, model=self.id)
         return {name: read_only(array) for name, array in weights.items()} if share else weights
 
     def framework_info(self) -> dict[str, object]:

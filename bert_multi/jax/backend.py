@@ -131,13 +131,15 @@ class JaxBERT(BackendModel):
 
     backend = NAME
 
-    def __init__(self, config: BERTConfig, module: BERTModel, params: Any, dtype: str, device: Device) -> None:
+    def __init__(
+        self, config: BERTConfig, module: BERTModel, params: Any, dtype: str, device: Device, place: jax.Device
+    ) -> None:
         super().__init__(config, dtype, device)
-        self.module, self.params = module, params
+        self.module, self.params, self.place = module, params, place
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         with precision(self.dtype):
-            arrays = [None if a is None else jax.device_put(a, to_framework_device(self.device)) for a in inputs]
+            arrays = [None if a is None else jax.device_put(a, self.place) for a in inputs]
             if intermediates:
                 (encoded, mlm, nsp), state = apply(self.module, True, self.params, *arrays)
                 found = _activations(state["intermediates"])
@@ -162,7 +164,7 @@ class JaxBERT(BackendModel):
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
         info["threads"], info["XLA_FLAGS"] = xla_threads(), os.environ.get("XLA_FLAGS", "unset")
         if self.device.kind == "gpu":
-            info["gpu"] = to_framework_device(self.device).device_kind
+            info["gpu"] = self.place.device_kind
         return info
 
 
@@ -222,4 +224,4 @@ def build(
     }
     with precision(dtype):
         params = jax.device_put(to_flax(config, kept), place)
-    return JaxBERT(config, module, params, dtype, target)
+    return JaxBERT(config, module, params, dtype, target, place)

@@ -16,6 +16,7 @@ import numpy as np
 from flax import linen as nn
 
 from ..backend.contract import parse_device
+from ..files.formats.flax import nested
 from ..spec.inputs import ModelInputs
 from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
 from .backend import precision, to_framework_device
@@ -37,17 +38,6 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]
         else:
             flat[f"{prefix}{key}"] = np.asarray(value)
     return flat
-
-
-def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for name, value in flat.items():
-        *modules, leaf = name.split(".")
-        node = tree
-        for part in modules:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
 
 
 class WrappedModel:
@@ -83,7 +73,7 @@ class WrappedModel:
         return [None if array is None else jax.device_put(array, self.place) for array in inputs]
 
     def _tree(self, flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        return _unflatten({name: jax.device_put(array, self.place) for name, array in flat.items()})
+        return nested({name: jax.device_put(array, self.place) for name, array in flat.items()})
 
     def parameters(self) -> list[tuple[str, Shape]]:
         return [(name, tuple(array.shape)) for name, array in self.flat.items()]

@@ -255,16 +255,23 @@ def pack_tree(tree: dict[str, Any]) -> bytes:
     return b"".join(parts)
 
 
-def flax_tree(config: BERTConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The canonical weights as the Flax model's parameter tree, in the model's order, kernels (in, out)."""
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """{dotted path: leaf} as a tree of nested dicts, in the same order."""
     tree: dict[str, Any] = {}
-    for name, dotted in framework_names(config, NAME_RULES).items():
-        *modules, leaf = dotted.split(".")
+    for dotted, leaf in flat.items():
+        *modules, name = dotted.split(".")
         node = tree
         for part in modules:
             node = node.setdefault(part, {})
-        node[leaf] = np.ascontiguousarray(weights[name].T) if transposed(dotted) else weights[name]
+        node[name] = leaf
     return tree
+
+
+def flax_tree(config: BERTConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The canonical weights as the Flax model's parameter tree, in the model's order, kernels (in, out)."""
+    names = framework_names(config, NAME_RULES)
+    return nested({dotted: np.ascontiguousarray(weights[name].T) if transposed(dotted) else weights[name]
+                   for name, dotted in names.items()})  # fmt: skip
 
 
 def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
