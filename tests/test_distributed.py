@@ -66,13 +66,16 @@ AGREEMENT = {  # (weights, losses)
     ("torch", "adam"): (1e-10, 1e-12),  # measured 1.5e-12, 8.9e-16
     ("mxnet", "sgd"): (1e-7, 1e-6),  # measured 2.0e-9, 2.4e-7
     ("mxnet", "adam"): (1e-4, 1e-6),  # measured 1.4e-6, 2.4e-7
+    ("jax", "sgd"): (1e-10, 1e-12),  # measured 1.4e-17, 1.8e-15
+    ("jax", "adam"): (1e-10, 1e-12),  # measured 3.7e-13, 1.8e-15
 }
 
 
 @pytest.mark.parametrize(("optimizer", "dtype"), [("sgd", "float64"), ("adam", "float64"), ("sgd", "float32")])
 def test_two_workers_end_where_one_process_ends(framework, optimizer, dtype):
     """The framework's own engine (torch: DistributedDataParallel over gloo; MXNet: the dist_sync
-    key-value store, a scheduler and a server), 2 processes of 1 thread each, against one process."""
+    key-value store, a scheduler and a server; JAX: jax.distributed with gloo's CPU collectives), 2
+    processes of 1 thread each, against one process."""
     arguments = {"config": CONFIG, "weights": WEIGHTS, "data": DATA, "steps": 4, "batch_size": 16, "seed": 0}
     arguments.update(dtype=dtype, optimizer=optimizer, lr=0.05)
     alone = run_pretraining(framework.NAME, **arguments)
@@ -130,7 +133,8 @@ def test_the_command_line_runs_workers_and_says_so(tmp_path, capsys):
 
 def launched_from_outside(framework, tmp_path):
     """The launch lines of docs/pretraining.md, on this machine: torchrun for torch; a scheduler, a server and the
-    workers with the DMLC_* variables for MXNet. Returns the weights worker 0 wrote."""
+    workers with the DMLC_* variables for MXNet; the processes with the JAX_* variables for JAX. Returns the
+    weights worker 0 wrote."""
     import os
     import subprocess
     import sys
@@ -141,7 +145,20 @@ def launched_from_outside(framework, tmp_path):
     command = ["-m", "bert_multi.cli", "pretrain", "--backend", framework, "--join", "--dtype", "float64"]
     command += ["--optimizer", "sgd", "--steps", "3", "--batch-size", "8", "--num-hiddens", "16"]
     command += ["--ffn-num-hiddens", "24", "--max-len", "32", "--out", str(tmp_path / "joined.npz")]
-    if framework == "torch":
+    if framework == "jax":
+        variables = {"JAX_COORDINATOR_ADDRESS": free_address(), "JAX_NUM_PROCESSES": "2"}
+        processes = [
+            subprocess.Popen(
+                [sys.executable, *command],
+                env={**os.environ, **variables, "JAX_PROCESS_ID": str(rank)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for rank in range(2)
+        ]
+        for process in processes:
+            assert process.wait(timeout=180) == 0, process.stderr.read()[-2000:]
+    elif framework == "torch":
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         finished = subprocess.run([*launcher, *command], capture_output=True, text=True, timeout=180)
         assert finished.returncode == 0, finished.stderr[-2000:]

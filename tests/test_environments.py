@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_multi import CONFIGS, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
+from bert_multi import CONFIGS, BERTConfig, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
 from bert_multi.backend.registry import load_backend, registrations
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
 from bert_multi.verify.cases import CASES
@@ -173,3 +173,58 @@ def test_bad_input_is_refused_the_same_wherever_the_backend_runs(remote_oracle):
             model(**batch)
         errors.append(str(caught.value))
     assert errors[0] == errors[1]
+
+
+def test_a_trainer_in_a_worker_trains_exactly_as_it_does_here():
+    """PyTorch's Pretrainer through a worker of this very interpreter, against the one here: the same
+    losses, gradients, optimizer state and weights, bit for bit, and a state taken up there as here."""
+    import itertools
+
+    from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
+    if not backends()["torch"].available:
+        pytest.skip(backends()["torch"].reason)
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
+    config = BERTConfig(len(data.vocab), 12, 20, 3, 2, max_len=16, dropout=0.2)
+    weights = random_weights(config, seed=6, dtype="float64")
+    remote = RemoteBackend("torch", Path(sys.executable))
+    here, there = (
+        backend.Pretrainer(backend.build(config, weights, dtype="float64"), optimizer="adam", lr=0.01)
+        for backend in (load_backend("torch"), remote)
+    )
+    for step, batch in enumerate(itertools.islice(data.batches(8, seed=1), 3), start=1):
+        for trainer in (here, there):
+            trainer.seed(step)  # dropout is on: the same seed must give the same masks there
+        assert here.step(batch) == there.step(batch)
+    assert here.loss(batch) == there.loss(batch)
+    expected, got = here.gradients(batch)[1], there.gradients(batch)[1]
+    assert list(got) == list(weights) and all(np.array_equal(got[n], expected[n]) for n in expected)
+    state, their_state = here.state(), there.state()
+    assert list(their_state) == list(state) and all(np.array_equal(their_state[k], state[k]) for k in state)
+    resumed = remote.Pretrainer(remote.build(config, here.model.export_weights(), dtype="float64"), optimizer="adam")
+    resumed.load_state(state, 3)
+    assert all(np.array_equal(a, b) for a, b in zip(resumed.state().values(), state.values()))
+    final = there.model.export_weights()
+    assert all(np.array_equal(final[n], a) for n, a in here.model.export_weights().items())
+    with pytest.raises(UsageError, match="start from its own environment: run .*bert-multi pretrain --backend torch"):
+        remote.train_data_parallel(2)
+    remote.worker.close()
+
+
+def test_pretrain_compare_trains_the_frameworks_of_both_environments(capsys):
+    """``pretrain --compare`` from either environment trains PyTorch, MXNet and JAX, one of them in the
+    other environment's worker, from the same weights and batches: float64 SGD, at a learning rate a C
+    float holds (MXNet passes it as one), ends with the same weights to 1e-9."""
+    from bert_multi.cli import main
+
+    status = backends()
+    for name in ("torch", "mxnet", "jax"):
+        if not status[name].available:
+            pytest.skip(status[name].reason)
+    model = "--num-hiddens 16 --ffn-num-hiddens 24 --max-len 32".split()
+    command = "pretrain --compare --steps 3 --batch-size 16 --dtype float64 --optimizer sgd --lr 0.125".split()
+    assert main(command + model) == 0
+    printed = capsys.readouterr().out
+    assert "step  torch loss  mxnet loss  jax loss  largest difference" in printed
+    gaps = [float(line.split(":")[-1]) for line in printed.splitlines() if "largest weight difference" in line]
+    assert len(gaps) == 2 and max(gaps) <= 1e-9, printed  # measured 1.7e-11 (.venv-numpy2), 3.0e-10 (.venv)

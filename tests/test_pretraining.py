@@ -10,13 +10,27 @@ import pytest
 from bert_multi import BERTConfig, init_weights, load_backend, random_weights
 from bert_multi.backend.oracle import pretraining_loss
 from bert_multi.backend.registry import not_in_process
-from bert_multi.training import PretrainingData, builtin_corpus, check_batch, paragraphs_from_lines, run_pretraining
+from bert_multi.training import (
+    ADAM_EPSILON_STYLES,
+    PretrainingData,
+    builtin_corpus,
+    check_batch,
+    paragraphs_from_lines,
+    run_pretraining,
+)
 
 pytestmark = pytest.mark.needs("Pretrainer")  # training: each framework's own Pretrainer
 
-both = pytest.mark.skipif(
-    any(not_in_process(n) for n in ("torch", "mxnet")), reason="needs both the torch and the mxnet backend here"
-)
+
+def pairs_here():
+    """Each pair of frameworks, skipped where the two do not both run in this process."""
+    for pair in itertools.combinations(("torch", "mxnet", "jax"), 2):
+        missing = [name for name in pair if not_in_process(name)]
+        reason = f"needs {' and '.join(missing)} in this process"
+        yield pytest.param(pair, id="-".join(pair), marks=pytest.mark.skipif(bool(missing), reason=reason))
+
+
+pairs = pytest.mark.parametrize("pair", list(pairs_here()))
 
 # Hyper-parameters that float32 represents exactly: MXNet hands its optimizer kernels lr, betas and
 # epsilon as C floats, so 0.01 or 0.999 would differ from PyTorch's doubles before anything else does.
@@ -62,19 +76,17 @@ def test_d2l_pytorch_normalisation_averages_padding_in(config, batch):
     )
 
 
-@both
-def test_gradients_agree_between_frameworks(config, batch):
+@pairs
+def test_gradients_agree_between_frameworks(config, batch, pair):
     weights = random_weights(config, seed=2, dtype="float64")
-    _, from_torch = (
-        load_backend("torch").Pretrainer(load_backend("torch").build(config, weights, dtype="float64")).gradients(batch)
+    first, second = (
+        load_backend(name).Pretrainer(load_backend(name).build(config, weights, dtype="float64")).gradients(batch)[1]
+        for name in pair
     )
-    _, from_mxnet = (
-        load_backend("mxnet").Pretrainer(load_backend("mxnet").build(config, weights, dtype="float64")).gradients(batch)
-    )
-    assert list(from_torch) == list(from_mxnet) == list(weights)
+    assert list(first) == list(second) == list(weights)
     for name in weights:
-        assert np.abs(from_torch[name] - from_mxnet[name]).max() <= 1e-9, name
-    assert np.abs(from_torch["encoder.pos_embedding"]).max() > 0  # it trains (d2l 0.16-0.17 detached it)
+        assert np.abs(first[name] - second[name]).max() <= 1e-9, name
+    assert np.abs(first["encoder.pos_embedding"]).max() > 0  # it trains (d2l 0.16-0.17 detached it)
 
 
 def test_gradients_match_finite_differences_of_the_oracle(framework, config, batch):
@@ -110,10 +122,10 @@ def test_gradients_match_finite_differences_of_the_oracle(framework, config, bat
             assert gradients[name][index] == pytest.approx(numeric, rel=1e-5, abs=1e-8), (name, index)
 
 
-def run_both(config, weights, batches, dtype, **options):
+def run_both(pair, config, weights, batches, dtype, **options):
     trainers = [
         load_backend(name).Pretrainer(load_backend(name).build(config, weights, dtype=dtype), **options)
-        for name in ("torch", "mxnet")
+        for name in pair
     ]
     for batch in batches:
         for trainer in trainers:
@@ -137,41 +149,57 @@ STEP_CASES = {
 }
 
 
-@both
+@pairs
 @pytest.mark.parametrize("case", sorted(STEP_CASES))
-def test_optimizer_steps_give_the_same_weights(config, data, case):
+def test_optimizer_steps_give_the_same_weights(config, data, case, pair):
     options, dtype, bound = STEP_CASES[case]
     weights = init_weights(config, seed=4, dtype=dtype)
     batches = data.batches(16, seed=1)
-    torch_weights, mxnet_weights = run_both(config, weights, [next(batches) for _ in range(5)], dtype, **options)
-    assert largest_difference(torch_weights, mxnet_weights) <= bound
-    assert largest_difference(torch_weights, weights) > 1e-3  # the steps did move the weights
+    first, second = run_both(pair, config, weights, [next(batches) for _ in range(5)], dtype, **options)
+    assert largest_difference(first, second) <= bound
+    assert largest_difference(first, weights) > 1e-3  # the steps did move the weights
 
 
-@both
-def test_where_adam_puts_epsilon_is_a_real_difference(config, data):
-    """torch.optim.Adam adds epsilon to sqrt(v / (1 - beta2^t)); MXNet folds the bias correction into
-    the learning rate and adds epsilon to sqrt(v). Left to their own ways they drift apart."""
+# Each framework's own place for Adam's epsilon: torch.optim.Adam and optax's adam add it to
+# sqrt(v / (1 - beta2^t)); MXNet folds the bias correction into the learning rate and adds it to sqrt(v).
+NATIVE_EPSILON = {"torch": "torch", "mxnet": "mxnet", "jax": "torch"}
+
+
+@pairs
+def test_where_adam_puts_epsilon_is_a_real_difference(config, data, pair):
+    """Left to their own ways, two frameworks that place epsilon differently drift apart; matched, they agree."""
     weights = init_weights(config, seed=4, dtype="float64")
     batches = [next(data.batches(16, seed=1))]
-    native = largest_difference(*run_both(config, weights, batches, "float64", **{**EXACT_ADAM, "adam_epsilon": 1e-4}))
-    matched = largest_difference(
-        *run_both(
-            config, weights, batches, "float64", **{**EXACT_ADAM, "adam_epsilon": 1e-4, "adam_epsilon_style": "torch"}
-        )
+    native = largest_difference(
+        *run_both(pair, config, weights, batches, "float64", **{**EXACT_ADAM, "adam_epsilon": 1e-4})
     )
-    # What remains when matched is MXNet rounding each step's learning rate to a C float (~2e-10).
-    assert native > 1e-6 and matched < 1e-9, (native, matched)
+    for style in ADAM_EPSILON_STYLES:
+        matched = largest_difference(
+            *run_both(
+                pair,
+                config,
+                weights,
+                batches,
+                "float64",
+                **{**EXACT_ADAM, "adam_epsilon": 1e-4, "adam_epsilon_style": style},
+            )
+        )
+        # What remains when matched is MXNet rounding each step's learning rate to a C float (~2e-10).
+        assert matched < 1e-9, (style, matched)
+    if NATIVE_EPSILON[pair[0]] != NATIVE_EPSILON[pair[1]]:
+        assert native > 1e-6, native
+    else:
+        assert native < 1e-9, native
 
 
-@both
-def test_a_short_run_learns_and_the_curves_agree(config, data):
+@pairs
+def test_a_short_run_learns_and_the_curves_agree(config, data, pair):
     weights = init_weights(config, seed=5, dtype="float64")
     runs = [
         run_pretraining(
             name, config, weights, data, steps=8, batch_size=32, seed=2, dtype="float64", optimizer="sgd", lr=0.5
         )
-        for name in ("torch", "mxnet")
+        for name in pair
     ]
     # Learning, judged on 512 examples rather than on the noisy last batch: the masked-LM loss falls well
     # below ln(vocab_size), what guessing uniformly scores (measured: 0.59 to 0.81 below it over 12

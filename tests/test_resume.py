@@ -134,8 +134,8 @@ def test_a_data_parallel_run_resumes_from_its_workers_checkpoint(framework, tmp_
     uninterrupted = run_pretraining(framework.NAME, **options)
     gap = max(np.abs(resumed.weights[name] - uninterrupted.weights[name]).max() for name in WEIGHTS)
     # As for any data-parallel run against one process (tests/test_distributed.py): measured 1.7e-12 for
-    # torch, 7.7e-7 for MXNet, whose key-value store sums in float32.
-    assert gap <= {"torch": 1e-10, "mxnet": 1e-4}[framework.NAME]
+    # torch, 7.7e-7 for MXNet, whose key-value store sums in float32, 2.2e-12 for JAX.
+    assert gap <= {"torch": 1e-10, "mxnet": 1e-4, "jax": 1e-10}[framework.NAME]
     assert load_training_state(tmp_path).step == STEPS
 
 

@@ -8,8 +8,9 @@ interpreter of the environment where the project installs that framework (``Regi
 beside the source tree or the working directory), or the one named by ``BERT_MULTI_PYTHON_<NAME>``
 (``BERT_MULTI_PYTHON_JAX=/path/to/python``; ``none``: never elsewhere) or ``use_python``. The worker is ``python -m
 bert_multi.backend.worker``, with this source tree first on its path. A remote backend offers what
-conformance needs (building, running with activations, exporting weights, its devices and eps) and its
-framework's checkpoint files (written and read there); training and users' models stay in the
+conformance needs (building, running with activations, exporting weights, its devices and eps), its
+framework's checkpoint files (written and read there) and its ``Pretrainer``, driven step by step from
+here (so the batches are the caller's own); data-parallel workers and users' models stay in the
 framework's own environment.
 """
 
@@ -213,6 +214,8 @@ class RemoteBackend:
         self._devices: list[str] = described["devices"]
         if described["checkpoints"]:  # its framework's own files, written and read there
             self.save_checkpoint, self.read_checkpoint = self._save_checkpoint, self._read_checkpoint
+        if described["trains"]:
+            self.Pretrainer = _remote_trainer
 
     def devices(self) -> list[str]:
         return list(self._devices)
@@ -233,6 +236,14 @@ class RemoteBackend:
             "build", {"weights": weights}, False, config=config.to_dict(), device=device, dtype=dtype, options=options
         )
         return RemoteModel(self, config, reply)
+
+    def train_data_parallel(self, workers: int, threads_per_worker: int = 1, **arguments: Any) -> Any:
+        raise UsageError(
+            f"data-parallel workers of {self.NAME!r} start from its own environment: run "
+            f"{Path(self.ENVIRONMENT).parent / 'bert-multi'} pretrain --backend {self.NAME} --workers {workers}"
+        )
+
+    join_data_parallel = train_data_parallel
 
     def _save_checkpoint(self, path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
         where = str(Path(path).absolute())
@@ -273,3 +284,10 @@ class RemoteModel(BackendModel):
 
     def framework_info(self) -> dict[str, object]:
         return dict(self.info)
+
+
+def _remote_trainer(model: RemoteModel, **options: Any) -> Any:
+    """The worker's ``Pretrainer`` of ``model``, driven from here (``bert_multi.training.remote``)."""
+    from ..training.remote import RemoteTrainer  # training is the layer above the backends
+
+    return RemoteTrainer(model, **options)

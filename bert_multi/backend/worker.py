@@ -16,6 +16,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..spec.config import BERTConfig
+from ..training.data import BatchTotals
 from .contract import BackendModel
 from .registry import LoadedBackend, load_backend
 from .remote import read_arrays
@@ -27,6 +28,7 @@ class Session:
     def __init__(self) -> None:
         self.backend: LoadedBackend | None = None
         self.models: dict[int, BackendModel] = {}
+        self.trainers: dict[int, Any] = {}
         self.numbers = itertools.count()
 
     def load(self, backend: str) -> dict[str, Any]:
@@ -35,6 +37,7 @@ class Session:
         files = all(callable(getattr(self.backend.module, own, None)) for own in ("save_checkpoint", "read_checkpoint"))
         return {
             "checkpoints": files,
+            "trains": self.backend.can_train,
             "role": self.backend.role,
             "label": self.backend.label,
             "devices": self.backend.devices(),
@@ -80,8 +83,37 @@ class Session:
         np.savez(out, **arrays)
         return {"dtypes": dtypes, "notes": notes}
 
+    def trainer(self, model: int, options: dict[str, Any]) -> dict[str, Any]:
+        number = next(self.numbers)
+        self.trainers[number] = self._loaded().trainer(self.models[model], **options)
+        return {"trainer": number}
+
+    def seed(self, trainer: int, value: int) -> dict[str, Any]:
+        self.trainers[trainer].seed(value)
+        return {}
+
+    def loss(self, trainer: int, batch: str) -> dict[str, Any]:
+        return {"losses": list(self.trainers[trainer].loss(read_arrays(batch)))}
+
+    def step(self, trainer: int, batch: str, totals: list[float] | None) -> dict[str, Any]:
+        return {"losses": list(self.trainers[trainer].step(read_arrays(batch), _totals(totals)))}
+
+    def gradients(self, trainer: int, batch: str, totals: list[float] | None, out: str) -> dict[str, Any]:
+        losses, gradients = self.trainers[trainer].gradients(read_arrays(batch), _totals(totals))
+        np.savez(out, **gradients)
+        return {"losses": list(losses)}
+
+    def state(self, trainer: int, out: str) -> dict[str, Any]:
+        np.savez(out, **self.trainers[trainer].state())
+        return {}
+
+    def load_state(self, trainer: int, state: str, steps: int) -> dict[str, Any]:
+        self.trainers[trainer].load_state(read_arrays(state), steps)
+        return {}
+
     def drop(self, model: int) -> dict[str, Any]:
         self.models.pop(model, None)
+        self.trainers.pop(model, None)
         return {}
 
     def _loaded(self) -> LoadedBackend:
@@ -99,8 +131,20 @@ OPERATIONS = (
     "export",
     "save_checkpoint",
     "read_checkpoint",
+    "trainer",
+    "seed",
+    "loss",
+    "step",
+    "gradients",
+    "state",
+    "load_state",
     "drop",
 )
+
+
+def _totals(values: list[float] | None) -> BatchTotals | None:
+    """The ``BatchTotals`` a request carries as a list."""
+    return None if values is None else BatchTotals(float(values[0]), int(values[1]), int(values[2]))
 
 
 def _plain(value: object) -> object:

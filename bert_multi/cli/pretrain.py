@@ -64,8 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--join",
         action="store_true",
-        help="be one worker of a run launched by torchrun, or with the DMLC_* variables for MXNet, on one "
-        "machine or several (docs/pretraining.md, 'More than one process')",
+        help="be one worker of a run launched by torchrun, with the DMLC_* variables for MXNet or the JAX_* "
+        "variables for JAX, on one machine or several (docs/pretraining.md, 'More than one process')",
     )
     parser.add_argument(
         "--resume", metavar="DIR", help="go on from the training state in DIR to --steps in all (saving there too)"
@@ -171,8 +171,11 @@ def _train(
             run = run_pretraining(name, device=args.device, **arguments)
     finally:
         bar.close()
+    rate = f"{run.tokens_per_second:,.0f} tokens/s"
+    if len(run.losses) > 1:  # the first step apart: JAX compiles then, and every framework warms up
+        rate = f"{run.steady_tokens_per_second:,.0f} tokens/s after the first step ({run.first_step_seconds:.2f} s)"
     print(
-        f"  {run.tokens_per_second:,.0f} tokens/s, forward + backward + step "
+        f"  {rate}, forward + backward + step "
         f"({args.workers} x {run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
     )
     return run

@@ -33,6 +33,7 @@ from .model import (
     TransformerEncoderBlock,
     masked_softmax,
 )
+from .pretrain import Pretrainer, end_worker, join_data_parallel, pretraining_loss, train_data_parallel
 from .user import USER_MODELS, wrap_user_model
 
 __all__ = [
@@ -48,6 +49,11 @@ __all__ = [
     "read_checkpoint",
     "save_checkpoint",
     "to_flax",
+    "Pretrainer",
+    "end_worker",
+    "join_data_parallel",
+    "pretraining_loss",
+    "train_data_parallel",
     "USER_MODELS",
     "wrap_user_model",
     "AddNorm",

@@ -61,10 +61,11 @@ def precision(dtype: str) -> Iterator[None]:
 
 def to_framework_device(device: Device) -> jax.Device:
     # Framework difference: JAX lists its devices by platform, "cpu" and "gpu" (CUDA or ROCm).
+    # jax.local_devices: in a multi-process run jax.devices() lists every process's devices.
     if device.kind == "cpu":
-        return jax.devices("cpu")[0]
+        return jax.local_devices(backend="cpu")[0]
     try:
-        gpus = jax.devices("gpu")
+        gpus = jax.local_devices(backend="gpu")
     except RuntimeError:
         gpus = []
     if device.index >= len(gpus):
@@ -179,6 +180,14 @@ def xla_threads() -> int:
     if "--xla_cpu_multi_thread_eigen=false" in flags:
         return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def thread_flags(threads: int) -> str:
+    """XLA_FLAGS as they are, with XLA's CPU threads set to ``threads`` (read when JAX starts)."""
+    kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "eigen" not in flag and "intra_op" not in flag]
+    if threads == 1:
+        kept.append("--xla_cpu_multi_thread_eigen=false")
+    return " ".join([*kept, f"intra_op_parallelism_threads={threads}"])
 
 
 def _to_numpy(array: Any) -> np.ndarray | None:

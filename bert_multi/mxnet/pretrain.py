@@ -5,23 +5,19 @@ Parallel to ``bert_multi/torch/pretrain.py``.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from ..errors import WorkerFailed
 from ..spec.loss import LossValues
 from ..training import (
     BatchTotals,
@@ -29,9 +25,10 @@ from ..training import (
     check_batch,
     free_address,
     load_run,
-    relay_steps,
     run_pretraining,
     save_run,
+    watch_workers,
+    worker_environment,
 )
 from ..training.trainer import Trainer
 from .backend import NAME_RULES, MXNetBERT, _parameters
@@ -202,21 +199,6 @@ class Pretrainer(Trainer):
         optimizer.num_update = steps
 
 
-@contextlib.contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    """``variables`` set in this process's environment for the duration (processes started then inherit them)."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def _worker(workers: int, out: str, progress: Any, arguments: dict[str, Any]) -> None:
     rank = dist_kvstore().rank  # the scheduler numbers the workers as they join
     report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
@@ -238,11 +220,6 @@ def end_worker(code: int) -> int:
     as any does. Framework difference: MXNet's key-value store tells the scheduler and the servers, as
     the interpreter tears it down, that this worker is done; torch's workers leave without the teardown."""
     return code
-
-
-def _failure(index: int, workers: int, exitcode: int) -> WorkerFailed:
-    how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
-    return WorkerFailed.died(index, workers, how)
 
 
 def train_data_parallel(
@@ -272,29 +249,18 @@ def train_data_parallel(
         subprocess.Popen([sys.executable, "-c", "import mxnet"], env={**os.environ, **dmlc, "DMLC_ROLE": role})
         for role in ("scheduler", "server")
     ]
-    processes = []
     try:
         with tempfile.TemporaryDirectory() as out:
             # OMP_NUM_THREADS must be set before a worker imports MXNet, so the workers inherit it.
-            with _environment({**dmlc, "DMLC_ROLE": "worker", "OMP_NUM_THREADS": str(threads_per_worker)}):
-                for _ in range(workers):
-                    processes.append(spawn.Process(target=_worker, args=(workers, out, progress, arguments)))
-                    processes[-1].start()
-            while True:
-                relay_steps(progress, on_step)
-                for index, process in enumerate(processes):
-                    if process.exitcode not in (None, 0):
-                        raise _failure(index, workers, process.exitcode)
-                if all(process.exitcode == 0 for process in processes):
-                    break
-                time.sleep(0.2)
-            relay_steps(progress, on_step)
+            with worker_environment({**dmlc, "DMLC_ROLE": "worker", "OMP_NUM_THREADS": str(threads_per_worker)}):
+                processes = [
+                    spawn.Process(target=_worker, args=(workers, out, progress, arguments)) for _ in range(workers)
+                ]
+                for process in processes:
+                    process.start()
+            watch_workers(processes, progress, on_step)
             return load_run(out, "mxnet")
     finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-            process.join()
         for helper in helpers:
             try:
                 helper.wait(timeout=10)

@@ -30,6 +30,8 @@ from .loop import (
     relay_steps,
     run_pretraining,
     save_run,
+    watch_workers,
+    worker_environment,
 )
 from .state import STATE_FILE, TrainingState, load_training_state, save_training_state
 from .trainer import Trainer
@@ -59,6 +61,8 @@ __all__ = [
     "relay_steps",
     "run_pretraining",
     "save_run",
+    "watch_workers",
+    "worker_environment",
     "MLM_NORMALIZATIONS",
     "LossValues",
     "STATE_FILE",

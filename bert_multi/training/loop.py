@@ -3,17 +3,20 @@ what a data-parallel worker hands back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..backend.registry import backends, load_backend
-from ..errors import UsageError
+from ..errors import UsageError, WorkerFailed
 from ..files.weights import load_weights, save_weights
 from ..spec.config import HEADS, BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS, LossValues
@@ -67,16 +70,25 @@ class TrainingRun:
     runtime: dict
     weights: dict[str, np.ndarray]
     rank: int = 0  # which worker of a data-parallel run returned it
+    first_step_seconds: float = 0.0  # of ``seconds``: a compiling framework compiles then
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def steady_tokens_per_second(self) -> float:
+        """Tokens per second after the first step (every step's batch has as many examples)."""
+        rest = self.seconds - self.first_step_seconds
+        steps = len(self.losses)
+        return self.tokens * (steps - 1) / steps / rest if steps > 1 and rest > 0 else float("nan")
 
 
 def save_run(directory: str | os.PathLike, config: BERTConfig, run: TrainingRun) -> None:
     """What worker 0 of a data-parallel run hands back to the process that launched it."""
     save_weights(Path(directory) / "weights.npz", config, run.weights)
     summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
+    summary["first_step_seconds"] = run.first_step_seconds
     (Path(directory) / "run.json").write_text(json.dumps(summary))
 
 
@@ -85,7 +97,15 @@ def load_run(directory: str | os.PathLike, backend_name: str) -> TrainingRun:
     summary = json.loads((Path(directory) / "run.json").read_text())
     _, weights = load_weights(Path(directory) / "weights.npz")
     losses = [LossValues(*values) for values in summary["losses"]]
-    return TrainingRun(backend_name, losses, summary["seconds"], summary["tokens"], summary["runtime"], weights)
+    return TrainingRun(
+        backend_name,
+        losses,
+        summary["seconds"],
+        summary["tokens"],
+        summary["runtime"],
+        weights,
+        first_step_seconds=summary["first_step_seconds"],
+    )
 
 
 def relay_steps(progress, on_step) -> None:
@@ -94,6 +114,44 @@ def relay_steps(progress, on_step) -> None:
         step, values = progress.get()
         if on_step:
             on_step(step, LossValues(*values))
+
+
+@contextlib.contextmanager
+def worker_environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process's environment for the duration, so that worker processes started
+    then inherit them (settings a framework reads once, as it starts)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def watch_workers(processes: list, progress, on_step) -> None:
+    """Relay worker 0's steps until every one of ``processes`` (started ``multiprocessing.Process``es)
+    has ended well; the first to fail kills the others and raises ``WorkerFailed`` naming it."""
+    try:
+        while True:
+            relay_steps(progress, on_step)
+            for index, process in enumerate(processes):
+                if process.exitcode not in (None, 0):
+                    code = process.exitcode
+                    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                    raise WorkerFailed.died(index, len(processes), how)
+            if all(process.exitcode == 0 for process in processes):
+                break
+            time.sleep(0.2)
+        relay_steps(progress, on_step)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
 
 
 def run_pretraining(
@@ -172,7 +230,11 @@ def run_pretraining(
         tokens += int(batch["valid_lens"].sum())
         if saves is not None and step % checkpoint_every == 0:
             save_training_state(saves, TrainingState(step, config, model.export_weights(), trainer.state(), settings))
+        if step == start + 1:
+            first_step = time.perf_counter() - started
         if on_step:
             on_step(step, losses[-1])
     seconds = time.perf_counter() - started
-    return TrainingRun(backend_name, losses, seconds, tokens, model.runtime_info(), model.export_weights(), rank)
+    return TrainingRun(
+        backend_name, losses, seconds, tokens, model.runtime_info(), model.export_weights(), rank, first_step
+    )

@@ -39,12 +39,16 @@ class Trainer(abc.ABC):
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
         check_trainable(model.config, train_positions)
         self.model, self.config = model, model.config
-        model.module.encoder.train_positions = train_positions
+        self._train_positions(train_positions)
         self.mlm_normalization = mlm_normalization
         self.adam_epsilon, self.adam_epsilon_style = adam_epsilon, adam_epsilon_style
         self.steps = 0
 
     # --- what each framework fills in ---------------------------------------------------------------
+
+    def _train_positions(self, train: bool) -> None:
+        """Whether the positional embedding trains (the model stops its gradient when not)."""
+        self.model.module.encoder.train_positions = train
 
     @abc.abstractmethod
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
