@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     per_backend = {row.backend: row.threads for row in rows if row.threads is not None}
     threads = ", ".join(
-        [f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"]
+        [f"{variable}={os.environ.get(variable, 'unset')}" for variable in ("OMP_NUM_THREADS", "XLA_FLAGS")]
         + [f"{name} threads {count}" for name, count in per_backend.items()]
     )
     print(f"{rounds} interleaved rounds per workload; {threads}")

@@ -9,9 +9,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax
@@ -163,31 +162,38 @@ class JaxBERT(BackendModel):
 
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
-        info["threads"], info["XLA_FLAGS"] = xla_threads(), os.environ.get("XLA_FLAGS", "unset")
+        info["threads"] = xla_threads()
         if self.device.kind == "gpu":
             info["gpu"] = self.place.device_kind
         return info
 
 
 def xla_threads() -> int:
-    """The threads XLA computes on here: its CPU client takes every core it may run on unless XLA_FLAGS
-    says otherwise (``--xla_cpu_multi_thread_eigen=false`` for one thread, or
-    ``intra_op_parallelism_threads=N``). Framework difference: no call sets it once JAX has started."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    found = re.search(r"intra_op_parallelism_threads=(\d+)", flags)
-    if found:
-        return int(found.group(1))
-    if "--xla_cpu_multi_thread_eigen=false" in flags:
-        return 1
+    """The threads XLA computes on here: one per core this process may run on. Framework difference:
+    XLA's CPU client sizes its thread pool from the process's CPU affinity when it starts (``taskset``,
+    or ``os.sched_setaffinity`` before JAX's first computation), and no call or flag changes it after;
+    torch and MXNet take a thread count (``torch.set_num_threads``, ``OMP_NUM_THREADS``)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def thread_flags(threads: int) -> str:
-    """XLA_FLAGS as they are, with XLA's CPU threads set to ``threads`` (read when JAX starts)."""
-    kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split() if "eigen" not in flag and "intra_op" not in flag]
-    if threads == 1:
-        kept.append("--xla_cpu_multi_thread_eigen=false")
-    return " ".join([*kept, f"intra_op_parallelism_threads={threads}"])
+def gemm(dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
+    """One (m, k) x (k, n) product as a Dense layer computes it (kernel (in, out)), compiled, for ``bench``'s peak."""
+    with precision(dtype):
+        a, kernel = jax.numpy.ones((m, k), dtype), jax.numpy.ones((k, n), dtype)
+    product = jax.jit(jax.numpy.matmul)
+
+    def run() -> object:
+        with precision(dtype):
+            return product(a, kernel).block_until_ready()
+
+    return run
+
+
+def synchronize() -> None:
+    """Wait for queued work. Framework difference: JAX returns from a call once it is dispatched, and a
+    result is computed when it is read; a training step's update is read only by the next step."""
+    for array in jax.live_arrays():
+        array.block_until_ready()
 
 
 def _to_numpy(array: Any) -> np.ndarray | None:

@@ -31,10 +31,9 @@ from ..training import (
     run_pretraining,
     save_run,
     watch_workers,
-    worker_environment,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, JaxBERT, flax_paths, precision, thread_flags
+from .backend import NAME_RULES, JaxBERT, flax_paths, precision
 from .model import BERTModel
 
 
@@ -81,8 +80,8 @@ def pretraining_loss(
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _loss(module: BERTModel, mlm_normalization: str, params: Any, batch: dict[str, jax.Array]) -> Any:
-    return pretraining_loss(module, params, batch, mlm_normalization)
+def _loss(module: BERTModel, mlm_normalization: str, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    return jnp.stack(pretraining_loss(module, params, batch, mlm_normalization))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -153,8 +152,10 @@ class Pretrainer(Trainer):
         self.workers = jax.process_count() if distributed else 1
         self.settings = (optimizer, float(lr), *map(float, adam_betas), float(adam_epsilon), adam_epsilon_style)
         self.paths = flax_paths(self.config)
+        # On the model's device from the start: jit compiles again for arguments placed otherwise, and
+        # the state the first step returns is placed there.
         with precision(model.dtype):
-            self.optimizer_state = transformation(self.settings).init(model.params)
+            self.optimizer_state = jax.device_put(transformation(self.settings).init(model.params), model.place)
         self.key = jax.random.key(0)
         self.last_gradients: Any = None
 
@@ -173,7 +174,7 @@ class Pretrainer(Trainer):
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
         with precision(self.model.dtype):
             values = _loss(self.module, self.mlm_normalization, self.model.params, self._arrays(batch))
-            return LossValues(*(float(value) for value in values))
+        return LossValues(*np.asarray(values).tolist())
 
     def seed(self, value: int) -> None:
         # Framework difference: no global generator; a key, split for each draw (_backward).
@@ -191,7 +192,7 @@ class Pretrainer(Trainer):
                     lambda gathered: gathered.sum(axis=0), multihost_utils.process_allgather((losses, gradients))
                 )
         self.last_gradients = gradients
-        return LossValues(*(float(value) for value in losses))
+        return LossValues(*np.asarray(losses).tolist())  # one read of the three, not three
 
     def _update(self) -> None:
         with precision(self.model.dtype):
@@ -230,9 +231,10 @@ class Pretrainer(Trainer):
                     tree = tree[part]
                 tree[path[-1]] = jax.device_put(moment.T if transposed else moment, self.model.place)
             # Every step count in the state (optax's adam and the epsilon schedule keep one each).
-            self.optimizer_state = jax.tree_util.tree_map_with_path(
+            counted = jax.tree_util.tree_map_with_path(
                 lambda where, leaf: jnp.asarray(steps, leaf.dtype) if _is_count(where) else leaf, self.optimizer_state
             )
+            self.optimizer_state = jax.device_put(counted, self.model.place)
 
 
 def _adam_state(state: Any) -> Any:
@@ -301,7 +303,11 @@ def end_worker(code: int) -> int:
     return code
 
 
-def _worker(rank: int, workers: int, address: str, out: str, progress: Any, arguments: dict[str, Any]) -> None:
+def _worker(
+    rank: int, workers: int, address: str, cores: list[int], out: str, progress: Any, arguments: dict[str, Any]
+) -> None:
+    # XLA sizes its thread pool from the cores this process may run on, when JAX first computes.
+    os.sched_setaffinity(0, cores)
     # gloo greets each connection on stdout; a worker's progress goes through the queue instead.
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
@@ -324,15 +330,19 @@ def train_data_parallel(
     spawn = multiprocessing.get_context("spawn")
     progress = spawn.SimpleQueue()
     address = free_address()
-    # XLA reads its thread count when JAX starts, so the workers inherit it through the environment.
-    threads = {"XLA_FLAGS": thread_flags(threads_per_worker), "OMP_NUM_THREADS": str(threads_per_worker)}
+    # Framework difference: threads are cores here (xla_threads): worker r runs on the r-th
+    # ``threads_per_worker`` of the cores this process may use, round the machine if they run out.
+    usable = sorted(os.sched_getaffinity(0))
+    cores = [
+        [usable[(rank * threads_per_worker + index) % len(usable)] for index in range(threads_per_worker)]
+        for rank in range(workers)
+    ]
     with tempfile.TemporaryDirectory() as out:
-        with worker_environment(threads):
-            processes = [
-                spawn.Process(target=_worker, args=(rank, workers, address, out, progress, arguments))
-                for rank in range(workers)
-            ]
-            for process in processes:
-                process.start()
+        processes = [
+            spawn.Process(target=_worker, args=(rank, workers, address, cores[rank], out, progress, arguments))
+            for rank in range(workers)
+        ]
+        for process in processes:
+            process.start()
         watch_workers(processes, progress, on_step)
         return load_run(out, "jax")

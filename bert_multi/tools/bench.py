@@ -49,6 +49,7 @@ class Row:
     gemm_flops_per_second: float | None
     nbytes: int = 0  # bytes a weight-file workload writes or reads
     threads: object = None  # the backend's threads, as its runtime_info reports them
+    first: float | None = None  # seconds of the first call, apart from the rounds: where JAX compiles
 
     @property
     def median(self) -> float:
@@ -60,6 +61,7 @@ class Row:
             "backend": self.backend,
             "dtype": self.dtype,
             "seconds": self.seconds,
+            "first_s": self.first,
             "median_s": self.median,
             "min_s": min(self.seconds),
             "max_s": max(self.seconds),
@@ -121,14 +123,18 @@ def _interleave(
     progress: Callable[[str], None] | None,
     after: Callable[[str], None] | None = None,
     wait: Callable[[str], None] = _no_wait,
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Seconds of ``calls[name](round)`` for rounds 1..``rounds``, every backend in turn each round,
-    after a warm-up call (round 0: first calls allocate and compile). Each timing includes ``wait(name)``
-    (a backend's queued work); ``after(name)`` runs outside the timings."""
+    and apart from them the seconds of each one's first call (round 0: first calls allocate and
+    compile). Each timing includes ``wait(name)`` (a backend's queued work); ``after(name)`` runs
+    outside the timings."""
     timings: dict[str, list[float]] = {name: [] for name in calls}
+    first: dict[str, float] = {}
     for name, call in calls.items():
+        started = time.perf_counter()
         call(0)
         wait(name)
+        first[name] = time.perf_counter() - started
     for index in range(1, rounds + 1):
         for name, call in calls.items():
             if progress:
@@ -139,7 +145,7 @@ def _interleave(
             timings[name].append(time.perf_counter() - started)
             if after:
                 after(name)
-    return timings
+    return timings, first
 
 
 def run_bench(
@@ -222,7 +228,7 @@ def _forward_rows(
             fastest[name] = min(fastest[name], _best(products[name], 1))
 
     calls = {name: _every_round(run) for name, run in runners.items()}
-    timings = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
+    timings, first = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
     flops = forward_flops(base, batch, steps)
     return [
         Row(
@@ -234,6 +240,7 @@ def _forward_rows(
             flops,
             2.0 * m * k * n / fastest[name] if name in fastest else None,
             threads=threads[name],
+            first=first[name],
         )  # fmt: skip
         for name in runners
     ]
@@ -268,7 +275,7 @@ def _file_rows(shape: str, rounds: int, progress: Callable[[str], None] | None) 
         }
         for verb, calls in (("save", saves), ("load", loads)):
             workload = f"{verb} weights {shape}"
-            timings = _interleave(calls, rounds, workload, progress)
+            timings, _ = _interleave(calls, rounds, workload, progress)
             rows += [Row(workload, name, "float32", timings[name], 0, 0.0, None, nbytes) for name in calls]
     return rows
 
@@ -305,7 +312,7 @@ def verify_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
         "verify --gradients": _every_round(lambda: verify(factory, config, weights=weights, gradients=True)),
     }
     workload = f"verify {shape}, {len(cases)} cases, float32+float64"
-    timings = _interleave(calls, rounds, workload, progress)
+    timings, _ = _interleave(calls, rounds, workload, progress)
     threads = torch_backend.build(config, weights, gradients=False).runtime_info().get("threads")
     return [Row(workload, name, "both", timings[name], 0, 0.0, None, threads=threads) for name in calls]
 
@@ -333,10 +340,11 @@ def _train_rows(
     batches = [next(stream) for _ in range(rounds + 1)]
     workload = f"train step {shape} {batch}x{data.max_len}"
     calls = {name: functools.partial(_train_step, trainer, batches) for name, trainer in trainers.items()}
-    timings = _interleave(calls, rounds, workload, progress, wait=_synchronize)
+    timings, first = _interleave(calls, rounds, workload, progress, wait=_synchronize)
     tokens = batch * data.max_len
     return [
-        Row(workload, name, "float32", timings[name], tokens, 0.0, None, threads=threads[name]) for name in trainers
+        Row(workload, name, "float32", timings[name], tokens, 0.0, None, threads=threads[name], first=first[name])
+        for name in trainers
     ]
 
 
@@ -369,12 +377,14 @@ def format_rows(rows: list[Row]) -> str:
             f"{1000 * row.median:.1f}",
             f"{1000 * min(row.seconds):.1f}",
             f"{1000 * max(row.seconds):.1f}",
+            "-" if row.first is None else f"{1000 * row.first:.0f}",
             rate(row),
             share(row),
         ]  # fmt: skip
         for row in rows
     ]
-    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "tokens/s (MB/s)", "of GEMM peak"]
+    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "first call ms"]
+    header += ["tokens/s (MB/s)", "of GEMM peak"]
     return format_table(header, body)
 
 
