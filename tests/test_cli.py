@@ -7,7 +7,7 @@ import pytest
 from hostile import npz_member
 
 from bert_multi import CONFIGS, backends, frameworks, random_weights, save_weights
-from bert_multi.backend.registry import not_in_process
+from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.cli import main
 from bert_multi.errors import UsageError
 from bert_multi.tools.fixtures import FIXTURE_CONFIGS
@@ -352,7 +352,22 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         model = "weights" not in row["workload"]
         assert (row["tokens_per_s"] or 0) > 0 if model else row["megabytes_per_s"] > 0
         assert (row["gemm_peak_share"] is None) == (not row["workload"].startswith("forward"))
+        assert (row["first_s"] is not None) == model and (not model or row["first_s"] > 0)
     assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]
+    trained = {row["backend"] for row in rows if row["workload"].startswith("train step")}
+    assert trained == {name for name in here if load_backend(name).can_train}
+
+
+def test_bench_times_the_backends_asked_for_and_refuses_one_it_cannot_time(tmp_path, capsys):
+    argv = ["bench", "--quick", "--no-files", "--no-train", "--dtypes", "float64"]
+    assert main([*argv, "--backends", "numpy", "--json", str(tmp_path / "b.json")]) == 0
+    assert {row["backend"] for row in json.loads((tmp_path / "b.json").read_text())["rows"]} == {"numpy"}
+    assert main([*argv, "--backends", "nmupy"]) == 2
+    assert "unknown backend 'nmupy' (did you mean 'numpy'?)" in capsys.readouterr().err
+    elsewhere = next((name for name in frameworks() if not_in_process(name)), None)
+    if elsewhere is not None:
+        assert main([*argv, "--backends", elsewhere]) == 2
+        assert "bench times the backends of this environment only" in capsys.readouterr().err
 
 
 def test_bench_verify_times_verify_beside_a_plain_forward(tmp_path):

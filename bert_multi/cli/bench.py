@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from ..backend.registry import check_names, not_in_process
 from ..display import ProgressBar
 from ..errors import UsageError
 from ..spec.schema import SUPPORTED_DTYPES
@@ -25,6 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--shapes", type=comma_list, default=["chapter"], help="comma-separated: chapter (8x64), base (8x128)"
     )
     parser.add_argument("--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated")
+    parser.add_argument(
+        "--backends",
+        type=comma_list,
+        help="comma-separated: time only these (default: every backend that runs in this environment)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload (default 5)")
     parser.add_argument("--no-train", action="store_true", help="no training step")
     parser.add_argument(
@@ -46,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
     for shape in shapes:
         if shape not in bench.SHAPES:
             raise UsageError(f"unknown shape {shape!r}: expected some of {list(bench.SHAPES)}")
+    for name in args.backends or []:
+        check_names([name])
+        reason = not_in_process(name)
+        if reason:
+            raise UsageError(f"bench times the backends of this environment only: {reason}")
     bar = ProgressBar()
     try:
         rows = bench.run_bench(
@@ -55,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             train=not args.no_train,
             progress=lambda label: bar(0, 1, label),
             files=not args.no_files,
+            only=args.backends,
         )
         if args.verify:
             rows += bench.verify_rows(shapes[0], rounds, lambda label: bar(0, 1, label))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backend.registry import frameworks
+from ..backend.registry import frameworks, load_backend
 from ..errors import UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
@@ -109,9 +109,15 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
     return sections
 
 
+def python_for(framework: str) -> str:
+    """The Python whose environment has ``framework``: this one, or the one the project installs it in
+    (``bert_multi.backend.remote``)."""
+    return load_backend(framework).elsewhere or sys.executable
+
+
 def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
-    """Run samples of one framework in a fresh Python, each in its own namespace (a ``fresh`` one in a
-    Python of its own); what each printed, in order."""
+    """Run samples of one framework in a fresh Python of the environment that has it, each in its own
+    namespace (a ``fresh`` one in a Python of its own); what each printed, in order."""
     if not samples:
         return []
     if any(sample.fresh for sample in samples) and len(samples) > 1:
@@ -120,7 +126,7 @@ def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
         by_line = {outcome.sample.line: outcome for outcome in shared} | alone
         return [by_line[sample.line] for sample in samples]
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD],
+        [python_for(samples[0].framework), "-c", _CHILD],
         input=json.dumps([sample.code for sample in samples]),
         capture_output=True,
         text=True,
