@@ -206,7 +206,7 @@ def pretraining_loss(
     mlm_normalization: str = "real_slots",
     layer_norm_eps: float | None = None,
 ) -> LossValues:
-    """(total, MLM, NSP) loss of a checked pretraining batch (see ``training.check_batch``).
+    """(total, MLM, NSP) loss of a checked pretraining batch (see ``spec.loss.check_batch``).
 
     MLM cross-entropy is averaged over the real prediction slots (weight 1), NSP cross-entropy over the
     batch. ``mlm_normalization="all_slots"`` reproduces d2l's PyTorch code instead, whose loss had

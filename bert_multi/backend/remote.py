@@ -9,9 +9,9 @@ beside the source tree or the working directory), or the one named by ``BERT_MUL
 (``BERT_MULTI_PYTHON_JAX=/path/to/python``; ``none``: never elsewhere) or ``use_python``. The worker is ``python -m
 bert_multi.backend.worker``, with this source tree first on its path. A remote backend offers what
 conformance needs (building, running with activations, exporting weights, its devices and eps), its
-framework's checkpoint files (written and read there) and its ``Pretrainer``, driven step by step from
-here (so the batches are the caller's own); data-parallel workers and users' models stay in the
-framework's own environment.
+framework's checkpoint files (written and read there) and its ``Pretrainer`` (``RemoteTrainer``),
+driven step by step from here (so the batches, seeds and checkpoints are the caller's own);
+data-parallel workers and users' models stay in the framework's own environment.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from .. import errors
 from ..errors import BackendUnavailable, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
+from ..spec.loss import BatchTotals, LossValues, check_batch
 from .contract import BackendModel, BERTOutput, parse_device, read_only
 
 # Set in a worker: a backend that cannot load there is unavailable, never sent on to yet another process.
@@ -215,7 +216,7 @@ class RemoteBackend:
         if described["checkpoints"]:  # its framework's own files, written and read there
             self.save_checkpoint, self.read_checkpoint = self._save_checkpoint, self._read_checkpoint
         if described["trains"]:
-            self.Pretrainer = _remote_trainer
+            self.Pretrainer = RemoteTrainer
 
     def devices(self) -> list[str]:
         return list(self._devices)
@@ -286,8 +287,43 @@ class RemoteModel(BackendModel):
         return dict(self.info)
 
 
-def _remote_trainer(model: RemoteModel, **options: Any) -> Any:
-    """The worker's ``Pretrainer`` of ``model``, driven from here (``bert_multi.training.remote``)."""
-    from ..training.remote import RemoteTrainer  # training is the layer above the backends
+class RemoteTrainer:
+    """The worker's ``Pretrainer`` of a ``RemoteModel``: each call sends its batch and returns what the
+    trainer there returned (losses, canonical gradients, the optimizer state)."""
 
-    return RemoteTrainer(model, **options)
+    def __init__(self, model: RemoteModel, **options: Any) -> None:
+        self.model, self.config, self.worker = model, model.config, model.worker
+        self.id = int(self.worker.call("trainer", model=model.id, options=options)["trainer"])
+        weakref.finalize(self, self.worker.drop, self.id)
+
+    def seed(self, value: int) -> None:
+        self.worker.call("seed", trainer=self.id, value=int(value))
+
+    def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
+        reply, _ = self.worker.exchange("loss", {"batch": self._checked(batch)}, False, trainer=self.id)
+        return LossValues(*reply["losses"])
+
+    def step(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None) -> LossValues:
+        sent = {"batch": self._checked(batch)}
+        reply, _ = self.worker.exchange("step", sent, False, trainer=self.id, totals=_plain_totals(totals))
+        return LossValues(*reply["losses"])
+
+    def gradients(
+        self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None
+    ) -> tuple[LossValues, dict[str, np.ndarray]]:
+        sent = {"batch": self._checked(batch)}
+        reply, arrays = self.worker.exchange("gradients", sent, True, trainer=self.id, totals=_plain_totals(totals))
+        return LossValues(*reply["losses"]), arrays
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self.worker.exchange("state", {}, True, trainer=self.id)[1]
+
+    def load_state(self, arrays: dict[str, np.ndarray], steps: int) -> None:
+        self.worker.exchange("load_state", {"state": arrays}, False, trainer=self.id, steps=int(steps))
+
+    def _checked(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return check_batch(self.config, batch)  # here, before the worker sees it
+
+
+def _plain_totals(totals: BatchTotals | None) -> list[float] | None:
+    return None if totals is None else [float(value) for value in totals]

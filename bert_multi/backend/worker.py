@@ -16,7 +16,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..spec.config import BERTConfig
-from ..training.data import BatchTotals
+from ..spec.loss import BatchTotals
 from .contract import BackendModel
 from .registry import LoadedBackend, load_backend
 from .remote import read_arrays

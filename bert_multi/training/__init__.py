@@ -2,14 +2,12 @@
 (``loop``), the whole training state in one file (``state``), and what every framework's ``Pretrainer``
 shares (``trainer``): each framework fills in its loss, backward pass and optimizer step."""
 
-from ..spec.loss import MLM_NORMALIZATIONS, LossValues
+from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues, check_batch
 from .data import (
     RESERVED_TOKENS,
-    BatchTotals,
     PretrainingData,
     Vocab,
     builtin_corpus,
-    check_batch,
     mlm_example,
     nsp_examples,
     num_mlm_predictions,

@@ -14,17 +14,15 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..spec.config import BERTConfig
-from ..spec.inputs import check_inputs, get_tokens_and_segments
+from ..spec.inputs import get_tokens_and_segments
+from ..spec.loss import BATCH_FIELDS
 
 RESERVED_TOKENS = ["<pad>", "<mask>", "<cls>", "<sep>"]
 MLM_FRACTION = 0.15  # share of each sequence's tokens that are predicted
-BATCH_FIELDS = ("tokens", "segments", "valid_lens", "pred_positions", "mlm_weights", "mlm_labels", "nsp_labels")
 
 
 def tokenize(lines: Sequence[str], token: str = "word") -> list[list[str]]:
@@ -251,21 +249,6 @@ class PretrainingData:
             offset = 0
 
 
-class BatchTotals(NamedTuple):
-    """What the loss of a whole batch divides by. A worker holding one shard of a batch divides its
-    sums by the whole batch's totals, so the workers' losses add up to the loss of the whole batch
-    (and their gradients to its gradient) whatever each shard holds."""
-
-    mlm_weight: float  # the sum of mlm_weights: the real prediction slots
-    examples: int  # the batch size, over which NSP is averaged
-    slots: int  # every prediction slot, padding included ("all_slots" normalization)
-
-    @classmethod
-    def of(cls, batch: dict[str, np.ndarray]) -> BatchTotals:
-        weights = np.asarray(batch["mlm_weights"])
-        return cls(float(weights.sum(dtype=np.float64)), int(weights.shape[0]), int(weights.size))
-
-
 def shard(batch: dict[str, np.ndarray], rank: int, workers: int) -> dict[str, np.ndarray]:
     """Worker ``rank``'s rows of a batch: the rank-th of ``workers`` equal, contiguous slices, so that
     the workers together see exactly the batch one process would."""
@@ -274,44 +257,3 @@ def shard(batch: dict[str, np.ndarray], rank: int, workers: int) -> dict[str, np
         raise UsageError(f"a batch of {size} cannot be split into {workers} equal shards (rank {rank})")
     rows = slice(rank * size // workers, (rank + 1) * size // workers)
     return {name: values[rows] for name, values in batch.items()}
-
-
-def check_batch(config: BERTConfig, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model inputs checked as usual, and the labels: mlm_labels in [0, vocab_size), mlm_weights
-    finite and non-negative, nsp_labels in {0, 1}, all with matching shapes. Raises ``InputError``."""
-    missing = [field for field in BATCH_FIELDS if field not in batch]
-    if missing:
-        raise InputError(f"a pretraining batch needs {list(BATCH_FIELDS)}; missing {missing}")
-    inputs = check_inputs(config, batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
-    if inputs.valid_lens is None or inputs.pred_positions is None:
-        raise InputError("a pretraining batch needs valid_lens and pred_positions, not None")
-    B, P = inputs.pred_positions.shape
-    labels = np.asarray(batch["mlm_labels"])
-    weights = np.asarray(batch["mlm_weights"])
-    nsp = np.asarray(batch["nsp_labels"])
-    for name, array, shape in (
-        ("mlm_labels", labels, (B, P)),
-        ("mlm_weights", weights, (B, P)),
-        ("nsp_labels", nsp, (B,)),
-    ):
-        if array.shape != shape:
-            raise InputError(f"{name} has shape {array.shape}: expected {shape}")
-    if labels.dtype.kind not in "iu" or nsp.dtype.kind not in "iu":
-        raise InputError("mlm_labels and nsp_labels must be integer arrays")
-    if labels.size and (labels.min() < 0 or labels.max() >= config.vocab_size):
-        raise InputError(
-            f"mlm_labels must be token ids in [0, {config.vocab_size}), got {labels.min()}..{labels.max()}"
-        )
-    if not np.isin(nsp, (0, 1)).all():
-        raise InputError("nsp_labels must be 0 or 1")
-    if weights.dtype.kind != "f" or not np.isfinite(weights).all() or (weights < 0).any():
-        raise InputError("mlm_weights must be finite, non-negative floats")
-    return {
-        "tokens": inputs.tokens,
-        "segments": inputs.segments,
-        "valid_lens": inputs.valid_lens,
-        "pred_positions": inputs.pred_positions,
-        "mlm_weights": weights,
-        "mlm_labels": labels.astype(np.int64),
-        "nsp_labels": nsp.astype(np.int64),
-    }

@@ -19,8 +19,8 @@ from ..backend.registry import backends, load_backend
 from ..errors import UsageError, WorkerFailed
 from ..files.weights import load_weights, save_weights
 from ..spec.config import HEADS, BERTConfig
-from ..spec.loss import MLM_NORMALIZATIONS, LossValues
-from .data import BatchTotals, PretrainingData, shard
+from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues
+from .data import PretrainingData, shard
 from .state import TrainingState, load_training_state, save_training_state
 
 
@@ -154,6 +154,21 @@ def watch_workers(processes: list, progress, on_step) -> None:
             process.join()
 
 
+def _resumed(directory: str | os.PathLike, config: BERTConfig, settings: dict, steps: int) -> TrainingState | None:
+    """The training state saved in ``directory``, if any, checked against the run that resumes it."""
+    state = load_training_state(directory)
+    if state is None:
+        return None
+    if state.step > steps:
+        raise UsageError(f"{directory}: its state is at step {state.step}, past the {steps} steps asked for")
+    if state.config != config or state.settings != settings:
+        raise UsageError(
+            f"{directory}: its state was saved by a run with {state.config} and {state.settings}, not "
+            f"{config} and {settings}; resume with the same settings"
+        )
+    return state
+
+
 def run_pretraining(
     backend_name: str,
     config: BERTConfig,
@@ -193,15 +208,8 @@ def run_pretraining(
         raise UsageError("checkpoints and resuming need a checkpoint directory")
     settings = {"backend": backend_name, "dtype": dtype, "seed": seed, "batch_size": batch_size, **options}
     settings = json.loads(json.dumps(settings))  # as a saved state holds them (tuples become lists)
-    state = load_training_state(checkpoint_dir) if resume and checkpoint_dir is not None else None
+    state = _resumed(checkpoint_dir, config, settings, steps) if resume and checkpoint_dir is not None else None
     if state is not None:
-        if state.step > steps:
-            raise UsageError(f"{checkpoint_dir}: its state is at step {state.step}, past the {steps} steps asked for")
-        if state.config != config or state.settings != settings:
-            raise UsageError(
-                f"{checkpoint_dir}: its state was saved by a run with {state.config} and {state.settings}, not "
-                f"{config} and {settings}; resume with the same settings"
-            )
         weights = state.weights
     start = state.step if state else 0
     backend = load_backend(backend_name)

@@ -10,8 +10,7 @@ import abc
 import numpy as np
 
 from ..backend.contract import BackendModel, framework_names
-from ..spec.loss import LossValues
-from .data import BatchTotals
+from ..spec.loss import BatchTotals, LossValues
 from .loop import check_trainable, check_training_options
 
 
