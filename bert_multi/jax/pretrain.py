@@ -120,7 +120,8 @@ def transformation(settings: tuple) -> optax.GradientTransformation:
 
 
 # Framework difference: the optimizer's state is a value like the parameters, passed in and returned;
-# donating both lets XLA write the new ones over the old (where the device allows: not JAX's CPU).
+# donating both lets XLA write the new ones over the old. A buffer a NumPy view still reads (an
+# ``export_weights(share=True)``) is not donated: JAX copies instead.
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(1, 3))
 def _updated(settings: tuple, params: Any, gradients: Any, state: Any) -> tuple[Any, Any]:
     updates, state = transformation(settings).update(gradients, state, params)
