@@ -7,6 +7,7 @@ import pytest
 
 from bert_multi import (
     CONFIGS,
+    BERTConfig,
     CannotRunHere,
     Target,
     backends,
@@ -100,3 +101,21 @@ def test_the_tree_is_the_one_flax_makes_and_its_file_the_bytes_flax_writes(backe
     loaded = load_checkpoint(tmp_path / "theirs.msgpack", **stated)
     assert loaded.config.semantics.name == preset
     assert all(np.array_equal(loaded.weights[name], weights[name]) for name in weights)
+
+
+def test_a_training_step_leaves_weights_lent_to_numpy_as_they_were(backend):
+    """The update donates the parameters' buffers to XLA; one that a NumPy view still reads must not be
+    written over (JAX copies instead), or exported weights would change under the caller."""
+    from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
+    config = BERTConfig(len(data.vocab), 12, 20, 3, 2, max_len=16)
+    weights = random_weights(config, seed=2, dtype="float32")
+    model = backend.build(config, weights, dtype="float32")
+    lent = model.export_weights(share=True)
+    trainer = backend.Pretrainer(model, optimizer="sgd", lr=0.5)
+    for batch in [next(data.batches(8, seed=step)) for step in range(2)]:
+        trainer.step(batch)
+    assert all(np.array_equal(lent[name], weights[name]) for name in weights)  # as lent
+    after = model.export_weights()
+    assert max(float(np.abs(after[name] - weights[name]).max()) for name in weights) > 1e-3  # and it trained
