@@ -228,3 +228,28 @@ def test_pretrain_compare_trains_the_frameworks_of_both_environments(capsys):
     assert "step  torch loss  mxnet loss  jax loss  largest difference" in printed
     gaps = [float(line.split(":")[-1]) for line in printed.splitlines() if "largest weight difference" in line]
     assert len(gaps) == 2 and max(gaps) <= 1e-9, printed  # measured 1.7e-11 (.venv-numpy2), 3.0e-10 (.venv)
+
+
+def test_mxnet_and_jax_gradients_agree_across_their_environments():
+    """float64 gradients of d2l's pretraining loss, MXNet's autograd against JAX's, one of them in the other
+    environment's worker; each also against the gradient oracle (tests/test_backward.py)."""
+    from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
+    status = backends()
+    for name in ("mxnet", "jax"):
+        if not status[name].available:
+            pytest.skip(status[name].reason)
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
+    config = BERTConfig(len(data.vocab), 12, 20, 3, 2, max_len=16)
+    weights = random_weights(config, seed=7, dtype="float64")
+    batch = next(data.batches(8, seed=2))
+    found = {
+        name: load_backend(name).trainer(load_backend(name).build(config, weights, dtype="float64")).gradients(batch)
+        for name in ("mxnet", "jax")
+    }
+    (mxnet_losses, from_mxnet), (jax_losses, from_jax) = found["mxnet"], found["jax"]
+    assert np.allclose(mxnet_losses, jax_losses, rtol=0, atol=1e-12)
+    assert list(from_mxnet) == list(from_jax) == list(weights)
+    worst = max(float(np.abs(from_mxnet[name] - from_jax[name]).max()) for name in weights)
+    # measured 4.2e-13: MXNet normalises with a C-float epsilon (PyTorch and JAX agree to 3.3e-16)
+    assert 0 < max(float(np.abs(g).max()) for g in from_jax.values()) and worst <= 1e-9, worst
