@@ -69,12 +69,44 @@ def test_a_sample_that_raises_is_reported_not_crashed():
 def test_the_lessons_command_lists_and_runs_a_section(capsys):
     assert main(["lessons"]) == 0
     listing = capsys.readouterr().out
-    assert "5. `repeat` means opposite things" in listing
+    assert " 5. repeat means opposite things" in listing and "21. Random numbers" in listing
     available = [f for f in frameworks() if backends()[f].available]
     assert main(["lessons", "5"]) == 0
     shown = capsys.readouterr().out
     assert "valid_lens.repeat(2)" in shown and ("[3, 5, 3, 5]" in shown) == ("torch" in available)
+    assert "Multi-head attention needs each sample's valid length" in shown  # the prose, not only the code
+    assert "guide says" not in shown and "as written" not in shown  # words for the test suite, not people
     assert main(["lessons", "99"]) == 2
+
+
+def test_a_section_is_found_by_a_word_of_its_title_and_several_matches_are_listed(capsys, monkeypatch):
+    from bert_multi.cli import lessons as command
+
+    monkeypatch.setattr(command, "run_samples", lambda section: {})  # what is chosen, not what runs
+    assert main(["lessons", "repeat"]) == 0
+    assert capsys.readouterr().out.startswith("5. repeat means opposite things\n")
+    assert main(["lessons", "optimizer"]) == 2
+    error = capsys.readouterr().err
+    assert "2 sections have 'optimizer' in their titles" in error
+    assert "\n  12. The optimizer step" in error and "\n  26. The optimizer state is a value" in error
+    assert main(["lessons", "the", "module"]) == 0 and "22. Parameters live outside" in capsys.readouterr().out
+    assert main(["lessons", "no-such-thing"]) == 2
+    assert main(["lessons", "--all"]) == 0
+    titles = [line for line in capsys.readouterr().out.splitlines() if line and line[0].isdigit() and ". " in line]
+    assert [int(line.split(".")[0]) for line in titles] == [section.number for section in SECTIONS]
+
+
+@pytest.mark.parametrize("columns", [60, 101, 102, 220])
+def test_a_section_fits_the_terminal_side_by_side_where_it_can(capsys, monkeypatch, columns):
+    from bert_multi.cli import lessons as command
+
+    section = next(s for s in SECTIONS if s.number == 5)
+    printed = {sample.line: sample.expected for sample in section.samples}
+    text = command.render(section, printed, columns)
+    assert max(len(line) for line in text.splitlines()) <= columns
+    side_by_side = any(line.count("prints:") == 2 for line in text.splitlines())
+    assert side_by_side == (columns >= 102)  # the two samples need 102 columns side by side
+    assert all(line in text for sample in section.samples for line in sample.expected.splitlines())
 
 
 def test_a_sample_must_print_exactly_what_the_guide_shows():

@@ -4,6 +4,7 @@ does (``add_parser``, ``run``); ``main`` dispatches and turns the project's own 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EXPECTED as error:
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`bert-multi lessons 5 | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as error:
         if error.filename is None:
             raise

@@ -1,61 +1,129 @@
-"""``bert-multi lessons``: how the frameworks differ: list the guide's sections, or run one in every framework."""
+"""``bert-multi lessons``: how the frameworks differ, at a terminal: a section of the guide, its prose and
+each framework's samples run here, side by side where the terminal is wide enough."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
+import textwrap
 
 from ..backend.registry import backends, label_of
 from ..errors import UsageError
 from ..tools import lessons
 
+GAP = 4  # spaces between side-by-side samples
+PROSE = 100  # the widest a paragraph is wrapped, however wide the terminal
+
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "lessons",
-        help="how the frameworks differ: list the guide's sections, or run one in every framework",
-        description="The framework-differences guide (docs/framework-differences.md), section by section: "
-        "each sample run in its framework, printed side by side with the other's.",
+        help="how the frameworks differ: the guide's sections, each run in every framework",
+        description="The framework-differences guide (docs/framework-differences.md) at a terminal: a "
+        "section's prose with each framework's samples run here, side by side where the terminal is wide "
+        "enough.",
     )
-    parser.add_argument("section", nargs="?", type=int, help="the section to run (default: list them)")
+    parser.add_argument(
+        "section", nargs="*", help="a section's number, or words of its title (default: list the sections)"
+    )
+    parser.add_argument("--all", action="store_true", help="every section, in order")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    """List the framework-differences guide's sections, or run one in every framework side by side."""
+    """List the guide's sections, or show the ones asked for with their samples run."""
     sections = lessons.read_guide()
-    if args.section is None:
+    if args.all:
+        chosen = sections
+    elif args.section:
+        chosen = [find_section(sections, " ".join(args.section))]
+    else:
         for listed in sections:
-            print(f"{listed.number}. {listed.title}")
-        print(f"\nbert-multi lessons N runs section N in every framework; the guide: {lessons.GUIDE}")
+            print(f"{listed.number:>2}. {listed.title.replace('`', '')}")
+        print("\nbert-multi lessons N (or a word of a title) shows a section, --all every one; the guide is")
+        print(f"{lessons.GUIDE}")
         return 0
-    section = next((s for s in sections if s.number == args.section), None)
-    if section is None:
-        raise UsageError(f"no section {args.section}: the guide has sections 1 to {len(sections)}")
-    print(f"{section.number}. {section.title}\n")
-    status = backends()
-    parts = []  # per sample: (header, code lines, printed lines, verdict)
-    for sample in section.samples:
-        outcome = lessons.run([sample])[0] if status[sample.framework].available else None
-        printed = outcome.printed.rstrip() if outcome else f"(not run: {status[sample.framework].reason})"
-        verdict = "" if outcome is None else ("as the guide says" if outcome.as_written else "NOT as the guide says")
-        parts.append((f"{label_of(sample.framework)}:", sample.code.splitlines(), printed.splitlines(), verdict))
-    code_rows = max(len(code) for _, code, _, _ in parts)
-    printed_rows = max(len(printed) for _, _, printed, _ in parts)
-    columns = [
-        [
-            header,
-            *code,
-            *[""] * (code_rows - len(code)),
-            "",
-            "prints:",
-            *printed,
-            *[""] * (printed_rows - len(printed)),
-            verdict,
-        ]  # fmt: skip
-        for header, code, printed, verdict in parts
-    ]
-    width = max(len(line) for line in columns[0]) + 4
-    for row in itertools.zip_longest(*columns, fillvalue=""):
-        print("".join(f"{cell:<{width}}" for cell in row).rstrip())
+    width = shutil.get_terminal_size((100, 24)).columns
+    for index, section in enumerate(chosen):
+        if index:
+            print()
+        print(render(section, run_samples(section), width))
     return 0
+
+
+def find_section(sections: list[lessons.Section], asked: str) -> lessons.Section:
+    """The section numbered ``asked``, or the only one whose title has those words."""
+    if asked.isdigit():
+        found = [section for section in sections if section.number == int(asked)]
+        if not found:
+            raise UsageError(f"no section {asked}: the guide has sections 1 to {len(sections)}")
+        return found[0]
+    found = [section for section in sections if section.matches(asked)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UsageError(f"no section has {asked!r} in its title: bert-multi lessons lists them")
+    listed = "".join(f"\n  {section.number:>2}. {section.title.replace('`', '')}" for section in found)
+    raise UsageError(f"{len(found)} sections have {asked!r} in their titles; name one by its number:{listed}")
+
+
+def run_samples(section: lessons.Section) -> dict[int, str]:
+    """What each sample of ``section`` printed here, by its line in the guide; for a framework that cannot
+    run here, why not."""
+    status = backends()
+    printed: dict[int, str] = {}
+    for framework in dict.fromkeys(sample.framework for sample in section.samples):
+        samples = [sample for sample in section.samples if sample.framework == framework]
+        if not status[framework].available:
+            printed.update({sample.line: f"(not run here: {status[framework].reason})" for sample in samples})
+            continue
+        for outcome in lessons.run(samples):
+            shown = outcome.printed.rstrip()
+            if not outcome.as_written:  # another version of the framework than the guide's
+                shown += "\n(the guide shows otherwise:\n" + outcome.sample.expected.rstrip() + ")"
+            printed[outcome.sample.line] = shown
+    return printed
+
+
+def render(section: lessons.Section, printed: dict[int, str], width: int) -> str:
+    """The section for a terminal ``width`` columns wide: paragraphs wrapped to it, each run of samples side
+    by side if they fit, else one after another."""
+    title = f"{section.number}. {section.title.replace('`', '')}"
+    out = [title, "=" * min(len(title), width)]
+    for is_sample, group in itertools.groupby(section.parts, key=lambda part: isinstance(part, lessons.Sample)):
+        out.append("")
+        if not is_sample:
+            out += ["\n\n".join(textwrap.fill(str(part).replace("`", ""), min(width, PROSE)) for part in group)]
+        else:
+            out += _samples([part for part in group if isinstance(part, lessons.Sample)], printed, width)
+    return "\n".join(out)
+
+
+def _samples(samples: list[lessons.Sample], printed: dict[int, str], width: int) -> list[str]:
+    """A run of samples, each its label, code and what it printed: in columns whose "prints:" lines
+    align, if they fit in ``width``; else one after another, long lines cut."""
+    code = [[label_of(s.framework), "-" * len(label_of(s.framework)), *s.code.splitlines()] for s in samples]
+    height = max(len(lines) for lines in code)
+    columns = [
+        [*lines, *[""] * (height - len(lines)), "", "prints:", *printed.get(sample.line, "").splitlines()]
+        for sample, lines in zip(samples, code)
+    ]
+    widths = [max(len(line) for line in column) for column in columns]
+    if sum(widths) + GAP * (len(columns) - 1) <= width:
+        rows = itertools.zip_longest(*columns, fillvalue="")
+        return ["".join(f"{cell:<{w + GAP}}" for cell, w in zip(row, widths)).rstrip() for row in rows]
+    out: list[str] = []
+    for sample, lines in zip(samples, code):
+        if out:
+            out.append("")
+        for line in [*lines, "", "prints:", *printed.get(sample.line, "").splitlines()]:
+            out += _wrap_code(line, width)
+    return out
+
+
+def _wrap_code(line: str, width: int) -> list[str]:
+    """A line of code or output cut to ``width``, its continuations indented."""
+    if len(line) <= width:
+        return [line]
+    return textwrap.wrap(line, width, subsequent_indent="    ", drop_whitespace=False, replace_whitespace=False)

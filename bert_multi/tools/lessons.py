@@ -53,6 +53,12 @@ class Section:
     number: int
     title: str
     samples: list[Sample] = field(default_factory=list)
+    parts: list[str | Sample] = field(default_factory=list)  # its paragraphs and samples, in the guide's order
+
+    def matches(self, words: str) -> bool:
+        """Whether each of ``words`` is a word of the title (any case, markdown's backticks ignored)."""
+        title = set(re.findall(r"[\w-]+", self.title.lower()))
+        return all(word in title for word in re.findall(r"[\w-]+", words.lower()))
 
 
 @dataclass(frozen=True)
@@ -73,9 +79,21 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
     lines = path.read_text().splitlines()
     sections: list[Section] = []
     blocks: list[tuple[Section | None, str, str, int]] = []  # (section, info, body, first line) per fenced block
+    paragraph: list[str] = []
+    placed: dict[int, list[tuple[int, str | Sample]]] = {}  # per section: (line, paragraph or sample)
+
+    def end_paragraph() -> None:
+        if paragraph and sections:
+            placed.setdefault(sections[-1].number, []).append((index + 1 - len(paragraph), " ".join(paragraph)))
+        paragraph.clear()
+
     index = 0
     while index < len(lines):
         heading = re.match(r"## (\d+)\. (.+)", lines[index])
+        if heading or lines[index].startswith("```") or not lines[index].strip():
+            end_paragraph()
+        else:
+            paragraph.append(lines[index].strip())
         if heading:
             sections.append(Section(int(heading[1]), heading[2]))
         elif lines[index].startswith("```"):
@@ -88,6 +106,7 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
             )
             index = end
         index += 1
+    end_paragraph()
     for position, (section, info, body, line) in enumerate(blocks):
         tagged = re.fullmatch(r"python (\w+)( fresh)?", info)
         if not tagged:
@@ -105,7 +124,11 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
                 f"{path}:{line}: a sample must be tagged {tags}, sit in a numbered section, and be followed "
                 "at once by a 'text' block of what it prints"
             )
-        section.samples.append(Sample(tagged[1], body, following[2], line, fresh=bool(tagged[2])))
+        sample = Sample(tagged[1], body, following[2], line, fresh=bool(tagged[2]))
+        section.samples.append(sample)
+        placed.setdefault(section.number, []).append((line, sample))
+    for section in sections:  # the samples in their place among the paragraphs
+        section.parts = [part for _, part in sorted(placed.get(section.number, []), key=lambda entry: entry[0])]
     return sections
 
 
