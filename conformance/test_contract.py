@@ -244,7 +244,8 @@ def test_an_installed_backend_meets_the_contract_and_conform_runs_it(installed, 
     assert main([*argv, "--backends", "numpy,ext"]) == 0
     out = capsys.readouterr().out
     assert "ext      float32  cpu     numpy float32 cpu (weights via memory)" in out
-    assert "PASS: 16 of 16 checks within tolerance" in out  # 2 cases: 2 targets x 2 dtypes, 2 pairs x 2 ways
+    # a row per output (4) of each target against the oracle (2 backends x 2 dtypes) and each pair both ways (4)
+    assert "PASS: 32 of 32 comparisons within tolerance, each the worst of 2 case(s)" in out
     assert main([*argv, "--backends", "numpy,extbad"]) == 1
     out = capsys.readouterr().out
     assert "FAIL extbad float32 cpu vs oracle, case mixed_valid_lens: first divergence at 'encoded'" in out

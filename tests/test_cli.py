@@ -49,7 +49,7 @@ def test_conform_fails_with_exit_1_and_names_the_layer(monkeypatch, capsys):
     )
     out = capsys.readouterr().out
     assert "FAIL torch float64 cpu vs oracle, case batch_one: first divergence at 'blks.0.ffn'" in out
-    assert "FAIL: 0 of 1 checks within tolerance" in out
+    assert "FAIL: 0 of 4 comparisons within tolerance, each the worst of 1 case(s)" in out  # the 4 rows shown
 
 
 @pytest.mark.cuda
@@ -407,3 +407,23 @@ def test_the_projects_own_errors_are_one_line_and_a_bug_shows_its_traceback(monk
     else:
         with pytest.raises(type(raised)):
             main(["backends"])
+
+
+def test_compare_ends_with_one_sentence_and_shows_the_table_on_request(tmp_path, capsys):
+    path = tmp_path / "mine.npz"
+    save_weights(path, CONFIGS["tiny"], random_weights(CONFIGS["tiny"], seed=4))
+    argv = ["compare", str(path), "--backends", "numpy", "--cases", "batch_one,max_len"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"{path}: NumPy computes what the float64 oracle computes, on 2 cases: largest difference")
+    assert last.endswith("every one of 8 comparisons within tolerance (--details: the table)")
+    assert "max abs err" not in out and "dropout" not in out  # no table; no dropout the file never recorded
+    assert "cases: batch_one, max_len\n" in out
+    assert main([*argv, "--details"]) == 0
+    detailed = capsys.readouterr().out
+    assert "max abs err" in detailed and detailed.count(" PASS\n") == 8  # the 8 comparisons the sentence counts
+    assert main([*argv, "--inputs", str(path)]) == 2
+    assert "--cases chooses among the built-in cases" in capsys.readouterr().err
+    assert main(["compare", str(path), "--cases", "batch_two"]) == 2
+    assert "unknown case 'batch_two'" in capsys.readouterr().err

@@ -151,7 +151,18 @@ def test_d2l_0_11_attention_has_no_biases_and_its_nsp_head_is_an_mlp_on_cls():
 
 @pytest.mark.parametrize(
     "version, preset",
-    [("0.11.4", "d2l-0.11"), ("0.12.0", "d2l-0.12"), ("0.15.1", "d2l-0.12"), ("0.16.6", "d2l"), ("d2l==1.0.3", "d2l")],
+    [
+        ("0.11.4", "d2l-0.11"),
+        ("0.12.0", "d2l-0.12"),
+        ("0.15.1", "d2l-0.12"),
+        ("0.16.6", "d2l"),
+        ("d2l==1.0.3", "d2l"),
+        ("d2l-1.0", "d2l"),  # the default preset, spelled as its release
+        ("d2l-0.14.4", "d2l-0.12"),
+        ("D2L 0.17", "d2l"),
+        ("d2l == 0.11.2", "d2l-0.11"),
+        ("v1.0.3", "d2l"),
+    ],
 )
 def test_a_d2l_version_picks_its_preset(version, preset):
     assert semantics_for(version) == PRESETS[preset] and semantics_for(version).name == preset
@@ -162,6 +173,8 @@ def test_unknown_presets_and_versions_are_explained():
         semantics_for("bert-large")
     with pytest.raises(ValueError, match="d2l 0.10 has no BERT chapter"):
         semantics_for("0.10.1")
+    with pytest.raises(ValueError, match="unknown preset 'd2l-one'"):
+        semantics_for("d2l-one")
     with pytest.raises(ValueError, match="Semantics.positions is 'rotary'"):
         Semantics(positions="rotary")
 

@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..spec.semantics import PRESETS
 from ..verify.cases import Batch, CaseInput
 from ..verify.conform import check_targets, run_conformance
-from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
+from ..verify.report import failure_details, plot_report, runtime_lines, summary_table, verdict
 from ..verify.results import Report, Target
 
 
@@ -145,8 +146,12 @@ def run_and_report(
     config: BERTConfig,
     weights: dict[str, np.ndarray],
     cases: list[CaseInput] | list[tuple[str, Batch]],
+    subject: str | None = None,
 ) -> Report:
-    print(f"config: {config}")
+    """Run the comparison and show it: the table (unless ``args.details`` is False), where failures
+    diverge, and the verdict; with ``subject``, the verdict as one sentence about it."""
+    details = getattr(args, "details", True)
+    print(f"config: {config_line(config)}")
     absent = [head for head in HEADS if head not in config.heads]
     if absent:
         print(f"absent from this model, so not compared: {', '.join(absent)}")
@@ -156,18 +161,28 @@ def run_and_report(
         report = run_conformance(config, weights, targets, cases, pairs=not args.no_pairs, progress=bar)
     finally:
         bar.close()
-    print(summary_table(report))
-    print(f"\nran on:\n{runtime_lines(report)}")
+    if details:
+        print(summary_table(report))
+        print(f"\nran on:\n{runtime_lines(report)}")
     if not report.passed:
         print("\n" + failure_details(report))
-    checks = len(report.checks)
-    verdict = "PASS" if report.passed else "FAIL"
+    rows = report.worst()
+    passing = sum(1 for *_, comparison in rows if comparison.passed)
     broken = f", {len(report.errors)} error(s)" if report.errors else ""
+    skipped = f", {len(report.skipped)} target(s) skipped" if report.skipped else ""
     print(
-        f"\n{verdict}: {checks - len(report.failures())} of {checks} checks within tolerance{broken}, "
-        f"{len(report.skipped)} target(s) skipped, {report.seconds:.1f} s"
+        f"\n{'PASS' if report.passed else 'FAIL'}: {passing} of {len(rows)} comparisons within tolerance, each the "
+        f"worst of {len(cases)} case(s){broken}{skipped}, {report.seconds:.1f} s"
     )
+    if subject is not None:
+        print(verdict(report, subject) + ("" if details else " (--details: the table)"))
     return report
+
+
+def config_line(config: BERTConfig) -> str:
+    """The config as a person reads it: without dropout, which a comparison never uses (inference) and a
+    checkpoint never records."""
+    return re.sub(r"dropout=[^,]*, ", "", repr(config))
 
 
 def write_reports(args: argparse.Namespace, reports: dict[str, Report]) -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..verify.cases import CASE_NAMES, CASES
+from ..errors import UsageError
+from ..verify.cases import CASE_NAMES, CASES, get_case
 from .common import (
     add_checkpoint_options,
     add_run_options,
     check_report_outputs,
+    comma_list,
     load_as_stated,
     parse_targets,
     read_inputs,
@@ -40,6 +42,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="compute the weights as this d2l generation (a preset or a d2l version) instead of the file's own; "
         "d2l 0.12-0.15 and 1.0 files have the same tensors, so only you can tell them apart",
     )
+    parser.add_argument(
+        "--cases",
+        type=comma_list,
+        default=["all"],
+        help=f"comma-separated built-in cases or 'all' (default): {', '.join(CASE_NAMES)}",
+    )
+    parser.add_argument(
+        "--details", action="store_true", help="the full table, per backend, dtype and output, and what each ran on"
+    )
     add_checkpoint_options(parser, preset=False)
     add_run_options(parser)
     return parser
@@ -48,10 +59,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     targets = parse_targets(args)
+    if args.inputs and args.cases != ["all"]:
+        raise UsageError("--cases chooses among the built-in cases; with --inputs your batch is the case")
+    chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
     checkpoint = load_as_stated(args, args.weights, args.preset)
     config, weights = checkpoint.config, checkpoint.weights
     if args.inputs:
         cases = read_inputs(args.inputs)
     else:
-        cases = [case.input(config, args.seed) for case in CASES]
-    return write_reports(args, {config.semantics.name: run_and_report(args, targets, config, weights, cases)})
+        cases = [case.input(config, args.seed) for case in chosen]
+    report = run_and_report(args, targets, config, weights, cases, subject=args.weights)
+    return write_reports(args, {config.semantics.name: report})

@@ -130,14 +130,15 @@ def releases_of(preset: str) -> str:
 
 
 def semantics_for(spec: str | Semantics) -> Semantics:
-    """A preset by name ("d2l-0.11"), or the preset of a d2l release ("0.14.4", "d2l==1.0.3")."""
+    """A preset by name ("d2l-0.11"), or the preset of a d2l release, however pip or a person writes it
+    ("0.14.4", "d2l==1.0.3", "d2l-1.0", "d2l 0.17", "v1.0.3")."""
     if isinstance(spec, Semantics):
         return spec
     if not isinstance(spec, str):
         raise UsageError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r}")
     if spec in PRESETS:
         return PRESETS[spec]
-    match = re.fullmatch(r"(?:d2l\s*==\s*)?v?(\d+)\.(\d+)(?:\.\d+)*(?:[a-z]+\d*)?", spec.strip())
+    match = re.fullmatch(r"(?:d2l\s*(?:==|-|\s)\s*)?v?(\d+)\.(\d+)(?:\.\d+)*(?:[a-z]+\d*)?", spec.strip().lower())
     if not match:
         raise UsageError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
     version = (int(match[1]), int(match[2]))

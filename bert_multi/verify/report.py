@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..backend.contract import intermediate_names
+from ..backend.registry import label_of
 from ..display import format_table
 from .compare import Comparison
 from .results import OUTPUT_NAMES, Report
@@ -23,6 +24,37 @@ def _margin(comparison: Comparison) -> str:
     if comparison.nonfinite:
         return "NaN/Inf"
     return "inf" if comparison.ratio == 0 else f"{comparison.margin:.3g}x"
+
+
+def verdict(report: Report, subject: str) -> str:
+    """One sentence on what the run proved about ``subject`` (a file, a model): which backends compute
+    what the float64 oracle computes, on how many cases, how closely; or how many comparisons failed."""
+    rows = report.worst()
+    if not rows:
+        return f"{subject}: nothing was compared (no requested backend could run here)"
+    failing = [(target, reference, output, c) for target, reference, output, c in rows if not c.passed]
+    if failing or report.errors:
+        if failing:
+            target, reference, output, c = failing[0]
+            first = f"first {target.backend} {target.dtype} {output} against {reference}, max abs {_number(c.max_abs)}"
+            what = f"{len(failing)} of {len(rows)} comparisons are outside tolerance ({first})"
+        else:
+            what = f"{len(report.errors)} target(s) raised ({report.errors[0].target}: {report.errors[0].error})"
+        return f"{subject} does NOT compute what the float64 oracle computes: {what}"
+    backends = list(dict.fromkeys(label_of(target.backend) for target, *_ in rows))
+    paired = any(not reference.startswith("oracle") for _, reference, _, _ in rows)
+    largest: dict[str, float] = {}
+    for target, _, _, c in rows:
+        largest[target.dtype] = max(largest.get(target.dtype, 0.0), c.max_abs)
+    closeness = " and ".join(f"{value:.1e} in {dtype}" for dtype, value in largest.items())
+    who = ", ".join(backends[:-1]) + (" and " if len(backends) > 1 else "") + backends[-1]
+    also = ", and with each other" if paired else ""
+    cases = len(report.cases)
+    return (
+        f"{subject}: {who} compute{'s' if len(backends) == 1 else ''} what the float64 oracle computes{also}, "
+        f"on {cases} case{'s' if cases != 1 else ''}: largest difference {closeness}, every one of "
+        f"{len(rows)} comparisons within tolerance"
+    )
 
 
 def summary_table(report: Report) -> str:
