@@ -20,6 +20,23 @@ class WeightsError(ValueError):
     """A weight dict or weight file does not match the canonical schema, or is corrupt."""
 
 
+class StatementsMissing(WeightsError):
+    """A checkpoint can be read only once what it cannot tell is stated: every missing statement in one
+    message, spelled as Python arguments (``str``) or as command-line flags (``for_command_line``)."""
+
+    def __init__(self, path: object, missing: dict[str, tuple[str, str, str]]) -> None:
+        self.path, self.missing = path, missing  # what -> (argument, flag, why the file cannot tell)
+        super().__init__(self._message(0))
+
+    def for_command_line(self) -> str:
+        return self._message(1)
+
+    def _message(self, spelling: int) -> str:
+        statements = " and ".join(spellings[spelling] for spellings in self.missing.values())
+        reasons = "; ".join(f"{what}: {spellings[2]}" for what, spellings in self.missing.items())
+        return f"{self.path}: state {statements} to read it. {reasons}."
+
+
 class CannotRunHere(Exception):
     """A backend cannot do what was asked on this machine, and nothing is wrong with it: its framework is
     missing, the device asked for is not here, or it does not compute the model asked for (transformers

@@ -16,7 +16,7 @@ import numpy as np
 from ..backend.registry import backend_names, check_names, frameworks
 from ..backend.remote import use_python
 from ..display import ProgressBar
-from ..errors import InputError, UsageError
+from ..errors import InputError, StatementsMissing, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
 from ..files.safe import NpzReader, open_regular
 from ..spec.config import CONFIGS, HEADS, BERTConfig
@@ -81,9 +81,12 @@ def model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -
 def load_as_stated(args: argparse.Namespace, path: str, preset: str | None) -> Checkpoint:
     """A checkpoint in any format, with the statements of --num-heads, --preset/--d2l-version, --cast, --key;
     what was done to read it is said."""
-    checkpoint = load_checkpoint(
-        path, num_heads=args.num_heads, preset=preset, d2l_version=args.d2l_version, dtype=args.cast, key=args.key
-    )
+    try:
+        checkpoint = load_checkpoint(
+            path, num_heads=args.num_heads, preset=preset, d2l_version=args.d2l_version, dtype=args.cast, key=args.key
+        )
+    except StatementsMissing as missing:  # in this interface's spelling: flags
+        raise UsageError(missing.for_command_line()) from None
     for note in checkpoint.info.notes:
         print(f"note: {note}")
     if checkpoint.info.ignored:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..files.checkpoints import output_format, save_checkpoint
+from ..files.checkpoints import inspect_checkpoint, output_format, save_checkpoint
 from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS
 from ..files.formats.d2l import read_vocab
-from .common import add_checkpoint_options, check_output, load_as_stated
+from ..files.layout import STATED_BY
+from .common import add_checkpoint_options, check_output, config_line, load_as_stated
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,6 +43,15 @@ def run(args: argparse.Namespace) -> int:
     written = save_checkpoint(
         args.out, checkpoint.config, checkpoint.weights, framework=args.framework, vocab=vocab or checkpoint.vocab
     )
-    print(f"config: {checkpoint.config}")
+    print(f"config: {config_line(checkpoint.config)}")
     print(f"wrote {args.out}: {DESCRIPTIONS[written]}")  # what was written (--framework huggingface: its directory)
+    unrecorded = [what for what in inspect_checkpoint(args.out).unknowns if what in STATED_BY]
+    if unrecorded:
+        values = {"num_heads": checkpoint.config.num_heads, "the generation": checkpoint.config.semantics.name}
+        flags = " ".join(f"{STATED_BY[what][1].split()[0]} {values[what]}" for what in unrecorded)
+        arguments = ", ".join(f"{STATED_BY[what][0].split()[0]}{values[what]!r}" for what in unrecorded)
+        print(
+            f"warning: {args.out} does not record {' or '.join(unrecorded)}: whoever reads it must state them "
+            f"({flags}; in Python {arguments})"
+        )
     return 0

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backend.contract import framework_names
 from ..backend.registry import label_of, registrations
-from ..errors import UsageError, WeightsError
+from ..errors import StatementsMissing, UsageError, WeightsError
 from ..spec.config import BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
 from ..spec.semantics import PRESETS, Semantics, releases_of, semantics_for
@@ -42,7 +42,7 @@ from .formats import (
     sniff,
 )
 from .formats.base import some
-from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, Layout, interpret, unknowns
+from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns
 
 
 def _reader(framework: str | None) -> str:
@@ -100,7 +100,9 @@ class CheckpointInfo:
             lines.append(f"vocab: {len(self.vocab)} tokens, starting {self.vocab[:5]}")
         lines += [f"ignored: {name}" for name in self.ignored]
         lines += [f"note: {note}" for note in self.notes]
-        lines += [f"cannot tell {topic}: {why}" for topic, why in self.unknowns.items()]
+        for topic, why in self.unknowns.items():
+            stated = f"; state it with {' / '.join(STATED_BY[topic])}" if topic in STATED_BY else ""
+            lines.append(f"cannot tell {topic}: {why}{stated}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -249,11 +251,12 @@ def _check_framework(path: Path, kind: str, found: str | None, wanted: str) -> N
 
 def _config_from_layout(path: Path, layout: Layout, num_heads: int | None, semantics: Semantics | None) -> BERTConfig:
     cannot_tell = unknowns(layout)
-    if num_heads is None:
-        raise WeightsError(f"{path}: num_heads is required: {cannot_tell['num_heads']}")
+    missing = ["num_heads"] if num_heads is None else []
+    if semantics is None and len(layout.presets) > 1:
+        missing.append("the generation")
+    if missing or num_heads is None:  # all of them in one message
+        raise StatementsMissing(path, {what: (*STATED_BY[what], cannot_tell[what]) for what in missing})
     if semantics is None:
-        if len(layout.presets) > 1:
-            raise WeightsError(f"{path}: the generation is required: {cannot_tell['the generation']}")
         semantics = PRESETS[layout.presets[0]]
     elif semantics.name not in layout.presets:
         fits = ", ".join(f"{name} ({releases_of(name)})" for name in layout.presets)

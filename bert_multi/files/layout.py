@@ -110,20 +110,26 @@ def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) 
     return Layout(presets, heads, expected, ignored, sizes)
 
 
+# What a reader states that a file cannot tell: its Python argument and its command-line flag.
+STATED_BY = {
+    "num_heads": ("num_heads=", "--num-heads"),
+    "the generation": ("preset= or d2l_version=", "--preset or --d2l-version"),
+}
+
+
 def unknowns(layout: Layout) -> dict[str, str]:
-    """What the file cannot tell -> why it matters and the option that states it."""
+    """What the file cannot tell -> why it matters (``STATED_BY`` says how a reader states it)."""
     hiddens = layout.sizes["num_hiddens"]
     divisors = [d for d in range(1, hiddens + 1) if hiddens % d == 0]
     unknowns = {
         "num_heads": f"no weight reveals how num_hiddens={hiddens} is split into heads (any of {some(divisors)} "
-        "fits), and a wrong count loads and computes a different function; state it with num_heads= (--num-heads)"
+        "fits), and a wrong count loads and computes a different function"
     }
     if len(layout.presets) > 1:
         fits = " and ".join(f"{name} ({releases_of(name)})" for name in layout.presets)
         unknowns["the generation"] = (
             f"the tensors fit {fits}, which copy valid_lens over the heads differently (interleaved in 0.16+, "
-            "tiled in 0.12-0.15) and so differ when a batch mixes lengths; state it with preset= or "
-            "d2l_version= (--preset / --d2l-version)"
+            "tiled in 0.12-0.15) and so differ when a batch mixes lengths"
         )
     if "max_len" not in layout.sizes:
         unknowns["max_len"] = (
