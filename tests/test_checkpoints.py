@@ -302,3 +302,32 @@ def test_convert_warns_when_the_written_file_cannot_record_what_its_reader_must_
     assert main(["convert", str(tmp_path / "old.msgpack"), str(tmp_path / "back.npz"), *stated]) == 0
     assert "warning" not in capsys.readouterr().out  # a canonical file records both
     assert bert_multi.load_weights(tmp_path / "back.npz")[0] == config
+
+
+def test_convert_check_runs_the_written_file_and_says_in_one_sentence_what_it_proved(tmp_path, capsys):
+    config = CONFIGS["tiny"].with_semantics("0.14.4")
+    save_weights(tmp_path / "old.npz", config, random_weights(config, seed=6))
+    assert main(["convert", str(tmp_path / "old.npz"), str(tmp_path / "new.npz"), "--check"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(
+        f"{tmp_path / 'new.npz'} computes what {tmp_path / 'old.npz'} computes: the float64 oracle's outputs on "
+        "the two differ by 0.0e+00, and NumPy runs"
+    )
+    assert last.endswith("in float64 over 10 cases, within tolerance")
+    # a file that reads back but computes something else is caught (one weight nudged as it is read)
+    from bert_multi.cli import convert as command
+
+    real = command.load_checkpoint
+
+    def nudged(path, config, **options):
+        checkpoint = real(path, config, **options)
+        checkpoint.weights["nsp.output.bias"] = checkpoint.weights["nsp.output.bias"] + 1e-3
+        return checkpoint
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(command, "load_checkpoint", nudged)
+        assert main(["convert", str(tmp_path / "old.npz"), str(tmp_path / "bad.npz"), "--check"]) == 1
+    assert (
+        f"{tmp_path / 'bad.npz'} does NOT compute what {tmp_path / 'old.npz'} computes: the float64 oracle's "
+        "outputs on them differ by up to 1.0e-03"
+    ) in capsys.readouterr().out

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from ..files.checkpoints import inspect_checkpoint, output_format, save_checkpoint
-from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS
+from ..backend.registry import backends, label_of, load_backend
+from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, output_format, save_checkpoint
+from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output
 from ..files.formats.d2l import read_vocab
 from ..files.layout import STATED_BY
+from ..verify.cases import CASES
+from ..verify.compare import Comparison, tolerance_for
+from ..verify.conform import run_conformance
+from ..verify.report import verdict
+from ..verify.results import Target, compare_outputs
 from .common import add_checkpoint_options, check_output, config_line, load_as_stated
 
 
@@ -32,6 +38,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="for a directory: a d2l one with this framework's pretrained.params, or a HuggingFace one",
     )
     parser.add_argument("--vocab", help="for a d2l directory: a JSON list of tokens, when the source has no vocab")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="read OUT back and run it in its framework on the built-in cases, against the float64 oracle on the "
+        "source: one sentence says whether it computes what the source computes",
+    )
     return parser
 
 
@@ -54,4 +66,51 @@ def run(args: argparse.Namespace) -> int:
             f"warning: {args.out} does not record {' or '.join(unrecorded)}: whoever reads it must state them "
             f"({flags}; in Python {arguments})"
         )
+    return check_conversion(args, checkpoint) if args.check else 0
+
+
+def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
+    """Read the written file back (stating the source's config, as its reader would) and prove two things
+    on the built-in cases: the float64 oracle computes the same on it as on the source, and its own
+    framework (here, in its environment's worker, else the NumPy oracle) runs it as the oracle does.
+    One sentence says what was proven; 0 if both hold."""
+    reader = None if args.framework == "huggingface" else args.framework
+    back = load_checkpoint(args.out, source.config, framework=reader)
+    cases = [case.input(source.config) for case in CASES]
+    oracle = load_backend("numpy")
+    original, written = (
+        oracle.build(source.config, weights, dtype="float64") for weights in (source.weights, back.weights)
+    )
+    tolerance = tolerance_for("float64")
+    drift: list[Comparison] = []
+    for case in cases:
+        batch = case.batch
+        inputs = (batch["tokens"], batch["segments"], batch.get("valid_lens"), batch.get("pred_positions"))
+        drift += compare_outputs(written(*inputs), original(*inputs), tolerance)[0]
+    framework = for_output(args.out, args.framework).framework or "numpy"
+    if not backends()[framework].available:
+        print(f"note: {framework} cannot run here ({backends()[framework].reason}); the NumPy oracle runs the file")
+        framework = "numpy"
+    report = run_conformance(
+        back.config, back.weights, [Target(framework, d) for d in ("float32", "float64")], cases, pairs=False
+    )
+    apart = max(comparison.max_abs for comparison in drift)
+    if not all(comparison.passed for comparison in drift):
+        print(
+            f"{args.out} does NOT compute what {args.source} computes: the float64 oracle's outputs on them differ "
+            f"by up to {apart:.1e} over {len(cases)} cases, beyond float64's tolerance"
+        )
+        return 1
+    if not report.passed:
+        print(verdict(report, str(args.out)))
+        return 1
+    largest: dict[str, float] = {}
+    for target, _, _, comparison in report.worst():
+        largest[target.dtype] = max(largest.get(target.dtype, 0.0), comparison.max_abs)
+    closeness = " and ".join(f"{value:.1e} in {dtype}" for dtype, value in largest.items())
+    print(
+        f"{args.out} computes what {args.source} computes: the float64 oracle's outputs on the two differ by "
+        f"{apart:.1e}, and {label_of(framework)} runs {args.out} as the oracle does, largest difference {closeness} "
+        f"over {len(cases)} cases, within tolerance"
+    )
     return 0
