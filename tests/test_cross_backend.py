@@ -100,7 +100,15 @@ def test_a_small_variance_model_raises_no_false_alarm_between_the_frameworks(tmp
     save_weights(tmp_path / "small.npz", config, weights)
     np.savez(tmp_path / "batch.npz", **batch)
     code = main(
-        ["compare", str(tmp_path / "small.npz"), "--inputs", str(tmp_path / "batch.npz"), "--dtypes", "float64"]
+        [
+            "compare",
+            str(tmp_path / "small.npz"),
+            "--inputs",
+            str(tmp_path / "batch.npz"),
+            "--dtypes",
+            "float64",
+            "--details",
+        ]
     )
     out = capsys.readouterr().out
     assert code == 0 and "FAIL" not in out and "LayerNorm eps corrected" in out, out
