@@ -124,3 +124,45 @@ def test_a_samples_output_is_the_block_right_after_it_not_a_later_one(tmp_path):
     )
     with pytest.raises(ValueError, match=r"guide.md:4: .*followed at once by a 'text' block"):
         lessons.read_guide(guide)
+
+
+def test_notebooks_hold_the_prose_and_each_samples_output_and_a_fresh_sample_has_its_own(tmp_path):
+    import nbformat
+
+    from bert_multi.tools import notebooks
+
+    chosen = [section for section in SECTIONS if section.number in (3, 5)]
+    written = notebooks.write_notebooks(
+        chosen, tmp_path, lambda samples: [lessons.Outcome(s, s.expected) for s in samples]
+    )
+    names = [path.name for path in written]
+    # section 3's samples each change the process, so each has a notebook of its own; section 5's share one
+    assert names == [
+        "03-a-switch-for-the-whole-process-torch-fresh-1.ipynb",
+        "03-a-switch-for-the-whole-process-mxnet-fresh-1.ipynb",
+        "05-repeat-means-opposite-things-torch.ipynb",
+        "05-repeat-means-opposite-things-mxnet.ipynb",
+        "05-repeat-means-opposite-things-jax.ipynb",
+    ]
+    notebook = nbformat.read(str(tmp_path / names[4]), as_version=4)
+    nbformat.validate(notebook)
+    kinds = [cell.cell_type for cell in notebook.cells]
+    assert kinds == ["markdown", "markdown", "markdown", "code"]  # title, the two paragraphs, JAX's sample
+    assert "Multi-head attention needs each sample's valid length" in notebook.cells[1].source
+    (code,) = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert "jnp.repeat" in code.source and code.outputs[0].text == "[3, 3, 5, 5]\n[3, 5, 3, 5]"
+
+
+def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys):
+    import nbformat
+
+    assert main(["lessons", "2", "--notebooks", str(tmp_path)]) == 0
+    assert f"notebooks written to {tmp_path}" in capsys.readouterr().out
+    for path in sorted(tmp_path.glob("*.ipynb")):
+        notebook = nbformat.read(str(path), as_version=4)
+        nbformat.validate(notebook)
+        framework = path.stem.rsplit("-", 1)[1]
+        sample = next(s for s in SECTIONS[1].samples if s.framework == framework)
+        (code,) = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        assert code.outputs[0].text.rstrip() == sample.expected.rstrip(), path.name  # what it printed when run
+    assert len(list(tmp_path.glob("*.ipynb"))) == len(SECTIONS[1].samples)

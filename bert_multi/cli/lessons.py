@@ -9,8 +9,9 @@ import shutil
 import textwrap
 
 from ..backend.registry import backends, label_of
+from ..display import ProgressBar
 from ..errors import UsageError
-from ..tools import lessons
+from ..tools import lessons, notebooks
 
 GAP = 4  # spaces between side-by-side samples
 PROSE = 100  # the widest a paragraph is wrapped, however wide the terminal
@@ -28,12 +29,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "section", nargs="*", help="a section's number, or words of its title (default: list the sections)"
     )
     parser.add_argument("--all", action="store_true", help="every section, in order")
+    parser.add_argument(
+        "--notebooks",
+        metavar="DIR",
+        help="write Jupyter notebooks of the sections asked for (default every one) to DIR instead: per section "
+        "and framework, the prose and the samples with what they printed",
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """List the guide's sections, or show the ones asked for with their samples run."""
     sections = lessons.read_guide()
+    if args.notebooks:
+        chosen = [find_section(sections, " ".join(args.section))] if args.section else sections
+        return write_all(chosen, args.notebooks)
     if args.all:
         chosen = sections
     elif args.section:
@@ -49,6 +59,29 @@ def run(args: argparse.Namespace) -> int:
         if index:
             print()
         print(render(section, run_samples(section), width))
+    return 0
+
+
+def write_all(sections: list[lessons.Section], directory: str) -> int:
+    """The notebooks of ``sections`` in ``directory``, with a progress bar: each runs its samples."""
+    plan = [(section, entry) for section in sections for entry in notebooks.notebook_plan(section)]
+    bar = ProgressBar()
+    done = 0
+
+    def runner(samples: list[lessons.Sample]) -> list[lessons.Outcome]:
+        nonlocal done
+        done += 1
+        bar(done, len(plan), "running the samples")
+        status = backends()[samples[0].framework]
+        if not status.available:
+            raise UsageError(f"the {samples[0].framework} samples cannot run here: {status.reason}")
+        return lessons.run(samples)
+
+    try:
+        written = notebooks.write_notebooks(sections, directory, runner)
+    finally:
+        bar.close()
+    print(f"{len(written)} notebooks written to {directory}")
     return 0
 
 
