@@ -13,7 +13,7 @@ from ..files.layout import STATED_BY
 from ..verify.cases import CASES
 from ..verify.compare import Comparison, tolerance_for
 from ..verify.conform import run_conformance
-from ..verify.report import verdict
+from ..verify.report import largest_by_dtype, verdict
 from ..verify.results import Target, compare_outputs
 from .common import add_checkpoint_options, check_output, config_line, load_as_stated
 
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     unrecorded = [what for what in inspect_checkpoint(args.out).unknowns if what in STATED_BY]
     if unrecorded:
         values = {"num_heads": checkpoint.config.num_heads, "the generation": checkpoint.config.semantics.name}
+        # each statement's first spelling ("--preset" of "--preset or --d2l-version")
         flags = " ".join(f"{STATED_BY[what][1].split()[0]} {values[what]}" for what in unrecorded)
         arguments = ", ".join(f"{STATED_BY[what][0].split()[0]}{values[what]!r}" for what in unrecorded)
         print(
@@ -104,10 +105,7 @@ def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
     if not report.passed:
         print(verdict(report, str(args.out)))
         return 1
-    largest: dict[str, float] = {}
-    for target, _, _, comparison in report.worst():
-        largest[target.dtype] = max(largest.get(target.dtype, 0.0), comparison.max_abs)
-    closeness = " and ".join(f"{value:.1e} in {dtype}" for dtype, value in largest.items())
+    closeness = largest_by_dtype(report)
     print(
         f"{args.out} computes what {args.source} computes: the float64 oracle's outputs on the two differ by "
         f"{apart:.1e}, and {label_of(framework)} runs {args.out} as the oracle does, largest difference {closeness} "

@@ -43,10 +43,7 @@ def verdict(report: Report, subject: str) -> str:
         return f"{subject} does NOT compute what the float64 oracle computes: {what}"
     backends = list(dict.fromkeys(label_of(target.backend) for target, *_ in rows))
     paired = any(not reference.startswith("oracle") for _, reference, _, _ in rows)
-    largest: dict[str, float] = {}
-    for target, _, _, c in rows:
-        largest[target.dtype] = max(largest.get(target.dtype, 0.0), c.max_abs)
-    closeness = " and ".join(f"{value:.1e} in {dtype}" for dtype, value in largest.items())
+    closeness = largest_by_dtype(report)
     who = ", ".join(backends[:-1]) + (" and " if len(backends) > 1 else "") + backends[-1]
     also = ", and with each other" if paired else ""
     cases = len(report.cases)
@@ -55,6 +52,14 @@ def verdict(report: Report, subject: str) -> str:
         f"on {cases} case{'s' if cases != 1 else ''}: largest difference {closeness}, every one of "
         f"{len(rows)} comparisons within tolerance"
     )
+
+
+def largest_by_dtype(report: Report) -> str:
+    """The largest difference of each dtype's comparisons: "1.7e-06 in float32 and 3.4e-15 in float64"."""
+    largest: dict[str, float] = {}
+    for target, _, _, comparison in report.worst():
+        largest[target.dtype] = max(largest.get(target.dtype, 0.0), comparison.max_abs)
+    return " and ".join(f"{value:.1e} in {dtype}" for dtype, value in largest.items())
 
 
 def summary_table(report: Report) -> str:
