@@ -208,6 +208,8 @@ def test_a_trainer_in_a_worker_trains_exactly_as_it_does_here():
     assert all(np.array_equal(final[n], a) for n, a in here.model.export_weights().items())
     with pytest.raises(UsageError, match="start from its own environment: run .*bert-multi pretrain --backend torch"):
         remote.train_data_parallel(2)
+    with pytest.raises(UsageError, match="start from its own environment: run .*pretrain --backend torch --join"):
+        remote.join_data_parallel(steps=3)
     remote.worker.close()
 
 

@@ -227,3 +227,11 @@ def test_batches_skipped_are_the_batches_drawn_and_dropped(shuffle):
         for _ in range(per_epoch + 2):
             expected, got = next(drawn), next(skipped)
             assert all(np.array_equal(expected[k], got[k]) for k in expected), skip
+
+
+def test_resuming_a_run_that_already_took_every_step_takes_none_and_returns_its_weights(framework, tmp_path):
+    options = {**arguments(framework.NAME, "sgd"), "steps": 2}
+    finished = run_pretraining(**options, checkpoint_every=1, checkpoint_dir=tmp_path)
+    again = run_pretraining(**options, checkpoint_every=1, checkpoint_dir=tmp_path, resume=True)
+    assert again.losses == [] and again.first_step_seconds == 0.0
+    assert all(np.array_equal(again.weights[name], finished.weights[name]) for name in WEIGHTS)

@@ -239,12 +239,17 @@ class RemoteBackend:
         return RemoteModel(self, config, reply)
 
     def train_data_parallel(self, workers: int, threads_per_worker: int = 1, **arguments: Any) -> Any:
-        raise UsageError(
-            f"data-parallel workers of {self.NAME!r} start from its own environment: run "
-            f"{Path(self.ENVIRONMENT).parent / 'bert-multi'} pretrain --backend {self.NAME} --workers {workers}"
-        )
+        raise self._in_its_environment(f"--workers {workers}")
 
-    join_data_parallel = train_data_parallel
+    def join_data_parallel(self, **arguments: Any) -> Any:
+        raise self._in_its_environment("--join")
+
+    def _in_its_environment(self, option: str) -> UsageError:
+        """Data-parallel workers start from the framework's own environment, never through a worker."""
+        return UsageError(
+            f"data-parallel workers of {self.NAME!r} start from its own environment: run "
+            f"{Path(self.ENVIRONMENT).parent / 'bert-multi'} pretrain --backend {self.NAME} {option}"
+        )
 
     def _save_checkpoint(self, path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
         where = str(Path(path).absolute())

@@ -9,9 +9,10 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +133,7 @@ def worker_environment(variables: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def watch_workers(processes: list, progress, on_step) -> None:
+def watch_workers(processes: list[Any], progress: Any, on_step: Callable[[int, LossValues], None] | None) -> None:
     """Relay worker 0's steps until every one of ``processes`` (started ``multiprocessing.Process``es)
     has ended well; the first to fail kills the others and raises ``WorkerFailed`` naming it."""
     try:
@@ -225,6 +226,7 @@ def run_pretraining(
         os.makedirs(saves, exist_ok=True)
     batches = data.batches(batch_size, seed, skip=start)  # after the batches the saved steps took
     losses, tokens = [], 0
+    first_step = 0.0  # none taken when resuming a run already at ``steps``
     started = time.perf_counter()
     for step in range(start + 1, steps + 1):
         batch = next(batches)
