@@ -21,6 +21,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from ..errors import UsageError
+from ..files.formats import flax as flax_format
 from ..spec.loss import LossValues
 from ..training import (
     BatchTotals,
@@ -33,7 +34,7 @@ from ..training import (
     watch_workers,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, JaxBERT, flax_paths, precision
+from .backend import NAME_RULES, JaxBERT, precision
 from .model import BERTModel
 
 
@@ -152,7 +153,6 @@ class Pretrainer(Trainer):
         # share of the loss and the gradients are summed over the processes (_backward).
         self.workers = jax.process_count() if distributed else 1
         self.settings = (optimizer, float(lr), *map(float, adam_betas), float(adam_epsilon), adam_epsilon_style)
-        self.paths = flax_paths(self.config)
         # On the model's device from the start: jit compiles again for arguments placed otherwise, and
         # the state the first step returns is placed there.
         with precision(model.dtype):
@@ -203,14 +203,9 @@ class Pretrainer(Trainer):
 
     def _leaf(self, tree: Any, own_name: str) -> np.ndarray:
         """The array at parameter ``own_name``'s place in a tree shaped as the parameters, laid out canonically."""
-        path, transposed = self.paths[self._canonical[own_name]]
-        for part in path:
+        for part in own_name.split("."):  # the own name is the path in the tree, dotted
             tree = tree[part]
-        return np.array(tree.T if transposed else tree)
-
-    @functools.cached_property
-    def _canonical(self) -> dict[str, str]:
-        return {own: name for name, own in self.own_names().items()}
+        return np.array(tree.T if flax_format.transposed(own_name) else tree)
 
     def _gradient(self, own_name: str) -> np.ndarray:
         # A parameter that does not train has a zero gradient: stop_gradient in the model.
@@ -224,13 +219,13 @@ class Pretrainer(Trainer):
         return self._leaf(adam.mu, own_name), self._leaf(adam.nu, own_name)
 
     def _restore(self, own_name: str, moments: tuple[np.ndarray, np.ndarray], steps: int) -> None:
-        path, transposed = self.paths[self._canonical[own_name]]
+        *parents, leaf = own_name.split(".")
         adam = _adam_state(self.optimizer_state)
         with precision(self.model.dtype):
             for tree, moment in zip((adam.mu, adam.nu), moments):
-                for part in path[:-1]:
+                for part in parents:
                     tree = tree[part]
-                tree[path[-1]] = jax.device_put(moment.T if transposed else moment, self.model.place)
+                tree[leaf] = jax.device_put(moment.T if flax_format.transposed(own_name) else moment, self.model.place)
             # Every step count in the state (optax's adam and the epsilon schedule keep one each).
             counted = jax.tree_util.tree_map_with_path(
                 lambda where, leaf: jnp.asarray(steps, leaf.dtype) if _is_count(where) else leaf, self.optimizer_state
