@@ -6,13 +6,15 @@ BIN := $(VENV)/bin
 # NumPy 2 with PyTorch and JAX, no MXNet: JAX lives there, and the core and the torch backend must work
 # there too. Each environment runs the other's frameworks in a worker process (bert_multi.backend.remote).
 VENV_NUMPY2 := .venv-numpy2
+# The documentation site's builder, pinned in requirements-docs.lock.
+VENV_DOCS := .venv-docs
 
-.PHONY: run test check test-main test-numpy2 fuzz venv clean
+.PHONY: run test check docs test-main test-numpy2 fuzz venv clean
 
 run: venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
 
-test: check test-main test-numpy2
+test: check docs test-main test-numpy2
 
 # Lint, formatting and types, before any test: a red check fails the run at once.
 check: venv
@@ -20,11 +22,18 @@ check: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The site from docs/ into site/ (open site/index.html), warnings as errors. The guide's samples run
+# first, each in its framework's environment, and their outputs go on its page.
+docs: venv $(VENV_NUMPY2)/.installed $(VENV_DOCS)/.installed
+	$(BIN)/python -m bert_multi.tools.site build/docs/guide.md
+	$(VENV_DOCS)/bin/sphinx-build -q -E -W --keep-going -b html -d build/docs/doctrees docs site
+
+# Under `make test` the site's tests fail, rather than skip, where the site is not built.
 test-main: venv $(VENV_NUMPY2)/.installed
-	$(BIN)/python -m pytest
+	BERT_MULTI_SITE_REQUIRED=1 $(BIN)/python -m pytest
 
 test-numpy2: venv $(VENV_NUMPY2)/.installed
-	$(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
+	BERT_MULTI_SITE_REQUIRED=1 $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
 
 # A longer hunt for hostile files than the test suite's (12 s per reader): FUZZ_SECONDS per reader.
 FUZZ_SECONDS ?= 300
@@ -45,5 +54,10 @@ $(VENV_NUMPY2)/.installed: requirements-numpy2.lock pyproject.toml
 	$(VENV_NUMPY2)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
+$(VENV_DOCS)/.installed: requirements-docs.lock
+	$(PYTHON) -m venv $(VENV_DOCS)
+	$(VENV_DOCS)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-docs.lock
+	touch $@
+
 clean:
-	rm -rf $(VENV) $(VENV_NUMPY2) .pytest_cache .hypothesis *.egg-info fuzz-out
+	rm -rf $(VENV) $(VENV_NUMPY2) $(VENV_DOCS) site build/docs .pytest_cache .hypothesis *.egg-info fuzz-out

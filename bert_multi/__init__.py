@@ -1,4 +1,4 @@
-"""bert_multi: d2l.ai's BERT in PyTorch and MXNet/Gluon behind one interface, checked against NumPy.
+"""bert_multi: d2l.ai's BERT in PyTorch, MXNet/Gluon and JAX/Flax behind one interface, checked against NumPy.
 
 Importing this package imports no deep-learning framework; ``load_backend(name)`` imports a backend's
 framework when asked.
