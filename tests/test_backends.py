@@ -136,9 +136,9 @@ def test_a_model_owns_its_weights_and_the_caller_keeps_theirs(framework, dtype):
 
 @pytest.mark.parametrize("gradients", [True, False])
 def test_a_shared_build_and_export_cost_no_copy_where_the_framework_allows(framework, gradients):
-    """``share=True`` is how the conformance engine holds two sets of weights, not four: torch keeps the
-    caller's arrays as its parameters (a read-only one only for a model that is only run); Gluon always
-    copies. Both lend read-only views of their own storage, which outlive the model."""
+    """``share=True`` is how the conformance engine holds one set of weights, not four: torch and Gluon
+    keep the caller's arrays as their parameters on the CPU (a read-only one only for a model that is
+    only run). Both lend read-only views of their own storage, which outlive the model."""
     import gc
 
     config = CONFIGS["tiny"]
@@ -152,9 +152,9 @@ def test_a_shared_build_and_export_cost_no_copy_where_the_framework_allows(frame
         assert all(lent[name].tobytes() == given[name].tobytes() for name in given)
         assert not any(array.flags.writeable for array in lent.values())
         assert all(array.flags.writeable and not np.shares_memory(array, lent[name]) for name, array in copied.items())
-        # Whether the model keeps the caller's arrays: torch does, Gluon never; JAX's device_put may keep
-        # an aligned one, so it is not pinned here.
-        kept = {"torch": given is weights or not gradients, "mxnet": False}.get(framework.NAME)
+        # Whether the model keeps the caller's arrays: torch and Gluon do; JAX's device_put may keep an
+        # aligned one, so it is not pinned here.
+        kept = given is weights or not gradients if framework.NAME in ("torch", "mxnet") else None
         if kept is not None:
             assert all(np.shares_memory(lent[name], given[name]) == kept for name in given), (given is weights, kept)
         again = model.export_weights(share=True)

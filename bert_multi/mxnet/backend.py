@@ -22,6 +22,7 @@ from ..backend.contract import (
     parse_device,
     prepare_weights,
     recorded_activations,
+    shareable,
 )
 from ..errors import CannotRunHere
 from ..files import checkpoints
@@ -101,6 +102,20 @@ class _DLPackLender:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return 1, 0  # DLPack's kDLCPU: only CPU arrays are lent
+
+
+class _Lent(mx.np.ndarray):
+    """An array on NumPy's memory (DLPack, no copy) that a parameter initialised from it on the CPU keeps
+    as its data: Gluon's initialisation copies its source to each context, and the array marked
+    ``kept`` is its own first copy there. Every other copy (and every array derived from it) is a copy."""
+
+    kept = False
+
+    def copyto(self, other: Any) -> Any:
+        if self.kept and isinstance(other, mx.Context) and other == self.ctx:
+            self.kept = False
+            return self
+        return super().copyto(other)
 
 
 class MXNetBERT(BackendModel):
@@ -205,18 +220,19 @@ def build(
     weights: dict[str, np.ndarray],
     device: str = "cpu",
     dtype: object = "float32",
-    hybridize: bool = False,
     gradients: bool = True,
     share: bool = False,
+    compile: bool = False,
 ) -> MXNetBERT:
     """A Gluon d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
     The weights are cast to ``dtype`` before the parameters take them, so float64 weights are never
-    rounded through float32. ``hybridize`` compiles what Gluon can: its own layers (Dense, LayerNorm,
+    rounded through float32. ``compile`` hybridizes what Gluon can: its own layers (Dense, LayerNorm,
     Embedding, Dropout) are HybridBlocks; d2l's composite blocks read shapes in forward and stay
     imperative. ``gradients=False`` builds a model that is only run: its parameters' ``grad_req`` is
-    'null', so Gluon allocates no gradient buffers (set it to 'write' to train). ``share`` changes
-    nothing: Gluon parameters always hold their own copy.
+    'null', so Gluon allocates no gradient buffers (set it to 'write' to train). On the CPU a parameter
+    is its array's memory, lent through DLPack, where the cast made the array or the caller ``share``s
+    it (a read-only one only with ``gradients=False``), as in the torch backend; otherwise a copy.
     """
     dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
@@ -237,11 +253,14 @@ def build(
         param = params[names[name]]
         if not gradients:
             param.grad_req = "null"
-        # A read-only view lent to MXNet without a copy; the parameter copies it once, asynchronously.
-        param._load_init(mx.nd.from_numpy(array.view(), array_cls=mx.np.ndarray), context)
+        # A view lent to MXNet without a copy (DLPack marks the view, not the array, read-only); the
+        # parameter keeps it where it may, and otherwise copies it once, asynchronously.
+        source = mx.nd.from_numpy(array.view(), array_cls=_Lent)
+        source.kept = target.kind == "cpu" and shareable(array, weights, name, share, gradients)
+        param._load_init(source, context)
     for param in params.values():
         param.data(context).wait_to_read()  # the copies are done before the caller may change the weights
-    if hybridize:
+    if compile:
         with warnings.catch_warnings():
             # d2l's MaskLM uses nn.Sequential, not HybridSequential; Gluon suggests the swap, needlessly.
             warnings.filterwarnings("ignore", message="All children of this Sequential layer")

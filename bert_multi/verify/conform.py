@@ -102,9 +102,9 @@ class _Run:
     """One conformance run: its schedule, and what it holds meanwhile. One dtype at a time and one model
     at a time, each dropped once it has run its cases, and a target's exported weights kept only while
     a later target is still to be built from them. Models are built with ``share`` and export with it,
-    so a framework that can keep the arrays it is given (torch) costs no copy and lends views: in the
-    default run (torch, then MXNet) at most two sets of weights are held at once, the caller's and the
-    one Gluon copies (in the other order, three while MXNet is rebuilt from torch's file)."""
+    so a framework that can keep the arrays it is given (torch, Gluon on the CPU) costs no copy and lends
+    views: the caller's weights and one cast per dtype are held, and a rebuilt model's weights read from
+    a file while it runs."""
 
     def __init__(
         self,
