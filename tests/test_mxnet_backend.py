@@ -107,7 +107,7 @@ def test_hybridized_execution_gives_the_same_numbers(dtype):
     weights = random_weights(CONFIG, seed=3)
     batch = CASES[3].batch(CONFIG)
     imperative = bmx.build(CONFIG, weights, dtype=dtype)(**batch, intermediates=True)
-    hybrid = bmx.build(CONFIG, weights, dtype=dtype, hybridize=True)
+    hybrid = bmx.build(CONFIG, weights, dtype=dtype, compile=True)
     for _ in range(2):  # the first call builds the graphs, the second runs them cached
         assert_conforms(hybrid(**batch, intermediates=True), imperative, dtype)
 

@@ -1,5 +1,7 @@
 """What only the PyTorch backend has: d2l's lazy API, state_dict checkpoints, autograd, CUDA and TF32."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,44 @@ def test_a_checkpoint_of_named_parameters_loads(tmp_path):
     torch.save(dict(module.named_parameters()), tmp_path / "parameters.pt")
     loaded = bt.load_checkpoint(tmp_path / "parameters.pt", CONFIG).weights
     assert all(np.array_equal(loaded[n], random_weights(CONFIG, seed=3)[n]) for n in loaded)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_compiled_forward_computes_what_the_oracle_does(dtype):
+    """torch.compile's graphs (fullgraph, so nothing runs eagerly unseen) within the dtype's tolerance of
+    the oracle, activations included; a second model of other weights reuses the graph with its own."""
+    from torch._dynamo.utils import counters
+
+    batch = CASES[3].batch(CONFIG)
+    compiled_before = counters["stats"]["unique_graphs"]
+    for seed in (5, 6):
+        weights = random_weights(CONFIG, seed=seed)
+        model = bt.build(CONFIG, weights, dtype=dtype, gradients=False, compile=True)
+        oracle = load_backend("numpy").build(CONFIG, weights)
+        assert_conforms(model(**batch, intermediates=True), oracle(**batch, intermediates=True), dtype)
+        assert_conforms(model(**batch), oracle(**batch), dtype)  # without the activations' hooks: another graph
+        assert model.runtime_info()["compiled"]
+    assert counters["stats"]["unique_graphs"] > compiled_before, "nothing was compiled"
+
+
+def test_compiled_training_takes_the_steps_eager_training_takes():
+    """A model built with compile=True trains through torch.compile (forward, loss and backward): its
+    losses and weights after Adam's steps are eager training's within the float64 bound."""
+    from torch._dynamo.utils import counters
+
+    from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
+    config = BERTConfig(len(data.vocab), num_hiddens=16, ffn_num_hiddens=24, num_heads=2, num_blks=2, max_len=16)
+    weights = random_weights(config, seed=7)
+    compiled_before = counters["stats"]["unique_graphs"]
+    runs = []
+    for compile in (False, True):
+        trainer = bt.Pretrainer(bt.build(config, weights, dtype="float64", compile=compile), lr=2**-7)
+        losses = [trainer.step(batch) for batch in itertools.islice(data.batches(8, seed=1), 3)]
+        runs.append((losses, trainer.model.export_weights()))
+    (eager_losses, eager), (compiled_losses, compiled) = runs
+    assert np.allclose(compiled_losses, eager_losses, rtol=0, atol=1e-9)
+    assert max(np.abs(compiled[name] - eager[name]).max() for name in eager) < 1e-9
+    assert max(np.abs(eager[name] - weights[name]).max() for name in eager) > 1e-3  # the steps moved them
+    assert counters["stats"]["unique_graphs"] > compiled_before, "nothing was compiled"

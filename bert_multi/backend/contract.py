@@ -45,7 +45,9 @@ BUILD_OPTIONS: dict[str, Option] = {
         False, True, "True: the model may keep the caller's arrays as its storage instead of copies (shareable)"
     ),
     "tf32": Option(False, False, "True: float32 matrix products on NVIDIA GPUs in TF32 (10 mantissa bits)"),
-    "hybridize": Option(False, False, "True: compile the forward where the framework can (Gluon's hybridize)"),
+    "compile": Option(
+        False, True, "True: run the forward through the framework's compiler where it has one and it is opt-in"
+    ),
 }
 
 ROLES = {

@@ -354,6 +354,10 @@ class LoadedBackend:
             )
         return model
 
+    def takes(self, option: str) -> bool:
+        """Whether its ``build`` takes ``option`` (a backend without ``compile`` runs as it always does)."""
+        return option in self._parameters or (self._any_option and option in BUILD_OPTIONS)
+
     def _options(self, options: dict[str, Any]) -> dict[str, Any]:
         """The options to pass on: those its build takes; standard ones it does not take are dropped where
         they may be ignored or are their default, and otherwise refused."""

@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "bench",
         help="speed of every installed backend side by side (forward and a training step)",
         description="Every installed backend in one process, in interleaved rounds: median, min and max "
-        "time, tokens/s and the share of a same-process GEMM peak; transformers as a reference where installed.",
+        "time, tokens/s, the time against the fastest framework's and the share of a same-process GEMM peak; "
+        "compiled variants where a framework can compile; transformers as a reference where installed.",
     )
     parser.add_argument(
         "--shapes", type=comma_list, default=["chapter"], help="comma-separated: chapter (8x64), base (8x128)"
@@ -38,6 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--verify", action="store_true", help="also what bert-multi verify costs beside a plain forward (PyTorch)"
+    )
+    parser.add_argument(
+        "--no-compile", action="store_true", help="no compiled variants (torch.compile, Gluon's hybridize)"
     )
     parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
     parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
@@ -67,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             progress=lambda label: bar(0, 1, label),
             files=not args.no_files,
             only=args.backends,
+            compiled=not args.no_compile,
         )
         if args.verify:
             rows += bench.verify_rows(shapes[0], rounds, lambda label: bar(0, 1, label))
@@ -79,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"{rounds} interleaved rounds per workload; {threads}")
     print(bench.format_rows(rows))
+    verdict = bench.goal_verdict(rows)
+    print(verdict)
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "rows": [row.to_json() for row in rows]}, indent=1))
+        report = {"threads": threads, "goal": bench.GOAL, "verdict": verdict, "rows": [row.to_json() for row in rows]}
+        Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"report written to {args.json}")
     if args.plot:
         print(f"plot written to {bench.plot_rows(rows, args.plot)}")

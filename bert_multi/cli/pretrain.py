@@ -92,6 +92,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _add_model_options(parser)
     parser.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="train through the framework's compiler where it is opt-in (torch.compile, Gluon's hybridize; "
+        "JAX always compiles); compiling is the first step's time, reported apart",
+    )
     parser.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
     parser.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of the loss curves")
     return parser
@@ -105,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint-every needs --checkpoint-dir (or --resume) to say where")
     if (args.workers > 1 or args.join) and (args.compare or args.device != "cpu"):
         raise UsageError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
+    if (args.workers > 1 or args.join) and args.compile:
+        raise UsageError("--compile trains in one process: use it without --workers or --join")
     names = _trainable(args.compare, args.backend)
     config, data = _model_and_data(args)
     weights = init_weights(config, seed=args.seed, dtype=args.dtype)
@@ -168,7 +176,7 @@ def _train(
         elif args.workers > 1:
             run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
         else:
-            run = run_pretraining(name, device=args.device, **arguments)
+            run = run_pretraining(name, device=args.device, compile=args.compile, **arguments)
     finally:
         bar.close()
     rate = f"{run.tokens_per_second:,.0f} tokens/s"

@@ -224,7 +224,7 @@ def build(
 ) -> JaxBERT:
     """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
     ``gradients`` changes nothing: gradients are taken by transforming a function, not kept on the
-    parameters."""
+    parameters. The forward is always compiled (``jax.jit``), so there is no ``compile`` to ask for."""
     dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)

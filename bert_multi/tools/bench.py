@@ -1,11 +1,14 @@
 """``bert-multi bench``: every installed backend side by side, in one process, in interleaved rounds.
 
 Each workload (a forward at a shape and dtype, or a pretraining step) runs once per round on every
-backend in turn, so a machine that slows down mid-run slows every backend alike. Reported per row:
-median, min and max seconds, tokens per second, and the share of a same-process GEMM peak (the
-framework's own dense-layer product at the model's widest shape, at least 512 a side, best of every
-round) that the forward's FLOPs reach. Speed is
-shown here, never asserted by a test.
+backend in turn, so a machine that slows down mid-run slows every backend alike; a backend whose build
+can compile (``compile=True``: PyTorch's ``torch.compile``, Gluon's hybridize) runs compiled as well, its
+compiling timed apart as its first call. Reported per row: median, min and max seconds, tokens per
+second, the time against the fastest framework's on the same workload (the limit this machine shows;
+the oracle and references are shown against it but are not candidates), and the share of a
+same-process GEMM peak (the framework's own dense-layer product at the model's widest shape, at least
+512 a side, best of every round) that the forward's FLOPs reach. Speed is shown here, never asserted
+by a test.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.registry import LoadedBackend, backends, frameworks, load_backend
+from ..backend.registry import LoadedBackend, backends, frameworks, label_of, load_backend
 from ..errors import CannotRunHere
 from ..files.weights import load_weights, save_weights
 from ..spec.config import CONFIGS, BERTConfig
@@ -36,6 +39,9 @@ SHAPES = {
     "base": (CONFIGS["base"], 8, 128),
     "tiny": (CONFIGS["tiny"], 4, 16),
 }
+# The goal every framework's best variant is held to: within this factor of the fastest framework's time.
+GOAL = 1.15
+COMPILED = " compiled"  # a row's backend, compiled: "torch compiled"
 
 
 @dataclass
@@ -50,6 +56,12 @@ class Row:
     nbytes: int = 0  # bytes a weight-file workload writes or reads
     threads: object = None  # the backend's threads, as its runtime_info reports them
     first: float | None = None  # seconds of the first call, apart from the rounds: where JAX compiles
+    against_fastest: float | None = None  # median / the fastest framework's median on this workload and dtype
+
+    @property
+    def framework(self) -> str:
+        """The backend's name, without the variant."""
+        return self.backend.removesuffix(COMPILED)
 
     @property
     def median(self) -> float:
@@ -69,6 +81,7 @@ class Row:
             "megabytes_per_s": self.nbytes / 1e6 / self.median if self.nbytes else None,
             "gemm_peak_share": self.share,
             "threads": self.threads,
+            "against_fastest": self.against_fastest,
         }
 
     @property
@@ -99,11 +112,12 @@ def _no_wait(name: str) -> None:
     return None
 
 
-def _synchronize(name: str) -> None:
-    """Wait for a backend's queued work. MXNet's engine returns before the work is done
-    (docs/framework-differences.md, "MXNet returns before the work is done"): a training step that is
-    not waited for is timed short, and its backward runs inside the next backend's timing."""
-    load_backend(name).synchronize()
+def _synchronize(row: str) -> None:
+    """Wait for a row's backend's queued work (a compiled variant's is its backend's). MXNet's engine
+    returns before the work is done (docs/framework-differences.md, "MXNet returns before the work is
+    done"): a training step that is not waited for is timed short, and its backward runs inside the next
+    backend's timing."""
+    load_backend(row.removesuffix(COMPILED)).synchronize()
 
 
 def _every_round(call: Callable[[], object]) -> Callable[[int], object]:
@@ -157,11 +171,13 @@ def run_bench(
     files: bool = True,
     device: str = "cpu",
     only: list[str] | None = None,
+    compiled: bool = True,
 ) -> list[Row]:
     """Every backend that runs in this environment (a reference such as transformers on the original BERT
     of the same sizes; or the backends named in ``only``) on each shape and dtype, ``rounds`` interleaved rounds;
     then a pretraining step each, and the weight file saved and loaded at the last shape's size. On a
-    ``device`` other than the CPU, the backends that can use it, without the GEMM peak and the file."""
+    ``device`` other than the CPU, the backends that can use it, without the GEMM peak and the file.
+    ``compiled``: each backend whose build can compile also runs compiled."""
     # A backend run by another environment's worker would be timed with its file transfers: it is timed
     # by bench in its own environment.
     available = [
@@ -172,12 +188,52 @@ def run_bench(
     rows: list[Row] = []
     for shape in shapes:
         for dtype in dtypes:
-            rows += _forward_rows(shape, dtype, rounds, progress, available, device)
+            rows += _forward_rows(shape, dtype, rounds, progress, available, device, compiled)
     if train:
-        rows += _train_rows(shapes[0], rounds, progress, device, [backend.name for backend in available])
+        rows += _train_rows(shapes[0], rounds, progress, device, [backend.name for backend in available], compiled)
     if files and device == "cpu":
         rows += _file_rows(shapes[-1], rounds, progress)
+    return against_fastest(rows)
+
+
+def against_fastest(rows: list[Row]) -> list[Row]:
+    """``rows``, each model workload's with its time against the fastest framework's on that workload and
+    dtype (the oracle's and references' too, though they are never the fastest)."""
+    fastest: dict[tuple[str, str], float] = {}
+    for row in rows:
+        if row.tokens and row.framework in frameworks():
+            key = (row.workload, row.dtype)
+            fastest[key] = min(fastest.get(key, row.median), row.median)
+    for row in rows:
+        if row.tokens and (row.workload, row.dtype) in fastest:
+            row.against_fastest = row.median / fastest[(row.workload, row.dtype)]
     return rows
+
+
+def goal_verdict(rows: list[Row]) -> str:
+    """One sentence: whether every framework's best variant is within ``GOAL`` of the fastest framework on
+    every workload timed, and if not where not."""
+    best: dict[tuple[str, str, str], float] = {}  # (workload, dtype, framework) -> its best variant's ratio
+    for row in rows:
+        if row.against_fastest is not None and row.framework in frameworks():
+            key = (row.workload, row.dtype, row.framework)
+            best[key] = min(best.get(key, row.against_fastest), row.against_fastest)
+    if not best:
+        return "No framework was timed on a model workload, so nothing is compared with the fastest."
+    behind = [(key, ratio) for key, ratio in best.items() if ratio > GOAL]
+    workloads = len({key[:2] for key in best})
+    if not behind:
+        scope = "the one workload timed" if workloads == 1 else f"all {workloads} workloads timed"
+        return f"Every framework's best variant is within {GOAL}x of the fastest framework on {scope}."
+    listed = "; ".join(
+        f"{label_of(framework)} {ratio:.2f}x on {workload} {dtype}" for (workload, dtype, framework), ratio in behind
+    )
+    return f"Not every framework's best variant is within {GOAL}x of the fastest framework: {listed}."
+
+
+def _variants(backend: LoadedBackend, compiled: bool) -> tuple[bool, ...]:
+    """Whether to build it plain, or compiled too (asked for, and its build takes ``compile``)."""
+    return (False, True) if compiled and backend.takes("compile") else (False,)
 
 
 def _forward_rows(
@@ -187,23 +243,18 @@ def _forward_rows(
     progress: Callable[[str], None] | None,
     available: list[LoadedBackend],
     device: str,
+    compiled: bool = True,
 ) -> list[Row]:
-    """The forward at one shape and dtype, every backend in turn each round; with the share of the GEMM
-    peak on the CPU."""
+    """The forward at one shape and dtype, every backend (and compiled variant) in turn each round; with
+    the share of the GEMM peak on the CPU."""
     base, batch, steps = SHAPES[shape]
-    runners: dict[str, Callable[[], object]] = {}
+    runners: dict[str, Callable[[], object]] = {}  # by row: the backend's name, " compiled" for the variant
     threads: dict[str, object] = {}
     for backend in available:
         config = computable(backend, base)
         if config is None or backend.supports(config, device) is not None:
             continue
-        name = backend.name
         weights = random_weights(config, seed=0, dtype=dtype)
-        try:
-            model = backend.build(config, weights, device=device, dtype=dtype, gradients=False)
-        except CannotRunHere:
-            continue
-        threads[name] = model.runtime_info().get("threads")
         rng = np.random.default_rng(0)
         inputs = {
             "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
@@ -211,38 +262,48 @@ def _forward_rows(
             "valid_lens": rng.integers(steps // 2, steps + 1, batch),
             "pred_positions": rng.integers(0, steps, (batch, max(1, round(0.15 * steps)))),
         }
-        runners[name] = functools.partial(
-            model, inputs["tokens"], inputs["segments"], inputs["valid_lens"], inputs["pred_positions"]
-        )
-    for name in runners:  # building may queue work (MXNet); none may run inside another's timing
-        _synchronize(name)
+        for variant in _variants(backend, compiled):
+            try:
+                model = backend.build(config, weights, device=device, dtype=dtype, gradients=False, compile=variant)
+            except CannotRunHere:
+                continue
+            row = backend.name + (COMPILED if variant else "")
+            threads[row] = model.runtime_info().get("threads")
+            runners[row] = functools.partial(
+                model, inputs["tokens"], inputs["segments"], inputs["valid_lens"], inputs["pred_positions"]
+            )
+    for row in runners:  # building may queue work (MXNet); none may run inside another's timing
+        _synchronize(row)
     workload = f"forward {shape} {batch}x{steps}"
     # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so that a
     # tiny model is not measured against a product too small to reach it), on the CPU.
     m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
-    products = {name: load_backend(name).gemm(dtype, m, k, n) for name in runners} if device == "cpu" else {}
+    named = dict.fromkeys(row.removesuffix(COMPILED) for row in runners)
+    products = {name: load_backend(name).gemm(dtype, m, k, n) for name in named} if device == "cpu" else {}
     fastest = {name: _best(product, 3) for name, product in products.items()}
 
-    def sample_peak(name: str) -> None:  # in every round too, beside the forward: the best of all is the peak
+    def sample_peak(row: str) -> None:  # in every round too, beside the forward: the best of all is the peak
+        name = row.removesuffix(COMPILED)
         if name in products:
             fastest[name] = min(fastest[name], _best(products[name], 1))
 
-    calls = {name: _every_round(run) for name, run in runners.items()}
+    calls = {row: _every_round(run) for row, run in runners.items()}
     timings, first = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
     flops = forward_flops(base, batch, steps)
+    peak = {row: 2.0 * m * k * n / fastest[name] for row in runners if (name := row.removesuffix(COMPILED)) in fastest}
     return [
         Row(
             workload,
-            name,
+            row,
             dtype,
-            timings[name],
+            timings[row],
             batch * steps,
             flops,
-            2.0 * m * k * n / fastest[name] if name in fastest else None,
-            threads=threads[name],
-            first=first[name],
+            peak.get(row),
+            threads=threads[row],
+            first=first[row],
         )  # fmt: skip
-        for name in runners
+        for row in runners
     ]
 
 
@@ -318,10 +379,15 @@ def verify_rows(shape: str, rounds: int, progress: Callable[[str], None] | None)
 
 
 def _train_rows(
-    shape: str, rounds: int, progress: Callable[[str], None] | None, device: str = "cpu", only: list[str] | None = None
+    shape: str,
+    rounds: int,
+    progress: Callable[[str], None] | None,
+    device: str = "cpu",
+    only: list[str] | None = None,
+    compiled: bool = True,
 ) -> list[Row]:
-    """One pretraining step (forward, both losses, backward, Adam) per framework (of ``only``) on
-    ``device``, float32."""
+    """One pretraining step (forward, both losses, backward, Adam) per framework (of ``only``) and
+    compiled variant on ``device``, float32."""
     base, batch, steps = SHAPES[shape]
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=min(steps, 64))
     config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
@@ -331,11 +397,13 @@ def _train_rows(
     for name in frameworks():
         if status[name].available and load_backend(name).can_train and (only is None or name in only):
             backend = load_backend(name)
-            try:
-                model = backend.build(config, weights, device=device, dtype="float32")
-            except CannotRunHere:
-                continue
-            trainers[name], threads[name] = backend.trainer(model), model.runtime_info().get("threads")
+            for variant in _variants(backend, compiled):
+                try:
+                    model = backend.build(config, weights, device=device, dtype="float32", compile=variant)
+                except CannotRunHere:
+                    continue
+                row = name + (COMPILED if variant else "")
+                trainers[row], threads[row] = backend.trainer(model), model.runtime_info().get("threads")
     stream = data.batches(batch, seed=0)
     batches = [next(stream) for _ in range(rounds + 1)]
     workload = f"train step {shape} {batch}x{data.max_len}"
@@ -378,31 +446,40 @@ def format_rows(rows: list[Row]) -> str:
             f"{1000 * min(row.seconds):.1f}",
             f"{1000 * max(row.seconds):.1f}",
             "-" if row.first is None else f"{1000 * row.first:.0f}",
+            "-" if row.against_fastest is None else f"{row.against_fastest:.2f}x",
             rate(row),
             share(row),
         ]  # fmt: skip
         for row in rows
     ]
-    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "first call ms"]
+    header = ["workload", "backend", "dtype", "median ms", "min ms", "max ms", "first call ms", "vs fastest"]
     header += ["tokens/s (MB/s)", "of GEMM peak"]
     return format_table(header, body)
 
 
 def plot_rows(rows: list[Row], path: str) -> str:
-    """A bar chart of tokens/s per workload, backend and dtype (the model workloads)."""
+    """A bar chart of each model workload's rows against its fastest framework (1 is the fastest; the
+    goal, ``GOAL``, drawn as a line), with the fastest time written beside each workload."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [row for row in rows if row.tokens]
-    labels = [f"{row.workload}\n{row.backend} {row.dtype}" for row in rows]
-    figure, axes = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
-    axes.barh(range(len(rows)), [row.tokens / row.median for row in rows])
-    axes.set_yticks(range(len(rows)), labels, fontsize=7)
+    rows = [row for row in rows if row.against_fastest is not None]
+    labels = [f"{row.workload} {row.dtype}  {row.backend}" for row in rows]
+    ratios = [row.against_fastest or 0.0 for row in rows]
+    colours = ["tab:blue" if row.framework in frameworks() else "tab:gray" for row in rows]
+    figure, axes = plt.subplots(figsize=(8, 0.28 * len(rows) + 1.2))
+    axes.barh(range(len(rows)), ratios, color=colours)
+    for index, (row, ratio) in enumerate(zip(rows, ratios)):
+        axes.text(ratio, index, f" {ratio:.2f}x  {1000 * row.median:,.0f} ms", va="center", fontsize=6)
+    axes.axvline(1.0, color="black", linewidth=0.8)
+    axes.axvline(GOAL, color="tab:red", linestyle="--", linewidth=0.8, label=f"goal: within {GOAL}x")
+    axes.set_yticks(range(len(rows)), labels, fontsize=6)
     axes.invert_yaxis()
-    axes.set_xlabel("tokens per second (median of the rounds)")
+    axes.set_xlabel("median time against the fastest framework's on the workload (grey: not a framework)", fontsize=8)
+    axes.legend(loc="lower right", fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
     return path

@@ -38,6 +38,18 @@ from ..spec.inputs import ModelInputs
 from .model import BERTModel
 
 NAME = "torch"
+# How a compiled forward is run: up to 64 graphs of it (torch's default, 8, counts every model of the
+# class: shapes, dtypes, configs and the activations' hooks each make another), and with the hooks in its
+# guards (torch skips them by default, and a graph compiled without hooks then runs where hooks were
+# added, never calling them).
+COMPILED_RUN = {"recompile_limit": 64, "skip_nnmodule_hook_guards": False}
+
+
+def compiled_run(compiled: bool) -> contextlib.AbstractContextManager[object]:
+    """``COMPILED_RUN`` for a compiled call; nothing for an eager one (importing torch._dynamo takes a
+    second and 70 MB)."""
+    return torch._dynamo.config.patch(COMPILED_RUN) if compiled else contextlib.nullcontext()
+
 
 # (regex, replacement) rules from canonical names to this framework's structural names: none, since
 # the canonical names are d2l's PyTorch state_dict keys.
@@ -94,18 +106,31 @@ def _to_numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
     return None if tensor is None else tensor.cpu().numpy()
 
 
+def _kept(tensor: Any) -> Any:
+    """A compiled graph's activation, kept as a tensor: NumPy conversion cannot be traced."""
+    return tensor
+
+
 class TorchBERT(BackendModel):
     """A d2l ``BERTModel`` (``.module``) holding canonical weights, run in eval mode without gradients."""
 
     backend = NAME
 
     def __init__(
-        self, config: BERTConfig, module: BERTModel, dtype: str, device: Device, torch_device: torch.device, tf32: bool
+        self,
+        config: BERTConfig,
+        module: BERTModel,
+        dtype: str,
+        device: Device,
+        torch_device: torch.device,
+        tf32: bool,
+        compiled: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__(config, dtype, device)
         self.module = module
         self.torch_device = torch_device
         self.tf32 = tf32
+        self.compiled = compiled  # torch.compile's module, sharing the parameters of ``module``
 
     def _to_tensor(self, array: np.ndarray | None) -> torch.Tensor | None:
         return None if array is None else torch.from_numpy(array).to(self.torch_device)
@@ -117,15 +142,20 @@ class TorchBERT(BackendModel):
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         was_training = self.module.training
         self.module.eval()
+        run, keep = (self.module, _to_numpy) if self.compiled is None else (self.compiled, _kept)
         try:
             with (
-                recorded_activations(self.config, intermediates, NAME_RULES, self._attach, _to_numpy) as record,
+                recorded_activations(self.config, intermediates, NAME_RULES, self._attach, keep) as record,
                 torch.no_grad(),
                 tf32_enabled(self.tf32),
+                compiled_run(self.compiled is not None),
             ):
-                encoded, mlm, nsp = self.module(*(self._to_tensor(array) for array in inputs))
+                encoded, mlm, nsp = run(*(self._to_tensor(array) for array in inputs))
         finally:
             self.module.train(was_training)  # leave a module the user is training as it was
+        if record is not None and self.compiled is not None:
+            kept: dict[str, Any] = dict(record)  # tensors, as _kept left them
+            record.update((name, _to_numpy(tensor)) for name, tensor in kept.items())
         return BERTOutput(encoded.cpu().numpy(), _to_numpy(mlm), _to_numpy(nsp), record)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
@@ -138,6 +168,7 @@ class TorchBERT(BackendModel):
 
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
+        info["compiled"] = self.compiled is not None
         if self.device.kind == "gpu":
             properties = torch.cuda.get_device_properties(self.device.index)
             info["gpu"] = properties.name
@@ -363,6 +394,7 @@ def build(
     tf32: bool = False,
     gradients: bool = True,
     share: bool = False,
+    compile: bool = False,
 ) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
@@ -371,7 +403,9 @@ def build(
     builds a model that is only run: its parameters do not require gradients. With ``share`` the
     parameters on the CPU are the caller's own arrays where no cast is needed, not copies (read-only
     ones only with ``gradients=False``); the caller then leaves them unchanged while the model lives,
-    and training the model changes them.
+    and training the model changes them. ``compile`` runs the forward through ``torch.compile``
+    (TorchInductor; on the CPU it needs a C++ compiler), compiled on the first call of each new kind of
+    input (shape, dtype, optional inputs present or not) and reused after; ``.module`` stays eager.
     """
     dtype, arrays = prepare_weights(config, weights, dtype)
     target = parse_device(device)
@@ -392,4 +426,7 @@ def build(
             state[names[name]] = torch.from_numpy(array).to(torch_device)
     module.load_state_dict(state, strict=True, assign=True)
     module.requires_grad_(gradients)
-    return TorchBERT(config, module, dtype, target, torch_device, tf32)
+    # fullgraph: a graph break would run part of the model eagerly, and a forward past the recompile
+    # limit all of it, both silently; with fullgraph either is an error.
+    compiled = torch.compile(module, fullgraph=True) if compile else None
+    return TorchBERT(config, module, dtype, target, torch_device, tf32, compiled)

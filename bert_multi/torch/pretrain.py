@@ -32,7 +32,7 @@ from ..training import (
     save_run,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT
+from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT, compiled_run
 
 
 def pretraining_loss(
@@ -69,7 +69,8 @@ def pretraining_loss(
 
 class Pretrainer(Trainer):
     """Training steps on a ``TorchBERT`` (``bert_multi.training.Trainer`` has the options). Its own Adam
-    style is "torch"; "mxnet" rescales epsilon each step."""
+    style is "torch"; "mxnet" rescales epsilon each step. A model built with ``compile=True`` trains
+    through ``torch.compile`` too: the forward and the loss as one graph, and its backward."""
 
     NAME_RULES = NAME_RULES
 
@@ -96,6 +97,11 @@ class Pretrainer(Trainer):
             if not train_positions:
                 model.module.encoder.pos_embedding.requires_grad_(False)  # DDP refuses a parameter never used
             self.net = nn.parallel.DistributedDataParallel(model.module)
+        self.compute_loss = pretraining_loss
+        if model.compiled is not None:
+            if distributed:
+                raise UsageError("compiled training runs in one process: leave out compile or the workers")
+            self.compute_loss = torch.compile(pretraining_loss, fullgraph=True)
         self.params = dict(model.module.named_parameters())
         # Framework difference: a torch optimizer holds the parameters; Gluon's Trainer does too, but
         # takes its hyper-parameters as a dict and scales gradients by 1 / the batch size it is given
@@ -115,7 +121,9 @@ class Pretrainer(Trainer):
         }
 
     def _loss(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None):
-        return pretraining_loss(self.net, self._tensors(batch), self.config.vocab_size, self.mlm_normalization, totals)
+        tensors = self._tensors(batch)
+        with compiled_run(self.compute_loss is not pretraining_loss):
+            return self.compute_loss(self.net, tensors, self.config.vocab_size, self.mlm_normalization, totals)
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
         self.model.module.eval()

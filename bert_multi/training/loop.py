@@ -186,13 +186,15 @@ def run_pretraining(
     checkpoint_every: int = 0,
     checkpoint_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    compile: bool = False,
     **options,
 ) -> TrainingRun:
     """``steps`` optimizer steps of ``backend_name`` from ``weights`` on ``data``'s batches (drawn from
     ``seed``, so two backends given the same seed see the same batches). ``options`` go to the
     backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style,
     train_positions).
-    ``on_step(step, losses)`` is called after each step.
+    ``on_step(step, losses)`` is called after each step. ``compile``: the model is built with
+    ``compile=True`` (its framework's opt-in compiler, where it has one) and trains compiled.
 
     With ``workers`` > 1 this process is worker ``rank`` of a data-parallel run whose process group the
     caller has set up: it draws every batch of ``batch_size`` as one process would and trains on its
@@ -217,7 +219,7 @@ def run_pretraining(
     if not backend.can_train:
         trainable = [name for name, status in backends().items() if status.available and load_backend(name).can_train]
         raise UsageError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
-    model = backend.build(config, weights, device=device, dtype=dtype)
+    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
         trainer.load_state(state.optimizer, start)
