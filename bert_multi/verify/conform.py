@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.contract import BackendModel, BERTOutput, parse_device
+from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend
 from ..errors import CannotRunHere, InputError, UsageError
 from ..files.weights import load_weights, save_weights
@@ -25,7 +26,6 @@ from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
 from .cases import Batch, CaseInput
 from .compare import Tolerance, tolerance_for
-from .memory import collector_skipping_existing_objects, release_memory
 from .results import Check, Report, RunError, Target, compare_outputs, shifted
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)

@@ -1,6 +1,6 @@
-"""How the conformance engine holds little memory: the cycle collector skips the objects that existed
-before a run, so that collecting each dropped model is quick, and freed memory goes back to the system
-before the next model is built."""
+"""How the conformance engine and the workers of other environments hold little memory: the cycle
+collector skips the objects that existed before a run, so that collecting each dropped model is quick,
+and freed memory goes back to the system before the next model is built."""
 
 from __future__ import annotations
 
