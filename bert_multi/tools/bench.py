@@ -44,6 +44,11 @@ GOAL = 1.15
 COMPILED = " compiled"  # a row's backend, compiled: "torch compiled"
 
 
+def backend_of(row: str) -> str:
+    """The backend a row's name times: "torch" for "torch compiled"."""
+    return row.removesuffix(COMPILED)
+
+
 @dataclass
 class Row:
     workload: str  # "forward chapter 8x64" or "train step ..."
@@ -61,7 +66,7 @@ class Row:
     @property
     def framework(self) -> str:
         """The backend's name, without the variant."""
-        return self.backend.removesuffix(COMPILED)
+        return backend_of(self.backend)
 
     @property
     def median(self) -> float:
@@ -117,7 +122,7 @@ def _synchronize(row: str) -> None:
     returns before the work is done (docs/framework-differences.md, "MXNet returns before the work is
     done"): a training step that is not waited for is timed short, and its backward runs inside the next
     backend's timing."""
-    load_backend(row.removesuffix(COMPILED)).synchronize()
+    load_backend(backend_of(row)).synchronize()
 
 
 def _every_round(call: Callable[[], object]) -> Callable[[int], object]:
@@ -278,19 +283,19 @@ def _forward_rows(
     # The peak: the framework's matrix product at the model's widest shape (at least 512 a side, so that a
     # tiny model is not measured against a product too small to reach it), on the CPU.
     m, k, n = max(batch * steps, 512), max(base.num_hiddens, 512), max(base.ffn_num_hiddens, 512)
-    named = dict.fromkeys(row.removesuffix(COMPILED) for row in runners)
+    named = dict.fromkeys(backend_of(row) for row in runners)
     products = {name: load_backend(name).gemm(dtype, m, k, n) for name in named} if device == "cpu" else {}
     fastest = {name: _best(product, 3) for name, product in products.items()}
 
     def sample_peak(row: str) -> None:  # in every round too, beside the forward: the best of all is the peak
-        name = row.removesuffix(COMPILED)
+        name = backend_of(row)
         if name in products:
             fastest[name] = min(fastest[name], _best(products[name], 1))
 
     calls = {row: _every_round(run) for row, run in runners.items()}
     timings, first = _interleave(calls, rounds, f"{workload} {dtype}", progress, sample_peak, _synchronize)
     flops = forward_flops(base, batch, steps)
-    peak = {row: 2.0 * m * k * n / fastest[name] for row in runners if (name := row.removesuffix(COMPILED)) in fastest}
+    peak = {row: 2.0 * m * k * n / fastest[backend_of(row)] for row in runners if backend_of(row) in fastest}
     return [
         Row(
             workload,
@@ -459,7 +464,7 @@ def format_rows(rows: list[Row]) -> str:
 
 def plot_rows(rows: list[Row], path: str) -> str:
     """A bar chart of each model workload's rows against its fastest framework (1 is the fastest; the
-    goal, ``GOAL``, drawn as a line), with the fastest time written beside each workload."""
+    goal, ``GOAL``, drawn as a line), each bar labelled with its ratio and median time."""
     import matplotlib
 
     matplotlib.use("Agg")

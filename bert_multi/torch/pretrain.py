@@ -122,7 +122,7 @@ class Pretrainer(Trainer):
 
     def _loss(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None):
         tensors = self._tensors(batch)
-        with compiled_run(self.compute_loss is not pretraining_loss):
+        with compiled_run(self.model.compiled is not None):
             return self.compute_loss(self.net, tensors, self.config.vocab_size, self.mlm_normalization, totals)
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
