@@ -4,12 +4,14 @@ checking output paths before any work, and running and reporting a conformance r
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +25,7 @@ from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..spec.semantics import PRESETS
 from ..verify.cases import Batch, CaseInput
-from ..verify.conform import check_targets, run_conformance
+from ..verify.conform import WeightsSource, check_targets, run_conformance
 from ..verify.report import failure_details, plot_report, runtime_lines, summary_table, verdict
 from ..verify.results import Report, Target
 
@@ -61,9 +63,13 @@ def parse_targets(args: argparse.Namespace) -> list[Target]:
     return targets
 
 
-def model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -> tuple[BERTConfig, dict]:
+def model_and_weights(
+    args: argparse.Namespace, spec: str, preset: str | None, per_dtype: bool = False
+) -> tuple[BERTConfig, Any]:
     """A built-in config name with random weights from ``--seed``, or a checkpoint in any format with what
-    the options state about it; computing the generation ``preset`` when one is given."""
+    the options state about it; computing the generation ``preset`` when one is given. With
+    ``per_dtype``, a built-in config's weights come as a function of the dtype (``WeightsSource``), so a
+    conformance run holds one dtype's at a time."""
     if spec in CONFIGS:
         stated = [option for option in ("num_heads", "d2l_version", "cast", "key") if getattr(args, option)]
         if stated:
@@ -71,7 +77,8 @@ def model_and_weights(args: argparse.Namespace, spec: str, preset: str | None) -
             raise UsageError(f"{options}: these describe a checkpoint file, not the built-in config {spec!r}")
         config = CONFIGS[spec].with_semantics(preset or "d2l")
         # Every tensor random (biases and LayerNorm parameters too), so that every weight is checked.
-        return config, random_weights(config, seed=args.seed, dtype="float64")
+        source = functools.partial(random_weights, config, args.seed)  # a dtype's: the float64 ones rounded
+        return config, source if per_dtype else source("float64")
     if Path(spec).exists():
         checkpoint = load_as_stated(args, spec, preset)
         return checkpoint.config, checkpoint.weights
@@ -147,7 +154,7 @@ def run_and_report(
     args: argparse.Namespace,
     targets: list[Target],
     config: BERTConfig,
-    weights: dict[str, np.ndarray],
+    weights: dict[str, np.ndarray] | WeightsSource,
     cases: list[CaseInput] | list[tuple[str, Batch]],
     subject: str | None = None,
 ) -> Report:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     presets = list(PRESETS) if args.preset == "all" else [args.preset]
     reports = {}
     for preset in presets:
-        config, weights = model_and_weights(args, args.config, preset)
+        config, weights = model_and_weights(args, args.config, preset, per_dtype=True)
         if len(presets) > 1:
             print(f"\n== preset {config.semantics.name} ({releases_of(config.semantics.name)}) ==")
         cases = [case.input(config, args.seed) for case in chosen]

@@ -46,9 +46,14 @@ def _max_len_groups(config: BERTConfig, cases: Sequence[CaseInput]) -> dict[int,
     return dict(sorted(groups.items(), reverse=True))
 
 
+# The canonical weights in a dtype: its float32 weights must be its float64 weights rounded, as
+# ``random_weights`` and ``init_weights`` of one seed are.
+WeightsSource = Callable[[str], dict[str, np.ndarray]]
+
+
 def run_conformance(
     config: BERTConfig,
-    weights: dict[str, np.ndarray],
+    weights: dict[str, np.ndarray] | WeightsSource,
     targets: Sequence[Target],
     cases: Sequence[CaseInput | tuple[str, Batch]],
     pairs: bool = True,
@@ -62,6 +67,11 @@ def run_conformance(
     moving weights are exercised. A case with its own ``max_len`` runs on the model cut to it
     (``schema.cut_max_len``), oracle included.
 
+    ``weights`` is the canonical dict, or a function of the dtype giving it (``WeightsSource``): then the
+    run asks for each dtype's weights when it reaches that dtype and for the float64 ones first, for the
+    oracle, and holds one dtype's at a time, not the float64 ones throughout (BERT-base's float64
+    weights are a gigabyte).
+
     What the report says: an unknown backend, dtype or device name is a ``ValueError``, and an input that
     breaks the model's contract an ``InputError``, before anything runs; a target that cannot run here
     (``CannotRunHere``: its framework or device is missing, or it does not compute this model) is skipped
@@ -72,7 +82,8 @@ def run_conformance(
     if not cases:
         raise UsageError("no cases to run: a conformance run needs at least one")
     # Weights or inputs that do not fit the config are the caller's mistake, not a backend's failure.
-    validate_weights(config, weights)
+    if not callable(weights):
+        validate_weights(config, weights)
     inputs = [CaseInput(*case) for case in cases]
     for case in inputs:
         try:
@@ -103,19 +114,21 @@ class _Run:
     at a time, each dropped once it has run its cases, and a target's exported weights kept only while
     a later target is still to be built from them. Models are built with ``share`` and export with it,
     so a framework that can keep the arrays it is given (torch, Gluon on the CPU) costs no copy and lends
-    views: the caller's weights and one cast per dtype are held, and a rebuilt model's weights read from
-    a file while it runs."""
+    views: the caller's weights and one cast per dtype are held (from a ``WeightsSource``, one dtype's
+    weights at a time), and a rebuilt model's weights read from a file while it runs."""
 
     def __init__(
         self,
         config: BERTConfig,
-        weights: dict[str, np.ndarray],
+        weights: dict[str, np.ndarray] | WeightsSource,
         targets: Sequence[Target],
         cases: list[CaseInput],
         pairs: bool,
         progress: Progress | None,
     ) -> None:
-        self.config, self.weights, self.targets, self.cases = config, weights, targets, cases
+        self.config, self.targets, self.cases = config, targets, cases
+        self.weights: dict[str, np.ndarray] | None = None if callable(weights) else weights
+        self.source: WeightsSource | None = weights if callable(weights) else None
         self.pairs, self.progress = pairs, progress
         self.groups = _max_len_groups(config, cases)
         self.report = Report(config, [case.name for case in cases])
@@ -148,17 +161,23 @@ class _Run:
         return False
 
     def all(self) -> Report:
+        if self.source is not None:  # the oracle's outputs first, while the float64 weights are at hand
+            weights = self.weights_in("float64")
+            for target in list(self.backends):
+                self.attempt(target, self.reference_for, target, weights)
+            del weights
+            release_memory()
         for dtype in dict.fromkeys(target.dtype for target in self.targets):
             ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
             exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}  # for the targets after them
-            # Cast once for every build of this dtype (the same cast each build would make).
-            weights = {name: np.asarray(array, dtype=dtype) for name, array in self.weights.items()} if ran else {}
+            weights = self.weights_in(dtype) if ran else {}
             for position, target in enumerate(ran):
                 later = position < len(ran) - 1
                 if not self.attempt(target, self.run_target, target, ran[:position], exports, weights, later):
                     exports.pop(target, None)
             for target in ran:  # pairs are of one dtype: its outputs are not asked for again
                 self.results.pop(target, None)
+            del weights  # before the next dtype's are made
         self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
         if self.progress:
             self.progress(self.done, self.done, "done")
@@ -264,17 +283,33 @@ class _Run:
         backend = self.backends[target]
         return functools.partial(backend.build, device=target.device, dtype=target.dtype, gradients=False, share=True)
 
-    def reference(self, eps: float) -> dict[int, BERTOutput]:
-        """The oracle's float64 outputs for every case, computed with LayerNorm ``eps``, once."""
+    def weights_in(self, dtype: str) -> dict[str, np.ndarray]:
+        """The weights in ``dtype``: cast once for every build of that dtype (the cast each build would
+        make), or the source's, checked as the caller's dict is."""
+        if self.weights is not None:
+            return {name: np.asarray(array, dtype=dtype) for name, array in self.weights.items()}
+        assert self.source is not None
+        weights = self.source(dtype)
+        validate_weights(self.config, weights)
+        return weights
+
+    def reference(self, eps: float, weights: dict[str, np.ndarray] | None = None) -> dict[int, BERTOutput]:
+        """The oracle's float64 outputs for every case, computed with LayerNorm ``eps`` from ``weights`` (or
+        the float64 weights), once."""
         if eps not in self.references:
             self.references[eps] = {}
             build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps, share=True)
-            for oracle, indices in self.models(build, self.config, self.weights):
+            weights = self.weights_in("float64") if weights is None else weights
+            for oracle, indices in self.models(build, self.config, weights):
                 self.references[eps].update(
                     (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
                 )
                 del oracle
         return self.references[eps]
+
+    def reference_for(self, target: Target, weights: dict[str, np.ndarray]) -> None:
+        """The oracle's outputs ``target`` will be held to, computed now from the float64 ``weights``."""
+        self.reference(self.kernel_eps(target), weights)
 
     def kernel_eps(self, target: Target) -> float:
         """The LayerNorm eps ``target``'s framework computes with, for the config's."""
