@@ -1,6 +1,7 @@
 """The command line as a person uses it: conform, compare, fixtures, and their failures."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -336,12 +337,11 @@ def test_pretrain_takes_a_preset_and_can_freeze_the_positions(tmp_path, capsys):
 
 def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_path, capsys):
     """Speed is shown by the benchmark, never asserted: this checks that it runs and what it writes."""
-    assert main(["bench", "--quick", "--json", str(tmp_path / "bench.json")]) == 0
+    assert main(["bench", "--quick", "--no-compile", "--json", str(tmp_path / "bench.json")]) == 0
     document = json.loads((tmp_path / "bench.json").read_text())
     rows = document["rows"]
     here = {name for name in backends() if not not_in_process(name)}  # one run by a worker is timed at home
-    compiling = {f"{name} compiled" for name in here if load_backend(name).takes("compile")}
-    assert {row["backend"] for row in rows if row["workload"].startswith("forward")} == here | compiling
+    assert {row["backend"] for row in rows if row["workload"].startswith("forward")} == here
     files = {(row["workload"], row["backend"]) for row in rows if "weights" in row["workload"]}
     assert files == {
         ("save weights tiny", "save_weights"),
@@ -358,7 +358,7 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         assert (row["first_s"] is not None) == model and (not model or row["first_s"] > 0)
     assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]
     trained = {row["backend"] for row in rows if row["workload"].startswith("train step")}
-    assert trained == {name for name in here | compiling if load_backend(name.split()[0]).can_train}
+    assert trained == {name for name in here if load_backend(name).can_train}
     # Each model workload against its fastest framework: that one at 1, every other row at its own ratio.
     for workload in {(row["workload"], row["dtype"]) for row in rows if row["tokens_per_s"]}:
         timed = [row for row in rows if (row["workload"], row["dtype"]) == workload]
@@ -366,6 +366,31 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         for row in timed:
             assert row["against_fastest"] == pytest.approx(row["median_s"] / fastest)
     assert document["goal"] == 1.15 and document["verdict"].endswith(".")
+
+
+def test_bench_times_a_backend_that_can_compile_both_ways(tmp_path, monkeypatch):
+    """A backend whose build takes ``compile`` gets a compiled row beside its plain one, built with
+    compile=True; ``--no-compile`` leaves it out. (The oracle stands in for a compiling framework.)"""
+    from bert_multi import register_backend, unregister_backend
+
+    oracle, asked = load_backend("numpy"), []
+
+    def build(config, weights, device="cpu", dtype="float32", gradients=True, compile=False):
+        asked.append(compile)
+        return oracle.build(config, weights, device, dtype)
+
+    register_backend(SimpleNamespace(NAME="compiling", build=build))
+    try:
+        argv = ["bench", "--quick", "--no-train", "--no-files", "--dtypes", "float64", "--backends", "compiling"]
+        for extra, rows_expected in (([], ["compiling", "compiling compiled"]), (["--no-compile"], ["compiling"])):
+            asked.clear()
+            assert main([*argv, *extra, "--json", str(tmp_path / "b.json")]) == 0
+            rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+            assert [row["backend"] for row in rows] == rows_expected
+            assert asked == [False, True][: len(rows_expected)]
+            assert all(row["first_s"] > 0 and len(row["seconds"]) == 2 for row in rows)
+    finally:
+        unregister_backend("compiling")
 
 
 def test_the_goal_verdict_names_each_framework_behind_the_fastest():
