@@ -161,12 +161,13 @@ class _Run:
         return False
 
     def all(self) -> Report:
-        if self.source is not None:  # the oracle's outputs first, while the float64 weights are at hand
-            weights = self.weights_in("float64")
-            for target in list(self.backends):
-                self.attempt(target, self.reference_for, target, weights)
-            del weights
-            release_memory()
+        # The oracle's outputs first, so that the float64 weights need not be held after (from a source).
+        weights = self.weights_in("float64")
+        self.during = "computing the oracle's outputs at its LayerNorm eps"
+        for target in list(self.backends):
+            self.attempt(target, self.compute_reference, target, weights)
+        del weights
+        release_memory()
         for dtype in dict.fromkeys(target.dtype for target in self.targets):
             ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
             exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}  # for the targets after them
@@ -235,7 +236,7 @@ class _Run:
                 out = self.run_case(model, index, str(target))
                 if paired:  # what the other targets of its dtype are compared with
                     self.results[target][index] = out
-                expected = self.reference(eps)[index]
+                expected = self.references[eps][index]
                 key = (0, self.targets.index(target), index)
                 self.check(key, target, label, index, out, expected, tolerance, model.recorded)
             del model  # so that it is freed before the next is built
@@ -259,7 +260,7 @@ class _Run:
                 out = self.run_case(model, index, f"{target} <- {source} ({how})")
                 expected = self.results[source][index]
                 if eps != source_eps:
-                    expected = shifted(expected, self.reference(eps)[index], self.reference(source_eps)[index])
+                    expected = shifted(expected, self.references[eps][index], self.references[source_eps][index])
                 key = (1, first, second, 0 if how == "memory" else 1, index)
                 self.check(key, target, label, index, out, expected, tolerance, model.recorded)
             del model
@@ -293,23 +294,19 @@ class _Run:
         validate_weights(self.config, weights)
         return weights
 
-    def reference(self, eps: float, weights: dict[str, np.ndarray] | None = None) -> dict[int, BERTOutput]:
-        """The oracle's float64 outputs for every case, computed with LayerNorm ``eps`` from ``weights`` (or
-        the float64 weights), once."""
-        if eps not in self.references:
-            self.references[eps] = {}
-            build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps, share=True)
-            weights = self.weights_in("float64") if weights is None else weights
-            for oracle, indices in self.models(build, self.config, weights):
-                self.references[eps].update(
-                    (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
-                )
-                del oracle
-        return self.references[eps]
-
-    def reference_for(self, target: Target, weights: dict[str, np.ndarray]) -> None:
-        """The oracle's outputs ``target`` will be held to, computed now from the float64 ``weights``."""
-        self.reference(self.kernel_eps(target), weights)
+    def compute_reference(self, target: Target, weights: dict[str, np.ndarray]) -> None:
+        """The oracle's float64 outputs for every case at ``target``'s LayerNorm eps, from the float64
+        ``weights``: once per eps, in ``self.references``."""
+        eps = self.kernel_eps(target)
+        if eps in self.references:
+            return
+        self.references[eps] = {}
+        build = functools.partial(self.oracle.build, dtype="float64", layer_norm_eps=eps, share=True)
+        for oracle, indices in self.models(build, self.config, weights):
+            self.references[eps].update(
+                (index, oracle(**self.cases[index].batch, intermediates=True)) for index in indices
+            )
+            del oracle
 
     def kernel_eps(self, target: Target) -> float:
         """The LayerNorm eps ``target``'s framework computes with, for the config's."""
