@@ -45,7 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
     parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG of tokens/s")
+    parser.add_argument(
+        "--plot", metavar="PATH", help="write a PNG of each row's time against the fastest framework's, with the goal"
+    )
     return parser
 
 

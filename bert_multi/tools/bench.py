@@ -44,6 +44,11 @@ GOAL = 1.15
 COMPILED = " compiled"  # a row's backend, compiled: "torch compiled"
 
 
+def row_name(backend: str, compiled: bool) -> str:
+    """A row's name for ``backend``, plain or compiled: "torch", "torch compiled"."""
+    return backend + (COMPILED if compiled else "")
+
+
 def backend_of(row: str) -> str:
     """The backend a row's name times: "torch" for "torch compiled"."""
     return row.removesuffix(COMPILED)
@@ -272,7 +277,7 @@ def _forward_rows(
                 model = backend.build(config, weights, device=device, dtype=dtype, gradients=False, compile=variant)
             except CannotRunHere:
                 continue
-            row = backend.name + (COMPILED if variant else "")
+            row = row_name(backend.name, variant)
             threads[row] = model.runtime_info().get("threads")
             runners[row] = functools.partial(
                 model, inputs["tokens"], inputs["segments"], inputs["valid_lens"], inputs["pred_positions"]
@@ -407,7 +412,7 @@ def _train_rows(
                     model = backend.build(config, weights, device=device, dtype="float32", compile=variant)
                 except CannotRunHere:
                     continue
-                row = name + (COMPILED if variant else "")
+                row = row_name(name, variant)
                 trainers[row], threads[row] = backend.trainer(model), model.runtime_info().get("threads")
     stream = data.batches(batch, seed=0)
     batches = [next(stream) for _ in range(rounds + 1)]
