@@ -61,7 +61,7 @@ def test_a_sample_without_its_output_is_refused(tmp_path):
 
 
 def test_a_sample_that_raises_is_reported_not_crashed():
-    sample = lessons.Sample("torch", "raise KeyError('no such layer')", "", 1)
+    sample = lessons.Sample("torch", "raise KeyError('no such layer')", "", 1, 5)
     (outcome,) = lessons.run([sample])
     assert outcome.printed.strip() == "the sample raised KeyError: 'no such layer'" and not outcome.as_written
 
@@ -111,7 +111,7 @@ def test_a_section_fits_the_terminal_side_by_side_where_it_can(capsys, monkeypat
 
 def test_a_sample_must_print_exactly_what_the_guide_shows():
     """Whitespace, alignment and line breaks are part of what a sample prints (issue 26)."""
-    sample = lessons.Sample("torch", "", "x  y\n[1, 2]", 1)
+    sample = lessons.Sample("torch", "", "x  y\n[1, 2]", 1, 6)
     assert lessons.Outcome(sample, "x  y\n[1, 2]\n").as_written  # only the end's newline is not compared
     for printed in ("x y\n[1, 2]", "x  y\n[1,2]", "x  y [1, 2]", "x  y\n\n[1, 2]", " x  y\n[1, 2]"):
         assert not lessons.Outcome(sample, printed).as_written, printed

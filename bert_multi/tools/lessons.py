@@ -45,6 +45,7 @@ class Sample:
     code: str
     expected: str  # what the guide says it prints
     line: int  # where the code starts in the guide
+    last: int  # the line closing its output block
     fresh: bool = False  # needs a Python process of its own
 
 
@@ -78,7 +79,8 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
         raise UsageError(f"{path}: the framework-differences guide is not there (it ships with the repository)")
     lines = path.read_text().splitlines()
     sections: list[Section] = []
-    blocks: list[tuple[Section | None, str, str, int]] = []  # (section, info, body, first line) per fenced block
+    # (section, info, body, first line of the body, closing line) per fenced block
+    blocks: list[tuple[Section | None, str, str, int, int]] = []
     paragraph: list[str] = []
     placed: dict[int, list[tuple[int, str | Sample]]] = {}  # per section: (line, paragraph or sample)
 
@@ -101,13 +103,12 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
             end = next((j for j in range(start, len(lines)) if lines[j].startswith("```")), None)
             if end is None:
                 raise UsageError(f"{path}:{index + 1}: a fenced block that never closes")
-            blocks.append(
-                (sections[-1] if sections else None, lines[index][3:].strip(), "\n".join(lines[start:end]), start + 1)
-            )
+            current = sections[-1] if sections else None
+            blocks.append((current, lines[index][3:].strip(), "\n".join(lines[start:end]), start + 1, end + 1))
             index = end
         index += 1
     end_paragraph()
-    for position, (section, info, body, line) in enumerate(blocks):
+    for position, (section, info, body, line, _) in enumerate(blocks):
         tagged = re.fullmatch(r"python (\w+)( fresh)?", info)
         if not tagged:
             continue
@@ -124,7 +125,7 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
                 f"{path}:{line}: a sample must be tagged {tags}, sit in a numbered section, and be followed "
                 "at once by a 'text' block of what it prints"
             )
-        sample = Sample(tagged[1], body, following[2], line, fresh=bool(tagged[2]))
+        sample = Sample(tagged[1], body, following[2], line, following[4], fresh=bool(tagged[2]))
         section.samples.append(sample)
         placed.setdefault(section.number, []).append((line, sample))
     for section in sections:  # the samples in their place among the paragraphs

@@ -35,11 +35,6 @@ def stamp(guide: Path) -> str:
     return f"<!-- built from {guide.name} sha256:{hashlib.sha256(guide.read_bytes()).hexdigest()} -->"
 
 
-def _fence_end(lines: list[str], start: int) -> int:
-    """The index of the line closing the fenced block that opens at ``start``."""
-    return next(index for index in range(start + 1, len(lines)) if lines[index].startswith("```"))
-
-
 def _tab(outcome: Outcome, seen: dict[str, int]) -> list[str]:
     sample = outcome.sample
     seen[sample.framework] = seen.get(sample.framework, 0) + 1
@@ -75,8 +70,7 @@ def render_guide(path: Path, outcomes: list[Outcome]) -> str:
         run: list[Outcome] = []
         while index in by_start:
             run.append(by_start[index])
-            output_fence = _fence_end(lines, index) + 1
-            index = _fence_end(lines, output_fence) + 1
+            index = by_start[index].sample.last  # the line after its output block, counted from 0
             following = index
             while following < len(lines) and not lines[following].strip():
                 following += 1
