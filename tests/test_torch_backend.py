@@ -144,6 +144,32 @@ def test_dropout_acts_in_train_mode_only():
     assert torch.equal(module(*inputs)[0], module(*inputs)[0])
 
 
+def test_cpu_dropout_drops_each_element_independently_at_its_rate_and_scales_the_rest():
+    """The masks come from 16-bit slices of 64-bit draws: every slice of a draw must be uniform and
+    independent of the others (a draw missing its top bit would never drop the fourth slice), the rate
+    round(p * 2**16) / 2**16, and the kept elements scaled so that the expectation is the input."""
+    dropout = bt.model.Dropout(0.2).train()
+    rate = 13107 / 2**16  # round(0.2 * 2**16) / 2**16
+    torch.manual_seed(0)
+    X = torch.ones(2**22, requires_grad=True)
+    Y = dropout(X)
+    Y.sum().backward()
+    dropped = (Y == 0).double()
+    kept_value = 2**16 / (2**16 - 13107)
+    assert torch.equal(Y[Y != 0], torch.full_like(Y[Y != 0], kept_value))
+    assert torch.equal(X.grad, Y.detach())  # the gradient passes the same mask and scale
+    per_slice = dropped.reshape(-1, 4)
+    spread = 6 * (rate * (1 - rate) / per_slice.shape[0]) ** 0.5  # six standard deviations
+    assert (per_slice.mean(0) - rate).abs().max() < spread, per_slice.mean(0)
+    both = (per_slice[:, 0] * per_slice[:, 3]).mean()  # the first and last slice of each draw
+    assert abs(both - rate**2) < 6 * (rate**2 / per_slice.shape[0]) ** 0.5
+    assert abs(float(Y.detach().double().mean()) - 1) < 6 * (rate / (1 - rate) / X.numel()) ** 0.5
+    torch.manual_seed(0)
+    assert torch.equal(dropout(X), Y)  # seeded as torch's own dropout is
+    assert dropout.eval()(X) is X
+    assert torch.equal(bt.model.Dropout(1.0).train()(X), torch.zeros_like(X))
+
+
 def test_tf32_context_restores_the_callers_setting():
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     with bt.tf32_enabled(True):

@@ -36,6 +36,28 @@ def _activation(kind: str) -> nn.Module:
     return {"relu": nn.ReLU(), "gelu": nn.GELU(), "gelu_tanh": nn.GELU(approximate="tanh")}[kind]
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose masks on the CPU come from 16 random bits per element: an element is dropped
+    with probability round(p * 2**16) / 2**16 (0.199997 for 0.2) and a kept one scaled by the inverse of
+    its keep probability, so the expectation is exact.
+
+    Framework difference: torch's CPU ``bernoulli_`` draws a 64-bit number per element (a third of
+    d2l's pretraining step goes there); these masks cost a fifth of that. On a GPU, and inside a
+    compiled graph, torch's own dropout is already fused and is used as it is.
+    """
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0 or X.device.type != "cpu" or torch.compiler.is_compiling():
+            return super().forward(X)
+        dropped = round(self.p * 2**16)
+        if dropped >= 2**16:
+            return super().forward(X)
+        # A 64-bit draw is four independent, uniform 16-bit ones; full-range draws are exactly uniform.
+        words = torch.empty((X.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+        keep = words.view(torch.int16)[: X.numel()].view(X.shape) >= dropped - 2**15
+        return X.mul(keep).mul_(2**16 / (2**16 - dropped))
+
+
 def masked_softmax(X: torch.Tensor, valid_lens: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last axis; key positions >= valid_len are scored -1e6 first.
 
@@ -61,7 +83,7 @@ class DotProductAttention(nn.Module):
 
     def __init__(self, dropout: float, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, queries, keys, values, valid_lens=None):
         d = queries.shape[-1]
@@ -142,7 +164,7 @@ class AddNorm(nn.Module):
 
     def __init__(self, norm_shape, dropout: float, eps: float = 1e-5) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # Framework difference: torch's LayerNorm needs the normalised shape and names its parameters
         # weight/bias; Gluon's infers the shape and calls them gamma/beta. Both default to eps=1e-5.
         self.ln = nn.LayerNorm(norm_shape, eps=eps)
@@ -156,7 +178,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, num_hiddens: int, dropout: float, max_len: int = 1000) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # A plain tensor, as in d2l: never trained nor saved. Framework difference: torch keeps it on the
         # CPU and moves a slice to the input's device; MXNet copies a slice to the input's context.
         self.P = torch.from_numpy(sinusoidal_positions(max_len, num_hiddens))[None]
@@ -224,7 +246,7 @@ class BERTEncoder(nn.Module):
         self.embedding_norm = None
         if semantics.embedding_norm:  # original BERT: LayerNorm, then dropout, on the embedding sum
             self.embedding_norm = nn.LayerNorm(num_hiddens, eps=semantics.layer_norm_eps)
-            self.embedding_dropout = nn.Dropout(dropout)
+            self.embedding_dropout = Dropout(dropout)
         self.blks = nn.Sequential()
         for i in range(num_blks):
             # BERT's encoder asks for bias in attention (d2l >= 0.12), though d2l's attention defaults to none.
