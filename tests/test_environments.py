@@ -188,6 +188,7 @@ def test_a_trainer_in_a_worker_trains_exactly_as_it_does_here():
     config = BERTConfig(len(data.vocab), 12, 20, 3, 2, max_len=16, dropout=0.2)
     weights = random_weights(config, seed=6, dtype="float64")
     remote = RemoteBackend("torch", Path(sys.executable))
+    assert remote.Pretrainer.MIXED_PRECISION == load_backend("torch").mixed_precisions == ("bfloat16",)
     here, there = (
         backend.Pretrainer(backend.build(config, weights, dtype="float64"), optimizer="adam", lr=0.01)
         for backend in (load_backend("torch"), remote)

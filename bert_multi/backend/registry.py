@@ -411,6 +411,11 @@ class LoadedBackend:
     def can_train(self) -> bool:
         return getattr(self.module, "Pretrainer", None) is not None
 
+    @property
+    def mixed_precisions(self) -> tuple[str, ...]:
+        """The mixed precisions its ``Pretrainer`` trains in (its ``MIXED_PRECISION``; none if it cannot train)."""
+        return tuple(getattr(getattr(self.module, "Pretrainer", None), "MIXED_PRECISION", ()))
+
     def trainer(self, model: BackendModel, **options: Any) -> Any:
         """Its ``Pretrainer`` of ``model`` (see ``bert_multi.pretraining``)."""
         return self._required("Pretrainer", "cannot train (it has no Pretrainer)")(model, **options)

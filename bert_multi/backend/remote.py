@@ -215,8 +215,9 @@ class RemoteBackend:
         self._devices: list[str] = described["devices"]
         if described["checkpoints"]:  # its framework's own files, written and read there
             self.save_checkpoint, self.read_checkpoint = self._save_checkpoint, self._read_checkpoint
-        if described["trains"]:
-            self.Pretrainer = RemoteTrainer
+        if described["trains"]:  # a Pretrainer that offers what the worker's does
+            offers = {"MIXED_PRECISION": tuple(described["mixed_precisions"])}
+            self.Pretrainer = type("RemoteTrainer", (RemoteTrainer,), offers)
 
     def devices(self) -> list[str]:
         return list(self._devices)
@@ -295,6 +296,8 @@ class RemoteModel(BackendModel):
 class RemoteTrainer:
     """The worker's ``Pretrainer`` of a ``RemoteModel``: each call sends its batch and returns what the
     trainer there returned (losses, canonical gradients, the optimizer state)."""
+
+    MIXED_PRECISION: tuple[str, ...] = ()
 
     def __init__(self, model: RemoteModel, **options: Any) -> None:
         self.model, self.config, self.worker = model, model.config, model.worker

@@ -43,6 +43,7 @@ class Session:
         return {
             "checkpoints": files,
             "trains": self.backend.can_train,
+            "mixed_precisions": list(self.backend.mixed_precisions),
             "role": self.backend.role,
             "label": self.backend.label,
             "devices": self.backend.devices(),

@@ -18,11 +18,13 @@ from ..spec.schema import SUPPORTED_DTYPES, init_weights
 from ..spec.semantics import PRESETS, semantics_for
 from ..training import (
     ADAM_EPSILON_STYLES,
+    MIXED_PRECISIONS,
     OPTIMIZERS,
     LossValues,
     PretrainingData,
     TrainingRun,
     builtin_corpus,
+    check_mixed_precision,
     paragraphs_from_lines,
     run_pretraining,
 )
@@ -98,6 +100,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="train through the framework's compiler where it is opt-in (torch.compile, Gluon's hybridize; "
         "JAX always compiles); compiling is the first step's time, reported apart",
     )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=MIXED_PRECISIONS,
+        help="compute the matrix products in this dtype (torch.autocast); the float32 weights, their "
+        "gradients and the updates stay float32",
+    )
     parser.add_argument("--out", help="where to save the final weights (default bert-pretrained-BACKEND.npz)")
     parser.add_argument("--plot", metavar="PATH", help="with --compare: a PNG of the loss curves")
     return parser
@@ -114,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.workers > 1 or args.join) and args.compile:
         raise UsageError("--compile trains in one process: use it without --workers or --join")
     names = _trainable(args.compare, args.backend)
+    for name in names:
+        check_mixed_precision(name, args.mixed_precision, args.dtype)
     config, data = _model_and_data(args)
     weights = init_weights(config, seed=args.seed, dtype=args.dtype)
     runs = [_train(args, name, config, weights, data) for name in names]
@@ -165,6 +175,8 @@ def _train(
         options["adam_epsilon_style"] = args.adam_epsilon_style
     if args.freeze_positions:
         options["train_positions"] = False
+    if args.mixed_precision:
+        options["mixed_precision"] = args.mixed_precision
     arguments = {"config": config, "weights": weights, "data": data, "steps": args.steps}
     arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
     if args.checkpoint_every or args.resume:

@@ -146,8 +146,11 @@ class Pretrainer(Trainer):
         adam_epsilon_style: str = "torch",
         train_positions: bool = True,
         distributed: bool = False,
+        mixed_precision: str | None = None,
     ) -> None:
-        super().__init__(model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions)
+        super().__init__(
+            model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions, mixed_precision
+        )
         self.model: JaxBERT = model
         # distributed: this process is one of jax.distributed's processes; each computes its shard's
         # share of the loss and the gradients are summed over the processes (_backward).

@@ -101,8 +101,11 @@ class Pretrainer(Trainer):
         adam_epsilon_style: str = "mxnet",
         train_positions: bool = True,
         distributed: bool = False,
+        mixed_precision: str | None = None,
     ) -> None:
-        super().__init__(model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions)
+        super().__init__(
+            model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions, mixed_precision
+        )
         self.model: MXNetBERT = model
         if not train_positions:
             # Framework difference: a Gluon Trainer refuses a parameter whose gradient backward never

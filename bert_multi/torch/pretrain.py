@@ -73,6 +73,7 @@ class Pretrainer(Trainer):
     through ``torch.compile`` too: the forward and the loss as one graph, and its backward."""
 
     NAME_RULES = NAME_RULES
+    MIXED_PRECISION = ("bfloat16",)
 
     def __init__(
         self,
@@ -85,8 +86,11 @@ class Pretrainer(Trainer):
         adam_epsilon_style: str = "torch",
         train_positions: bool = True,
         distributed: bool = False,
+        mixed_precision: str | None = None,
     ) -> None:
-        super().__init__(model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions)
+        super().__init__(
+            model, optimizer, mlm_normalization, adam_epsilon, adam_epsilon_style, train_positions, mixed_precision
+        )
         self.model: TorchBERT = model
         # distributed: this process is one worker of torch.distributed's default process group, and the
         # module runs inside DistributedDataParallel, whose backward all-reduces every gradient to the
@@ -122,7 +126,10 @@ class Pretrainer(Trainer):
 
     def _loss(self, batch: dict[str, np.ndarray], totals: BatchTotals | None = None):
         tensors = self._tensors(batch)
-        with compiled_run(self.model.compiled is not None):
+        # autocast runs each matrix product in bfloat16 and the operations it lists as needing float32
+        # range (the losses among them) in float32; the parameters and their gradients stay float32.
+        lower = torch.autocast(self.model.torch_device.type, torch.bfloat16, enabled=self.mixed_precision is not None)
+        with lower, compiled_run(self.model.compiled is not None):
             return self.compute_loss(self.net, tensors, self.config.vocab_size, self.mlm_normalization, totals)
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:

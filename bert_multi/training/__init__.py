@@ -19,8 +19,10 @@ from .data import (
 )
 from .loop import (
     ADAM_EPSILON_STYLES,
+    MIXED_PRECISIONS,
     OPTIMIZERS,
     TrainingRun,
+    check_mixed_precision,
     check_trainable,
     check_training_options,
     free_address,
@@ -50,8 +52,10 @@ __all__ = [
     "shard",
     "tokenize",
     "ADAM_EPSILON_STYLES",
+    "MIXED_PRECISIONS",
     "OPTIMIZERS",
     "TrainingRun",
+    "check_mixed_precision",
     "check_trainable",
     "check_training_options",
     "free_address",

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.registry import backends, load_backend
+from ..backend.registry import LoadedBackend, backends, load_backend
 from ..errors import UsageError, WorkerFailed
 from ..files.weights import load_weights, save_weights
 from ..spec.config import HEADS, BERTConfig
@@ -34,6 +34,9 @@ def free_address() -> str:
 
 OPTIMIZERS = ("adam", "sgd")
 ADAM_EPSILON_STYLES = ("torch", "mxnet")
+# Mixed precision: the float32 weights, their gradients and updates stay float32, the matrix products
+# compute in this dtype.
+MIXED_PRECISIONS = ("bfloat16",)
 
 
 def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_style: str) -> None:
@@ -44,6 +47,26 @@ def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_
     ):
         if value not in allowed:
             raise UsageError(f"unknown {name} {value!r}: expected one of {list(allowed)}")
+
+
+def check_mixed_precision(backend_name: str, mixed_precision: str | None, dtype: str) -> None:
+    """Mixed precision is asked of a backend whose ``Pretrainer`` offers it, on float32 weights."""
+    if mixed_precision is None:
+        return
+    if mixed_precision not in MIXED_PRECISIONS:
+        raise UsageError(f"unknown mixed_precision {mixed_precision!r}: expected one of {list(MIXED_PRECISIONS)}")
+    if dtype != "float32":
+        raise UsageError(f"mixed precision trains float32 weights with {mixed_precision} products, not {dtype} ones")
+    if mixed_precision not in load_backend(backend_name).mixed_precisions:
+        offering = [
+            name
+            for name, status in backends().items()
+            if status.available and name != backend_name and mixed_precision in load_backend(name).mixed_precisions
+        ]
+        raise UsageError(
+            f"backend {backend_name!r} trains in its weights' dtype only; mixed precision "
+            f"({mixed_precision}) is offered by {offering or 'no backend available here'}"
+        )
 
 
 def check_trainable(config: BERTConfig, train_positions: bool) -> None:
@@ -170,6 +193,16 @@ def _resumed(directory: str | os.PathLike, config: BERTConfig, settings: dict, s
     return state
 
 
+def _trainer_of(backend_name: str, mixed_precision: str | None, dtype: str) -> LoadedBackend:
+    """The backend, checked to have a ``Pretrainer`` that trains in the precision asked for."""
+    backend = load_backend(backend_name)
+    if not backend.can_train:
+        trainable = [name for name, status in backends().items() if status.available and load_backend(name).can_train]
+        raise UsageError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
+    check_mixed_precision(backend_name, mixed_precision, dtype)
+    return backend
+
+
 def run_pretraining(
     backend_name: str,
     config: BERTConfig,
@@ -215,10 +248,7 @@ def run_pretraining(
     if state is not None:
         weights = state.weights
     start = state.step if state else 0
-    backend = load_backend(backend_name)
-    if not backend.can_train:
-        trainable = [name for name, status in backends().items() if status.available and load_backend(name).can_train]
-        raise UsageError(f"backend {backend_name!r} cannot train (it has no Pretrainer): use one of {trainable}")
+    backend = _trainer_of(backend_name, options.get("mixed_precision"), dtype)
     model = backend.build(config, weights, device=device, dtype=dtype, compile=compile)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..backend.contract import BackendModel, framework_names
 from ..spec.loss import BatchTotals, LossValues
-from .loop import check_trainable, check_training_options
+from .loop import check_mixed_precision, check_trainable, check_training_options
 
 
 class Trainer(abc.ABC):
@@ -22,9 +22,12 @@ class Trainer(abc.ABC):
     folding the bias correction into the learning rate. Both compute the same update when epsilon is
     rescaled each step, which a framework does for the other's style. ``train_positions=False`` freezes
     the positional embedding, as d2l 0.16-0.17's PyTorch code did (it added ``pos_embedding.data``).
+    ``mixed_precision`` ("bfloat16", where the framework offers it: ``MIXED_PRECISION``) computes the
+    matrix products in that dtype; the float32 weights, their gradients and the updates stay float32.
     """
 
     NAME_RULES: list[tuple[str, str]]  # the framework's parameter names, from the canonical ones
+    MIXED_PRECISION: tuple[str, ...] = ()  # the mixed precisions the framework trains in
 
     def __init__(
         self,
@@ -34,9 +37,12 @@ class Trainer(abc.ABC):
         adam_epsilon: float,
         adam_epsilon_style: str,
         train_positions: bool,
+        mixed_precision: str | None = None,
     ) -> None:
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
+        check_mixed_precision(model.backend, mixed_precision, model.dtype)
         check_trainable(model.config, train_positions)
+        self.mixed_precision = mixed_precision
         self.model, self.config = model, model.config
         self._train_positions(train_positions)
         self.mlm_normalization = mlm_normalization
