@@ -156,6 +156,21 @@ def test_pretrain_prints_losses_and_saves_loadable_weights(tmp_path, capsys):
     assert config.num_hiddens == 8 and config.max_len == 32 and config.vocab_size < 20
 
 
+def test_pretrain_in_mixed_precision_says_so_and_a_framework_without_it_is_refused_first(tmp_path, capsys):
+    if not backends()["torch"].available or not backends()["mxnet"].available:
+        pytest.skip("needs torch and mxnet")
+    out = tmp_path / "w.npz"
+    arguments = ["pretrain", "--steps", "2", "--mixed-precision", "bfloat16", "--out", str(out), *SMALL_MODEL]
+    assert main([*arguments, "--backend", "torch"]) == 0
+    assert "float32 (bfloat16 products) on cpu:" in capsys.readouterr().out and out.exists()
+    assert main([*arguments, "--backend", "mxnet"]) == 2
+    printed = capsys.readouterr()
+    assert "backend 'mxnet' trains in its weights' dtype only; mixed precision (bfloat16) is offered by ['torch']" in (
+        printed.err
+    )
+    assert "corpus:" not in printed.out  # refused before the data and the model
+
+
 @pytest.mark.skipif(len(FRAMEWORKS) < 2, reason="needs both frameworks")
 def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
     pytest.importorskip("matplotlib")

@@ -161,7 +161,8 @@ def _train(
 ) -> TrainingRun:
     """One backend's run as the options ask: in this process, as workers, or as one worker of a run."""
     threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
-    print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype} on {args.device}:")
+    products = f" ({args.mixed_precision} products)" if args.mixed_precision else ""
+    print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype}{products} on {args.device}:")
     if args.workers > 1:
         print(f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples")
     bar = ProgressBar()
