@@ -119,3 +119,28 @@ def test_a_training_step_leaves_weights_lent_to_numpy_as_they_were(backend):
     assert all(np.array_equal(lent[name], weights[name]) for name in weights)  # as lent
     after = model.export_weights()
     assert max(float(np.abs(after[name] - weights[name]).max()) for name in weights) > 1e-3  # and it trained
+
+
+def test_built_from_an_open_npz_it_holds_one_received_tensor_at_a_time(backend, tmp_path):
+    """The other environment's worker hands the build the .npz it received, open: JAX copies every tensor
+    (a kernel into Flax's (in, out) layout), so the build must read, copy and drop them one at a time.
+    NumPy's and Python's allocations are traced: beyond what the model keeps, the peak is a few times
+    the largest tensor (reading one from the archive, checking it, transposing it), not the whole set
+    (sixteen blocks of alike tensors make the set 70 times the largest)."""
+    import tracemalloc
+
+    config = BERTConfig(vocab_size=40, num_hiddens=32, ffn_num_hiddens=64, num_heads=2, num_blks=16, max_len=16)
+    weights = random_weights(config, seed=3, dtype="float64")
+    np.savez(tmp_path / "w.npz", **weights)
+    largest, total = max(a.nbytes for a in weights.values()), sum(a.nbytes for a in weights.values())
+    with np.load(tmp_path / "w.npz", allow_pickle=False) as received:  # its index read before tracing
+        tracemalloc.start()
+        try:
+            model = backend.build(config, received, dtype="float64", share=True)
+            kept, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert total > 60 * largest
+    assert peak - kept < 12 * largest, (peak - kept, largest, total)
+    exported = model.export_weights()
+    assert list(exported) == list(weights) and all(np.array_equal(exported[n], weights[n]) for n in weights)

@@ -1,4 +1,5 @@
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from bert_multi import (
     random_weights,
     validate_weights,
 )
+from bert_multi.backend.contract import shareable, stream_weights
 from bert_multi.spec.schema import cut_max_len
 from bert_multi.verify.cases import CUT_MAX_LEN, get_case
 
@@ -154,3 +156,41 @@ def test_the_max_len_case_is_cut_only_where_max_len_is_longer_than_the_cut():
     assert max_len is None and batch["tokens"].shape[1] == short.max_len
     _, batch, max_len = get_case("mixed_valid_lens").input(long)  # the other cases never are
     assert max_len is None
+
+
+class CountedReads(Mapping):
+    """A mapping that hands out a fresh copy of each tensor each time one is asked for, as an open .npz
+    does, and counts the reads."""
+
+    def __init__(self, weights):
+        self.weights, self.reads = weights, []
+
+    def __getitem__(self, name):
+        self.reads.append(name)
+        return self.weights[name].copy()
+
+    def __iter__(self):
+        return iter(self.weights)
+
+    def __len__(self):
+        return len(self.weights)
+
+
+def test_stream_weights_checks_every_tensor_before_it_yields_one_and_reads_each_twice():
+    """A build fed tensor by tensor must not have built half a model from weights whose last tensor is
+    bad; after the check, each tensor is read once more as it is reached, and the cast one is the read
+    one where no cast is needed (a fresh read is the model's own to keep)."""
+    weights = init_weights(CONFIGS[1])
+    last = list(weights)[-1]
+    with pytest.raises(WeightsError, match=f"tensor '{last}' has a non-finite value"):
+        stream_weights(CONFIGS[1], CountedReads({**weights, last: np.full_like(weights[last], np.inf)}))
+    reads = CountedReads(weights)
+    dtype, arrays = stream_weights(CONFIGS[1], reads)
+    assert dtype == "float32" and reads.reads == list(weights)
+    for number, (name, given, cast) in enumerate(arrays, start=1):
+        assert len(reads.reads) == len(weights) + number and reads.reads[-1] == name
+        assert cast is given and shareable(cast, given, share=False, gradients=True) is False
+        assert np.array_equal(cast, weights[name])
+    _, arrays = stream_weights(CONFIGS[1], reads, "float64")
+    name, given, cast = next(arrays)
+    assert cast.dtype == np.float64 and shareable(cast, given, share=False, gradients=True)  # the cast's own

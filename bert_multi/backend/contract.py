@@ -251,22 +251,40 @@ class BackendModel(abc.ABC):
 
 
 def prepare_weights(
-    config: BERTConfig, weights: dict[str, np.ndarray], dtype: object = None
+    config: BERTConfig, weights: Mapping[str, np.ndarray], dtype: object = None
 ) -> tuple[str, dict[str, np.ndarray]]:
     """Validate canonical weights and cast them, explicitly, to the dtype the model will compute in
     (``None``: keep theirs), as C-contiguous arrays in native byte order: any layout NumPy accepts
     (reversed strides, big-endian) then suits every framework."""
+    dtype, arrays = stream_weights(config, weights, dtype)
+    return dtype, {name: array for name, _, array in arrays}
+
+
+def stream_weights(
+    config: BERTConfig, weights: Mapping[str, np.ndarray], dtype: object = None
+) -> tuple[str, Iterator[tuple[str, np.ndarray, np.ndarray]]]:
+    """``prepare_weights`` one tensor at a time, for a build: all validated first, then each cast as the
+    build reaches it, as (name, the array given, the cast one). A build that copies each into its
+    framework holds one copy at a time; from a mapping that reads each tensor when asked for (an open
+    ``.npz``), it never holds every tensor it was given either."""
     own_dtype = validate_weights(config, weights)
     dtype = normalize_dtype(own_dtype if dtype is None else dtype)
-    return dtype, {name: _plain(array, dtype) for name, array in weights.items()}
+
+    def cast() -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        for name in weights:
+            given = weights[name]
+            yield name, given, _plain(given, dtype)
+
+    return dtype, cast()
 
 
-def shareable(array: np.ndarray, weights: dict[str, np.ndarray], name: str, share: bool, gradients: bool) -> bool:
-    """Whether a model built with ``share`` may keep ``array`` (``weights[name]`` as ``prepare_weights``
-    returned it) as its storage: always if the cast made it (nobody else holds it); the caller's own
-    array only if the caller shares it, and a read-only one only for a model that is only run, since a
-    framework's tensors cannot be read-only, and training would write to memory its owner protects."""
-    return array is not weights[name] or (share and (array.flags.writeable or not gradients))
+def shareable(array: np.ndarray, given: np.ndarray, share: bool, gradients: bool) -> bool:
+    """Whether a model built with ``share`` may keep ``array`` (the cast of the caller's ``given``, as
+    ``stream_weights`` yields them) as its storage: always if the cast made it (nobody else holds it);
+    the caller's own array only if the caller shares it, and a read-only one only for a model that is
+    only run, since a framework's tensors cannot be read-only, and training would write to memory its
+    owner protects."""
+    return array is not given or (share and (array.flags.writeable or not gradients))
 
 
 def read_only(array: np.ndarray) -> np.ndarray:

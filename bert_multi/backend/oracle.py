@@ -21,7 +21,7 @@ from ..spec.inputs import ModelInputs
 from ..spec.loss import MLM_NORMALIZATIONS, LossValues
 from ..spec.schema import nsp_layers
 from ..spec.semantics import Semantics, sinusoidal_positions
-from .contract import BackendModel, BERTOutput, parse_device, prepare_weights, read_only, shareable
+from .contract import BackendModel, BERTOutput, parse_device, read_only, shareable, stream_weights
 
 NAME = "numpy"
 
@@ -274,9 +274,9 @@ def build(
     reason = supports(config, device)
     if reason is not None:
         raise CannotRunHere(f"backend {NAME!r}: {reason}")
-    dtype, arrays = prepare_weights(config, weights, dtype)
+    dtype, arrays = stream_weights(config, weights, dtype)
     own = {
-        name: array if shareable(array, weights, name, share, gradients=False) else array.copy()
-        for name, array in arrays.items()
+        name: array if shareable(array, given, share, gradients=False) else array.copy()
+        for name, given, array in arrays
     }
     return NumpyBERT(config, own, dtype, layer_norm_eps)

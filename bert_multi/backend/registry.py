@@ -21,7 +21,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -331,7 +331,7 @@ class LoadedBackend:
     def build(
         self,
         config: BERTConfig,
-        weights: dict[str, np.ndarray],
+        weights: Mapping[str, np.ndarray],
         device: str = "cpu",
         dtype: object = None,
         **options: Any,

@@ -59,7 +59,10 @@ class Session:
     def build(
         self, config: dict[str, Any], weights: str, device: str, dtype: str | None, options: dict[str, Any]
     ) -> dict[str, Any]:
-        model = self._loaded().build(BERTConfig.from_dict(config), read_arrays(weights), device, dtype, **options)
+        # An open .npz reads each tensor when the build asks for it, so a build that copies each into its
+        # framework (JAX: every one) holds the copies and one received tensor at a time, never both sets.
+        with np.load(weights, allow_pickle=False) as received:
+            model = self._loaded().build(BERTConfig.from_dict(config), received, device, dtype, **options)
         release_memory()  # the weights received, where the model copied them
         number = next(self.numbers)
         self.models[number] = model

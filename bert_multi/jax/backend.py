@@ -24,9 +24,9 @@ from ..backend.contract import (
     framework_names,
     intermediate_names,
     parse_device,
-    prepare_weights,
     read_only,
     shareable,
+    stream_weights,
 )
 from ..errors import CannotRunHere
 from ..files import checkpoints
@@ -225,18 +225,19 @@ def build(
     """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
     ``gradients`` changes nothing: gradients are taken by transforming a function, not kept on the
     parameters. The forward is always compiled (``jax.jit``), so there is no ``compile`` to ask for."""
-    dtype, arrays = prepare_weights(config, weights, dtype)
+    dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)
     module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
-    # JAX never writes a parameter in place, so any array may be shared; on the CPU device_put may keep
-    # the NumPy memory itself, so an array the caller still owns is copied unless shared (a transposed
-    # kernel is a copy already).
-    transposed = {name for name, (_, turned) in flax_paths(config).items() if turned}
-    kept = {
-        name: array if name in transposed or shareable(array, weights, name, share, False) else array.copy()
-        for name, array in arrays.items()
-    }
+    paths = flax_paths(config)
+    leaves = {}
     with precision(dtype):
-        params = jax.device_put(to_flax(config, kept), place)
+        for name, given, array in arrays:  # one at a time: a transposed kernel is a copy
+            turned = paths[name][1]
+            # JAX never writes a parameter in place, so any array may be shared; on the CPU device_put may
+            # keep the NumPy memory itself, so an array the caller still owns is copied unless shared.
+            if turned or not shareable(array, given, share, False):
+                array = np.ascontiguousarray(array.T) if turned else array.copy()
+            leaves[name] = jax.device_put(array, place)
+    params = flax_format.nested({".".join(paths[name][0]): leaves[name] for name in paths})
     return JaxBERT(config, module, params, dtype, target, place)

@@ -23,6 +23,7 @@ from ..backend.contract import (
     prepare_weights,
     recorded_activations,
     shareable,
+    stream_weights,
 )
 from ..errors import CannotRunHere
 from ..files import checkpoints
@@ -234,7 +235,7 @@ def build(
     is its array's memory, lent through DLPack, where the cast made the array or the caller ``share``s
     it (a read-only one only with ``gradients=False``), as in the torch backend; otherwise a copy.
     """
-    dtype, arrays = prepare_weights(config, weights, dtype)
+    dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     context = to_framework_device(target)
     module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
@@ -249,14 +250,14 @@ def build(
     names = framework_names(config, NAME_RULES)
     if set(params) != set(names.values()):
         raise RuntimeError(f"Gluon parameters {sorted(set(params) ^ set(names.values()))} do not match NAME_RULES")
-    for name, array in arrays.items():
+    for name, given, array in arrays:
         param = params[names[name]]
         if not gradients:
             param.grad_req = "null"
         # A view lent to MXNet without a copy (DLPack marks the view, not the array, read-only); the
         # parameter keeps it where it may, and otherwise copies it once, asynchronously.
         source = mx.nd.from_numpy(array.view(), array_cls=_Lent)
-        source.kept = target.kind == "cpu" and shareable(array, weights, name, share, gradients)
+        source.kept = target.kind == "cpu" and shareable(array, given, share, gradients)
         param._load_init(source, context)
     for param in params.values():
         param.data(context).wait_to_read()  # the copies are done before the caller may change the weights

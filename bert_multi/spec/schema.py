@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -206,10 +206,10 @@ def validate_weights(config: BERTConfig, weights: object) -> str:
     Every tensor must be present, nothing extra, each a finite NumPy array of the schema's shape, all of
     one supported floating dtype. A violation is a ``WeightsError`` naming the tensor.
     """
-    if not isinstance(weights, dict):
+    if not isinstance(weights, Mapping):
         raise WeightsError(f"weights must be a dict of name -> numpy array, got {type(weights).__name__}")
     shapes = param_shapes_within(config, len(weights))
-    check_names(shapes, weights)
+    check_names(shapes, dict.fromkeys(weights))  # the names alone: a mapping may read a tensor to find one
     common_dtype = None
     for name, expected_shape in shapes.items():
         array = weights[name]

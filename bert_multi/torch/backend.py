@@ -28,6 +28,7 @@ from ..backend.contract import (
     read_only,
     recorded_activations,
     shareable,
+    stream_weights,
 )
 from ..errors import CannotRunHere, WeightsError
 from ..files import checkpoints
@@ -407,11 +408,11 @@ def build(
     (TorchInductor; on the CPU it needs a C++ compiler), compiled on the first call of each new kind of
     input (shape, dtype, optional inputs present or not) and reused after; ``.module`` stays eager.
     """
-    dtype, arrays = prepare_weights(config, weights, dtype)
+    dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     torch_device = to_framework_device(target)
     # No time goes into torch's initialisers, and load_state_dict(assign=True) makes the weights the
-    # parameters' storage instead of copying them in. An array prepare_weights had to cast is already the
+    # parameters' storage instead of copying them in. An array stream_weights had to cast is already the
     # model's own; the caller's own arrays are copied, once, unless shared.
     with SkipInitialisers():
         module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
@@ -420,8 +421,8 @@ def build(
     with warnings.catch_warnings():
         # A read-only array is shared only with a model that never writes it (shareable says when).
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        for name, array in arrays.items():
-            if torch_device.type == "cpu" and not shareable(array, weights, name, share, gradients):
+        for name, given, array in arrays:
+            if torch_device.type == "cpu" and not shareable(array, given, share, gradients):
                 array = array.copy()  # moving to a GPU copies anyway
             state[names[name]] = torch.from_numpy(array).to(torch_device)
     module.load_state_dict(state, strict=True, assign=True)
