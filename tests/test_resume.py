@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from bert_multi import WeightsError
+from bert_multi import BERTConfig, WeightsError
 from bert_multi.backend.registry import not_in_process
 from bert_multi.files.safe import unnamed_file
 from bert_multi.training import STATE_FILE, load_training_state, run_pretraining
@@ -93,8 +93,15 @@ def test_a_resume_with_other_settings_or_a_damaged_state_is_refused(tmp_path):
     options = arguments("torch", "sgd")
     pytest.importorskip("torch")
     run_pretraining(**{**options, "steps": 2}, checkpoint_every=1, checkpoint_dir=tmp_path)
-    with pytest.raises(ValueError, match="resume with the same settings"):
+    with pytest.raises(
+        ValueError, match="saved by a run with lr 0.05 where this run has 0.1; resume with the same settings"
+    ):
         run_pretraining(**{**options, "lr": 0.1}, checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(ValueError, match="with num_blks 2 where this run has 1, mixed_precision 'unset' where this"):
+        config = BERTConfig(**{**options["config"].to_dict(), "num_blks": 1})
+        run_pretraining(
+            **{**options, "config": config}, mixed_precision="bfloat16", checkpoint_dir=tmp_path, resume=True
+        )
     state = tmp_path / STATE_FILE
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -185,10 +185,15 @@ def _resumed(directory: str | os.PathLike, config: BERTConfig, settings: dict, s
         return None
     if state.step > steps:
         raise UsageError(f"{directory}: its state is at step {state.step}, past the {steps} steps asked for")
-    if state.config != config or state.settings != settings:
+    saved, asked = {**state.config.to_dict(), **state.settings}, {**config.to_dict(), **settings}
+    differences = [
+        f"{name} {saved.get(name, 'unset')!r} where this run has {asked.get(name, 'unset')!r}"
+        for name in dict.fromkeys([*saved, *asked])
+        if saved.get(name, "unset") != asked.get(name, "unset")
+    ]
+    if differences:
         raise UsageError(
-            f"{directory}: its state was saved by a run with {state.config} and {state.settings}, not "
-            f"{config} and {settings}; resume with the same settings"
+            f"{directory}: its state was saved by a run with {', '.join(differences)}; resume with the same settings"
         )
     return state
 
