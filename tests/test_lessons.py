@@ -142,11 +142,12 @@ def test_notebooks_hold_the_prose_and_each_samples_output_and_a_fresh_sample_has
     assert names == [
         "03-a-switch-for-the-whole-process-torch-fresh-1.ipynb",
         "03-a-switch-for-the-whole-process-mxnet-fresh-1.ipynb",
+        "03-a-switch-for-the-whole-process-jax-fresh-1.ipynb",
         "05-repeat-means-opposite-things-torch.ipynb",
         "05-repeat-means-opposite-things-mxnet.ipynb",
         "05-repeat-means-opposite-things-jax.ipynb",
     ]
-    notebook = nbformat.read(str(tmp_path / names[4]), as_version=4)
+    notebook = nbformat.read(str(tmp_path / names[-1]), as_version=4)
     nbformat.validate(notebook)
     kinds = [cell.cell_type for cell in notebook.cells]
     assert kinds == ["markdown", "markdown", "markdown", "code"]  # title, the two paragraphs, JAX's sample
