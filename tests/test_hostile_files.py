@@ -9,6 +9,7 @@ import io
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -78,10 +79,30 @@ def test_every_reproducer_is_refused_with_a_message_that_says_why(reader, outcom
     assert not failures, "\n".join(failures)
 
 
+@pytest.fixture(scope="module")
+def fuzzed(tmp_path_factory):
+    """Each reader's fuzzing report, or the error its child ended with: the readers this process has,
+    fuzzed side by side, as many children at a time as there are cores (each runs on one), so that each
+    reader still gets FUZZ_SECONDS of a core."""
+    readers = [reader for reader, framework in READERS.items() if not (framework and not_in_process(framework))]
+    directories = {reader: tmp_path_factory.mktemp(f"fuzz-{reader}") for reader in readers}
+
+    def fuzz(reader):
+        try:
+            return fuzz_in_child(reader, FUZZ_SECONDS, FUZZ_SEED, directories[reader])
+        except AssertionError as error:  # a crash or a hang, raised in that reader's test
+            return error
+
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        return dict(zip(readers, pool.map(fuzz, readers)))
+
+
 @pytest.mark.parametrize("reader", sorted(READERS))
-def test_fuzzing_finds_no_file_that_escapes(reader, tmp_path):
+def test_fuzzing_finds_no_file_that_escapes(reader, fuzzed):
     skip_without(reader)
-    report = fuzz_in_child(reader, FUZZ_SECONDS, FUZZ_SEED, tmp_path)
+    report = fuzzed[reader]
+    if isinstance(report, AssertionError):
+        raise report
     assert report["outcomes"]["refused"] > 0  # the fuzzer did produce hostile files ...
     escapes = [f"{e['type']}: {e['message']} ({e['file']})\n{e['traceback']}" for e in report["escapes"]]
     assert not escapes, f"{len(escapes)} file(s) escaped with another exception:\n" + "\n".join(escapes[:3])
