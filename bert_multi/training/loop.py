@@ -198,7 +198,7 @@ def _resumed(directory: str | os.PathLike, config: BERTConfig, settings: dict, s
     return state
 
 
-def _trainer_of(backend_name: str, mixed_precision: str | None, dtype: str) -> LoadedBackend:
+def _trainable_backend(backend_name: str, mixed_precision: str | None, dtype: str) -> LoadedBackend:
     """The backend, checked to have a ``Pretrainer`` that trains in the precision asked for."""
     backend = load_backend(backend_name)
     if not backend.can_train:
@@ -253,7 +253,7 @@ def run_pretraining(
     if state is not None:
         weights = state.weights
     start = state.step if state else 0
-    backend = _trainer_of(backend_name, options.get("mixed_precision"), dtype)
+    backend = _trainable_backend(backend_name, options.get("mixed_precision"), dtype)
     model = backend.build(config, weights, device=device, dtype=dtype, compile=compile)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
