@@ -210,6 +210,40 @@ def test_runtime_info_reports_framework_and_threads(framework):
     assert isinstance(info["threads"], int) and info["threads"] >= 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_runtime_info_states_the_precision_of_matrix_products(framework, dtype):
+    """Each framework can compute on a GPU, where float32 products may be TF32: every model says which
+    (on a CPU, full precision whatever the setting)."""
+    config = CONFIGS["tiny"]
+    asks = [False, True] if framework.takes("tf32") else [False]
+    for tf32 in asks:
+        info = framework.build(config, init_weights(config), dtype=dtype, tf32=tf32).runtime_info()
+        assert (info["tf32"], info["matmul precision"]) == (tf32, dtype)
+
+
+def test_mixed_precision_computes_bfloat16_products_on_float32_weights_or_is_refused(framework):
+    """bfloat16 products move outputs by about 1e-2 (float32's by 1e-6): a model that says it computes
+    them so must be that far from the oracle, no further, and keep its float32 weights exactly."""
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=3, dtype="float32")
+    batch = CASES[0].batch(config)
+    try:
+        model = framework.build(config, weights, mixed_precision="bfloat16")
+    except CannotRunHere as error:  # MXNet has no such option; XLA's CPU backend keeps float32 products
+        assert not framework.takes("mixed_precision") or "GPU only" in str(error)
+        return
+    oracle = load_backend("numpy").build(config, weights)(**batch)
+    out = model(**batch)
+    error = max(float(np.abs(getattr(out, name) - getattr(oracle, name)).max()) for name in ("encoded", "mlm", "nsp"))
+    assert out.encoded.dtype == out.mlm.dtype == np.float32 and 1e-4 < error < 0.25
+    assert model.runtime_info()["matmul precision"] == "bfloat16"
+    assert all(np.array_equal(array, weights[name]) for name, array in model.export_weights().items())
+    with pytest.raises(ValueError, match="mixed precision computes float32 weights' products in bfloat16, not float64"):
+        framework.build(config, weights, dtype="float64", mixed_precision="bfloat16")
+    with pytest.raises(ValueError, match=r"unknown mixed_precision 'float16': expected one of \['bfloat16'\]"):
+        framework.build(config, weights, mixed_precision="float16")
+
+
 def test_weights_in_any_numpy_layout_build_and_compute_the_same(framework):
     config = CONFIGS["tiny"]
     weights = random_weights(config, seed=7, dtype="float64")

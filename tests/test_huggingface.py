@@ -295,6 +295,8 @@ def test_transformers_is_one_more_row_of_a_conformance_report(tmp_path, capsys):
     rows = {(check["target"], check["reference"]) for check in report["checks"]}
     assert ("transformers float32 cpu", "oracle") in rows and ("transformers float64 cpu", "oracle") in rows
     assert any(target.startswith("torch") and "transformers" in reference for target, reference in rows)
+    for dtype in ("float32", "float64"):  # it computes with TF32 off, and says so
+        assert report["runtime"][f"transformers {dtype} cpu"]["matmul precision"] == dtype
     capsys.readouterr()
     assert main([*argv, "--preset", "d2l"]) == 0  # transformers cannot compute d2l's BERT: a SKIP row, not a failure
     assert "SKIP" in capsys.readouterr().out
@@ -313,3 +315,41 @@ def test_a_huggingface_directory_is_a_checkpoint_like_any_other(tmp_path, capsys
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "w.npz"), str(tmp_path / "back"), "--framework", "huggingface"]) == 0
     assert f"wrote {tmp_path / 'back'}: HuggingFace BERT directory" in capsys.readouterr().out
+
+
+def test_transformers_fused_attention_and_bfloat16_products_are_variants_of_the_same_model():
+    """bench times transformers' sdpa attention and bfloat16 autocast beside its eager float32 model: sdpa
+    computes the oracle's numbers to the policy in both dtypes (every case, masks included), and bfloat16
+    products stay within 1e-2-level error and say so."""
+    transformers_or_skip()
+    config = bm.CONFIGS["tiny"].with_semantics("bert")
+    weights = bm.random_weights(config, seed=5, dtype="float64")
+    backend = bm.load_backend("transformers")
+    cases = [case.input(config) for case in CASES]
+    sdpa = bm.register_backend(SdpaTransformers(), role="reference")
+    try:
+        targets = [bm.Target(sdpa.name, dtype) for dtype in ("float32", "float64")]
+        report = bm.run_conformance(config, weights, targets, cases, False)
+    finally:
+        bm.unregister_backend(sdpa.name)
+    assert report.passed and len(report.checks) == 2 * len(cases), report.failures()
+    assert {info["attention"] for info in report.runtime.values()} == {"sdpa"}
+    batch = CASES[0].batch(config)
+    oracle = bm.load_backend("numpy").build(config, weights)(**batch)
+    model = backend.build(config, weights, mixed_precision="bfloat16")
+    error = float(np.abs(model(**batch).encoded - oracle.encoded).max())
+    assert 1e-4 < error < 0.25 and model.runtime_info()["matmul precision"] == "bfloat16"
+    with pytest.raises(ValueError, match=r"unknown attention 'flash': transformers' BERT offers \['eager', 'sdpa'\]"):
+        backend.build(config, weights, attention="flash")
+
+
+class SdpaTransformers:
+    """transformers with its fused attention, as a backend of its own for one conformance run."""
+
+    NAME = "transformers-sdpa"
+
+    def supports(self, config, device="cpu"):
+        return bm.load_backend("transformers").supports(config, device)
+
+    def build(self, config, weights, device="cpu", dtype="float32", gradients=True, share=False):
+        return bm.load_backend("transformers").build(config, weights, device, dtype, gradients=False, attention="sdpa")

@@ -2,6 +2,10 @@
 paired with PyTorch, float64 without switching the process to 64 bits, weights out bit-identical, and
 Flax's own parameter files written byte for byte as Flax writes them."""
 
+import collections
+import contextlib
+import re
+
 import numpy as np
 import pytest
 
@@ -144,3 +148,76 @@ def test_built_from_an_open_npz_it_holds_one_received_tensor_at_a_time(backend, 
     assert peak - kept < 12 * largest, (peak - kept, largest, total)
     exported = model.export_weights()
     assert list(exported) == list(weights) and all(np.array_equal(exported[n], weights[n]) for n in weights)
+
+
+@contextlib.contextmanager
+def compiled_modules(directory):
+    """Every module JAX compiles in the block, written to ``directory`` as StableHLO (``jax_dump_ir_to``),
+    from empty caches so that nothing compiled before is reused unseen."""
+    jax.clear_caches()
+    jax.config.update("jax_dump_ir_to", str(directory))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_dump_ir_to", "")
+
+
+def dot_precisions(directory, function):
+    """The operand precisions of every matrix product in the compiled modules of ``function``."""
+    found = collections.Counter()
+    for path in directory.glob(f"*jit_{function}_compile.mlir"):
+        found.update(re.findall(r"stablehlo\.dot_general .*?precision = \[(\w+), \w+\]", path.read_text()))
+    return found
+
+
+@pytest.fixture
+def a_user_default():
+    """A user's own process-wide matmul precision, as JAX's TF32-class GPU default would be: the lowest."""
+    jax.config.update("jax_default_matmul_precision", "bfloat16")
+    yield "bfloat16"
+    jax.config.update("jax_default_matmul_precision", None)
+
+
+def test_float32_products_are_full_float32_in_the_compiled_code_unless_tf32_is_asked_for(
+    backend, a_user_default, tmp_path
+):
+    """Whether a GPU computes float32 products in TF32 is decided in the compiled code: every product of
+    the forward and of the training step carries HIGHEST (full float32), or HIGH (TF32) with tf32=True,
+    whatever the process's own default, and the user's own code keeps that default."""
+    from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
+    config = BERTConfig(len(data.vocab), 12, 20, 3, 2, max_len=16)
+    weights = random_weights(config, seed=2, dtype="float32")
+    batch = CASES[0].batch(config)
+    for tf32, expected in ((False, "HIGHEST"), (True, "HIGH")):
+        with compiled_modules(tmp_path / str(tf32)):
+            model = backend.build(config, weights, dtype="float32", tf32=tf32)
+            model(**batch, intermediates=True)
+            backend.Pretrainer(model, optimizer="sgd").step(next(data.batches(4, seed=0)))
+            jax.jit(jnp.matmul)(jnp.ones((2, 2)), jnp.ones((2, 2)))  # the user's own code
+        forward, step = (dot_precisions(tmp_path / str(tf32), name) for name in ("apply", "_gradients"))
+        assert set(forward) == set(step) == {expected} and forward[expected] >= 4 * config.num_blks
+        assert set(dot_precisions(tmp_path / str(tf32), "matmul")) == {"DEFAULT"}  # bfloat16's
+        info = model.runtime_info()
+        assert (info["tf32"], info["matmul precision"]) == (tf32, "float32")  # a CPU computes them in full
+    assert jax.config.jax_default_matmul_precision == a_user_default
+
+
+def test_every_model_states_its_matmul_precision(backend):
+    config = CONFIGS["tiny"]
+    for dtype in ("float32", "float64"):
+        info = backend.build(config, random_weights(config), dtype=dtype).runtime_info()
+        assert (info["tf32"], info["matmul precision"]) == (False, dtype)
+
+
+def test_a_users_flax_model_runs_at_full_float32_and_the_report_says_so(a_user_default, tmp_path):
+    from subjects import flax_port
+
+    from bert_multi.verify.session import verify
+
+    with compiled_modules(tmp_path):
+        report = verify(flax_port.build, CONFIGS["tiny"], dtypes=["float32"])
+    assert report.passed
+    assert set(dot_precisions(tmp_path, "forward")) == {"HIGHEST"}
+    assert [info["matmul precision"] for info in report.forward.runtime.values()] == ["float32"]

@@ -76,10 +76,16 @@ def test_standard_options_are_taken_dropped_or_refused_by_one_rule(registered):
     with pytest.raises(CannotRunHere, match="backend 'narrow' has no 'tf32' option"):
         narrow.build(CONFIG, weights, tf32=True)
     with pytest.raises(
-        ValueError, match=r"unknown build option 'hybridize'.*\['gradients', 'share', 'tf32', 'compile'\]"
+        ValueError,
+        match=r"unknown build option 'hybridize'.*\['gradients', 'share', 'tf32', 'compile', 'mixed_precision'\]",
     ):
         narrow.build(CONFIG, weights, hybridize=True)
+    with pytest.raises(CannotRunHere, match="backend 'narrow' has no 'mixed_precision' option"):
+        narrow.build(CONFIG, weights, mixed_precision="bfloat16")
     wide.build(CONFIG, weights, share=True, tf32=True)
+    # A value every backend would refuse is refused for all, before the backend sees it.
+    with pytest.raises(ValueError, match="mixed precision computes float32 weights' products in bfloat16, not float64"):
+        wide.build(CONFIG, weights, dtype="float64", mixed_precision="bfloat16")
     assert seen == [{"share": True, "tf32": True}]
 
 

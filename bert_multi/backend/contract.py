@@ -48,7 +48,12 @@ BUILD_OPTIONS: dict[str, Option] = {
     "compile": Option(
         False, True, "True: run the forward through the framework's compiler where it has one and it is opt-in"
     ),
+    "mixed_precision": Option(
+        None, False, "'bfloat16': matrix products in bfloat16 with float32 weights and sums, in all the model computes"
+    ),
 }
+# The precisions mixed_precision may name: float32 weights, their products in this dtype.
+MIXED_PRECISIONS = ("bfloat16",)
 
 ROLES = {
     "oracle": "the float64 NumPy specification every other backend is held to",
@@ -191,6 +196,27 @@ def parse_device(device: str) -> Device:
     if match[1] == "cpu":
         return Device("cpu", 0)
     return Device("gpu", int(match[2] or 0))
+
+
+def matmul_precision(
+    dtype: str, device: Device, tf32: bool = False, mixed_precision: str | None = None
+) -> dict[str, object]:
+    """What a model's ``runtime_info`` states of its matrix products, in every backend that can compute on
+    a GPU: the TF32 setting it was built with, and the precision its products have: its mixed precision
+    where it has one, else "tf32" for a float32 model on a GPU asked for it (a CPU computes float32
+    products in full whatever the setting), else its dtype."""
+    reduced = tf32 and dtype == "float32" and device.kind == "gpu"
+    return {"tf32": tf32, "matmul precision": mixed_precision or ("tf32" if reduced else dtype)}
+
+
+def check_mixed_precision_option(mixed_precision: object, dtype: str) -> None:
+    """A ``mixed_precision`` build option names one of ``MIXED_PRECISIONS``, for float32 weights."""
+    if mixed_precision is None:
+        return
+    if mixed_precision not in MIXED_PRECISIONS:
+        raise UsageError(f"unknown mixed_precision {mixed_precision!r}: expected one of {list(MIXED_PRECISIONS)}")
+    if dtype != "float32":
+        raise UsageError(f"mixed precision computes float32 weights' products in {mixed_precision}, not {dtype} ones")
 
 
 class BackendModel(abc.ABC):

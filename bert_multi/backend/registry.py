@@ -29,8 +29,9 @@ import numpy as np
 
 from ..errors import BackendContractError, BackendUnavailable, CannotRunHere, UsageError
 from ..spec.config import BERTConfig
+from ..spec.schema import normalize_dtype
 from . import remote
-from .contract import BUILD_OPTIONS, ROLES, BackendModel, parse_device
+from .contract import BUILD_OPTIONS, ROLES, BackendModel, check_mixed_precision_option, parse_device
 
 ENTRY_POINT_GROUP = "bert_multi.backends"
 
@@ -342,6 +343,8 @@ class LoadedBackend:
         ``dtype`` None is the backend's own default (float32 for the frameworks, float64 for the oracle)."""
         taken = self._options(options)
         parse_device(device)
+        if "mixed_precision" in taken:
+            check_mixed_precision_option(taken["mixed_precision"], normalize_dtype(dtype or "float32"))
         reason = self.supports(config, device)
         if reason is not None:
             raise CannotRunHere(f"backend {self.name!r}: {reason}")

@@ -23,6 +23,7 @@ from ..backend.contract import (
     Device,
     framework_names,
     intermediate_names,
+    matmul_precision,
     parse_device,
     read_only,
     shareable,
@@ -45,16 +46,29 @@ def kernel_eps(eps: float) -> float:
     return eps
 
 
+# The precision of float32 matrix products, in jax.default_matmul_precision's names: full float32 unless
+# TF32 is asked for (tf32=True), as torch's allow_tf32 is off unless asked for; with mixed_precision,
+# bfloat16 products summed in float32, which is what torch.autocast asks of a GPU's matrix units.
+MATMUL_PRECISION = {False: "highest", True: "tensorfloat32"}
+MIXED_MATMUL_PRECISION = {"bfloat16": "BF16_BF16_F32"}
+
+
 @contextlib.contextmanager
-def precision(dtype: str) -> Iterator[None]:
-    """float64 for the duration, on this thread only. Framework difference: JAX computes in 32 bits
-    unless 64-bit mode is on, a process-wide switch by default (``jax_enable_x64``); ``jax.enable_x64``
-    sets it for a block, so a float64 model leaves a user's float32 JAX code as it was."""
+def precision(dtype: str, tf32: bool = False, mixed_precision: str | None = None) -> Iterator[None]:
+    """float64 for the duration, and float32 matrix products in full float32 unless ``tf32`` or
+    ``mixed_precision``, on this thread only. Framework difference: JAX computes in 32 bits unless 64-bit
+    mode is on, a process-wide switch by default (``jax_enable_x64``); ``jax.enable_x64`` sets it for a
+    block, so a float64 model leaves a user's float32 JAX code as it was. And on NVIDIA GPUs JAX's default
+    for float32 products is TF32-class (torch's is full float32): ``jax.default_matmul_precision`` sets
+    it for a block too, and jit compiles a function again for each precision, so the user's own setting
+    stays theirs. There is no autocast: mixed precision is a precision of the products, the arrays stay
+    float32."""
     # jax.enable_x64 is the context manager in JAX 0.10; earlier releases kept it in jax.experimental.
     switch = getattr(jax, "enable_x64", None)
     if switch is None:
         switch = jax.experimental.enable_x64
-    with switch(dtype == "float64"):
+    products = MIXED_MATMUL_PRECISION[mixed_precision] if mixed_precision else MATMUL_PRECISION[tf32]
+    with switch(dtype == "float64"), jax.default_matmul_precision(products):
         yield
 
 
@@ -132,13 +146,27 @@ class JaxBERT(BackendModel):
     backend = NAME
 
     def __init__(
-        self, config: BERTConfig, module: BERTModel, params: Any, dtype: str, device: Device, place: jax.Device
+        self,
+        config: BERTConfig,
+        module: BERTModel,
+        params: Any,
+        dtype: str,
+        device: Device,
+        place: jax.Device,
+        tf32: bool = False,
+        mixed_precision: str | None = None,
     ) -> None:
         super().__init__(config, dtype, device)
         self.module, self.params, self.place = module, params, place
+        self.tf32, self.mixed_precision = tf32, mixed_precision
+
+    def computing(self) -> contextlib.AbstractContextManager[None]:
+        """The precision this model computes in (its dtype and its products'), for the duration: every
+        call that computes with its parameters runs inside it, training steps included."""
+        return precision(self.dtype, self.tf32, self.mixed_precision)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        with precision(self.dtype):
+        with self.computing():
             arrays = [None if a is None else jax.device_put(a, self.place) for a in inputs]
             if intermediates:
                 (encoded, mlm, nsp), state = apply(self.module, True, self.params, *arrays)
@@ -163,6 +191,7 @@ class JaxBERT(BackendModel):
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
         info["threads"] = xla_threads()
+        info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
         if self.device.kind == "gpu":
             info["gpu"] = self.place.device_kind
         return info
@@ -219,15 +248,23 @@ def build(
     weights: dict[str, np.ndarray],
     device: str = "cpu",
     dtype: object = "float32",
+    tf32: bool = False,
     gradients: bool = True,
     share: bool = False,
+    mixed_precision: str | None = None,
 ) -> JaxBERT:
     """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
-    ``gradients`` changes nothing: gradients are taken by transforming a function, not kept on the
-    parameters. The forward is always compiled (``jax.jit``), so there is no ``compile`` to ask for."""
+    float32 products are full float32 unless ``tf32`` (which only a GPU computes: JAX's own default
+    there) or ``mixed_precision="bfloat16"`` (bfloat16 products summed in float32, on a GPU, in the
+    forward and in training). ``gradients`` changes nothing: gradients are taken by transforming a
+    function, not kept on the parameters. The forward is always compiled (``jax.jit``), so there is no
+    ``compile`` to ask for."""
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)
+    if mixed_precision is not None and target.kind == "cpu":
+        # Measured: XLA's CPU backend takes BF16_BF16_F32 and computes the products in float32.
+        raise CannotRunHere(f"JAX computes {mixed_precision} products on a GPU only: XLA's CPU backend keeps float32")
     module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
     paths = flax_paths(config)
     leaves = {}
@@ -240,4 +277,4 @@ def build(
                 array = np.ascontiguousarray(array.T) if turned else array.copy()
             leaves[name] = jax.device_put(array, place)
     params = flax_format.nested({".".join(paths[name][0]): leaves[name] for name in paths})
-    return JaxBERT(config, module, params, dtype, target, place)
+    return JaxBERT(config, module, params, dtype, target, place, tf32, mixed_precision)

@@ -34,7 +34,7 @@ from ..training import (
     watch_workers,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, JaxBERT, precision
+from .backend import NAME_RULES, JaxBERT
 from .model import BERTModel
 
 
@@ -158,7 +158,7 @@ class Pretrainer(Trainer):
         self.settings = (optimizer, float(lr), *map(float, adam_betas), float(adam_epsilon), adam_epsilon_style)
         # On the model's device from the start: jit compiles again for arguments placed otherwise, and
         # the state the first step returns is placed there.
-        with precision(model.dtype):
+        with model.computing():
             self.optimizer_state = jax.device_put(transformation(self.settings).init(model.params), model.place)
         self.key = jax.random.key(0)
         self.last_gradients: Any = None
@@ -176,7 +176,7 @@ class Pretrainer(Trainer):
         }
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
-        with precision(self.model.dtype):
+        with self.model.computing():
             values = _loss(self.module, self.mlm_normalization, self.model.params, self._arrays(batch))
         return LossValues(*np.asarray(values).tolist())
 
@@ -186,7 +186,7 @@ class Pretrainer(Trainer):
 
     def _backward(self, batch: dict[str, np.ndarray], totals: BatchTotals | None) -> LossValues:
         self.key, dropout_key = jax.random.split(self.key)
-        with precision(self.model.dtype):
+        with self.model.computing():
             arrays = self._arrays(batch)
             losses, gradients = _gradients(
                 self.module, self.mlm_normalization, self.model.params, arrays, totals, dropout_key
@@ -199,7 +199,7 @@ class Pretrainer(Trainer):
         return LossValues(*np.asarray(losses).tolist())  # one read of the three, not three
 
     def _update(self) -> None:
-        with precision(self.model.dtype):
+        with self.model.computing():
             gradients = jax.device_put(self.last_gradients, self.model.place)
             updated = _updated(self.settings, self.model.params, gradients, self.optimizer_state)
         self.model.params, self.optimizer_state = updated
@@ -224,7 +224,7 @@ class Pretrainer(Trainer):
     def _restore(self, own_name: str, moments: tuple[np.ndarray, np.ndarray], steps: int) -> None:
         *parents, leaf = own_name.split(".")
         adam = _adam_state(self.optimizer_state)
-        with precision(self.model.dtype):
+        with self.model.computing():
             for tree, moment in zip((adam.mu, adam.nu), moments):
                 for part in parents:
                     tree = tree[part]

@@ -19,6 +19,7 @@ from ..backend.contract import (
     Device,
     Hook,
     framework_names,
+    matmul_precision,
     parse_device,
     prepare_weights,
     recorded_activations,
@@ -166,7 +167,12 @@ class MXNetBERT(BackendModel):
         info: dict[str, object] = {
             "framework": f"mxnet {mx.__version__}",
             "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or "unknown",
+            **matmul_precision(self.dtype, self.device),
         }
+        # Framework difference: no TF32 switch. MXNet 1.9.1 leaves cuBLAS in its default math mode (full
+        # float32) unless this variable lets it round float32 products to float16 on a GPU's tensor cores.
+        if self.device.kind == "gpu" and os.environ.get("MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION") == "1":
+            info["matmul precision"] = "float16" if self.dtype == "float32" else self.dtype
         return info
 
 

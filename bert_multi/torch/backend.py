@@ -11,7 +11,7 @@ import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO, TypeGuard
+from typing import Any, BinaryIO, TypeGuard, overload
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from ..backend.contract import (
     Device,
     Hook,
     framework_names,
+    matmul_precision,
     parse_device,
     prepare_weights,
     read_only,
@@ -66,6 +67,7 @@ def kernel_eps(eps: float) -> float:
 LAYER_NORM_EPS = kernel_eps(1e-5)  # d2l's
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+TORCH_MIXED_DTYPES = {"bfloat16": torch.bfloat16}
 
 
 def to_framework_device(device: Device) -> torch.device:
@@ -103,8 +105,22 @@ def tf32_enabled(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def _to_numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
-    return None if tensor is None else tensor.cpu().numpy()
+@overload
+def to_numpy(tensor: torch.Tensor) -> np.ndarray: ...
+@overload
+def to_numpy(tensor: None) -> None: ...
+def to_numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
+    """A result as NumPy; one that autocast left in bfloat16 (which NumPy lacks) as float32, exactly."""
+    if tensor is None:
+        return None
+    return (tensor.float() if tensor.dtype == torch.bfloat16 else tensor).cpu().numpy()
+
+
+def autocast(device: torch.device, mixed_precision: str | None) -> contextlib.AbstractContextManager[object]:
+    """The matrix products in ``mixed_precision`` for the duration (``torch.autocast``), or nothing."""
+    if mixed_precision is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, TORCH_MIXED_DTYPES[mixed_precision])
 
 
 def _kept(tensor: Any) -> Any:
@@ -126,12 +142,14 @@ class TorchBERT(BackendModel):
         torch_device: torch.device,
         tf32: bool,
         compiled: Callable[..., Any] | None = None,
+        mixed_precision: str | None = None,
     ) -> None:
         super().__init__(config, dtype, device)
         self.module = module
         self.torch_device = torch_device
         self.tf32 = tf32
         self.compiled = compiled  # torch.compile's module, sharing the parameters of ``module``
+        self.mixed_precision = mixed_precision
 
     def _to_tensor(self, array: np.ndarray | None) -> torch.Tensor | None:
         return None if array is None else torch.from_numpy(array).to(self.torch_device)
@@ -143,12 +161,13 @@ class TorchBERT(BackendModel):
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
         was_training = self.module.training
         self.module.eval()
-        run, keep = (self.module, _to_numpy) if self.compiled is None else (self.compiled, _kept)
+        run, keep = (self.module, to_numpy) if self.compiled is None else (self.compiled, _kept)
         try:
             with (
                 recorded_activations(self.config, intermediates, NAME_RULES, self._attach, keep) as record,
                 torch.no_grad(),
                 tf32_enabled(self.tf32),
+                autocast(self.torch_device, self.mixed_precision),
                 compiled_run(self.compiled is not None),
             ):
                 encoded, mlm, nsp = run(*(self._to_tensor(array) for array in inputs))
@@ -156,8 +175,8 @@ class TorchBERT(BackendModel):
             self.module.train(was_training)  # leave a module the user is training as it was
         if record is not None and self.compiled is not None:
             kept: dict[str, Any] = dict(record)  # tensors, as _kept left them
-            record.update((name, _to_numpy(tensor)) for name, tensor in kept.items())
-        return BERTOutput(encoded.cpu().numpy(), _to_numpy(mlm), _to_numpy(nsp), record)
+            record.update((name, to_numpy(tensor)) for name, tensor in kept.items())
+        return BERTOutput(to_numpy(encoded), to_numpy(mlm), to_numpy(nsp), record)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
@@ -170,12 +189,12 @@ class TorchBERT(BackendModel):
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
         info["compiled"] = self.compiled is not None
+        info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
         if self.device.kind == "gpu":
             properties = torch.cuda.get_device_properties(self.device.index)
             info["gpu"] = properties.name
             info["gpu memory GiB"] = round(properties.total_memory / 2**30, 1)
             info["CUDA"] = torch.version.cuda
-            info["tf32"] = self.tf32
         return info
 
 
@@ -396,6 +415,7 @@ def build(
     gradients: bool = True,
     share: bool = False,
     compile: bool = False,
+    mixed_precision: str | None = None,
 ) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
@@ -407,6 +427,8 @@ def build(
     and training the model changes them. ``compile`` runs the forward through ``torch.compile``
     (TorchInductor; on the CPU it needs a C++ compiler), compiled on the first call of each new kind of
     input (shape, dtype, optional inputs present or not) and reused after; ``.module`` stays eager.
+    ``mixed_precision="bfloat16"`` runs the forward, and training, under ``torch.autocast``: the
+    products in bfloat16, the weights float32; the outputs come back float32.
     """
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
@@ -430,4 +452,4 @@ def build(
     # fullgraph: a graph break would run part of the model eagerly, and a forward past the recompile
     # limit all of it, both silently; with fullgraph either is an error.
     compiled = torch.compile(module, fullgraph=True) if compile else None
-    return TorchBERT(config, module, dtype, target, torch_device, tf32, compiled)
+    return TorchBERT(config, module, dtype, target, torch_device, tf32, compiled, mixed_precision)

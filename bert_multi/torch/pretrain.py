@@ -32,7 +32,7 @@ from ..training import (
     save_run,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT, compiled_run
+from .backend import NAME_RULES, TORCH_DTYPES, TorchBERT, autocast, compiled_run, tf32_enabled
 
 
 def pretraining_loss(
@@ -128,8 +128,8 @@ class Pretrainer(Trainer):
         tensors = self._tensors(batch)
         # autocast runs each matrix product in bfloat16 and the operations it lists as needing float32
         # range (the losses among them) in float32; the parameters and their gradients stay float32.
-        lower = torch.autocast(self.model.torch_device.type, torch.bfloat16, enabled=self.mixed_precision is not None)
-        with lower, compiled_run(self.model.compiled is not None):
+        lower = autocast(self.model.torch_device, self.mixed_precision)
+        with lower, tf32_enabled(self.model.tf32), compiled_run(self.model.compiled is not None):
             return self.compute_loss(self.net, tensors, self.config.vocab_size, self.mlm_normalization, totals)
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
@@ -144,7 +144,8 @@ class Pretrainer(Trainer):
         self.model.module.train()
         self.optimizer.zero_grad()
         total, mlm_l, nsp_l = self._loss(batch, totals)
-        (total * self.workers if self.workers > 1 else total).backward()
+        with tf32_enabled(self.model.tf32):  # the backward's products as the forward's
+            (total * self.workers if self.workers > 1 else total).backward()
         values = torch.stack([total, mlm_l, nsp_l]).detach()
         if self.workers > 1:
             dist.all_reduce(values)  # the workers' shares add up to the whole batch's loss

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.contract import MIXED_PRECISIONS
 from ..backend.registry import LoadedBackend, backends, load_backend
 from ..errors import UsageError, WorkerFailed
 from ..files.weights import load_weights, save_weights
@@ -34,9 +35,6 @@ def free_address() -> str:
 
 OPTIMIZERS = ("adam", "sgd")
 ADAM_EPSILON_STYLES = ("torch", "mxnet")
-# Mixed precision: the float32 weights, their gradients and updates stay float32, the matrix products
-# compute in this dtype.
-MIXED_PRECISIONS = ("bfloat16",)
 
 
 def check_training_options(optimizer: str, mlm_normalization: str, adam_epsilon_style: str) -> None:

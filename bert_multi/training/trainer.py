@@ -23,7 +23,8 @@ class Trainer(abc.ABC):
     rescaled each step, which a framework does for the other's style. ``train_positions=False`` freezes
     the positional embedding, as d2l 0.16-0.17's PyTorch code did (it added ``pos_embedding.data``).
     ``mixed_precision`` ("bfloat16", where the framework offers it: ``MIXED_PRECISION``) computes the
-    matrix products in that dtype; the float32 weights, their gradients and the updates stay float32.
+    matrix products in that dtype; the float32 weights, their gradients and the updates stay float32. A
+    model built with ``mixed_precision`` trains in it without asking again.
     """
 
     NAME_RULES: list[tuple[str, str]]  # the framework's parameter names, from the canonical ones
@@ -42,7 +43,7 @@ class Trainer(abc.ABC):
         check_training_options(optimizer, mlm_normalization, adam_epsilon_style)
         check_mixed_precision(model.backend, mixed_precision, model.dtype)
         check_trainable(model.config, train_positions)
-        self.mixed_precision = mixed_precision
+        self.mixed_precision = mixed_precision or getattr(model, "mixed_precision", None)
         self.model, self.config = model, model.config
         self._train_positions(train_positions)
         self.mlm_normalization = mlm_normalization

@@ -11,14 +11,34 @@ import numpy as np
 import torch
 import transformers
 
-from ..backend.contract import BackendModel, BERTOutput, Device, parse_device, prepare_weights, read_only
-from ..errors import CannotRunHere
+from ..backend.contract import (
+    BackendModel,
+    BERTOutput,
+    Device,
+    matmul_precision,
+    parse_device,
+    prepare_weights,
+    read_only,
+)
+from ..errors import CannotRunHere, UsageError
 from ..files.formats.huggingface import expressible, hf_names, to_huggingface
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
-from ..torch.backend import TORCH_DTYPES, devices, gemm, synchronize, tf32_enabled, to_framework_device
+from ..torch.backend import (
+    TORCH_DTYPES,
+    autocast,
+    devices,
+    gemm,
+    synchronize,
+    tf32_enabled,
+    to_framework_device,
+    to_numpy,
+)
 
 NAME = "transformers"
+ATTENTIONS = ("eager", "sdpa")
+# What bench times beside the plain build: transformers' fused attention.
+BENCH_VARIANTS = {"sdpa": {"attention": "sdpa"}}
 __all__ = ["NAME", "TransformersBERT", "build", "devices", "gemm", "kernel_eps", "supports", "synchronize"]
 
 
@@ -48,9 +68,17 @@ class TransformersBERT(BackendModel):
 
     backend = NAME
 
-    def __init__(self, config: BERTConfig, module: torch.nn.Module, dtype: str, device: Device, torch_device) -> None:
+    def __init__(
+        self,
+        config: BERTConfig,
+        module: torch.nn.Module,
+        dtype: str,
+        device: Device,
+        torch_device: torch.device,
+        mixed_precision: str | None = None,
+    ) -> None:
         super().__init__(config, dtype, device)
-        self.module, self.torch_device = module, torch_device
+        self.module, self.torch_device, self.mixed_precision = module, torch_device, mixed_precision
         self.bert: Any = getattr(module, "bert", module)  # BertForPreTraining wraps a BertModel
 
     def _sources(self) -> OrderedDict[str, torch.nn.Module]:
@@ -74,7 +102,7 @@ class TransformersBERT(BackendModel):
                 record[name] = None
 
                 def keep(module, args, output, name=name):
-                    record[name] = (output[0] if isinstance(output, tuple) else output).detach().cpu().numpy()
+                    record[name] = to_numpy(output[0] if isinstance(output, tuple) else output)
 
                 hooks.append(module.register_forward_hook(keep))
         arguments = {
@@ -83,7 +111,7 @@ class TransformersBERT(BackendModel):
             "attention_mask": attention_mask(valid_lens, tokens.shape[1], TORCH_DTYPES[self.dtype], self.torch_device),
         }
         try:
-            with torch.no_grad(), tf32_enabled(False):
+            with torch.no_grad(), tf32_enabled(False), autocast(self.torch_device, self.mixed_precision):
                 out = self.module(**arguments, output_hidden_states=True)
         finally:
             for hook in hooks:
@@ -92,11 +120,11 @@ class TransformersBERT(BackendModel):
         mlm: np.ndarray | None = None
         nsp: np.ndarray | None = None
         if self.module is not self.bert:
-            nsp = out.seq_relationship_logits.cpu().numpy()
+            nsp = to_numpy(out.seq_relationship_logits)
             if pred_positions is not None:
                 rows = np.arange(len(pred_positions))[:, None]
-                mlm = out.prediction_logits.cpu().numpy()[rows, pred_positions]
-        return BERTOutput(encoded.cpu().numpy(), mlm, nsp, record if intermediates else None)
+                mlm = to_numpy(out.prediction_logits)[rows, pred_positions]
+        return BERTOutput(to_numpy(encoded), mlm, nsp, record if intermediates else None)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
@@ -111,9 +139,9 @@ class TransformersBERT(BackendModel):
         info: dict[str, object] = {
             "framework": f"transformers {transformers.__version__} (torch {torch.__version__})",
             "threads": torch.get_num_threads(),
+            **matmul_precision(self.dtype, self.device, mixed_precision=self.mixed_precision),  # TF32 off
+            "attention": self.bert.config._attn_implementation,
         }
-        if self.device.kind == "gpu":
-            info["tf32"] = False
         return info
 
 
@@ -124,10 +152,16 @@ def build(
     dtype: object = "float32",
     gradients: bool = True,
     share: bool = False,
+    mixed_precision: str | None = None,
+    attention: str = "eager",
 ) -> TransformersBERT:
     """transformers' BERT for ``config`` holding exactly ``weights``, in ``dtype`` on ``device``;
     ``gradients=False``: its parameters do not require gradients. ``share`` changes nothing: the
-    weights are copied into the modules transformers builds."""
+    weights are copied into the modules transformers builds. ``attention``: transformers' attention
+    implementation, "eager" (its reference code) or "sdpa" (``scaled_dot_product_attention``, a fused
+    kernel); ``mixed_precision="bfloat16"``: the forward under ``torch.autocast``."""
+    if attention not in ATTENTIONS:
+        raise UsageError(f"unknown attention {attention!r}: transformers' BERT offers {list(ATTENTIONS)}")
     reason = supports(config, device)
     if reason is not None:
         raise CannotRunHere(f"backend {NAME!r}: {reason}")
@@ -136,7 +170,7 @@ def build(
     target = parse_device(device)
     torch_device = to_framework_device(target)
     hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
-    hf_config._attn_implementation = "eager"
+    hf_config._attn_implementation = attention
     if hf["architectures"] == ["BertForPreTraining"]:
         module: transformers.PreTrainedModel = transformers.BertForPreTraining(hf_config)
     else:
@@ -159,4 +193,4 @@ def build(
         module.tie_weights()
     module.requires_grad_(gradients)
     module = module.to(torch_device)  # type: ignore[arg-type]  # transformers mistypes .to
-    return TransformersBERT(config, module, dtype, target, torch_device)
+    return TransformersBERT(config, module, dtype, target, torch_device, mixed_precision)

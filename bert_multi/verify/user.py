@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.contract import BackendModel, BERTOutput, Device, parse_device, prepare_weights
+from ..backend.contract import BackendModel, BERTOutput, Device, matmul_precision, parse_device, prepare_weights
 from ..backend.registry import LoadedBackend, wrapper_for
 from ..errors import CannotRunHere, UsageError
 from ..spec.config import BERTConfig
@@ -110,7 +110,10 @@ class UserBERT(BackendModel):
         return {name: np.ascontiguousarray(array) for name, array in canonical.items() if array is not None}
 
     def framework_info(self) -> dict[str, object]:
-        return {"framework": self.subject.framework, "parameters placed by": self.mapping.how}
+        info: dict[str, object] = {"framework": self.subject.framework, "parameters placed by": self.mapping.how}
+        if not isinstance(self.subject, ProtocolSubject):  # every framework's wrapper runs with TF32 off
+            info.update(matmul_precision(self.dtype, self.device))
+        return info
 
     def activation_names(self) -> dict[str, str]:
         """Each recorded activation -> where it is in the user's model, in their names."""
