@@ -7,13 +7,15 @@ import pytest
 from hypothesis import settings
 
 from bert_multi import frameworks, load_backend
-from bert_multi.backend.registry import not_in_process
+from bert_multi.backend.registry import not_in_process, share_the_process
 
 # CI runs the same Hypothesis examples every time, so a red run can be reproduced; locally each run
 # explores new ones.
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+# The tests run every framework in one process, on one GPU where there is one (pytest -m cuda).
+share_the_process()
 
 
 @pytest.fixture(params=frameworks())

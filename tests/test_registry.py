@@ -2,6 +2,7 @@
 for names and options. (Backends installed through the ``bert_multi.backends`` entry-point group:
 ``conformance/test_contract.py``.)"""
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -122,3 +123,17 @@ def test_registering_refuses_a_taken_name_and_a_nameless_object(registered):
 def test_an_unknown_name_lists_the_known_ones_and_the_nearest():
     with pytest.raises(ValueError, match=r"unknown backend 'tourch' \(did you mean 'torch'\?\): expected one of"):
         load_backend("tourch")
+
+
+def test_the_frameworks_are_told_to_share_the_process_unless_the_user_said_otherwise(monkeypatch):
+    """JAX would take three quarters of a GPU's memory at its first use, leaving PyTorch in the same
+    process a quarter: its registration asks it to allocate as it goes, where the user has not said."""
+    from bert_multi.backend.registry import registrations, share_the_process
+
+    assert ("XLA_PYTHON_CLIENT_PREALLOCATE", "false") in registrations()["jax"].process_defaults
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    share_the_process()
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    share_the_process()
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"

@@ -22,7 +22,6 @@ import importlib.metadata
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,65 +31,9 @@ from ..spec.config import BERTConfig
 from ..spec.schema import normalize_dtype
 from . import remote
 from .contract import BUILD_OPTIONS, ROLES, BackendModel, check_mixed_precision_option, parse_device
+from .registrations import BUILTIN, Registration
 
 ENTRY_POINT_GROUP = "bert_multi.backends"
-
-
-@dataclass(frozen=True)
-class Registration:
-    """A backend's name and what is known of it before it is loaded."""
-
-    name: str
-    load: Callable[[], Any] = field(repr=False, compare=False)  # the module or object satisfying the contract
-    where: str  # where it comes from, for people: a module path, or an entry point and its distribution
-    origin: str  # who registered it: "bert_multi" (its own), "entry point" or "code"
-    role: str = "framework"  # a key of ROLES; a backend registered from outside may state its own ROLE
-    label: str = ""  # how people call it (default: its name)
-    install: str = ""  # what to install when it cannot load
-    # The environment (a directory beside the source tree) where the project installs its framework: run
-    # there by a worker process when it cannot load here (``bert_multi.backend.remote``).
-    environment: str = ""
-
-
-def _own(name: str, path: str, role: str, label: str, install: str = "", environment: str = "") -> Registration:
-    load = lambda: importlib.import_module(path)  # noqa: E731
-    return Registration(name, load, path, "bert_multi", role, label, install, environment)
-
-
-# The project's own backends, in the order reports list them: one entry each.
-BUILTIN = (
-    _own("numpy", "bert_multi.backend.oracle", "oracle", "NumPy"),
-    _own(
-        "torch",
-        "bert_multi.torch",
-        "framework",
-        "PyTorch",
-        "pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)",
-    ),
-    _own(
-        "mxnet",
-        "bert_multi.mxnet",
-        "framework",
-        "MXNet/Gluon",
-        "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)",
-        ".venv",
-    ),
-    _own(
-        "jax",
-        "bert_multi.jax",
-        "framework",
-        "JAX/Flax",
-        "make .venv-numpy2/.installed (jax==0.10.2, flax==0.12.8, optax==0.2.8; they need numpy>=1.24)",
-        ".venv-numpy2",
-    ),
-    _own(
-        "transformers",
-        "bert_multi.transformers",
-        "reference",
-        "transformers",
-        "pip install 'bert_multi[torch,reference]' (transformers)",
-    ),
-)
 
 
 class _Registry:
@@ -140,6 +83,15 @@ def refused() -> list[str]:
     """Why each refused entry point was refused."""
     _REGISTRY.all()
     return list(_REGISTRY.refused)
+
+
+def share_the_process() -> None:
+    """Set, where they are not set already, the environment variables each registered backend's framework
+    reads when it starts (``Registration.process_defaults``), so that the frameworks share one process and
+    its GPU: for commands and test runs that use several, before any of them starts."""
+    for registration in registrations().values():
+        for name, value in registration.process_defaults:
+            os.environ.setdefault(name, value)
 
 
 def register_backend(backend: object, *, role: str | None = None, label: str | None = None) -> LoadedBackend:
@@ -455,6 +407,12 @@ class LoadedBackend:
         return wrap(model, dtype, device, example, copied)
 
     # --- timing -------------------------------------------------------------------------------------
+
+    @property
+    def bench_variants(self) -> dict[str, dict[str, Any]]:
+        """What ``bench`` times beside its plain build: each variant's name and the build options that make
+        it (its ``BENCH_VARIANTS``; default none)."""
+        return dict(getattr(self.module, "BENCH_VARIANTS", {}))
 
     def gemm(self, dtype: str, m: int, k: int, n: int) -> Callable[[], object]:
         """One (m, k) x (k, n) product as its dense layers compute one, ready to call and time."""

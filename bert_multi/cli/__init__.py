@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..backend.registry import share_the_process
 from ..errors import (
     BackendContractError,
     CannotRunHere,
@@ -43,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path (one the user gave, or one written for them), are one line on standard error and status 2;
     anything else shows its traceback, as the bug it is."""
     args = build_parser().parse_args(argv)
+    share_the_process()  # a command may run several frameworks, on one GPU
     try:
         return args.func(args)
     except EXPECTED as error:
