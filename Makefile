@@ -9,7 +9,7 @@ VENV_NUMPY2 := .venv-numpy2
 # The documentation site's builder, pinned in requirements-docs.lock.
 VENV_DOCS := .venv-docs
 
-.PHONY: run test check docs test-main test-numpy2 fuzz venv clean
+.PHONY: run test check docs test-main test-numpy2 fuzz gpu venv clean
 
 run: venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
@@ -40,6 +40,11 @@ FUZZ_SECONDS ?= 300
 fuzz: venv
 	$(BIN)/python tests/hostile.py fuzz all --seconds $(FUZZ_SECONDS) --out fuzz-out
 
+# On a GPU machine, with its own python3 (no environment built): pytest -m cuda and gpu-check in under 8
+# minutes, into gpu-run/ (docs/gpu.md).
+gpu:
+	PYTHONPATH=. $(PYTHON) -m bert_multi.tools.gpu_run --out gpu-run
+
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -60,4 +65,4 @@ $(VENV_DOCS)/.installed: requirements-docs.lock
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(VENV_NUMPY2) $(VENV_DOCS) site build/docs .pytest_cache .hypothesis *.egg-info fuzz-out
+	rm -rf $(VENV) $(VENV_NUMPY2) $(VENV_DOCS) site build/docs .pytest_cache .hypothesis *.egg-info fuzz-out gpu-run

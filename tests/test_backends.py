@@ -221,6 +221,25 @@ def test_runtime_info_states_the_precision_of_matrix_products(framework, dtype):
         assert (info["tf32"], info["matmul precision"]) == (tf32, dtype)
 
 
+@pytest.mark.cuda
+def test_on_a_gpu_float32_products_are_full_float32_unless_tf32_is_asked_for(framework):
+    """JAX's own GPU default is TF32-class (3x to 70x the float32 tolerance on the fixtures): every
+    framework holds float32 products to full float32 on a GPU, within the policy, and says which."""
+    gpus = [device for device in framework.devices() if device != "cpu"]
+    if not gpus:
+        pytest.skip(f"backend {framework.name!r} sees no GPU here")
+    config = CONFIGS["chapter"]
+    weights = random_weights(config, seed=0, dtype="float64")
+    batch = CASES[0].batch(config)
+    reference = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
+    model = framework.build(config, weights, device=gpus[0], dtype="float32", gradients=False)
+    assert (model.runtime_info()["tf32"], model.runtime_info()["matmul precision"]) == (False, "float32")
+    assert_conforms(model(**batch, intermediates=True), reference, "float32", device="cuda")
+    if framework.takes("tf32"):
+        info = framework.build(config, weights, device=gpus[0], dtype="float32", tf32=True).runtime_info()
+        assert (info["tf32"], info["matmul precision"]) == (True, "tf32")
+
+
 def test_mixed_precision_computes_bfloat16_products_on_float32_weights_or_is_refused(framework):
     """bfloat16 products move outputs by about 1e-2 (float32's by 1e-6): a model that says it computes
     them so must be that far from the oracle, no further, and keep its float32 weights exactly."""

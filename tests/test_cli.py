@@ -356,7 +356,7 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
     document = json.loads((tmp_path / "bench.json").read_text())
     rows = document["rows"]
     here = {name for name in backends() if not not_in_process(name)}  # one run by a worker is timed at home
-    assert {row["backend"] for row in rows if row["workload"].startswith("forward")} == here
+    assert {row["backend"].split()[0] for row in rows if row["workload"].startswith("forward")} == here
     files = {(row["workload"], row["backend"]) for row in rows if "weights" in row["workload"]}
     assert files == {
         ("save weights tiny", "save_weights"),
@@ -369,7 +369,8 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         assert len(row["seconds"]) == 2 and row["min_s"] <= row["median_s"] <= row["max_s"]
         model = "weights" not in row["workload"]
         assert (row["tokens_per_s"] or 0) > 0 if model else row["megabytes_per_s"] > 0
-        assert (row["gemm_peak_share"] is None) == (not row["workload"].startswith("forward"))
+        assert (row["peak_share"] is None) == (not row["workload"].startswith("forward"))
+        assert row["peak_source"] == ("same-process GEMM" if row["peak_share"] is not None else None)
         assert (row["first_s"] is not None) == model and (not model or row["first_s"] > 0)
     assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]
     trained = {row["backend"] for row in rows if row["workload"].startswith("train step")}
@@ -436,6 +437,19 @@ def test_bench_times_the_backends_asked_for_and_refuses_one_it_cannot_time(tmp_p
     if elsewhere is not None:
         assert main([*argv, "--backends", elsewhere]) == 2
         assert "bench times the backends of this environment only" in capsys.readouterr().err
+
+
+def test_bench_on_a_gpu_that_no_backend_can_use_says_so(capsys):
+    from bert_multi.tools.gpu_check import nvidia_smi
+
+    if nvidia_smi():
+        pytest.skip("a GPU is here: tests/test_gpu_check.py times it")
+    assert main(["bench", "--quick", "--devices", "cuda", "--backends", "numpy"]) == 2
+    captured = capsys.readouterr()
+    assert "nothing timed on cuda: no backend of this environment can use it" in captured.out
+    assert "bert-multi: error: nothing was timed on cuda" in captured.err
+    assert main(["bench", "--quick", "--devices", "tpu"]) == 2
+    assert "unknown device 'tpu'" in capsys.readouterr().err
 
 
 def test_bench_verify_times_verify_beside_a_plain_forward(tmp_path):

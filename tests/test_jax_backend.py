@@ -217,7 +217,7 @@ def test_a_users_flax_model_runs_at_full_float32_and_the_report_says_so(a_user_d
     from bert_multi.verify.session import verify
 
     with compiled_modules(tmp_path):
-        report = verify(flax_port.build, CONFIGS["tiny"], dtypes=["float32"])
+        report = verify(flax_port.build, CONFIGS["tiny"], dtypes=["float32"], cases=["mixed_valid_lens"])
     assert report.passed
     assert set(dot_precisions(tmp_path, "forward")) == {"HIGHEST"}
     assert [info["matmul precision"] for info in report.forward.runtime.values()] == ["float32"]

@@ -86,7 +86,8 @@ class Backend(Protocol):
       ``bert-multi verify`` (default: it wraps none).
     - ``gemm(dtype, m, k, n) -> callable`` and ``synchronize()``: ``bench``'s timing helpers, a matrix
       product as its dense layers compute one, and waiting for queued work (default: NumPy's product,
-      and nothing to wait for).
+      and nothing to wait for); ``BENCH_VARIANTS``: {name: build options} that ``bench`` also times
+      (default none; a build that takes ``compile`` is timed compiled too).
     """
 
     NAME: str

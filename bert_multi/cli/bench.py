@@ -7,9 +7,10 @@ import json
 import os
 from pathlib import Path
 
+from ..backend.contract import parse_device
 from ..backend.registry import check_names, not_in_process
 from ..display import ProgressBar
-from ..errors import UsageError
+from ..errors import CannotRunHere, UsageError
 from ..spec.schema import SUPPORTED_DTYPES
 from ..tools import bench
 from .common import check_output, check_plot, comma_list
@@ -26,7 +27,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--shapes", type=comma_list, default=["chapter"], help="comma-separated: chapter (8x64), base (8x128)"
     )
-    parser.add_argument("--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated")
+    parser.add_argument("--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated, on the CPU")
+    parser.add_argument(
+        "--devices",
+        type=comma_list,
+        default=["cpu"],
+        help="comma-separated: cpu (the default), cuda or cuda:N: on a GPU, BERT-base's forward and training "
+        "step and d2l's pretraining step, products in float32, TF32 and bfloat16, each with its MFU",
+    )
     parser.add_argument(
         "--backends",
         type=comma_list,
@@ -63,22 +71,34 @@ def run(args: argparse.Namespace) -> int:
         reason = not_in_process(name)
         if reason:
             raise UsageError(f"bench times the backends of this environment only: {reason}")
+    for device in args.devices:
+        parse_device(device)
     bar = ProgressBar()
+    rows: list[bench.Row] = []
     try:
-        rows = bench.run_bench(
-            shapes,
-            args.dtypes,
-            rounds,
-            train=not args.no_train,
-            progress=lambda label: bar(0, 1, label),
-            files=not args.no_files,
-            only=args.backends,
-            compiled=not args.no_compile,
-        )
+        for device in args.devices:
+            if parse_device(device).kind == "cpu":
+                rows += bench.run_bench(
+                    shapes,
+                    args.dtypes,
+                    rounds,
+                    train=not args.no_train,
+                    progress=lambda label: bar(0, 1, label),
+                    files=not args.no_files,
+                    only=args.backends,
+                    compiled=not args.no_compile,
+                )
+            else:
+                timed = bench.run_gpu_bench(device, args.backends, args.quick, rounds, lambda label: bar(0, 1, label))
+                if not timed:
+                    bar.print(f"nothing timed on {device}: no backend of this environment can use it")
+                rows += timed
         if args.verify:
             rows += bench.verify_rows(shapes[0], rounds, lambda label: bar(0, 1, label))
     finally:
         bar.close()
+    if not rows:
+        raise CannotRunHere(f"nothing was timed on {', '.join(args.devices)}")
     per_backend = {row.backend: row.threads for row in rows if row.threads is not None}
     threads = ", ".join(
         [f"{variable}={os.environ.get(variable, 'unset')}" for variable in ("OMP_NUM_THREADS", "XLA_FLAGS")]

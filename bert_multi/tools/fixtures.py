@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,14 +97,23 @@ def read_fixtures(directory: str | os.PathLike = DEFAULT_DIRECTORY) -> list[Fixt
     return fixtures
 
 
-def fixture_failures(backend: LoadedBackend, fixtures: list[Fixture], device: str, dtype: str) -> list[str]:
+def fixture_failures(
+    backend: LoadedBackend,
+    fixtures: list[Fixture],
+    device: str,
+    dtype: str,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[str]:
     """Where ``backend`` on ``device`` in ``dtype`` misses the fixtures: one line per case out of the
     policy's tolerance (none: it matches them all). ``CannotRunHere`` if it cannot run there. The fixtures
     hold the oracle at the stated LayerNorm eps; for a framework whose kernels use another (MXNet's C
-    float), the oracle's own difference between the two is added, as the engine does for pairs."""
+    float), the oracle's own difference between the two is added, as the engine does for pairs.
+    ``progress(done, planned, label)`` hears of each fixture as it starts."""
     oracle = load_backend("numpy")
     failures = []
-    for fixture in fixtures:
+    for number, fixture in enumerate(fixtures):
+        if progress:
+            progress(number, len(fixtures), f"fixtures {dtype}: {fixture.name}")
         model = backend.build(fixture.config, fixture.weights, device=device, dtype=dtype)
         stated = fixture.config.semantics.layer_norm_eps
         own, at_stated = (
