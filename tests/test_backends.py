@@ -257,7 +257,7 @@ def test_mixed_precision_computes_bfloat16_products_on_float32_weights_or_is_ref
     assert out.encoded.dtype == out.mlm.dtype == np.float32 and 1e-4 < error < 0.25
     assert model.runtime_info()["matmul precision"] == "bfloat16"
     assert all(np.array_equal(array, weights[name]) for name, array in model.export_weights().items())
-    with pytest.raises(ValueError, match="mixed precision computes float32 weights' products in bfloat16, not float64"):
+    with pytest.raises(ValueError, match=r"mixed precision \(bfloat16\) is for float32 weights, not float64 ones"):
         framework.build(config, weights, dtype="float64", mixed_precision="bfloat16")
     with pytest.raises(ValueError, match=r"unknown mixed_precision 'float16': expected one of \['bfloat16'\]"):
         framework.build(config, weights, mixed_precision="float16")

@@ -365,7 +365,7 @@ def test_mixed_precision_is_refused_where_it_is_not_offered(config, data, framew
     expected += r"offered by \['torch'\]"
     with pytest.raises(UsageError, match=expected):
         run_pretraining(framework_name, config, weights, data, steps=1, batch_size=4, mixed_precision="bfloat16")
-    with pytest.raises(UsageError, match="mixed precision trains float32 weights with bfloat16 products, not float64"):
+    with pytest.raises(UsageError, match=r"mixed precision \(bfloat16\) is for float32 weights, not float64 ones"):
         run_pretraining("torch", config, weights, data, 1, 4, dtype="float64", mixed_precision="bfloat16")
     with pytest.raises(UsageError, match=r"unknown mixed_precision 'float16': expected one of \['bfloat16'\]"):
         run_pretraining("torch", config, weights, data, 1, 4, mixed_precision="float16")

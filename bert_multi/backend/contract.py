@@ -217,7 +217,7 @@ def check_mixed_precision_option(mixed_precision: object, dtype: str) -> None:
     if mixed_precision not in MIXED_PRECISIONS:
         raise UsageError(f"unknown mixed_precision {mixed_precision!r}: expected one of {list(MIXED_PRECISIONS)}")
     if dtype != "float32":
-        raise UsageError(f"mixed precision computes float32 weights' products in {mixed_precision}, not {dtype} ones")
+        raise UsageError(f"mixed precision ({mixed_precision}) is for float32 weights, not {dtype} ones")
 
 
 class BackendModel(abc.ABC):

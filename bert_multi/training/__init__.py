@@ -2,6 +2,7 @@
 (``loop``), the whole training state in one file (``state``), and what every framework's ``Pretrainer``
 shares (``trainer``): each framework fills in its loss, backward pass and optimizer step."""
 
+from ..backend.contract import MIXED_PRECISIONS
 from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues, check_batch
 from .data import (
     RESERVED_TOKENS,
@@ -19,7 +20,6 @@ from .data import (
 )
 from .loop import (
     ADAM_EPSILON_STYLES,
-    MIXED_PRECISIONS,
     OPTIMIZERS,
     TrainingRun,
     check_mixed_precision,

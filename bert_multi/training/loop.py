@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.contract import MIXED_PRECISIONS
+from ..backend.contract import check_mixed_precision_option
 from ..backend.registry import LoadedBackend, backends, load_backend
 from ..errors import UsageError, WorkerFailed
 from ..files.weights import load_weights, save_weights
@@ -51,10 +51,7 @@ def check_mixed_precision(backend_name: str, mixed_precision: str | None, dtype:
     """Mixed precision is asked of a backend whose ``Pretrainer`` offers it, on float32 weights."""
     if mixed_precision is None:
         return
-    if mixed_precision not in MIXED_PRECISIONS:
-        raise UsageError(f"unknown mixed_precision {mixed_precision!r}: expected one of {list(MIXED_PRECISIONS)}")
-    if dtype != "float32":
-        raise UsageError(f"mixed precision trains float32 weights with {mixed_precision} products, not {dtype} ones")
+    check_mixed_precision_option(mixed_precision, dtype)
     if mixed_precision not in load_backend(backend_name).mixed_precisions:
         offering = [
             name
