@@ -12,9 +12,12 @@ imports no framework.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from .verify.mapping import MappingError
 from .verify.session import VerifyReport, verify
 
 
@@ -35,6 +38,21 @@ except ImportError:  # pragma: no cover - the plugin needs pytest; the assertion
 if pytest is not None:
 
     @pytest.fixture
-    def bert_verify() -> Callable[..., VerifyReport]:
-        """``assert_model_conforms``, as a fixture: call it with your model or factory and a config."""
-        return assert_model_conforms
+    def bert_verify(tmp_path: Path) -> Callable[..., VerifyReport]:
+        """``assert_model_conforms``, as a fixture: call it with your model or factory and a config. A
+        model whose weights cannot be placed fails the test in one message, the map file guessed for it
+        written beside the test's ``tmp_path`` (check it, then pass it as ``map_file=``)."""
+
+        def checked(model: Any, config: Any = "tiny", **options: Any) -> VerifyReport:
+            try:
+                return assert_model_conforms(model, config, **options)
+            except MappingError as error:
+                if error.suggested is None:
+                    raise
+                path = tmp_path / "bert_verify-map.json"
+                path.write_text(json.dumps(error.suggested, indent=2) + "\n")
+                first = str(error).split(" Write a map file", 1)[0]
+                pytest.fail(f"{first} A map file guessed for it is in {path}: check it, then pass map_file=.",
+                            pytrace=False)  # fmt: skip
+
+        return checked

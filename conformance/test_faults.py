@@ -1,10 +1,15 @@
 """The suite must be able to fail. Each test injects one known fault into a backend (by monkeypatching
 here, never by editing the product), runs the conformance engine, and checks that the fault is caught
 and that localisation names the layer where it lives. Most faults come from d2l's own history.
+
+The faults are the catalogue of known mistakes (``bert_multi.verify.mistakes``), which ``verify``'s
+diagnosis tries on users' models: every framework plants every entry, and the catalogue says which case
+catches it and where.
 """
 
 import dataclasses
 import importlib
+import inspect
 import math
 
 import numpy as np
@@ -14,7 +19,9 @@ from bert_multi import BERTConfig, random_weights
 from bert_multi.backend.registry import not_in_process
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.conform import run_conformance
+from bert_multi.verify.mistakes import CATALOGUE
 from bert_multi.verify.results import Target
+from bert_multi.verify.session import verify
 
 # Several heads (so the head layout matters) and dropout configured (so a dropout left on shows).
 CONFIG = BERTConfig(vocab_size=31, num_hiddens=12, ffn_num_hiddens=16, num_heads=3, num_blks=2, dropout=0.1, max_len=10)
@@ -41,18 +48,18 @@ def torch_faults():
         mp.setattr(model.MultiHeadAttention, "forward", forward)
 
     def layer_norm_eps(mp):  # BERT's original TensorFlow epsilon
-        mp.setattr(
-            model.AddNorm,
-            "forward",
-            lambda self, X, Y: nn.functional.layer_norm(
-                self.dropout(Y) + X, self.ln.normalized_shape, self.ln.weight, self.ln.bias, eps=1e-12
-            ),
-        )
+        init = model.AddNorm.__init__
 
-    def gelu(mp):  # BERT's activation, not d2l's
+        def small_eps(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.ln.eps = 1e-12
+
+        mp.setattr(model.AddNorm, "__init__", small_eps)
+
+    def activation(mp):  # BERT's GELU, not d2l's ReLU
         mp.setattr(model.PositionWiseFFN, "forward", lambda self, X: self.dense2(nn.functional.gelu(self.dense1(X))))
 
-    def minus_inf_mask(mp):
+    def mask_fill(mp):  # -inf where d2l fills -1e6
         def masked_softmax(X, valid_lens):
             if valid_lens is None:
                 return nn.functional.softmax(X, dim=-1)
@@ -63,7 +70,7 @@ def torch_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
-    def scale_by_full_width(mp):
+    def score_scale(mp):  # by the full width, not a head's
         def forward(self, queries, keys, values, valid_lens=None):
             scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
             return torch.bmm(self.dropout(model.masked_softmax(scores, valid_lens)), values)
@@ -78,7 +85,7 @@ def torch_faults():
             lambda self, tokens, segments, valid_lens: original(self, tokens, torch.zeros_like(segments), valid_lens),
         )
 
-    def nsp_reads_last_position(mp):
+    def pooler_position(mp):  # the NSP path reads the last position, not <cls>
         def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
             encoded_X = self.encoder(tokens, segments, valid_lens)
             mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
@@ -88,6 +95,46 @@ def torch_faults():
 
     def dropout_at_inference(mp):
         mp.setattr(nn.Dropout, "forward", lambda self, X: nn.functional.dropout(X, self.p, training=True))
+
+    def _projections(mp, project):  # W_q, W_k, W_v and W_o computed by ``project``, still called as layers
+        linear, init = nn.Linear.forward, model.MultiHeadAttention.__init__
+
+        def forward(self, X):
+            role = getattr(self, "role", None)
+            return linear(self, X) if role is None else project(self, X, role)
+
+        def marked(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            for role in ("W_q", "W_k", "W_v", "W_o"):
+                getattr(self, role).role = role
+
+        mp.setattr(nn.Linear, "forward", forward)
+        mp.setattr(model.MultiHeadAttention, "__init__", marked)
+
+    def attention_bias(mp):  # the projections' biases never added
+        _projections(mp, lambda layer, X, role: nn.functional.linear(X, layer.weight))
+
+    def transposed_weight(mp):  # W_q used transposed
+        _projections(mp, lambda layer, X, role: nn.functional.linear(X, layer.weight.T if role == "W_q" else
+                                                                     layer.weight, layer.bias))  # fmt: skip
+
+    def pre_norm(mp):  # each sublayer reads the normalised input, the residual adds the raw one
+        def forward(self, X, valid_lens):
+            normed = self.addnorm1.ln(X)
+            Y = X + self.attention(normed, normed, normed, valid_lens)
+            return Y + self.ffn(self.addnorm2.ln(Y))
+
+        mp.setattr(model.TransformerEncoderBlock, "forward", forward)
+
+    def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
+        def forward(self, tokens, segments, valid_lens):
+            X = self.token_embedding(tokens) + self.segment_embedding(segments)
+            X = X + self.pos_embedding[:, (torch.arange(X.shape[1]) + 1) % self.pos_embedding.shape[1], :]
+            for blk in self.blks:
+                X = blk(X, valid_lens)
+            return X
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
 
     return locals()
 
@@ -113,15 +160,15 @@ def mxnet_faults():
         mp.setattr(model.MultiHeadAttention, "forward", forward)
 
     def layer_norm_eps(mp):
-        mp.setattr(
-            model.AddNorm,
-            "forward",
-            lambda self, X, Y: npx.layer_norm(
-                self.dropout(Y) + X, self.ln.gamma.data(X.ctx), self.ln.beta.data(X.ctx), axis=-1, eps=1e-12
-            ),
-        )
+        init = model.AddNorm.__init__
 
-    def gelu(mp):
+        def small_eps(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.ln._epsilon = 1e-12  # what Gluon's LayerNorm hands its operator
+
+        mp.setattr(model.AddNorm, "__init__", small_eps)
+
+    def activation(mp):  # BERT's GELU, not d2l's ReLU
         def forward(self, X):
             dense1 = self.dense1
             hidden = npx.fully_connected(
@@ -131,7 +178,7 @@ def mxnet_faults():
 
         mp.setattr(model.PositionWiseFFN, "forward", forward)
 
-    def minus_inf_mask(mp):
+    def mask_fill(mp):  # -inf where d2l fills -1e6
         def masked_softmax(X, valid_lens):
             if valid_lens is None:
                 return npx.softmax(X)
@@ -142,7 +189,7 @@ def mxnet_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
-    def scale_by_full_width(mp):
+    def score_scale(mp):  # by the full width, not a head's
         def forward(self, queries, keys, values, valid_lens=None):
             scores = npx.batch_dot(queries, keys, transpose_b=True) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
             return npx.batch_dot(self.dropout(model.masked_softmax(scores, valid_lens)), values)
@@ -157,7 +204,7 @@ def mxnet_faults():
             lambda self, tokens, segments, valid_lens: original(self, tokens, np.zeros_like(segments), valid_lens),
         )
 
-    def nsp_reads_last_position(mp):
+    def pooler_position(mp):  # the NSP path reads the last position, not <cls>
         def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
             encoded_X = self.encoder(tokens, segments, valid_lens)
             mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
@@ -169,6 +216,49 @@ def mxnet_faults():
         mp.setattr(
             mx.gluon.nn.Dropout, "hybrid_forward", lambda self, F, x: F.npx.dropout(x, p=self._rate, mode="always")
         )
+
+    def _projections(mp, project):  # W_q, W_k, W_v and W_o computed by ``project``, still called as layers
+        dense, init = mx.gluon.nn.Dense.hybrid_forward, model.MultiHeadAttention.__init__
+
+        def forward(self, F, x, weight, bias=None):
+            role = getattr(self, "role", None)
+            if role is None:
+                return dense(self, F, x, weight, bias)
+            weight, bias = project(weight, bias, role)
+            return F.npx.fully_connected(x, weight, bias, no_bias=bias is None, num_hidden=self._units, flatten=False)
+
+        def marked(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            for role in ("W_q", "W_k", "W_v", "W_o"):
+                getattr(self, role).role = role
+
+        mp.setattr(mx.gluon.nn.Dense, "hybrid_forward", forward)
+        mp.setattr(model.MultiHeadAttention, "__init__", marked)
+
+    def attention_bias(mp):  # the projections' biases never added
+        _projections(mp, lambda weight, bias, role: (weight, None))
+
+    def transposed_weight(mp):  # W_q used transposed
+        _projections(mp, lambda weight, bias, role: (weight.T if role == "W_q" else weight, bias))
+
+    def pre_norm(mp):  # each sublayer reads the normalised input, the residual adds the raw one
+        def forward(self, X, valid_lens):
+            normed = self.addnorm1.ln(X)
+            Y = X + self.attention(normed, normed, normed, valid_lens)
+            return Y + self.ffn(self.addnorm2.ln(Y))
+
+        mp.setattr(model.TransformerEncoderBlock, "forward", forward)
+
+    def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
+        def forward(self, tokens, segments, valid_lens):
+            X = self.token_embedding(tokens) + self.segment_embedding(segments)
+            table = self.pos_embedding.data(ctx=X.ctx)
+            X = X + table[:, (np.arange(X.shape[1]) + 1) % table.shape[1], :]
+            for blk in self.blks:
+                X = blk(X, valid_lens)
+            return X
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
 
     return locals()
 
@@ -223,14 +313,14 @@ def jax_faults():
 
         _plant_flax(mp, AddNorm=Eps)
 
-    def gelu(mp):
+    def activation(mp):  # BERT's GELU, not d2l's ReLU
         class GELU(model.PositionWiseFFN):
             def __call__(self, X):
                 return self.dense2(nn.gelu(self.dense1(X), approximate=False))
 
         _plant_flax(mp, PositionWiseFFN=GELU)
 
-    def minus_inf_mask(mp):
+    def mask_fill(mp):  # -inf where d2l fills -1e6
         def masked_softmax(X, valid_lens):
             if valid_lens is None:
                 return nn.softmax(X, axis=-1)
@@ -241,7 +331,7 @@ def jax_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
         _plant_flax(mp)
 
-    def scale_by_full_width(mp):
+    def score_scale(mp):  # by the full width, not a head's
         class FullWidth(model.DotProductAttention):
             def __call__(self, queries, keys, values, valid_lens=None, training=False):
                 scores = queries @ keys.swapaxes(1, 2) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
@@ -256,7 +346,7 @@ def jax_faults():
 
         _plant_flax(mp, BERTEncoder=NoSegments)
 
-    def nsp_reads_last_position(mp):
+    def pooler_position(mp):  # the NSP path reads the last position, not <cls>
         class LastPosition(model.BERTModel):
             def __call__(self, tokens, segments, valid_lens=None, pred_positions=None, training=False):
                 encoded_X = self.encoder(tokens, segments, valid_lens, training)
@@ -275,22 +365,73 @@ def jax_faults():
 
         mp.setattr(backend, "apply", jax.jit(apply, static_argnums=(0, 1)))
 
+    def _projections(mp, project):  # W_q, W_k, W_v and W_o computed by ``project``: layers of their own
+        class Projection(nn.Module):  # a Dense's parameters, kernel and bias, with another product
+            features: int
+            role: str
+
+            @nn.compact
+            def __call__(self, X):
+                kernel = self.param("kernel", nn.initializers.lecun_normal(), (X.shape[-1], self.features))
+                bias = self.param("bias", nn.initializers.zeros, (self.features,))
+                return project(X, kernel, bias, self.role)
+
+        class Projected(model.MultiHeadAttention):
+            def setup(self):
+                self.attention = model.DotProductAttention(self.dropout)
+                for role in ("W_q", "W_k", "W_v", "W_o"):
+                    setattr(self, role, Projection(self.num_hiddens, role))
+
+        _plant_flax(mp, MultiHeadAttention=Projected)
+
+    def attention_bias(mp):  # the projections' biases never added
+        _projections(mp, lambda X, kernel, bias, role: X @ kernel)
+
+    def transposed_weight(mp):  # W_q used transposed
+        _projections(mp, lambda X, kernel, bias, role: X @ (kernel.T if role == "W_q" else kernel) + bias)
+
+    def pre_norm(mp):  # each sublayer reads the normalised input, the residual adds the raw one
+        class PreNorm(model.TransformerEncoderBlock):
+            def __call__(self, X, valid_lens, training=False):
+                normed = self.addnorm1.ln(X)
+                attention = self.attention(normed, normed, normed, valid_lens, training)
+                Y = X + attention
+                out = Y + self.ffn(self.addnorm2.ln(Y))
+                for name, value in (("attention", attention), ("addnorm1", normed), ("ffn", out), ("output", out)):
+                    self.sow("intermediates", f"{name}_out", value)
+                return out
+
+        _plant_flax(mp, TransformerEncoderBlock=PreNorm)
+
+    def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
+        class Offset(model.BERTEncoder):
+            def __call__(self, tokens, segments, valid_lens, training=False):
+                X = self.token_embedding(tokens) + self.segment_embedding(segments)
+                table = self.pos_embedding
+                X = X + table[:, (jnp.arange(X.shape[1]) + 1) % table.shape[1], :].astype(X.dtype)
+                self.sow("intermediates", "embedding", X)
+                for blk in self.blks:
+                    X = blk(X, valid_lens, training)
+                return X
+
+        _plant_flax(mp, BERTEncoder=Offset)
+
     return locals()
 
 
 FAULT_SETS = {"torch": torch_faults, "mxnet": mxnet_faults, "jax": jax_faults}
 
-# fault -> (the case that must catch it, the layer localisation must name)
-EXPECTED = {
-    "tiled_valid_lens": ("mixed_valid_lens", "blks.0.attention"),
-    "layer_norm_eps": ("full_valid_len", "blks.0.addnorm1"),
-    "gelu": ("no_valid_lens", "blks.0.ffn"),
-    "minus_inf_mask": ("valid_len_zero", "blks.0.attention"),
-    "scale_by_full_width": ("single_segment", "blks.0.attention"),
-    "segments_ignored": ("mixed_valid_lens", "embedding"),
-    "nsp_reads_last_position": ("batch_one", "pooler"),
-    "dropout_at_inference": ("valid_lens_2d", "blks.0.attention"),
-}
+# fault -> (the case that must catch it, the layer localisation must name): the catalogue's.
+EXPECTED = {mistake.name: (mistake.caught_by, mistake.shows_at) for mistake in CATALOGUE}
+
+
+@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+def test_every_framework_plants_the_whole_catalogue_and_nothing_else(backend):
+    if not_in_process(backend):  # the plantings import the framework
+        pytest.skip(not_in_process(backend))
+    found = FAULT_SETS[backend]().items()
+    planted = {name for name, value in found if inspect.isfunction(value) and not name.startswith("_")}
+    assert planted == set(EXPECTED)
 
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
@@ -307,10 +448,33 @@ def test_each_known_fault_is_caught_and_localised(backend, fault, monkeypatch):
     failing = {check.case: check.first_divergence for check in report.failures()}
     assert catching_case in failing, f"{fault} went unnoticed by {catching_case}"
     assert failing[catching_case].name == layer, failing[catching_case].describe()
-    if fault == "minus_inf_mask":  # NaN/Inf is its own failure, never "close"
+    if fault == "mask_fill":  # NaN/Inf is its own failure, never "close"
         assert failing[catching_case].nonfinite > 0
     # Every case that fails blames the same layer: localisation does not depend on the input.
     assert {c.name for c in failing.values()} == {layer}
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+@pytest.mark.parametrize("backend", sorted(FAULT_SETS))
+def test_verify_names_each_planted_mistake_in_its_diagnosis(backend, fault, monkeypatch):
+    """The same plantings, in d2l's classes of each framework taken as a user's model: ``verify`` names the
+    catalogue's entry at the module where it lives, from that module's own input."""
+    if not_in_process(backend):  # the faults are planted in this process
+        pytest.skip(not_in_process(backend))
+    if (backend, fault) == ("jax", "dropout_at_inference"):
+        pytest.skip("JAX's planting is in the backend's forward; a user's Flax model is run with its training flag "
+                    "set by verify itself (tests/test_verify.py covers a model without one)")  # fmt: skip
+    FAULT_SETS[backend]()[fault](monkeypatch)
+    framework = importlib.import_module(f"bert_multi.{backend}.backend")  # where a planting puts its classes
+    caught_by, _ = EXPECTED[fault]
+
+    def build(config):
+        return framework.BERTModel(*config.d2l_args(), semantics=config.semantics)
+
+    report = verify(build, CONFIG, dtypes=["float64"], cases=[caught_by], seed=2, label=fault)
+    assert not report.passed and report.diagnoses, report.failures()
+    named = [d.mistake.name for d in report.diagnoses if d.mistake is not None]
+    assert named and named[0] == fault, report.failures()
 
 
 @pytest.mark.parametrize("backend", sorted(FAULT_SETS))

@@ -49,7 +49,8 @@ def test_conform_fails_with_exit_1_and_names_the_layer(monkeypatch, capsys):
         main(["conform", "--config", "tiny", "--backends", "torch", "--dtypes", "float64", "--cases", "batch_one"]) == 1
     )
     out = capsys.readouterr().out
-    assert "FAIL torch float64 cpu vs oracle, case batch_one: first divergence at 'blks.0.ffn'" in out
+    assert "FAIL torch vs oracle: first divergence at 'blks.0.ffn' in 1 of 1 case (batch_one), float64 on cpu" in out
+    assert "     worst, case batch_one in float64: blks.0.ffn: FAIL, max abs " in out
     assert "FAIL: 0 of 4 comparisons within tolerance, each the worst of 1 case(s)" in out  # the 4 rows shown
 
 

@@ -5,13 +5,14 @@ fault catalogue planted in them, each caught and named where it lives."""
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bert_multi import CONFIGS, verify
+from bert_multi import CONFIGS, UsageError, verify
 from bert_multi.backend.registry import not_in_process
 from bert_multi.testing import assert_model_conforms
 
@@ -35,7 +36,7 @@ def test_a_port_with_its_own_names_conforms_forward_gradients_and_loss():
 
     report = verify(torch_port.build, TINY, gradients=True, loss=torch_port.fixed_batch_loss)
     assert report.passed, report.failures()
-    assert report.mapping.how.startswith("registration order and shape (inferred")
+    assert report.mapping.how == "order of use and shape (45 tensors, inferred: check them)"
     assert report.activations["blks.1.attention"] == "layers.1.attn.out (output)"
     assert report.activations["embedding"] == "layers.0.attn.query (input)"
     assert len(report.forward.checks) == 2 * 10 and all(check.intermediates for check in report.forward.checks)
@@ -49,6 +50,89 @@ def test_each_forward_fault_is_caught_at_the_attention_in_the_users_names(fault)
     report = verify(functools.partial(torch_port.make, fault=fault), TINY, label=fault, dtypes=["float64"])
     assert not report.passed
     assert report.verdict().startswith(f"FAIL: {fault} first diverges at blks.0.attention (yours: layers.0.attn.out")
+
+
+# Each of the catalogue's mistakes as the port makes it: what the diagnosis must say of it.
+DIAGNOSED = {
+    "scale": ("score_scale", "layers.0.attn.out divides the scores by sqrt(12), the full width, where d2l divides by "
+                             "sqrt(4), the width of a head"),
+    "unscaled": ("score_scale", "does not scale the scores"),
+    "inf_mask": ("mask_fill", "fills the masked scores with -inf where d2l uses -1e6"),
+    "zero_fill": ("mask_fill", "fills the masked scores with 0 where d2l uses -1e6"),
+    "tiled_valid_lens": ("tiled_valid_lens", "tiles valid_lens over the heads"),
+    "eps": ("layer_norm_eps", "layers.0.norm1 computes LayerNorm with eps 1e-12; d2l's eps is 1e-05"),
+    "gelu": ("activation", "layers.0.down uses GELU (erf) where d2l uses ReLU"),
+    "no_bias": ("attention_bias", "computes W_q, W_k, W_v and W_o without biases"),
+    "transposed_query": ("transposed_weight", "uses W_q transposed"),
+    "pre_norm": ("pre_norm", "the input of layers.0.attn.query normalises the block's input before the attention"),
+    "positions_offset": ("positions_offset", "counts the positions from 1, where d2l counts from 0"),
+    "no_segments": ("segments_ignored", "leaves the segment embedding out of the embedding sum"),
+    "last_position": ("pooler_position", "the input of nsp_out pools the last position"),
+    "dropout_on": ("dropout_at_inference", "layers.0.attn.out leaves dropout on at inference"),
+}  # fmt: skip
+
+
+def test_the_ports_faults_cover_the_whole_catalogue():
+    from bert_multi.verify.mistakes import MISTAKES
+
+    assert {mistake for mistake, _ in DIAGNOSED.values()} == set(MISTAKES)
+
+
+@needs("torch")
+@pytest.mark.parametrize("fault", sorted(DIAGNOSED))
+def test_each_mistake_of_a_port_is_named_at_its_module_with_its_numbers(fault):
+    from subjects import torch_port
+
+    report = verify(functools.partial(torch_port.make, fault=fault), TINY, label=fault, dtypes=["float64"])
+    mistake, said = DIAGNOSED[fault]
+    first = report.diagnoses[0]
+    assert first.mistake is not None and first.mistake.name == mistake, first.describe()
+    assert said in first.describe() and first.mistake.says(first.rule, TINY) in report.verdict()
+    if mistake != "dropout_at_inference":  # reproduced from the module's own input, to float64's rounding
+        assert first.error < 1e-13 and f"(reproduces your output to {first.error:.1g})" in first.describe()
+
+
+@needs("torch")
+def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
+    from subjects import torch_port
+
+    report = verify(functools.partial(torch_port.make, fault="ffn_doubled"), TINY, dtypes=["float64"])
+    (diagnosis,) = report.diagnoses  # the doubling is after the FFN's last layer: the residual's sum shows it
+    assert diagnosis.mistake is None and diagnosis.activation == "blks.0.output"
+    text = diagnosis.describe()
+    assert text.startswith("layers.0.norm2: no known mistake reproduces its output (d2l's rule is off by ")
+    assert ", the closest, " in text and "its input is yours, so the difference is in this module" in text
+    assert report.verdict().endswith("float64 on cpu.")  # no mistake named where none fits
+
+
+@needs("torch")
+def test_alike_modules_placed_by_order_are_decided_by_the_oracle():
+    """A port that keeps its projections as bare (in, out) matrices in one module and computes the keys
+    first: neither names, nor shapes, nor the order tell W_q from W_k or which way round the matrices are.
+    The oracle decides, from the recorded input of the attention; where the attention computes something
+    else (scores scaled by the full width), it cannot, and says so."""
+    from subjects import torch_matrices
+
+    report = verify(torch_matrices.build, TINY, gradients=True)
+    assert report.passed, report.failures()
+    assert "the oracle placed encoder.blks.0.attention.W_q at blocks.0.attention.wq.T, " in report.mapping.how
+    assert report.mapping.user_name("encoder.blks.1.attention.W_k.weight") == "blocks.1.attention.wk.T"
+    # A known mistake there: the roles decided allowing for it, and the mistake named.
+    faulty = verify(torch_matrices.build_faulty, TINY, dtypes=["float64"])
+    assert "W_o at blocks.1.attention.wo.T (allowing for its score_scale, diagnosed below)" in faulty.mapping.how
+    assert faulty.verdict().endswith("it divides the scores by sqrt(12), the full width, where d2l divides by "
+                                     "sqrt(4), the width of a head.")  # fmt: skip
+
+
+@needs("torch")
+def test_alike_modules_the_oracle_cannot_tell_apart_keep_their_order_and_say_so(monkeypatch):
+    from subjects import torch_matrices
+
+    forward = torch_matrices.Attention.forward
+    monkeypatch.setattr(torch_matrices.Attention, "forward", lambda self, x, lens: 2 * forward(self, x, lens) + 1)
+    report = verify(torch_matrices.build, TINY, dtypes=["float64"])
+    assert "the oracle could not confirm which of blocks.0.attention, blocks.0.attention, " in report.mapping.how
+    assert report.mapping.user_name("encoder.blks.0.attention.W_q.weight") == "blocks.0.attention.wk"  # as used
 
 
 @needs("torch")
@@ -93,6 +177,20 @@ def test_d2ls_classes_under_a_wrappers_prefix_are_found_by_name():
 
     report = verify(torch_port.build_wrapped_d2l, TINY, gradients=True)
     assert report.passed and report.mapping.how == "names (d2l >= 0.12's PyTorch names, under the prefix 'module.')"
+
+
+@needs("torch")
+def test_verifying_a_pytorch_model_imports_no_other_framework():
+    """A user's pytest run of their PyTorch port sees none of MXNet's deprecation warnings: nothing of
+    another framework's can be in a process that never imported it, so its backend is not loaded."""
+    script = (
+        f"import sys; sys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\nfrom bert_multi import verify\n"
+        "assert verify(torch_port.build, 'tiny', dtypes=['float64']).passed\n"
+        "print(sorted(name for name in ('mxnet', 'jax', 'flax', 'transformers') if name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
 @needs("torch")
@@ -199,6 +297,62 @@ def test_a_fault_in_a_flax_port_is_named_in_its_names():
     assert report.verdict().startswith("FAIL: build_faulty first diverges at blks.0.attention (yours: layer0.attn.out")
 
 
+@needs("jax")
+def test_a_notebooks_flax_port_is_placed_without_a_map_and_its_epsilon_named(tmp_path):
+    """The chapter ported to Flax as a notebook would: d2l's class names, ``nn.LayerNorm()``'s own epsilon
+    (1e-6), the masked LM's MLP as an ``nn.Sequential``, the positions created first, the masked LM called
+    before the pooler, dropout 0.2 and ``train=True`` by default."""
+    from subjects import flax_notebook
+
+    report = verify(flax_notebook.build, TINY, dtypes=["float64"], cases=["full_valid_len"])
+    assert report.mapping.how == (
+        "names (d2l >= 0.12's Flax names: 37 tensors) + order of use and shape (8 tensors, inferred: check them)"
+    )
+    placed = {name: report.mapping.user_name(name) for name in ("mlm.mlp.0.weight", "hidden.0.weight")}
+    assert placed == {"mlm.mlp.0.weight": "mlm.mlp.layers_0.kernel.T", "hidden.0.weight": "hidden.kernel.T"}
+    assert report.verdict() == (
+        "FAIL: build first diverges at blks.0.addnorm1 (yours: encoder.blks_0.addnorm1.ln (output)), case "
+        "full_valid_len, float64 on cpu: it computes LayerNorm with eps 1e-06; d2l's eps is 1e-05."
+    )
+    # The placement written as a map file works as written.
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(report.mapping.as_map_file()))
+    again = verify(flax_notebook.build, TINY, dtypes=["float64"], cases=["full_valid_len"], map_file=path)
+    assert again.mapping.placements == report.mapping.placements and again.mapping.how == f"map file {path}"
+
+
+@needs("jax")
+def test_a_flax_model_that_cannot_be_put_in_inference_mode_is_one_clear_line():
+    from flax import linen as nn
+    from subjects import flax_notebook
+
+    class AlwaysTraining(nn.Module):  # its call takes no flag: dropout is always on
+        inner: nn.Module
+
+        def __call__(self, tokens, segments, valid_lens=None, pred_positions=None):
+            return self.inner(tokens, segments, valid_lens, pred_positions, train=True)
+
+    def build(config):
+        module, _ = flax_notebook.build(config)
+        return AlwaysTraining(module)
+
+    with pytest.raises(UsageError, match=r"draws random numbers in its forward \(dropout left on\?\)") as caught:
+        verify(build, TINY, dtypes=["float64"])
+    assert "Traceback" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+@needs("jax")
+def test_a_loss_for_a_flax_model_is_refused_before_any_work():
+    from subjects import flax_notebook, torch_port
+
+    with pytest.raises(UsageError, match="--loss needs d2l's loss in your model's framework; Flax"):
+        verify(flax_notebook.build, TINY, loss=torch_port.d2l_batch_loss, progress=_no_progress)
+
+
+def _no_progress(done, planned, label):
+    raise AssertionError(f"work started ({label}) before the refusal")
+
+
 # --- transformers ---------------------------------------------------------------------------------------
 
 
@@ -251,11 +405,17 @@ def test_the_command_exits_1_and_writes_a_repro_that_needs_numpy_alone(tmp_path)
     assert done.returncode == 1, done.stderr
     assert "first diverges at blks.0.attention (yours: layers.0.attn.out (output))" in done.stdout
     assert json.loads((tmp_path / "report.json").read_text())["passed"] is False
+    # From anywhere, with NumPy alone: it says where, in plain numbers, and exits 1 as it shows a divergence.
     script = subprocess.run(
-        [sys.executable, "-I", "repro.py"], capture_output=True, text=True, cwd=tmp_path / "repro", timeout=60
-    )
-    assert script.returncode == 0, script.stderr
-    assert script.stdout.startswith("first divergence: blks.0.attention (layers.0.attn.out (output))")
+        [sys.executable, "-I", str(tmp_path / "repro" / "repro.py")], capture_output=True, text=True, cwd="/",
+        timeout=60,
+    )  # fmt: skip
+    assert script.returncode == 1, script.stderr
+    first, element = script.stdout.splitlines()
+    assert first.startswith("first divergence: blks.0.attention (layers.0.attn.out (output)), max abs error ")
+    number = r"-?[\d.e-]+"  # plain: 0.0723..., not np.float64(0.0723...)
+    assert re.fullmatch(rf"first element outside the tolerance: \(\d+, \d+, \d+\), yours {number}, expected {number}",
+                        element), element  # fmt: skip
 
 
 @needs("torch")
@@ -281,12 +441,33 @@ def test_a_factory_in_an_importable_module_is_found_by_its_dotted_name():
 
 
 @needs("torch")
+def test_write_map_saves_the_placement_and_the_guess_as_map_files_that_work_as_written(tmp_path):
+    written = tmp_path / "map.json"
+    done = cli("tests/subjects/torch_matrices.py:build", "--config", "tiny", "--dtypes", "float64",
+               "--write-map", str(written))  # fmt: skip
+    assert done.returncode == 0 and f"the placement written to {written} (--map reads it)" in done.stdout
+    rules = json.loads(written.read_text())["names"]
+    assert rules["encoder.blks.{i}.attention.W_q.weight"] == "blocks.{i}.attention.wq.T"  # the oracle's decision
+    again = cli("tests/subjects/torch_matrices.py:build", "--config", "tiny", "--dtypes", "float64", "--map",
+                str(written))  # fmt: skip
+    assert again.returncode == 0 and f"parameters placed by map file {written}" in again.stdout
+    guessed = tmp_path / "guess.json"
+    done = cli("tests/subjects/torch_port.py:build_three_types", "--config", "tiny", "--write-map", str(guessed))
+    assert done.returncode == 2 and f"(written to {guessed}: check it, then pass --map {guessed})" in done.stderr
+    assert json.loads(guessed.read_text())["names"]["encoder.segment_embedding.weight"] == "?"
+
+
+@needs("torch")
 def test_set_up_errors_are_one_line_and_exit_2(tmp_path):
     assert "no file" in cli("nothere.py:build", "--config", "tiny").stderr
     done = cli("tests/subjects/torch_port.py:nothing", "--config", "tiny")
     assert done.returncode == 2 and "has no 'nothing'" in done.stderr and "Traceback" not in done.stderr
-    done = cli("tests/subjects/torch_port.py:build_fused", "--config", "tiny")
-    assert done.returncode == 2 and "could not be placed" in done.stderr and "[0/3]" in done.stderr
+    done = cli("tests/subjects/torch_port.py:build_three_types", "--config", "tiny")
+    assert (
+        done.returncode == 2
+        and "could not be placed" in done.stderr
+        and '"ignore": [\n    "segments.weight"' in done.stderr
+    )
     done = cli("tests/subjects/torch_port.py:build", "--config", "tiny", "--gradients", "--frozen", "position")
     assert done.returncode == 2 and "did you mean 'positions'" in done.stderr
 
@@ -317,6 +498,20 @@ def test_the_pytest_plugin_gives_users_the_bert_verify_fixture(tmp_path):
     )  # fmt: skip
     assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:]
     assert "first diverges at blks.0.attention" in done.stdout
+    # A model whose weights cannot be placed: one failure message, and the map guessed for it written.
+    (tmp_path / "test_mine.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\n\n"
+        "def test_unplaced(bert_verify, tmp_path):\n    bert_verify(torch_port.build_three_types, 'tiny')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "bert_multi.testing", "-p", "no:cacheprovider", "test_mine.py",
+         "--basetemp", str(tmp_path / "base")],
+        capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=300,
+    )  # fmt: skip
+    assert "1 failed" in done.stdout and "Traceback" not in done.stdout and "MappingError" not in done.stdout
+    written = next((tmp_path / "base").rglob("bert_verify-map.json"))
+    assert f"A map file guessed for it is in {written}" in done.stdout.replace("\n", "")
+    assert json.loads(written.read_text())["names"]["encoder.segment_embedding.weight"] == "?"
 
 
 def test_the_plugin_is_registered_for_pytest():

@@ -45,12 +45,11 @@ def test_gluon_names_are_known_and_say_so():
 def test_own_names_in_the_schemas_order_are_placed_by_order_and_the_report_says_it_was_inferred():
     parameters = [(f"p{i}", shape) for i, shape in enumerate(SHAPES.values())]
     mapping = map_parameters(CONFIG, parameters)
-    assert mapping.how.startswith("registration order and shape (inferred")
+    assert mapping.how == "registration order and shape (45 tensors, inferred: check them)"
     assert [p.name for p in mapping.placements.values()] == [name for name, _ in parameters]
 
 
-def test_a_mapping_that_cannot_be_found_lists_what_is_missing_and_a_map_file_that_places_it(tmp_path):
-    # A fused QKV: the order no longer corresponds, so nothing is placed automatically.
+def test_a_fused_qkv_under_its_own_names_is_placed_by_order_and_shape():
     parameters = []
     for name, shape in SHAPES.items():
         if ".W_k." in name or ".W_v." in name:
@@ -58,17 +57,34 @@ def test_a_mapping_that_cannot_be_found_lists_what_is_missing_and_a_map_file_tha
         if ".W_q." in name:
             name, shape = name.replace("W_q", "qkv"), (3 * shape[0], *shape[1:])
         parameters.append((f"net.{name}".replace("encoder.blks", "layers"), shape))
+    mapping = map_parameters(CONFIG, parameters)
+    assert mapping.how == (
+        "names (d2l >= 0.12's PyTorch names, under the prefix 'net.': 13 tensors) + registration order and shape "
+        "(32 tensors, inferred: check them)"
+    )
+    fused = Placement("net.layers.1.attention.qkv.bias", part=(2, 3))
+    assert mapping.placements["encoder.blks.1.attention.W_v.bias"] == fused
+
+
+def test_a_mapping_that_cannot_be_found_lists_what_is_missing_and_a_map_file_that_places_it(tmp_path):
+    # A segment table of three rows where d2l's has two: nothing has its shape, and names place nothing.
+    parameters = [(f"net.{n}".replace("encoder.", "enc."), (3, 12) if "segment" in n else s) for n, s in SHAPES.items()]
+    parameters = [(name.replace("enc.segment_embedding.weight", "enc.types"), shape) for name, shape in parameters]
     with pytest.raises(MappingError) as caught:
         map_parameters(CONFIG, parameters)
     message = str(caught.value)
-    assert "could not be placed" in message and "encoder.blks.0.attention.W_q.weight (12, 12)" in message
-    template = json.loads(message[message.index("\n{") :])
-    assert template["names"]["encoder.blks.{i}.attention.W_k.weight"] == "net.layers.{i}.attention.qkv.weight[1/3]"
+    assert "1 canonical tensor(s) could not be placed" in message
+    assert "Not placed: encoder.segment_embedding.weight (2, 12)." in message
+    template = caught.value.suggested
+    assert json.loads(message[message.index("\n{") :]) == template
+    assert template["names"]["encoder.segment_embedding.weight"] == "?" and template["ignore"] == ["net.enc.types"]
+    assert template["names"]["encoder.blks.{i}.attention.W_k.weight"] == "net.enc.blks.{i}.attention.W_k.weight"
+    template["names"]["encoder.segment_embedding.weight"] = "net.enc.types[0/1]"  # a user's fix: not this one
+    template["ignore"] = []
     path = tmp_path / "map.json"
     path.write_text(json.dumps(template))
-    mapping = map_parameters(CONFIG, parameters, read_map(path))
-    fused = Placement("net.layers.1.attention.qkv.bias", part=(2, 3))
-    assert mapping.placements["encoder.blks.1.attention.W_v.bias"] == fused
+    with pytest.raises(MappingError, match=r"encoder.segment_embedding.weight \(2, 12\) -> net.enc.types"):
+        map_parameters(CONFIG, parameters, read_map(path))
 
 
 def test_parts_and_transposes_go_there_and_back_exactly():

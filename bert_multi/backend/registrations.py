@@ -26,19 +26,14 @@ class Registration:
     # Environment variables its framework reads when it starts, with the values that let it share a
     # process and its GPU with the others (``share_the_process``), as (name, value) pairs.
     process_defaults: tuple[tuple[str, str], ...] = ()
+    # The package its framework is imported as: a user's model of that framework cannot exist in a process
+    # that has not imported it, so looking for the wrapper of one need not load this backend.
+    framework: str = ""
 
 
-def _own(
-    name: str,
-    path: str,
-    role: str,
-    label: str,
-    install: str = "",
-    environment: str = "",
-    process_defaults: tuple[tuple[str, str], ...] = (),
-) -> Registration:
+def _own(name: str, path: str, role: str, label: str, **known: Any) -> Registration:
     load = lambda: importlib.import_module(path)  # noqa: E731
-    return Registration(name, load, path, "bert_multi", role, label, install, environment, process_defaults)
+    return Registration(name, load, path, "bert_multi", role, label, **known)
 
 
 # The project's own backends, in the order reports list them: one entry each.
@@ -49,31 +44,35 @@ BUILTIN = (
         "bert_multi.torch",
         "framework",
         "PyTorch",
-        "pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)",
+        install="pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)",
+        framework="torch",
     ),
     _own(
         "mxnet",
         "bert_multi.mxnet",
         "framework",
         "MXNet/Gluon",
-        "pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)",
-        ".venv",
+        install="pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)",
+        environment=".venv",
+        framework="mxnet",
     ),
     _own(
         "jax",
         "bert_multi.jax",
         "framework",
         "JAX/Flax",
-        "make .venv-numpy2/.installed (jax==0.10.2, flax==0.12.8, optax==0.2.8; they need numpy>=1.24)",
-        ".venv-numpy2",
+        install="make .venv-numpy2/.installed (jax==0.10.2, flax==0.12.8, optax==0.2.8; they need numpy>=1.24)",
+        environment=".venv-numpy2",
         # JAX takes three quarters of a GPU's memory at its first use unless told to allocate as it goes.
-        (("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),),
+        process_defaults=(("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),),
+        framework="flax",
     ),
     _own(
         "transformers",
         "bert_multi.transformers",
         "reference",
         "transformers",
-        "pip install 'bert_multi[torch,reference]' (transformers)",
+        install="pip install 'bert_multi[torch,reference]' (transformers)",
+        framework="transformers",
     ),
 )

@@ -21,6 +21,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -222,7 +223,9 @@ def wrapper_for(model: object) -> LoadedBackend | None:
     declaring one of its classes in ``USER_MODELS``, the one nearest its own class (transformers' before
     PyTorch's for a transformers model, which is also an ``nn.Module``); None if no backend does."""
     found: list[tuple[int, LoadedBackend]] = []
-    for name in _REGISTRY.all():
+    for name, registration in _REGISTRY.all().items():
+        if registration.framework and registration.framework not in sys.modules:
+            continue  # nothing of that framework's can be here: verifying a torch model imports no MXNet
         try:
             backend = load_backend(name)
         except (CannotRunHere, BackendContractError):

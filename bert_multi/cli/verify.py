@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 from ..display import ProgressBar, format_table
+from ..files.safe import atomic_path
 from ..spec.loss import MLM_NORMALIZATIONS
 from ..spec.semantics import PRESETS
 from ..verify.cases import CASE_NAMES
+from ..verify.mapping import MappingError
 from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
 from ..verify.repro import save_repro
 from ..verify.session import VerifyReport, load_factory, verify
@@ -38,6 +40,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--preset", help=f"the d2l generation your model computes: {', '.join(PRESETS)} (default d2l)")
     parser.add_argument("--cases", type=comma_list, default=["all"], help=f"comma-separated: {', '.join(CASE_NAMES)}")
     parser.add_argument("--map", metavar="FILE", help="a JSON map file placing the canonical tensors (docs/verify.md)")
+    parser.add_argument(
+        "--write-map",
+        metavar="FILE",
+        help="write the placement used (or, where none is found, the one guessed) as a map file that --map reads",
+    )
     parser.add_argument("--gradients", action="store_true", help="also compare every parameter's float64 gradient")
     parser.add_argument(
         "--frozen", nargs="+", default=[], metavar="NAME", help="parameters meant to get no gradient (your names)"
@@ -60,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     check_output(args.save_repro, "--save-repro", directory=True)
+    check_output(args.write_map, "--write-map")
     factory, label = load_factory(args.model)
     loss = load_factory(args.loss)[0] if args.loss else None
     config, weights = model_and_weights(args, args.config, args.preset)
@@ -71,13 +79,25 @@ def run(args: argparse.Namespace) -> int:
             cases=None if args.cases == ["all"] else args.cases, gradients=args.gradients, frozen=args.frozen,
             loss=loss, mlm_normalization=args.mlm_normalization, map_file=args.map, progress=bar,
         )  # fmt: skip
+    except MappingError as error:
+        if not (args.write_map and error.suggested):
+            raise
+        write_map(args.write_map, error.suggested)
+        raise MappingError(
+            f"{error}\n(written to {args.write_map}: check it, then pass --map {args.write_map})"
+        ) from None
     finally:
         bar.close()
     print(f"parameters placed by {report.mapping.how}: {len(report.mapping.placements)} canonical tensors")
+    if args.write_map:
+        write_map(args.write_map, report.mapping.as_map_file())
+        print(f"the placement written to {args.write_map} (--map reads it)")
     print(summary_table(report.forward))
     print(f"\nran on:\n{runtime_lines(report.forward)}")
     if not report.forward.passed:
         print("\n" + failure_details(report.forward, report.user_name))
+        for diagnosis in report.diagnoses:
+            print(f"diagnosis: {diagnosis.describe()}")
     print_gradients_and_loss(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
@@ -88,6 +108,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"reproduction written to {save_repro(report, factory, weights, args.save_repro)}")
     print("\n" + report.verdict())
     return 0 if report.passed else 1
+
+
+def write_map(path: str, contents: dict[str, object]) -> None:
+    """A map file, replaced whole or not at all."""
+    with atomic_path(path) as tmp_path:
+        Path(tmp_path).write_text(json.dumps(contents, indent=2) + "\n")
 
 
 def print_gradients_and_loss(report: VerifyReport) -> None:

@@ -7,7 +7,9 @@ Parallel to ``bert_multi/torch/user.py`` and ``bert_multi/mxnet/user.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import inspect
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import flax
@@ -16,9 +18,10 @@ import numpy as np
 from flax import linen as nn
 
 from ..backend.contract import parse_device
+from ..errors import UsageError, UserCodeError
 from ..files.formats.flax import nested
 from ..spec.inputs import ModelInputs
-from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
+from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, in_call_order, outputs_of
 from .backend import precision, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
@@ -40,6 +43,35 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]
     return flat
 
 
+# The keywords a module's __call__ may take to switch its dropout off, and the values that do.
+INFERENCE_FLAGS = {"deterministic": True, "train": False, "training": False, "is_training": False}
+
+
+def inference_flags(module: nn.Module) -> dict[str, bool]:
+    """The keywords that put the user's module in inference mode, those its ``__call__`` takes. Framework
+    difference: a Flax module has no eval(); dropout is off when its call says so."""
+    try:
+        taken = inspect.signature(module.__call__).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: value for name, value in INFERENCE_FLAGS.items() if name in taken}
+
+
+@contextlib.contextmanager
+def _explained() -> Iterator[None]:
+    """A module that asks for a random key in its forward, as a line saying why and what to do."""
+    try:
+        yield
+    except UserCodeError as error:
+        if not isinstance(error.error, flax.errors.InvalidRngError):
+            raise
+        flags = " or ".join(f"{name}={value}" for name, value in INFERENCE_FLAGS.items())
+        raise UsageError(
+            "your Flax module draws random numbers in its forward (dropout left on?): verify computes in inference "
+            f"mode, by passing {flags} where its __call__ takes one; give it such a keyword (docs/verify.md)"
+        ) from None
+
+
 class WrappedModel:
     """A user's linen ``Module`` with its parameters, called the d2l way (tokens, segments, valid_lens,
     pred_positions) -> (encoded, mlm, nsp), at one dtype on one device. Given as ``(module, variables)``
@@ -57,9 +89,13 @@ class WrappedModel:
         elif model.scope is not None:
             module, variables = model.unbind()
         else:
-            module = model
-            with precision(dtype):
-                variables = call_user("your module's init", module.init, jax.random.key(0), *self._arrays(example))
+            module, variables = model, None
+        self.flags = inference_flags(module)
+        if variables is None:
+            with precision(dtype), _explained():
+                variables = call_user(
+                    "your module's init", module.init, jax.random.key(0), *self._arrays(example), **self.flags
+                )
         variables = flax.core.unfreeze(variables)
         self.module: nn.Module = module
         params = variables.get("params", variables)
@@ -82,6 +118,23 @@ class WrappedModel:
         """Every module holding parameters, and the modules around them, as dotted paths."""
         return {".".join(name.split(".")[:depth]) for name in self.flat for depth in range(1, name.count(".") + 1)}
 
+    def used_parameters(self, inputs: ModelInputs) -> list[str]:
+        """Its parameters in the order a forward pass first calls the modules that hold them (Flax's method
+        interception, while the forward is traced: no compiling needed)."""
+        order: list[str] = []
+
+        def seen(call: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+            order.append(".".join(context.module.path))
+            return call(*args, **kwargs)
+
+        def forward(params: Any, *arrays: Any) -> Any:
+            with nn.intercept_methods(seen):
+                return self.module.apply({"params": params}, *arrays, **self.flags)
+
+        with precision(self.dtype), _explained():
+            call_user("your model", jax.eval_shape, forward, self._tree(self.flat), *self._arrays(inputs))
+        return in_call_order(self.parameters(), order)
+
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         for name, array in arrays.items():
             if name in self.flat:
@@ -94,8 +147,8 @@ class WrappedModel:
         key = tuple(sorted(taps.items()))
         if key not in self.forwards:
             self.forwards[key] = self._compiled_forward(taps)
-        with precision(self.dtype):
-            returned, record = self.forwards[key](self._tree(self.flat), *self._arrays(inputs))
+        with precision(self.dtype), _explained():
+            returned, record = call_user("your model", self.forwards[key], self._tree(self.flat), *self._arrays(inputs))
         return outputs_of(returned, _to_numpy), {name: _to_numpy(value) for name, value in record.items()}
 
     def _compiled_forward(self, taps: Taps) -> Any:
@@ -117,7 +170,7 @@ class WrappedModel:
                 return output
 
             with nn.intercept_methods(keep):
-                returned = self.module.apply({"params": params}, *arrays)
+                returned = self.module.apply({"params": params}, *arrays, **self.flags)
             return returned, record
 
         return jax.jit(forward)
@@ -130,7 +183,7 @@ class WrappedModel:
             return {name: np.asarray(array) for name, array in _flatten(grads).items()}
 
     def _projected(self, params: Any, arrays: list[Any], cotangents: tuple[Any, ...]) -> jax.Array:
-        returned = self.module.apply({"params": params}, *arrays)
+        returned = self.module.apply({"params": params}, *arrays, **self.flags)
         pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
         return sum((o * c.astype(o.dtype)).sum() for o, c in pairs)
 

@@ -16,7 +16,7 @@ from mxnet import autograd, gluon
 
 from ..backend.contract import parse_device
 from ..spec.inputs import ModelInputs
-from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
+from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, in_call_order, outputs_of
 from .backend import _parameters, _submodule, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
@@ -81,6 +81,22 @@ class WrappedModel:
                 found.add(f"{path}{name}")
                 stack.append((f"{path}{name}.", child))
         return found
+
+    def used_parameters(self, inputs: ModelInputs) -> list[str]:
+        """Its parameters in the order a forward pass first calls the blocks that hold them (a pre-hook on
+        each block)."""
+        order: list[str] = []
+        blocks = {path: _submodule(self.module, path) if path else self.module for path in self.modules()}
+        removers = [
+            block.register_forward_pre_hook(lambda block, args, path=path: order.append(path))
+            for path, block in blocks.items()
+        ]
+        try:
+            self.run(inputs, {})
+        finally:
+            for remover in removers:
+                remover.detach()
+        return in_call_order(self.parameters(), order)
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         maker = _array_maker()

@@ -7,12 +7,13 @@ Parallel to ``bert_multi/mxnet/user.py``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..backend.contract import parse_device
 from ..spec.inputs import ModelInputs
@@ -26,6 +27,34 @@ USER_MODELS = ("torch.nn.modules.module.Module",)
 def _to_numpy(value: Any) -> np.ndarray | None:
     value = value[0] if isinstance(value, (tuple, list)) else value
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else None
+
+
+class _Uses(TorchFunctionMode):
+    """While active, the names of the parameters (by identity, from ``names``) that torch functions are
+    given, in the order they are first given. Torch function modes are per thread."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        super().__init__()
+        self.names: dict[int, str] = names
+        self.order: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        for value in _leaves((args, kwargs or {})):
+            name = self.names.get(id(value))
+            if name is not None and name not in self.order:
+                self.order.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _leaves(value: Any) -> Iterator[Any]:
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _leaves(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 class WrappedModel:
@@ -56,6 +85,14 @@ class WrappedModel:
 
     def modules(self) -> set[str]:
         return {name for name, _ in self.module.named_modules()}
+
+    def used_parameters(self, inputs: ModelInputs) -> list[str]:
+        """Its parameters in the order a forward pass first uses them, each seen wherever it is used (a
+        parameter read by a parent, or a layer's weight used without calling the layer, included)."""
+        uses = _Uses({id(parameter): name for name, parameter in self.module.named_parameters()})
+        with uses:
+            self.run(inputs, {})
+        return uses.order
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         with torch.no_grad():

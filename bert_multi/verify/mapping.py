@@ -1,20 +1,26 @@
 """Where each canonical tensor lives in a user's model: the mapping ``bert-multi verify`` loads weights
 through, reads gradients back through, and names activations by.
 
-A mapping is found without running the model, so that it never depends on whether the model conforms:
+A mapping is found without comparing anything with the oracle, so that it never depends on whether the
+model conforms:
 
 1. a map file's rules first (``read_map``): renames, transposes, and parts of a fused tensor;
-2. then the names of a known family (every d2l generation's PyTorch, Gluon and Flax names, with Flax's
-   (in, out) kernels transposed; transformers' names), under any wrapper prefix (``module.``, ``params.``);
-3. else registration order and shape, when the remaining tensors correspond one to one;
-4. else a ``MappingError`` listing what could not be placed, with a map file that would place it.
+2. then names, tensor by tensor: the known family (every d2l generation's PyTorch, Gluon and Flax names,
+   with Flax's (in, out) kernels transposed; transformers' names) and wrapper prefix (``module.``,
+   ``params.``) that place the most, then other families under that prefix for the rest;
+3. then what is left in the order the model uses it (the order its modules are called in a forward pass
+   where its framework can tell, else their registration order), against the canonical tensors in the
+   order the oracle uses them, by shape: a 2-D Flax ``kernel`` is (in, out), and a tensor three times
+   W_q's size is a fused QKV;
+4. else a ``MappingError`` listing what could not be placed, with a map file that would place it
+   (``MappingError.suggested``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +42,12 @@ NSP_LAYOUTS = (("hidden.0", "nsp.output"), ("nsp.mlp.0", "nsp.mlp.2"))
 
 class MappingError(UsageError):
     """The user's parameters and the canonical tensors could not be matched: a set-up error, which says
-    what could not be placed and how a map file would place it."""
+    what could not be placed and how a map file would place it (``suggested``: that map file's contents,
+    to write and check)."""
+
+    def __init__(self, message: str, suggested: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.suggested = suggested
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,12 @@ class ParameterMap:
     shapes: dict[str, Shape]  # the user's parameters, in registration order
     how: str  # "names (...)", "registration order and shape", or the map file, for the report
     ignored: list[str] = field(default_factory=list)  # user parameters stated to be no canonical tensor's
+    inferred: tuple[str, ...] = ()  # the canonical tensors placed by order and shape, not by names
+
+    def with_placements(self, changed: Mapping[str, Placement], note: str) -> ParameterMap:
+        """The same mapping with some placements changed, and why."""
+        placements = {name: changed.get(name, placement) for name, placement in self.placements.items()}
+        return ParameterMap(placements, self.shapes, f"{self.how} + {note}", self.ignored, self.inferred)
 
     def user_name(self, canonical: str) -> str:
         return self.placements[canonical].describe()
@@ -90,6 +107,14 @@ class ParameterMap:
             out[canonical] = array
         return out
 
+    def as_map_file(self) -> dict[str, object]:
+        """These placements as a map file's contents, which ``read_map`` reads back to the same placements
+        (``--write-map``): one rule per block pattern where every block follows it."""
+        return {
+            "names": _per_block({name: placement.describe() for name, placement in self.placements.items()}),
+            "ignore": list(self.ignored),
+        }
+
     def module_of(self, canonical: str) -> str | None:
         """The user's module that holds ``canonical`` (its parameter's path without the last part), or
         None for a parameter of the model itself."""
@@ -115,7 +140,7 @@ def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
         k, n = placement.part
         if not user or user[0] % n or not 0 <= k < n:
             return False
-        user = (user[0] // n, *user[1:])
+        return (user[0] // n, *user[1:]) == shape  # a part is cut along the first axis: no axis to drop
     return tuple(d for d in user if d != 1) == tuple(d for d in shape if d != 1)
 
 
@@ -138,19 +163,6 @@ def families(config: BERTConfig) -> list[tuple[str, dict[str, Placement]]]:
     if huggingface.expressible(config) is None:
         found.append(("transformers' names", {c: Placement(own) for c, own in huggingface.hf_names(config).items()}))
     return found
-
-
-def _with_prefix(names: dict[str, Placement], wanted: Iterable[str], available: set[str]) -> str | None:
-    """The wrapper prefix under which every ``wanted`` canonical tensor's name in ``names`` is in
-    ``available``, or None."""
-    wanted = list(wanted)
-    anchor = names[wanted[0]].name
-    for candidate in sorted(available):
-        if candidate.endswith(anchor) and (candidate == anchor or candidate[: -len(anchor)].endswith(".")):
-            prefix = candidate[: -len(anchor)]
-            if all(prefix + names[name].name in available for name in wanted):
-                return prefix
-    return None
 
 
 # --- the map file -----------------------------------------------------------------------------------------
@@ -227,10 +239,15 @@ def read_map(path: str | Path) -> MapFile:
 
 
 def map_parameters(
-    config: BERTConfig, parameters: Iterable[tuple[str, Shape]], map_file: MapFile | None = None
+    config: BERTConfig,
+    parameters: Iterable[tuple[str, Shape]],
+    map_file: MapFile | None = None,
+    called: Callable[[], Sequence[str]] | None = None,
 ) -> ParameterMap:
     """Place every canonical tensor of ``config`` in the user's ``parameters`` ((name, shape) in
-    registration order), as this module's docstring says, or raise ``MappingError``."""
+    registration order), as this module's docstring says, or raise ``MappingError``. ``called()``: the
+    parameters' names in the order a forward pass uses them, where the framework can tell (asked only
+    when names leave something to place)."""
     shapes = dict(parameters)
     canonical = param_shapes(config)
     ignored = list(map_file.ignore) if map_file else []
@@ -242,55 +259,245 @@ def map_parameters(
     left = [name for name in canonical if name not in placements]
     taken = {placement.name for placement in placements.values()}
     free = {name: shape for name, shape in shapes.items() if name not in ignored and name not in taken}
+    inferred: tuple[str, ...] = ()
     if left:
-        found, how = _automatic(config, left, free)
+        found, how, inferred = _automatic(config, left, free, called)
         placements.update(found)
         hows.append(how)
     mapping = ParameterMap({name: placements[name] for name in canonical if name in placements}, shapes,
-                           " + ".join(hows) if hows else "map file", ignored)  # fmt: skip
+                           " + ".join(hows) if hows else "map file", ignored, inferred)  # fmt: skip
     _check(mapping, canonical, placements)
     return mapping
 
 
-def _automatic(config: BERTConfig, left: list[str], free: dict[str, Shape]) -> tuple[dict[str, Placement], str]:
+def computation_order(config: BERTConfig) -> list[str]:
+    """The canonical tensors in the order the oracle uses them: the embeddings, each block, then the heads
+    as d2l's ``BERTModel`` calls them, the masked LM before the pooler and the NSP classifier (the schema
+    lists the pooler first, as d2l registers it)."""
+    rank = {"mlm": 1, "hidden": 2, "nsp": 3}
+    return sorted(param_shapes(config), key=lambda name: rank.get(name.split(".")[0], 0))
+
+
+def _automatic(
+    config: BERTConfig, left: list[str], free: dict[str, Shape], order_of_use: Callable[[], Sequence[str]] | None
+) -> tuple[dict[str, Placement], str, tuple[str, ...]]:
     """Placements for the ``left`` canonical tensors among the ``free`` user parameters (name -> shape,
-    in registration order): by a family's names, else by order and shape, else a ``MappingError``."""
-    available = set(free)
-    for family, names in families(config):
-        prefix = _with_prefix(names, left, available)
-        if prefix is not None:
-            how = f"names ({family}" + (f", under the prefix {prefix!r})" if prefix else ")")
-            return {name: Placement(prefix + names[name].name, names[name].transpose) for name in left}, how
+    in registration order): by names, tensor by tensor, then the rest by the order of use and shape, else
+    a ``MappingError``. And how, and which were placed by order."""
     canonical = param_shapes(config)
-    # Framework difference: a Flax Dense keeps its kernel (in, out), the transpose of a d2l weight.
-    ordered = {c: Placement(u, flax.transposed(u) and len(free[u]) == 2) for c, u in zip(left, free)}
-    if len(free) == len(left) and all(_expected_shape(canonical[c], free[p.name], p) for c, p in ordered.items()):
-        return ordered, "registration order and shape (inferred: check it)"
-    raise MappingError(_unplaced(left, free, canonical))
+    placements, hows = _by_names(config, left, free)
+    # In the order the model uses them where its framework can tell, else in d2l's registration order.
+    rest = [name for name in canonical if name in left and name not in placements]
+    if rest:
+        called = order_of_use() if order_of_use is not None else None
+        if called is not None:
+            rest = [name for name in computation_order(config) if name in rest]
+        taken = {placement.name for placement in placements.values()}
+        order = [name for name in (called or []) if name in free and name not in taken]
+        known = len(order) if called is not None else None  # the rest the forward never used
+        order += [name for name in free if name not in taken and name not in order]
+        found, unplaced = _by_order(rest, order, free, canonical, known)
+        if unplaced:
+            raise MappingError(*_unplaced(rest, order, free, canonical, placements, called is not None, known))
+        placements.update(found)
+        by = "order of use" if called is not None else "registration order"
+        hows.append(f"{by} and shape ({len(rest)} tensors, inferred: check them)")
+    return placements, " + ".join(hows), tuple(rest)
 
 
-def _guesses(left: list[str], free: dict[str, Shape], canonical: dict[str, Shape]) -> dict[str, str]:
-    """A first map for ``left``: a tensor three times W_q's size as a fused QKV, else the first unused
-    parameter of the right shape, in registration order."""
-    guesses: dict[str, str] = {}
-    unused = list(free)
+def _by_names(config: BERTConfig, left: list[str], free: dict[str, Shape]) -> tuple[dict[str, Placement], list[str]]:
+    """Placements of the ``left`` tensors whose names a family knows: the family and wrapper prefix that
+    place the most, then, under that prefix, any other family's names for the rest. And how each did."""
+    canonical = param_shapes(config)
+    known = families(config)
+    placements: dict[str, Placement] = {}
+    hows: list[str] = []
+    prefix: str | None = None
+    while True:
+        best: tuple[int, str, str, dict[str, Placement]] | None = None
+        for family, names in known:
+            for candidate in [prefix] if prefix is not None else _prefixes(names, left, free):
+                found = {
+                    name: Placement(candidate + names[name].name, names[name].transpose)
+                    for name in left
+                    if name not in placements
+                    and candidate + names[name].name in free
+                    and _expected_shape(canonical[name], free[candidate + names[name].name], names[name])
+                }
+                if found and (best is None or len(found) > best[0]):
+                    best = (len(found), family, candidate, found)
+        if best is None:
+            return placements, hows
+        count, family, prefix, found = best
+        placements.update(found)
+        under = f", under the prefix {prefix!r}" if prefix else ""
+        every = count == len(left) and not hows
+        hows.append(f"names ({family}{under})" if every else f"names ({family}{under}: {count} tensors)")
+
+
+def _prefixes(names: dict[str, Placement], left: list[str], free: dict[str, Shape]) -> list[str]:
+    """The wrapper prefixes under which some of the ``left`` tensors' names in ``names`` are ``free``."""
+    found = []
     for name in left:
-        if name in guesses:
-            continue
-        query = re.fullmatch(r"(.*\.attention\.)W_q\.(weight|bias)", name)
-        if query:
-            fused = [u for u in unused if _expected_shape(canonical[name], free[u], Placement(u, part=(0, 3)))]
-            trio = [f"{query[1]}W_{x}.{query[2]}" for x in "qkv"]
-            if fused and all(other in canonical for other in trio):
-                guesses.update((other, f"{fused[0]}[{k}/3]") for k, other in enumerate(trio))
-                unused.remove(fused[0])
-                continue
-        same = [u for u in unused if _expected_shape(canonical[name], free[u], Placement(u))]
-        guesses[name] = same[0] if same else "?"
-        if same:
-            unused.remove(same[0])
-    guesses["ignore"] = ", ".join(unused)
-    return guesses
+        own = names[name].name
+        for candidate in free:
+            if candidate == own or candidate.endswith("." + own):
+                found.append(candidate[: -len(own)])
+    return sorted(set(found), key=found.index)
+
+
+def _by_order(
+    rest: list[str], order: list[str], free: dict[str, Shape], canonical: dict[str, Shape], known: int | None = None
+) -> tuple[dict[str, Placement], list[str]]:
+    """The ``rest`` of the canonical tensors (in the oracle's order) placed in the user's parameters taken
+    in ``order``, in two passes. First whole modules: each canonical module (a dense layer's weight and
+    bias, a LayerNorm's, a table) at the module of the first unused parameter that fits its first tensor,
+    where that module's tensors fit its own one for one (a pre-norm block's LayerNorm, used before the
+    attention, is still its LayerNorm; three times W_q's size is a fused QKV). Then the rest tensor by
+    tensor, each at the first unused parameter of its shape between where the modules before and after it
+    were placed (a module holding several roles' tensors), or among the parameters after the first
+    ``known`` of ``order``: the forward never used them, so where they belong is unknown. Flax's 2-D
+    ``kernel`` is taken as (in, out). And the tensors it could not place."""
+    placements: dict[str, Placement] = {}
+    unused = list(order)
+    position = {name: index for index, name in enumerate(order)}
+    known = len(order) if known is None else known
+
+    def fits(name: str, candidate: str) -> bool:
+        return _expected_shape(canonical[name], free[candidate], _oriented(candidate, free[candidate]))
+
+    modules = _grouped(rest)
+    for owner, names in modules.items():
+        found = _fused(owner, modules, unused, free, canonical) if not any(n in placements for n in names) else {}
+        # The first module that can hold it: whole where it holds nothing else, else left to the second pass
+        # (one module of several roles); a module with too few tensors of its shapes is passed over.
+        for home in dict.fromkeys(_owner(u) for u in unused if fits(names[0], u)):
+            if found is not None:
+                break
+            members = [u for u in unused if _owner(u) == home]
+            held = _fit(names, members, free, canonical)
+            if held is not None:
+                whole = len(members) == len(names) == len([u for u in order if _owner(u) == home])
+                found = held if whole else {}
+        for placement in (found or {}).values():
+            if placement.name in unused:
+                unused.remove(placement.name)
+        placements.update(found or {})
+    owners = list(modules)
+    for index, owner in enumerate(owners):
+        before = [position[placements[n].name] for o in owners[:index] for n in modules[o] if n in placements]
+        after = [position[placements[n].name] for o in owners[index + 1 :] for n in modules[o] if n in placements]
+        low, high = max(before, default=-1), min(after, default=len(order))
+        if low >= high:  # the modules around it were placed crossed (a pre-norm block): after the one before
+            high = len(order)
+        window = [u for u in unused if low < position[u] < min(high, known) or position[u] >= known]
+        for name in modules[owner]:
+            same = next((u for u in window if fits(name, u)), None) if name not in placements else None
+            if same is not None:
+                placements[name] = _oriented(same, free[same])
+                unused.remove(same)
+                window.remove(same)
+    return placements, [name for name in rest if name not in placements]
+
+
+def _owner(name: str) -> str:
+    """The module a parameter belongs to: its path without the last part ("" for the model's own)."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _grouped(names: list[str]) -> dict[str, list[str]]:
+    """``names`` by module, the modules in the order of their first parameter in ``names``."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(_owner(name), []).append(name)
+    return groups
+
+
+# What a canonical tensor's last name is called in the frameworks' layers, for telling a module's tensors
+# apart where the shapes cannot (a LayerNorm's gamma and beta).
+LEAF_NAMES = {"weight": ("weight", "kernel", "scale", "gamma", "embedding", "w"), "bias": ("bias", "beta", "b")}
+
+
+def _fit(
+    names: list[str], members: list[str], free: dict[str, Shape], canonical: dict[str, Shape]
+) -> dict[str, Placement] | None:
+    """The canonical module ``names`` held by the user's module ``members``, each tensor at a member of its
+    shape (by the leaves' names where shapes are alike, else by order); None if they cannot hold it."""
+    found: dict[str, Placement] = {}
+    left = list(members)
+    for name in names:
+        leaf = name.rsplit(".", 1)[-1]
+        fitting = [u for u in left if _expected_shape(canonical[name], free[u], _oriented(u, free[u]))]
+        named = [u for u in fitting if u.rsplit(".", 1)[-1] in LEAF_NAMES.get(leaf, ())]
+        if not fitting:
+            return None
+        chosen = (named or fitting)[0]
+        found[name] = _oriented(chosen, free[chosen])
+        left.remove(chosen)
+    return found
+
+
+def _fused(
+    owner: str, modules: dict[str, list[str]], unused: list[str], free: dict[str, Shape], canonical: dict[str, Shape]
+) -> dict[str, Placement] | None:
+    """W_q, W_k and W_v as the thirds of one module of the user's (a fused QKV), where ``owner`` is W_q's:
+    the module of the first unused parameter three times W_q's weight."""
+    if not owner.endswith(".attention.W_q"):
+        return None
+    trio = [owner[: -len("W_q")] + f"W_{x}" for x in "qkv"]
+    if not all(module in modules for module in trio):
+        return None
+    tripled = {name: (3 * shape[0], *shape[1:]) for name, shape in canonical.items()}
+    weight = modules[owner][0]
+    first = next((u for u in unused if _expected_shape(tripled[weight], free[u], _oriented(u, free[u]))), None)
+    if first is None:
+        return None
+    thirds = _fit(modules[owner], [u for u in unused if _owner(u) == _owner(first)], free, tripled)
+    if not thirds:
+        return None
+    return {
+        name.replace(".W_q.", f".W_{x}."): Placement(placement.name, placement.transpose, (k, 3))
+        for name, placement in thirds.items()
+        for k, x in enumerate("qkv")
+    }
+
+
+def _oriented(name: str, shape: Shape, part: tuple[int, int] | None = None) -> Placement:
+    """A placement at the user's parameter ``name``. Framework difference: a Flax Dense keeps its kernel
+    (in, out), the transpose of a d2l weight."""
+    return Placement(name, flax.transposed(name) and len(shape) == 2, part)
+
+
+def _unplaced(
+    rest: list[str],
+    order: list[str],
+    free: dict[str, Shape],
+    canonical: dict[str, Shape],
+    placed: dict[str, Placement],
+    called: bool,
+    known: int | None,
+) -> tuple[str, dict[str, object]]:
+    """The error for tensors that could not be placed: what is missing, and a map file to start from (what
+    names placed, then the order's guesses, "?" where none has the shape)."""
+    guessed, unplaced = _by_order(rest, order, free, canonical, known)
+    taken = {placement.name for placement in {**placed, **guessed}.values()}
+    rules = {name: placement.describe() for name, placement in {**placed, **guessed}.items()}
+    rules.update((name, "?") for name in unplaced)
+    suggested: dict[str, object] = {
+        "names": _per_block(dict(sorted(rules.items(), key=lambda item: list(canonical).index(item[0])))),
+        "ignore": [name for name in free if name not in taken],
+    }
+    by = "the order your model calls its modules in" if called else "registration order"
+    message = (
+        f"{len(unplaced)} canonical tensor(s) could not be placed in your model's parameters: their names "
+        f"are none of the known families (d2l's PyTorch, Gluon or Flax names of any generation, "
+        f"transformers' names, under any prefix), and by {by} no parameter of the right shape is left for "
+        f"them. Not placed: {', '.join(f'{n} {canonical[n]}' for n in unplaced[:8])}"
+        f"{' ...' if len(unplaced) > 8 else ''}. Write a map file and pass it with --map (map_file=); this "
+        f"one is guessed, so check every line ({{i}} stands for a block, NAME.T for a transposed tensor, "
+        f"NAME[k/3] for the k-th third of a fused QKV, ? for what nothing fits):\n{json.dumps(suggested, indent=2)}"
+    )
+    return message, suggested
 
 
 def _per_block(guesses: dict[str, str]) -> dict[str, str]:
@@ -305,23 +512,6 @@ def _per_block(guesses: dict[str, str]) -> dict[str, str]:
     if all(len(found) == 1 for found in patterns.values()):
         return {key: found.pop() for key, found in patterns.items()}
     return guesses
-
-
-def _unplaced(left: list[str], free: dict[str, Shape], canonical: dict[str, Shape]) -> str:
-    """The error for tensors that could not be placed: what is missing, and a map file to start from."""
-    guesses = _guesses(left, free, canonical)
-    unused = [name for name in guesses.pop("ignore").split(", ") if name]
-    shown = json.dumps({"names": _per_block(guesses), "ignore": unused}, indent=2)
-    return (
-        f"{len(left)} canonical tensor(s) could not be placed in your model's parameters: their names are "
-        f"none of the known families (d2l's PyTorch or Gluon names of any generation, transformers' names, "
-        f"under any prefix), and by registration order the shapes do not correspond one to one "
-        f"({len(left)} canonical tensors, {len(free)} parameters of yours). Not placed: "
-        f"{', '.join(f'{n} {canonical[n]}' for n in left[:8])}{' ...' if len(left) > 8 else ''}. "
-        f"Write a map file and pass it with --map (map_file=); this one is guessed by shape, so check "
-        f"every line ({{i}} stands for a block, NAME.T for a transposed tensor, NAME[k/3] for the k-th "
-        f"third of a fused QKV):\n{shown}"
-    )
 
 
 def _check(mapping: ParameterMap, canonical: dict[str, Shape], placements: dict[str, Placement]) -> None:

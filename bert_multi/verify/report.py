@@ -10,8 +10,9 @@ from pathlib import Path
 from ..backend.contract import intermediate_names
 from ..backend.registry import label_of
 from ..display import format_table
+from ..spec.schema import SUPPORTED_DTYPES
 from .compare import Comparison
-from .results import OUTPUT_NAMES, Report
+from .results import OUTPUT_NAMES, Check, Report
 
 
 def _number(value: float) -> str:
@@ -106,18 +107,36 @@ def summary_table(report: Report) -> str:
 
 
 def failure_details(report: Report, names: Callable[[str], str] | None = None) -> str:
-    """What each backend that raised was doing, and for each failing check where it first diverged, in
-    computation order; ``names`` says where an activation is in a user's own model."""
+    """What each backend that raised was doing, and where each failing target first diverges from each
+    reference, in computation order: one line per distinct divergence, with how many of the cases and
+    which dtypes show it, and the worst of them; ``names`` says where an activation is in a user's model."""
     lines = [error.describe() for error in report.errors]
+    groups: dict[tuple[str, str, str, str], list[Check]] = {}
     for check in report.failures():
         first = check.first_divergence
         assert first is not None
-        where = f" (yours: {names(first.name)})" if names and names(first.name) != first.name else ""
+        key = (check.target.backend, check.target.device, _without_dtype(check.reference), first.name)
+        groups.setdefault(key, []).append(check)
+    for (backend, device, reference, name), checks in groups.items():
+        cases = sorted({check.case for check in checks}, key=report.cases.index)
+        run = {c.case for c in report.checks if (c.target.backend, c.target.device) == (backend, device)}
+        dtypes = " and ".join(sorted({check.target.dtype for check in checks}))
+        shown = ", ".join(cases[:3]) + (", ..." if len(cases) > 3 else "")
+        where = f" (yours: {names(name)})" if names and names(name) != name else ""
         lines.append(
-            f"FAIL {check.target} vs {check.reference}, case {check.case}: first divergence at {first.name!r}{where}"
+            f"FAIL {backend} vs {reference}: first divergence at {name!r}{where} in {len(cases)} of {len(run)} "
+            f"case{'s' if len(run) > 1 else ''} ({shown}), {dtypes} on {device}"
         )
-        lines.append(f"     {first.describe()}")
+        worst = max(checks, key=lambda check: check.first_divergence.ratio)  # type: ignore[union-attr]
+        first = worst.first_divergence
+        assert first is not None
+        lines.append(f"     worst, case {worst.case} in {worst.target.dtype}: {first.describe()}")
     return "\n".join(lines)
+
+
+def _without_dtype(reference: str) -> str:
+    """A reference without its dtype: "torch cpu (weights via file)" for "torch float32 cpu (...)"."""
+    return " ".join(word for word in reference.split(" ") if word not in SUPPORTED_DTYPES)
 
 
 def runtime_lines(report: Report) -> str:

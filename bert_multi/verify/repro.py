@@ -20,34 +20,48 @@ from .user import Given, UserBackend
 
 SCRIPT = '''"""{title}
 
-Run it with NumPy alone: python repro.py. weights.npz holds the canonical weights (bert_multi's format:
-plain .npy members), inputs.npz the batch, reference.npz the float64 oracle's outputs and activations,
-yours.npz your model's, in the order they are computed."""
+Run it with NumPy alone, from anywhere: python repro.py (exit status 1 when it shows a divergence).
+weights.npz beside it holds the canonical weights (bert_multi's format: plain .npy members), inputs.npz
+the batch, reference.npz the float64 oracle's outputs and activations, yours.npz your model's, in the
+order they are computed."""
+
+import sys
+from pathlib import Path
 
 import numpy as np
 
+HERE = Path(__file__).resolve().parent
 ORDER = {order}
 WHERE = {where}
 ATOL, RTOL = {atol!r}, {rtol!r}  # the tolerance of this check
 
-reference, yours = np.load("reference.npz"), np.load("yours.npz")
-for name in ORDER:
-    if name not in yours.files:
-        print(f"{{name}}: your model has no value for it")
-        break
-    got, expected = yours[name].astype(np.float64), reference[name]
-    if got.shape != expected.shape:
-        print(f"{{name}}: shape {{got.shape}}, expected {{expected.shape}}")
-        break
-    error = np.abs(got - expected)
-    bad = ~np.isfinite(got) | (error > ATOL + RTOL * np.abs(expected))
-    if bad.any():
-        index = tuple(int(i) for i in np.argwhere(bad)[0])
-        print(f"first divergence: {{name}} ({{WHERE.get(name, 'an output')}}), max abs error {{np.nanmax(error):.3g}}")
-        print(f"first element outside the tolerance: {{index}}, yours {{got[index]!r}}, expected {{expected[index]!r}}")
-        break
-else:
-    print("no divergence: every activation and output is within the tolerance")
+
+def first_divergence():
+    """The first activation or output outside the tolerance, as lines to print; None if there is none."""
+    reference, yours = np.load(HERE / "reference.npz"), np.load(HERE / "yours.npz")
+    for name in ORDER:
+        if name not in yours.files:
+            return [f"{{name}}: your model has no value for it"]
+        got, expected = yours[name].astype(np.float64), reference[name]
+        if got.shape != expected.shape:
+            return [f"{{name}}: shape {{got.shape}}, expected {{expected.shape}}"]
+        error = np.abs(got - expected)
+        bad = ~np.isfinite(got) | (error > ATOL + RTOL * np.abs(expected))
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            return [
+                f"first divergence: {{name}} ({{WHERE.get(name, 'an output')}}), "
+                f"max abs error {{np.nanmax(error):.3g}}",
+                f"first element outside the tolerance: {{index}}, yours {{float(got[index])!r}}, "
+                f"expected {{float(expected[index])!r}}",
+            ]
+    return None
+
+
+if __name__ == "__main__":
+    found = first_divergence()
+    print("\\n".join(found or ["no divergence: every activation and output is within the tolerance"]))
+    sys.exit(1 if found else 0)
 '''
 
 
@@ -56,7 +70,7 @@ def save_repro(report: Any, factory: Any, weights: dict[str, np.ndarray], direct
     check = report.forward.failures()[0]
     case = get_case(check.case).input(report.config, report.seed)
     config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
-    backend = UserBackend(Given.of(factory, report.label), report.map_file)
+    backend = UserBackend(Given.of(factory, report.label), report.map_file, report.mapping)
     yours = backend.build(config, cut, check.target.device, check.target.dtype)(**case.batch, intermediates=True)
     expected = build_oracle(config, cut, dtype="float64")(**case.batch, intermediates=True)
     names = [name for name in (yours.intermediates or {}) if name in (expected.intermediates or {})]

@@ -13,17 +13,22 @@ from typing import Any
 
 import numpy as np
 
+from ..backend.contract import intermediate_names
 from ..backend.registry import register_backend, unregister_backend
 from ..errors import CannotRunHere, UsageError
 from ..spec.config import CONFIGS, BERTConfig
-from ..spec.schema import random_weights, validate_weights
+from ..spec.inputs import check_inputs
+from ..spec.schema import cut_max_len, random_weights, validate_weights
 from ..spec.semantics import releases_of
 from .cases import CASES, get_case
+from .compare import tolerance_for
 from .conform import Progress, run_conformance
 from .gradients import GradientCheck, LossCheck, check_gradients, check_loss, resolve_frozen
 from .mapping import MapFile, ParameterMap, read_map
+from .mistakes import MISTAKES, Diagnosis, Site, diagnose, nondeterminism
 from .report import failure_details
-from .results import Report, Target
+from .results import OUTPUT_NAMES, Report, Target
+from .roles import decide_roles
 from .subject import call_user
 from .user import Given, UserBackend, UserBERT
 
@@ -43,6 +48,7 @@ class VerifyReport:
     seed: int = 0  # of the weights and the cases
     gradients_skipped: dict[str, str] = field(default_factory=dict)  # device -> why its gradients were not taken
     map_file: MapFile | None = None
+    diagnoses: list[Diagnosis] = field(default_factory=list)  # what each diverging module computes instead
 
     @property
     def passed(self) -> bool:
@@ -77,12 +83,15 @@ class VerifyReport:
             return f"PASS: {self.label} computes {what}: {', '.join(asked)} conform{unrun}."
         failures = self.forward.failures()
         if failures:
-            check = failures[0]
+            order = [*intermediate_names(self.config), *OUTPUT_NAMES]
+            check = min(failures, key=lambda check: order.index(check.first_divergence.name))  # type: ignore[union-attr]
             first = check.first_divergence
             assert first is not None
+            found = next((d for d in self.diagnoses if d.activation == first.name and d.mistake is not None), None)
+            instead = f": it {found.mistake.says(found.rule, self.config)}" if found and found.mistake else ""
             return (
                 f"FAIL: {self.label} first diverges at {first.name} (yours: {self.user_name(first.name)}), "
-                f"case {check.case}, {check.target.dtype} on {check.target.device}."
+                f"case {check.case}, {check.target.dtype} on {check.target.device}{instead}."
             )
         if not self.forward.passed:
             return f"FAIL: {self.label}'s forward did not run through (see the errors above)."
@@ -97,6 +106,7 @@ class VerifyReport:
     def failures(self) -> str:
         """Where each failing check first goes wrong, in the user's names (empty when all passed)."""
         lines = [failure_details(self.forward, self.user_name)] if not self.forward.passed else []
+        lines += [f"diagnosis: {diagnosis.describe()}" for diagnosis in self.diagnoses]
         for check in self.gradients:
             if check.ungraded:
                 names = ", ".join(self.user_name(name) for name in check.ungraded)
@@ -127,6 +137,18 @@ class VerifyReport:
                 for check in self.gradients
             ],
             "gradients_skipped": self.gradients_skipped,
+            "diagnoses": [
+                {
+                    "activation": d.activation,
+                    "module": d.where,
+                    "mistake": d.mistake.name if d.mistake else None,
+                    "change": {key: str(value) for key, value in d.rule.items()},
+                    "reproduces_to": d.error,
+                    "d2l_rule_off_by": d.off,
+                    "said": d.describe(),
+                }
+                for d in self.diagnoses
+            ],
             "loss": None
             if self.loss is None
             else {
@@ -216,15 +238,31 @@ def verify(
         # Set-up first, on the CPU in float64: making, mapping, loading and one forward of the model, so
         # that a mapping problem or an exception in the user's code stops here, before any comparison.
         probe = backend.build(config, weights, "cpu", "float64")
-        frozen_names = resolve_frozen(frozen, probe.mapping)
+        # What cannot be checked is refused before any work.
+        if loss is not None and not hasattr(probe.subject, "batch_loss"):
+            raise UsageError(f"--loss needs d2l's loss in your model's framework; {probe.subject.framework} has none "
+                             "to follow (d2l wrote it for PyTorch and Gluon)")  # fmt: skip
+        if gradients and not hasattr(probe.subject, "vjp"):
+            raise UsageError(f"{probe.subject.framework} gives no gradients (a NumPy-protocol model needs a gradients "
+                             "method)")  # fmt: skip
         first = next(case.input(config, seed) for case in chosen)
-        call_user(f"your model {given.label}", probe, **first.batch)
+        out = call_user(f"your model {given.label}", probe, **first.batch, intermediates=True)
+        if probe.mapping.inferred:  # what the order of use only suggests, the oracle decides
+            recorded = {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
+            checked = check_inputs(config, **first.batch)
+            decided, _ = decide_roles(probe.mapping, config, weights, checked, recorded)
+            if decided is not probe.mapping:
+                backend.decided = decided
+                probe = backend.build(config, weights, "cpu", "float64")
+                call_user(f"your model {given.label}", probe, **first.batch)
+        frozen_names = resolve_frozen(frozen, probe.mapping)
         backend.keep_spare(probe)
         targets = [Target(given.label, dtype, device) for device in devices for dtype in dtypes]
         inputs = [case.input(config, seed) for case in chosen]
         forward = run_conformance(config, weights, targets, inputs, pairs=True, progress=progress)
         report = VerifyReport(given.label, config, probe.mapping, probe.activation_names(), forward, seed=seed)
         report.map_file = map_file
+        report.diagnoses = diagnose_divergences(report, backend, weights)
         eps = backend.kernel_eps(config.semantics.layer_norm_eps)
         if gradients:
             for device in devices:
@@ -242,4 +280,42 @@ def verify(
         unregister_backend(given.label)
 
 
-__all__ = ["VerifyReport", "UserBERT", "load_factory", "verify"]
+def diagnose_divergences(report: VerifyReport, backend: UserBackend, weights: dict[str, np.ndarray]) -> list[Diagnosis]:
+    """What the user's module computes instead at each distinct first divergence, from a float64 run on the
+    CPU of the first case that shows it: dropout left on if two runs of it differ, else the catalogue's
+    mistake that reproduces the module's output from its own recorded input (``mistakes.diagnose``)."""
+    found: list[Diagnosis] = []
+    seen: set[str] = set()
+    for check in sorted(report.forward.failures(), key=lambda check: check.target.dtype != "float64"):
+        first = check.first_divergence
+        assert first is not None
+        if first.name in seen:
+            continue
+        seen.add(first.name)
+        case = get_case(check.case).input(report.config, report.seed)
+        config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
+        model = backend.build(config, cut, "cpu", "float64")
+        out, again = (call_user(f"your model {report.label}", model, **case.batch, intermediates=True) for _ in "12")
+        recorded = {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
+        where = _module(report.user_name(first.name))
+        apart = nondeterminism(recorded, {**(again.intermediates or {}), "encoded": again.encoded})
+        if apart > 0:
+            found.append(Diagnosis(first.name, where, MISTAKES["dropout_at_inference"], {"apart": apart}, 0.0, apart,
+                                   config))  # fmt: skip
+            continue
+        inputs = check_inputs(config, **case.batch)
+        diagnosis = diagnose(Site(config, cut, inputs, first.name, recorded), where, tolerance_for("float64"))
+        if diagnosis is not None:
+            found.append(diagnosis)
+    return found
+
+
+def _module(place: str) -> str:
+    """Where an activation is, as a module: "layers.0.norm1" for its output, "the input of ..." else."""
+    path, _, side = place.rpartition(" (")
+    if not path:
+        return place
+    return path if side == "output)" else f"the input of {path}"
+
+
+__all__ = ["VerifyReport", "UserBERT", "diagnose_divergences", "load_factory", "verify"]

@@ -37,7 +37,10 @@ class Cotangents(NamedTuple):
 class Subject(Protocol):
     """A user's model at one dtype and device, wrapped by its framework.
 
-    ``vjp`` and ``batch_loss`` are optional (``verify --gradients`` and ``--loss`` need them)."""
+    ``vjp`` and ``batch_loss`` are optional (``verify --gradients`` and ``--loss`` need them), and so is
+    ``used_parameters(inputs)``: its parameters' names in the order a forward pass on ``inputs`` first uses
+    them (as its framework can tell: each use, or each call of the module holding it), by which the
+    weights are placed where names do not place them."""
 
     framework: str  # the framework and its version, for the report
 
@@ -60,6 +63,16 @@ class Subject(Protocol):
     def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
         """Inference (dropout off) on checked inputs: (encoded, mlm, nsp) and each tapped activation."""
         ...
+
+
+def in_call_order(parameters: list[tuple[str, Shape]], called: list[str]) -> list[str]:
+    """The names of ``parameters`` (in registration order) in the order a forward pass uses them: by the
+    first call of the module each belongs to (its path without the last part; "" for the model itself),
+    registration order within a module; those of modules never called are left out."""
+    first = {path: index for index, path in enumerate(called)}
+    owned = [(first.get(name.rsplit(".", 1)[0] if "." in name else ""), name) for name, _ in parameters]
+    used = [(index, name) for index, name in owned if index is not None]
+    return [name for _, name in sorted(used, key=lambda item: item[0])]  # stable: registration order within
 
 
 # Where each named activation is found, by the canonical parameter whose module it enters or leaves:

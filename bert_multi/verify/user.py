@@ -125,11 +125,14 @@ class UserBackend:
 
     ROLE = ROLE
 
-    def __init__(self, given: Given, map_file: MapFile | None) -> None:
+    def __init__(self, given: Given, map_file: MapFile | None, decided: ParameterMap | None = None) -> None:
         self.NAME = self.LABEL = given.label
         self.given, self.map_file = given, map_file
         self.spare: UserBERT | None = None  # a model already built, for the next build of its kind
         self.framework: LoadedBackend | None = None  # the backend that wrapped the model, once known
+        # The placements the oracle decided where the order of use only suggested them (``roles``): every
+        # later build takes them.
+        self.decided = decided
 
     def kernel_eps(self, eps: float) -> float:
         """The LayerNorm epsilon the model's framework really computes with (MXNet's is a C float), so
@@ -142,7 +145,21 @@ class UserBackend:
         self.spare = model
 
     def mapping(self, config: BERTConfig, subject: Subject) -> ParameterMap:
-        return map_parameters(config, subject.parameters(), self.map_file)
+        found = self._found(config, subject)
+        if self.decided is None or self.decided.how == found.how:
+            return found
+        changed = {name: placement for name, placement in self.decided.placements.items()
+                   if found.placements.get(name) != placement}  # fmt: skip
+        return found.with_placements(changed, self.decided.how[len(found.how) + 3 :])
+
+    def _found(self, config: BERTConfig, subject: Subject) -> ParameterMap:
+        used = getattr(subject, "used_parameters", None)
+
+        def order_of_use() -> list[str]:  # a forward on a small batch, with the model's own weights
+            assert used is not None
+            return call_user(f"your model {self.NAME}", used, example_inputs(config))
+
+        return map_parameters(config, subject.parameters(), self.map_file, order_of_use if used is not None else None)
 
     def build(
         self,

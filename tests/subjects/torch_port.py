@@ -7,7 +7,28 @@ import math
 import torch
 from torch import nn
 
-FAULTS = ("scale", "inf_mask", "tiled_valid_lens", "detached_positions")
+# Each of the catalogue's mistakes (bert_multi.verify.mistakes), as a port would make it, and d2l 0.16-0.17's
+# detached positions (a gradient's mistake, not the forward's).
+FAULTS = (
+    "scale", "inf_mask", "tiled_valid_lens", "detached_positions", "eps", "gelu", "no_bias", "transposed_query",
+    "pre_norm", "positions_offset", "no_segments", "last_position", "dropout_on", "zero_fill", "unscaled",
+    "ffn_doubled",  # one no catalogue knows
+)  # fmt: skip
+
+
+class Projection(nn.Linear):
+    """A dense layer of the port's own, where a fault can hide."""
+
+    def __init__(self, hidden, outputs, fault=None):
+        super().__init__(hidden, outputs)
+        self.fault = fault
+
+    def forward(self, x):
+        if self.fault == "no_bias":  # the bias is there, but never added
+            return nn.functional.linear(x, self.weight)
+        if self.fault == "transposed":
+            return nn.functional.linear(x, self.weight.T, self.bias)
+        return super().forward(x)
 
 
 class SelfAttention(nn.Module):
@@ -17,8 +38,10 @@ class SelfAttention(nn.Module):
         if fused:
             self.qkv = nn.Linear(hidden, 3 * hidden)
         else:
-            self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
-        self.out = nn.Linear(hidden, hidden)
+            no_bias = "no_bias" if fault == "no_bias" else None
+            self.query = Projection(hidden, hidden, "transposed" if fault == "transposed_query" else no_bias)
+            self.key, self.value = Projection(hidden, hidden, no_bias), Projection(hidden, hidden, no_bias)
+        self.out = Projection(hidden, hidden, "no_bias" if fault == "no_bias" else None)
 
     def split(self, x):
         b, t, h = x.shape
@@ -31,7 +54,7 @@ class SelfAttention(nn.Module):
             q, k, v = self.query(x), self.key(x), self.value(x)
         q, k, v = self.split(q), self.split(k), self.split(v)
         scale = math.sqrt(x.shape[-1]) if self.fault == "scale" else math.sqrt(q.shape[-1])
-        scores = q @ k.transpose(-1, -2) / scale
+        scores = q @ k.transpose(-1, -2) / (1.0 if self.fault == "unscaled" else scale)
         if valid_lens is not None:
             b = scores.shape[0]
             per_row = valid_lens.reshape(b, -1)  # (B, 1), or (B, T) with a length per query
@@ -40,31 +63,42 @@ class SelfAttention(nn.Module):
             else:
                 lens = per_row[:, None, :].expand(-1, self.heads, -1)
             keep = torch.arange(scores.shape[-1], device=x.device) < lens[..., None]
-            scores = scores.masked_fill(~keep, -math.inf if self.fault == "inf_mask" else -1e6)
-        mixed = torch.softmax(scores, dim=-1) @ v
+            fill = {"inf_mask": -math.inf, "zero_fill": 0.0}.get(self.fault, -1e6)
+            scores = scores.masked_fill(~keep, fill)
+        weights = torch.softmax(scores, dim=-1)
+        if self.fault == "dropout_on":
+            weights = nn.functional.dropout(weights, 0.1, training=True)
+        mixed = weights @ v
         return self.out(mixed.transpose(1, 2).reshape(x.shape))
 
 
 class Layer(nn.Module):
     def __init__(self, hidden, ffn, heads, fault=None, fused=False):
         super().__init__()
+        self.fault = fault
         self.attn = SelfAttention(hidden, heads, fault, fused)
-        self.norm1 = nn.LayerNorm(hidden)
+        eps = 1e-12 if fault == "eps" else 1e-5
+        self.norm1 = nn.LayerNorm(hidden, eps=eps)
         self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-        self.norm2 = nn.LayerNorm(hidden)
+        self.norm2 = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x, valid_lens):
+        activation = nn.functional.gelu if self.fault == "gelu" else torch.relu
+        if self.fault == "pre_norm":
+            y = x + self.attn(self.norm1(x), valid_lens)
+            return y + self.down(activation(self.up(self.norm2(y))))
         y = self.norm1(x + self.attn(x, valid_lens))
-        return self.norm2(y + self.down(torch.relu(self.up(y))))
+        ffn = self.down(activation(self.up(y)))
+        return self.norm2(y + (2 * ffn if self.fault == "ffn_doubled" else ffn))
 
 
 class MyBERT(nn.Module):
-    def __init__(self, vocab, hidden, ffn, heads, layers, max_len, fault=None, fused=False):
+    def __init__(self, vocab, hidden, ffn, heads, layers, max_len, fault=None, fused=False, types=2):
         super().__init__()
         self.fault = fault
         self.positions = nn.Parameter(torch.randn(1, max_len, hidden))
         self.tokens = nn.Embedding(vocab, hidden)
-        self.segments = nn.Embedding(2, hidden)
+        self.segments = nn.Embedding(types, hidden)
         self.layers = nn.ModuleList(Layer(hidden, ffn, heads, fault, fused) for _ in range(layers))
         self.pool = nn.Linear(hidden, hidden)
         self.mlm_hidden, self.mlm_norm = nn.Linear(hidden, hidden), nn.LayerNorm(hidden)
@@ -73,7 +107,10 @@ class MyBERT(nn.Module):
 
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         positions = self.positions.data if self.fault == "detached_positions" else self.positions  # d2l 0.16-0.17
-        x = self.tokens(tokens) + self.segments(segments) + positions[:, : tokens.shape[1]]
+        start = 1 if self.fault == "positions_offset" else 0  # counted from 1, and round past the end
+        x = self.tokens(tokens) + positions[:, (torch.arange(tokens.shape[1]) + start) % positions.shape[1]]
+        if self.fault != "no_segments":
+            x = x + self.segments(segments)
         for layer in self.layers:
             x = layer(x, valid_lens)
         mlm = None
@@ -81,14 +118,14 @@ class MyBERT(nn.Module):
             rows = torch.arange(x.shape[0], device=x.device)[:, None]
             picked = x[rows, pred_positions]
             mlm = self.mlm_out(self.mlm_norm(torch.relu(self.mlm_hidden(picked))))
-        nsp = self.nsp_out(torch.tanh(self.pool(x[:, 0])))
+        nsp = self.nsp_out(torch.tanh(self.pool(x[:, -1 if self.fault == "last_position" else 0])))
         return x, mlm, nsp
 
 
-def make(config, fault=None, fused=False):
+def make(config, fault=None, fused=False, types=2):
     return MyBERT(
         config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads, config.num_blks,
-        config.max_len, fault, fused,
+        config.max_len, fault, fused, types,
     )  # fmt: skip
 
 
@@ -98,6 +135,11 @@ def build(config):
 
 def build_fused(config):
     return make(config, fused=True)
+
+
+def build_three_types(config):
+    """Room for three segment types where d2l's BERT has two: no canonical tensor fits that table."""
+    return make(config, types=3)
 
 
 class Wrapper(nn.Module):

@@ -1,0 +1,431 @@
+"""The known porting mistakes, one catalogue: each a change to one rule of the oracle, with where it shows
+first, which conformance case catches it, and how to say it.
+
+The fault tests plant every entry in every framework's own model (``conformance/test_faults.py``) and
+check that the case catches it where the catalogue says; ``diagnose`` tries every entry on a diverging
+activation of a user's model, fed that module's own recorded input (the user's activations upstream, so
+that an earlier divergence cannot leak in), and names the entry and value that reproduce what the user's
+module computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backend import oracle
+from ..spec.config import BERTConfig
+from ..spec.inputs import ModelInputs
+from ..spec.schema import nsp_layers
+from ..spec.semantics import sinusoidal_positions
+from .compare import Tolerance, tolerance_for
+
+# Changes to the oracle's rules at one site, by keyword of ``compute``.
+Rule = dict[str, Any]
+FLOAT32 = tolerance_for("float32")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One activation of a user's model on one case, with what the oracle's rule for it needs: the
+    canonical float64 weights the model holds, the inputs, and everything the model recorded (its
+    activations, and its outputs as ``encoded``, ``mlm`` and ``nsp``)."""
+
+    config: BERTConfig
+    weights: dict[str, np.ndarray]
+    inputs: ModelInputs
+    activation: str  # "embedding", "blks.0.attention", "pooler", "mlm", "nsp", ...
+    recorded: Mapping[str, np.ndarray | None]
+
+    @property
+    def kind(self) -> str:
+        """The rule the activation follows: the block's part ("attention", "addnorm1", "ffn", "output")
+        for a block's activation, else its own name."""
+        return self.activation.rsplit(".", 1)[-1] if self.activation.startswith("blks.") else self.activation
+
+    @property
+    def block(self) -> str:
+        return f"encoder.blks.{self.activation.split('.')[1]}"
+
+    def own(self, name: str) -> np.ndarray:
+        """What the user's model recorded at ``name`` (``KeyError``: not recorded, so nothing to try)."""
+        value = self.recorded.get(name)
+        if value is None:
+            raise KeyError(name)
+        return np.asarray(value, dtype=np.float64)
+
+    def block_input(self) -> np.ndarray:
+        index = int(self.activation.split(".")[1])
+        return self.own("embedding" if index == 0 else f"blks.{index - 1}.output")
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One known mistake: the rule it changes (``tries``: the changes to try, each a ``Rule`` of
+    ``compute``), where it shows first and which case catches it there (what the fault tests hold every
+    framework to), and ``says``: the sentence for a change that reproduces a user's module."""
+
+    name: str
+    shows_at: str  # the activation where it shows first, in block 0 for a block's
+    caught_by: str  # the conformance case that catches it there
+    says: Callable[[Rule, BERTConfig], str]
+    tries: Callable[[Site], Iterable[Rule]] = field(default=lambda site: ())
+
+
+def _eps_values(site: Site) -> list[Rule]:
+    """The epsilon the user's LayerNorm used, fitted from its input and output (the normalised value's
+    scale is 1 / sqrt(var + eps)), then the usual ones."""
+    values: list[float] = [1e-12, 1e-6, 1e-3, 0.0]
+    try:
+        total, gamma, beta = _layer_norm_parts(site)
+    except KeyError:  # a LayerNorm inside the module (the masked LM's): the usual values only
+        return [{"eps": value} for value in values]
+    normalised = (site.own(site.activation) - beta) / np.where(gamma == 0, 1, gamma)
+    centred = total - total.mean(axis=-1, keepdims=True)
+    usable = np.abs(normalised) > 0.5
+    if usable.any():
+        scale = np.median(np.abs(centred[usable] / normalised[usable]))
+        fitted = scale**2 - float(np.median(total.var(axis=-1)))
+        if fitted > 0:
+            values.insert(0, float(f"{fitted:.0e}"))
+    return [{"eps": value} for value in dict.fromkeys(values)]
+
+
+def _layer_norm_parts(site: Site) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The input of the LayerNorm at ``site`` (the residual sum) and its gamma and beta."""
+    base = site.activation.rsplit(".", 1)[0]  # "blks.0"
+    if site.kind == "addnorm1":
+        total, prefix = site.block_input() + site.own(f"{base}.attention"), f"{site.block}.addnorm1.ln"
+    elif site.kind == "output":
+        total, prefix = site.own(f"{base}.addnorm1") + site.own(f"{base}.ffn"), f"{site.block}.addnorm2.ln"
+    else:
+        raise KeyError(site.activation)
+    return total, site.weights[f"{prefix}.weight"], site.weights[f"{prefix}.bias"]
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": oracle.relu,
+    "gelu": lambda X: oracle.activation(X, "gelu"),
+    "gelu_tanh": lambda X: oracle.activation(X, "gelu_tanh"),
+    "tanh": np.tanh,
+    "sigmoid": lambda X: 1 / (1 + np.exp(-X)),
+    "silu": lambda X: X / (1 + np.exp(-X)),
+    "identity": lambda X: X,
+}
+ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU (erf)", "gelu_tanh": "GELU (tanh approximation)",
+                    "tanh": "tanh", "sigmoid": "a sigmoid", "silu": "SiLU", "identity": "no activation"}  # fmt: skip
+
+
+def _fill(value: object) -> str:
+    return "no mask at all (valid_lens ignored)" if value == "none" else f"{value:g}"
+
+
+CATALOGUE: tuple[Mistake, ...] = (
+    Mistake(
+        "tiled_valid_lens",
+        "blks.0.attention",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            f"tiles valid_lens over the heads ({rule['layout']}: d2l 0.12-0.15's layout) where "
+            f"{config.semantics.name} repeats each sample's"
+        ),
+        lambda site: [{"layout": "tiled" if site.config.semantics.valid_lens_over_heads != "tiled" else "interleaved"}],
+    ),
+    Mistake(
+        "layer_norm_eps",
+        "blks.0.addnorm1",
+        "full_valid_len",
+        lambda rule, config: (
+            f"computes LayerNorm with eps {rule['eps']:g}; {config.semantics.name}'s eps is "
+            f"{config.semantics.layer_norm_eps:g}"
+        ),
+        _eps_values,
+    ),
+    Mistake(
+        "activation",
+        "blks.0.ffn",
+        "no_valid_lens",
+        lambda rule, config: (
+            f"uses {ACTIVATION_NAMES[rule['activation']]} where {config.semantics.name} uses "
+            f"{ACTIVATION_NAMES[config.semantics.activation]}"
+        ),
+        lambda site: [{"activation": name} for name in ACTIVATIONS if name != site.config.semantics.activation],
+    ),
+    Mistake(
+        "mask_fill",
+        "blks.0.attention",
+        "valid_len_zero",
+        lambda rule, config: f"fills the masked scores with {_fill(rule['fill'])} where d2l uses -1e6",
+        lambda site: [{"fill": fill} for fill in (-math.inf, 0.0, -1e4, -1e9, "none")],
+    ),
+    Mistake(
+        "score_scale",
+        "blks.0.attention",
+        "single_segment",
+        lambda rule, config: (
+            (
+                "does not scale the scores"
+                if rule["scale"] == "none"
+                else f"divides the scores by sqrt({config.num_hiddens}), the full width"
+            )
+            + f", where d2l divides by sqrt({config.num_hiddens // config.num_heads}), the width of a head"
+        ),  # fmt: skip
+        lambda site: [{"scale": "full"}, {"scale": "none"}],
+    ),
+    Mistake(
+        "attention_bias",
+        "blks.0.attention",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            "computes W_q, W_k, W_v and W_o "
+            + ("with" if rule["bias"] else "without")
+            + f" biases, where {config.semantics.name}'s have "
+            + ("none" if rule["bias"] else "them")
+        ),
+        lambda site: [{"bias": not site.config.semantics.attention_bias}],
+    ),
+    Mistake(
+        "transposed_weight",
+        "blks.0.attention",
+        "mixed_valid_lens",
+        lambda rule, config: f"uses {' and '.join(rule['transposed'])} transposed (x W where d2l computes x W^T)",
+        lambda site: [
+            {"transposed": names} for names in (("W_q",), ("W_k",), ("W_v",), ("W_o",), ("W_q", "W_k", "W_v", "W_o"))
+        ],  # fmt: skip
+    ),
+    Mistake(
+        "pre_norm",
+        "blks.0.attention",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            "normalises the block's input before the attention (pre-norm), where d2l normalises "
+            "after the residual (post-norm)"
+        ),
+        lambda site: [{"pre_norm": True}],
+    ),
+    Mistake(
+        "segments_ignored",
+        "embedding",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            "leaves the segment embedding out of the embedding sum"
+            if rule["segments"] == "none"
+            else "reads every token's segment as 0 (the segments passed in are never used)"
+        ),
+        lambda site: [{"segments": "none"}, {"segments": "zero"}],
+    ),
+    Mistake(
+        "positions_offset",
+        "embedding",
+        "mixed_valid_lens",
+        lambda rule, config: f"counts the positions from {rule['offset']}, where d2l counts from 0",
+        lambda site: [{"offset": offset} for offset in (1, 2)],
+    ),
+    Mistake(
+        "pooler_position",
+        "pooler",
+        "batch_one",
+        lambda rule, config: "pools the last position where d2l pools <cls>, the first",
+        lambda site: [{"position": -1}],
+    ),
+    # Nothing to compute: a model with dropout on gives two answers to one input (``diagnose``).
+    Mistake(
+        "dropout_at_inference",
+        "blks.0.attention",
+        "valid_lens_2d",
+        lambda rule, config: f"leaves dropout on at inference: two runs of one input differ by {rule['apart']:.3g}",
+    ),
+)
+MISTAKES = {mistake.name: mistake for mistake in CATALOGUE}
+
+
+def compute(site: Site, **rule: Any) -> np.ndarray:
+    """The activation at ``site`` as the oracle computes it from the user's own recorded input, with the
+    rule's changes (none: d2l's rule)."""
+    config, weights, semantics = site.config, site.weights, site.config.semantics
+    eps = rule.get("eps", semantics.layer_norm_eps)
+    kind = site.kind
+    if kind == "embedding":
+        X = _embedding(site, rule.get("segments", "given"), rule.get("offset", 0))
+        if rule.get("pre_norm"):  # what a pre-norm block's W_q reads: the normalised input
+            X = oracle.layer_norm(X, weights, "encoder.blks.0.addnorm1.ln", eps)
+        return X
+    if kind == "attention":
+        X = site.block_input()
+        if rule.get("pre_norm"):
+            X = oracle.layer_norm(X, weights, f"{site.block}.addnorm1.ln", eps)
+        return _attention(site, X, **{k: v for k, v in rule.items() if k in ATTENTION_RULES})
+    if kind in ("addnorm1", "output"):
+        total, gamma, beta = _layer_norm_parts(site)
+        return oracle.layer_norm(total, {"n.weight": gamma, "n.bias": beta}, "n", eps)
+    if kind == "ffn":
+        Y = site.own(f"{site.activation.rsplit('.', 1)[0]}.addnorm1")
+        act = ACTIVATIONS[rule.get("activation", semantics.activation)]
+        return oracle.dense(
+            act(oracle.dense(Y, weights, f"{site.block}.ffn.dense1")), weights, f"{site.block}.ffn.dense2"
+        )
+    if kind == "mlm":
+        encoded, positions = site.own("encoded"), site.inputs.pred_positions
+        if positions is None:
+            raise KeyError(site.activation)
+        gathered = encoded[np.arange(encoded.shape[0])[:, None], positions]
+        act = ACTIVATIONS[rule.get("activation", semantics.activation)]
+        hidden = oracle.layer_norm(act(oracle.dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2", eps)
+        if semantics.mlm_decoder == "own":
+            return oracle.dense(hidden, weights, "mlm.mlp.3")
+        return hidden @ weights["encoder.token_embedding.weight"].T + weights["mlm.mlp.3.bias"]
+    if kind == "pooler":
+        encoded = site.own("encoded")
+        return np.tanh(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
+    raise KeyError(site.activation)
+
+
+ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed")
+
+
+def _attention(
+    site: Site,
+    X: np.ndarray,
+    fill: float | str = oracle.MASK_VALUE,
+    scale: str = "head",
+    layout: str | None = None,
+    bias: bool | None = None,
+    transposed: tuple[str, ...] = (),
+) -> np.ndarray:
+    """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change."""
+    config, weights, semantics = site.config, site.weights, site.config.semantics
+    prefix, heads = f"{site.block}.attention", config.num_heads
+    biased = semantics.attention_bias if bias is None else bias
+
+    def project(name: str, Z: np.ndarray) -> np.ndarray:
+        W = weights[f"{prefix}.{name}.weight"]
+        Y = Z @ (W if name in transposed else W.T)
+        return Y + weights[f"{prefix}.{name}.bias"] if biased and f"{prefix}.{name}.bias" in weights else Y
+
+    queries, keys, values = (oracle.split_heads(project(name, X), heads) for name in ("W_q", "W_k", "W_v"))
+    divisor = {"head": math.sqrt(queries.shape[-1]), "full": math.sqrt(config.num_hiddens), "none": 1.0}[scale]
+    scores = queries @ keys.transpose(0, 2, 1) / divisor
+    valid_lens = site.inputs.valid_lens
+    if valid_lens is not None and fill != "none":
+        lens = oracle.repeat_over_heads(valid_lens, heads, layout or semantics.valid_lens_over_heads)
+        lens = lens[:, None] if lens.ndim == 1 else lens
+        keep = np.arange(scores.shape[-1])[None, None, :] < lens[:, :, None]
+        scores = np.where(keep, scores, fill)
+    with np.errstate(invalid="ignore"):  # -inf everywhere in a row is NaN, as in the frameworks
+        attention = oracle.softmax(scores)
+    return project("W_o", oracle.merge_heads(attention @ values, heads))
+
+
+def _embedding(site: Site, segments: str, offset: int) -> np.ndarray:
+    """The embedding sum with the segments "given", all "zero" or "none" at all, its positions counted
+    from ``offset`` (past the table's end they wrap round, as a port's would that indexes modulo its length)."""
+    config, weights, semantics = site.config, site.weights, site.config.semantics
+    tokens, segment_ids = site.inputs.tokens, site.inputs.segments
+    positions = (np.arange(tokens.shape[1]) + offset) % config.max_len
+    X = weights["encoder.token_embedding.weight"][tokens]
+    if segments != "none":
+        X = X + weights["encoder.segment_embedding.weight"][segment_ids if segments == "given" else 0 * segment_ids]
+    if semantics.positions == "learned":
+        X = X + weights["encoder.pos_embedding"][:, positions, :]
+    else:
+        X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[positions]
+    if semantics.embedding_norm:
+        X = oracle.layer_norm(X, weights, "encoder.embedding_norm", semantics.layer_norm_eps)
+    return X
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What a user's module computes instead, where it diverges: the mistake and change that reproduce
+    its output, and how closely (``error``); or none, with how far d2l's rule and the closest change are."""
+
+    activation: str
+    where: str  # the user's module, in their names
+    mistake: Mistake | None
+    rule: Rule
+    error: float  # the max abs difference from the user's output of the rule named (the closest tried)
+    off: float  # how far d2l's own rule is from the user's output
+    config: BERTConfig
+
+    def describe(self) -> str:
+        if self.mistake is not None:
+            said = self.mistake.says(self.rule, self.config)
+            reproduced = f" (reproduces your output to {self.error:.1g})" if "apart" not in self.rule else ""
+            return f"{self.where} {said}{reproduced}"
+        closest = f", the closest, {self.rule['name']}, by {self.error:.3g}" if self.rule else ""
+        return (
+            f"{self.where}: no known mistake reproduces its output (d2l's rule is off by {self.off:.3g}{closest}); "
+            "its input is yours, so the difference is in this module"
+        )
+
+
+def _distance(candidate: np.ndarray, own: np.ndarray) -> float:
+    """The max abs difference, NaN where only one side is NaN counting as infinite, where both as none."""
+    if candidate.shape != own.shape:
+        return math.inf
+    both = np.isnan(candidate) & np.isnan(own)
+    difference = np.where(both, 0.0, np.abs(candidate - own))
+    return float(np.nan_to_num(difference, nan=math.inf).max(initial=0.0))
+
+
+def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
+    """The catalogue's entry that reproduces the user's output at ``site`` within ``tolerance``, tried on
+    the module's own recorded input; or a ``Diagnosis`` saying none does. None where the site's input was
+    not recorded (nothing to try)."""
+    try:
+        own = site.own(site.activation)
+        expected = compute(site)
+    except KeyError:
+        return None
+    off = _distance(expected, own)
+    bound = tolerance.atol + tolerance.rtol * float(np.nanmax(np.abs(own), initial=0.0))
+    if off <= bound:  # d2l's rule reproduces it here: nothing to diagnose in this run
+        return None
+    best: tuple[float, Mistake | None, Rule] = (math.inf, None, {})
+    for mistake, rule in tries_at(site):
+        try:
+            candidate = compute(site, **rule)
+        except KeyError:
+            continue
+        error = _distance(candidate, own)
+        if error < best[0]:
+            best = (error, mistake, rule)
+    error, found, rule = best
+    # Reproduced: to the dtype's own bound, or, where a framework's kernel is itself less exact than that
+    # (MXNet's float64 GELU: 1e-7), within float32's and a thousand times closer than d2l's rule.
+    loose = FLOAT32.atol + FLOAT32.rtol * float(np.nanmax(np.abs(own), initial=0.0))
+    if found is not None and (error <= bound or (error <= loose and 1000 * error <= off)):
+        return Diagnosis(site.activation, where, found, rule, error, off, site.config)
+    named = {**rule, "name": f"{found.name} {rule}"} if found is not None else {}
+    return Diagnosis(site.activation, where, None, named, error, off, site.config)
+
+
+def tries_at(site: Site) -> Iterator[tuple[Mistake, Rule]]:
+    """Every change of the catalogue's that could show at ``site``, with the mistake it is."""
+    for mistake in CATALOGUE:
+        if mistake.shows_at.rsplit(".", 1)[-1] == site.kind or _also_at(mistake, site):
+            for rule in mistake.tries(site):
+                yield mistake, rule
+
+
+def _also_at(mistake: Mistake, site: Site) -> bool:
+    """Where else a mistake shows first: a LayerNorm's epsilon at any LayerNorm (the block's second, the
+    masked LM's), the activation in the masked LM's transform too, and a pre-norm block where a user's
+    model is read: W_q's input, the normalised embedding."""
+    elsewhere = {"layer_norm_eps": ("output", "mlm"), "activation": ("mlm",), "pre_norm": ("embedding",)}
+    return site.kind in elsewhere.get(mistake.name, ())
+
+
+def nondeterminism(first: Mapping[str, np.ndarray | None], second: Mapping[str, np.ndarray | None]) -> float:
+    """How far two runs of one input are apart, over every array both recorded: 0 for a model in
+    inference mode."""
+    apart = 0.0
+    for name, value in first.items():
+        other = second.get(name)
+        if value is not None and other is not None and np.shape(value) == np.shape(other):
+            apart = max(apart, _distance(np.asarray(value, np.float64), np.asarray(other, np.float64)))
+    return apart
