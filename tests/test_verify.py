@@ -457,6 +457,24 @@ def test_write_map_saves_the_placement_and_the_guess_as_map_files_that_work_as_w
     assert json.loads(guessed.read_text())["names"]["encoder.segment_embedding.weight"] == "?"
 
 
+@pytest.mark.parametrize("subject, backend", [("flax_notebook", "jax"), ("gluon_port", "mxnet")])
+def test_a_model_of_a_framework_installed_elsewhere_is_verified_there_and_says_so(subject, backend, tmp_path):
+    from bert_multi.backend.registry import load_backend
+
+    if not not_in_process(backend):
+        pytest.skip(f"{backend} runs in this process: nothing to send elsewhere")
+    if load_backend(backend).elsewhere is None:
+        pytest.skip(f"no environment with {backend} here")
+    done = cli(f"tests/subjects/{subject}.py:build", "--config", "tiny", "--dtypes", "float64", "--json",
+               str(tmp_path / "report.json"))  # fmt: skip
+    first = done.stdout.splitlines()[0]
+    package = {"jax": "jax", "mxnet": "mxnet"}[backend]
+    assert first.startswith(f"your model imports {package}, which is not installed here: verify runs it in .venv")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["forward"]["environment"]["python_executable"] != sys.executable  # written there
+    assert done.returncode == (0 if report["passed"] else 1) and "Traceback" not in done.stderr
+
+
 @needs("torch")
 def test_set_up_errors_are_one_line_and_exit_2(tmp_path):
     assert "no file" in cli("nothere.py:build", "--config", "tiny").stderr

@@ -26,9 +26,11 @@ class Registration:
     # Environment variables its framework reads when it starts, with the values that let it share a
     # process and its GPU with the others (``share_the_process``), as (name, value) pairs.
     process_defaults: tuple[tuple[str, str], ...] = ()
-    # The package its framework is imported as: a user's model of that framework cannot exist in a process
-    # that has not imported it, so looking for the wrapper of one need not load this backend.
-    framework: str = ""
+    # The packages its framework is installed as, the one whose classes users' models are first: a user's
+    # model of that framework cannot exist in a process that has not imported it (so looking for its
+    # wrapper need not load this backend), and a user's module that cannot import one of them is run in
+    # this backend's environment (``verify``).
+    packages: tuple[str, ...] = ()
 
 
 def _own(name: str, path: str, role: str, label: str, **known: Any) -> Registration:
@@ -45,7 +47,7 @@ BUILTIN = (
         "framework",
         "PyTorch",
         install="pip install 'bert_multi[torch]' (torch==2.13.0 is the tested CPU build)",
-        framework="torch",
+        packages=("torch",),
     ),
     _own(
         "mxnet",
@@ -54,7 +56,7 @@ BUILTIN = (
         "MXNet/Gluon",
         install="pip install 'bert_multi[mxnet]' (mxnet==1.9.1, which needs numpy<1.24)",
         environment=".venv",
-        framework="mxnet",
+        packages=("mxnet",),
     ),
     _own(
         "jax",
@@ -65,7 +67,7 @@ BUILTIN = (
         environment=".venv-numpy2",
         # JAX takes three quarters of a GPU's memory at its first use unless told to allocate as it goes.
         process_defaults=(("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),),
-        framework="flax",
+        packages=("flax", "jax", "jaxlib", "optax"),
     ),
     _own(
         "transformers",
@@ -73,6 +75,6 @@ BUILTIN = (
         "reference",
         "transformers",
         install="pip install 'bert_multi[torch,reference]' (transformers)",
-        framework="transformers",
+        packages=("transformers",),
     ),
 )

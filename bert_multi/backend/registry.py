@@ -23,6 +23,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -224,7 +225,7 @@ def wrapper_for(model: object) -> LoadedBackend | None:
     PyTorch's for a transformers model, which is also an ``nn.Module``); None if no backend does."""
     found: list[tuple[int, LoadedBackend]] = []
     for name, registration in _REGISTRY.all().items():
-        if registration.framework and registration.framework not in sys.modules:
+        if registration.packages and registration.packages[0] not in sys.modules:
             continue  # nothing of that framework's can be here: verifying a torch model imports no MXNet
         try:
             backend = load_backend(name)
@@ -234,6 +235,17 @@ def wrapper_for(model: object) -> LoadedBackend | None:
         if depth is not None:
             found.append((depth, backend))
     return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def environment_for(package: str) -> tuple[str, Path] | None:
+    """The registered environment (its directory's name, its Python) that provides ``package``, where this
+    process cannot import it: a user's module that imports it runs there. None if no backend's does."""
+    for name, registration in _REGISTRY.all().items():
+        if package in registration.packages and registration.environment:
+            python = remote.interpreter(name, registration.environment)
+            if python is not None:
+                return registration.environment, python
+    return None
 
 
 def frameworks() -> list[str]:

@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path (one the user gave, or one written for them), are one line on standard error and status 2;
     anything else shows its traceback, as the bug it is."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a command run again elsewhere is run as given
     share_the_process()  # a command may run several frameworks, on one GPU
     try:
         return args.func(args)

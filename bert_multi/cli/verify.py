@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 from pathlib import Path
 
+from ..backend.registry import environment_for
+from ..backend.remote import WORKER_VARIABLE
 from ..display import ProgressBar, format_table
+from ..errors import UserCodeError
 from ..files.safe import atomic_path
 from ..spec.loss import MLM_NORMALIZATIONS
 from ..spec.semantics import PRESETS
@@ -68,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     check_output(args.save_repro, "--save-repro", directory=True)
     check_output(args.write_map, "--write-map")
-    factory, label = load_factory(args.model)
+    try:
+        factory, label = load_factory(args.model)
+    except UserCodeError as error:
+        elsewhere = _environment_missing(error)
+        if elsewhere is None:
+            raise
+        return _run_elsewhere(args, *elsewhere)
     loss = load_factory(args.loss)[0] if args.loss else None
     config, weights = model_and_weights(args, args.config, args.preset)
     print(f"verifying {label} against the oracle; config: {config}")
@@ -108,6 +119,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"reproduction written to {save_repro(report, factory, weights, args.save_repro)}")
     print("\n" + report.verdict())
     return 0 if report.passed else 1
+
+
+def _environment_missing(error: UserCodeError) -> tuple[str, str, Path] | None:
+    """Where the model's module can be imported, when it could not here for want of a framework that a
+    registered environment provides: (the package missing, that environment, its Python); else None."""
+    missing = getattr(error.error, "name", None) if isinstance(error.error, ModuleNotFoundError) else None
+    if not missing or os.environ.get(WORKER_VARIABLE):  # never sent on from an environment sent to
+        return None
+    found = environment_for(missing.split(".")[0])
+    return None if found is None else (missing.split(".")[0], *found)
+
+
+def _run_elsewhere(args: argparse.Namespace, package: str, environment: str, python: Path) -> int:
+    """This very command, run by ``python``: its output is the report, its exit status this one's."""
+    print(f"your model imports {package}, which is not installed here: verify runs it in {environment} "
+          f"({python})", flush=True)  # fmt: skip
+    source = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
+    command = [str(python), "-m", "bert_multi.cli", *args.argv]
+    return subprocess.run(command, env={**os.environ, "PYTHONPATH": path, WORKER_VARIABLE: "1"}).returncode
 
 
 def write_map(path: str, contents: dict[str, object]) -> None:

@@ -209,6 +209,7 @@ def environment() -> dict[str, Any]:
     """Versions and settings that a result depends on."""
     return {
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,  # which environment ran it
         "platform": platform.platform(),
         "numpy": np.__version__,
         "cpu_count": len(os.sched_getaffinity(0)),
