@@ -76,7 +76,7 @@ def _inputs(path: str) -> object:
 
 
 def _map_file(path: str) -> object:
-    from bert_multi.verify.mapping import read_map
+    from bert_multi.verify.map_file import read_map
 
     return read_map(path)
 

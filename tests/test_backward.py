@@ -131,3 +131,38 @@ def test_a_wrong_derivative_is_caught(monkeypatch):
     )
     with pytest.raises(AssertionError):
         assert_close(analytic, numeric)
+
+
+def test_the_gradient_of_each_named_activation_is_torchs():
+    """What ``gradients(..., record=)`` says of each activation's gradient (what verify feeds a user's module
+    to check its backward alone) against torch's autograd, the activations kept by hooks."""
+    torch = pytest.importorskip("torch")
+    from bert_multi import load_backend
+    from bert_multi.backend.contract import intermediate_sources
+
+    config = small("d2l")
+    weights = random_weights(config, seed=13, dtype="float64")
+    inputs = inputs_for(config, two_d=False)
+    out = oracle.forward(config, weights, inputs)
+    rng = np.random.default_rng(15)
+    cotangents = [rng.standard_normal(o.shape) for o in (out.encoded, out.mlm, out.nsp)]
+    record: dict = {}
+    backward.gradients(config, weights, inputs, *cotangents, record=record)
+    model = load_backend("torch").build(config, weights, dtype="float64")
+    kept = {}
+
+    def keep(name, side):
+        def hook(module, args, output):
+            value = args[0] if side == "input" else output
+            value.retain_grad()
+            kept[name] = value
+
+        return hook
+
+    for name, (path, side) in intermediate_sources(config).items():
+        model.module.get_submodule(path).register_forward_hook(keep(name, side))
+    returned = model.module(*(None if a is None else torch.from_numpy(a) for a in inputs))
+    sum((o * torch.from_numpy(c)).sum() for o, c in zip(returned, cotangents)).backward()
+    assert set(record) == set(kept)
+    for name, gradient in record.items():
+        np.testing.assert_allclose(kept[name].grad.numpy(), gradient, rtol=0, atol=1e-12, err_msg=name)

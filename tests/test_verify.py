@@ -143,9 +143,63 @@ def test_detached_positions_conform_forward_but_not_in_gradients_unless_stated_f
     report = verify(model, TINY, dtypes=["float64"], gradients=True, label="detached")
     assert report.forward.passed and not report.passed
     assert report.verdict() == (
-        "FAIL: detached's outputs conform, but its gradient of the random projection does not, at positions."
+        "FAIL: detached's outputs conform, but its gradient of the random projection does not, at positions: no "
+        "gradient reaches it."
     )
+    assert report.gradients[0].causes == {"encoder.pos_embedding": "backward"}  # nothing else differs
     assert verify(model, TINY, dtypes=["float64"], gradients=True, frozen=["positions"]).passed
+
+
+@needs("torch")
+def test_a_wrong_backward_is_named_at_its_module_and_what_it_carries_is_said_so():
+    """A hand-written ReLU whose backward lets the gradient through where the input was negative: the
+    outputs conform, and of every parameter whose gradient differs, only those of the layer before the ReLU
+    are wrong when each module is checked alone, fed the oracle's input and output gradient."""
+    from subjects import torch_port
+
+    from bert_multi.verify.gradients import gradient_module
+
+    model = functools.partial(torch_port.make, fault="relu_backward")
+    report = verify(model, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True, label="relu")
+    assert report.forward.passed and not report.passed
+    for check in report.gradients:
+        dense1 = {f"encoder.blks.{i}.ffn.dense1.{kind}" for i in range(TINY.num_blks) for kind in ("weight", "bias")}
+        assert set(check.caused_by("backward")) == dense1 and not check.caused_by("forward")
+        carried = check.caused_by("carried")
+        assert "encoder.pos_embedding" in carried and "encoder.blks.0.attention.W_q.weight" in carried
+        assert {gradient_module(TINY, name) for name in carried} > {"embedding", "blks.0.attention"}
+    assert report.verdict() == (
+        "FAIL: relu's outputs conform, but its gradient of the random projection does not, at layers.0.up.weight: "
+        "its module's own backward gives another gradient."
+    )
+    assert "the backward of blks.0.ffn (yours: layers.0.up), blks.1.ffn (yours: layers.1.up) is wrong on its own" in (
+        report.failures()
+    )
+    causes = report.to_json()["gradients"][0]["causes"]
+    assert (
+        causes["layers.0.up.bias"] == "its module's backward alone gives another gradient (or none) from the oracle's"
+    )
+
+
+@needs("torch")
+@pytest.mark.parametrize(
+    "fault, modules",
+    [("scale", ("attention",)), ("eps", ("addnorm1", "output"))],  # the port's MLM norm keeps d2l's eps
+)
+def test_gradient_differences_that_follow_from_a_forward_divergence_are_put_down_to_it(fault, modules):
+    """Scores scaled by the full width, a LayerNorm eps of 1e-12: every gradient differs, and checked module
+    by module only those of the modules computing other values do; the positions' are carried, not first."""
+    from subjects import torch_port
+
+    from bert_multi.verify.gradients import gradient_module
+
+    model = functools.partial(torch_port.make, fault=fault)
+    report = verify(model, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True)
+    for check in report.gradients:
+        assert {gradient_module(TINY, name) for name in check.caused_by("forward")} == {
+            f"blks.{i}.{module}" for i in range(TINY.num_blks) for module in modules
+        }
+        assert not check.caused_by("backward") and "encoder.pos_embedding" in check.caused_by("carried")
 
 
 @needs("torch")
@@ -298,13 +352,30 @@ def test_a_fault_in_a_flax_port_is_named_in_its_names():
 
 
 @needs("jax")
+def test_a_wrong_backward_in_a_flax_port_is_named_at_its_module():
+    """``jax.custom_vjp`` with a wrong backward: checked alone, Flax modules are fed the oracle's arrays by
+    method interception, so the Dense layer before it is named and every other difference is carried."""
+    from subjects import flax_port
+
+    report = verify(flax_port.build_wrong_backward, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True)
+    assert report.forward.passed and not report.passed
+    dense1 = {f"encoder.blks.{i}.ffn.dense1.{kind}" for i in range(TINY.num_blks) for kind in ("weight", "bias")}
+    for check in report.gradients:
+        assert set(check.caused_by("backward")) == dense1 and not check.caused_by("forward")
+        assert "encoder.pos_embedding" in check.caused_by("carried")
+    assert report.verdict().endswith(
+        "does not, at layer0.up.kernel.T: its module's own backward gives another gradient."
+    )
+
+
+@needs("jax")
 def test_a_notebooks_flax_port_is_placed_without_a_map_and_its_epsilon_named(tmp_path):
     """The chapter ported to Flax as a notebook would: d2l's class names, ``nn.LayerNorm()``'s own epsilon
     (1e-6), the masked LM's MLP as an ``nn.Sequential``, the positions created first, the masked LM called
     before the pooler, dropout 0.2 and ``train=True`` by default."""
     from subjects import flax_notebook
 
-    report = verify(flax_notebook.build, TINY, dtypes=["float64"], cases=["full_valid_len"])
+    report = verify(flax_notebook.build, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True)
     assert report.mapping.how == (
         "names (d2l >= 0.12's Flax names: 37 tensors) + order of use and shape (8 tensors, inferred: check them)"
     )
@@ -314,6 +385,15 @@ def test_a_notebooks_flax_port_is_placed_without_a_map_and_its_epsilon_named(tmp
         "FAIL: build first diverges at blks.0.addnorm1 (yours: encoder.blks_0.addnorm1.ln (output)), case "
         "full_valid_len, float64 on cpu: it computes LayerNorm with eps 1e-06; d2l's eps is 1e-05."
     )
+    # Its gradients differ everywhere; checked module by module, at the LayerNorms' weights (and its MLM
+    # head's, whose LayerNorm has eps 1e-6 too), the positions' carried from them.
+    from bert_multi.verify.gradients import gradient_module
+
+    for check in report.gradients:
+        assert {gradient_module(TINY, name) for name in check.caused_by("forward")} == {
+            "blks.0.addnorm1", "blks.0.output", "blks.1.addnorm1", "blks.1.output", "mlm"
+        }  # fmt: skip
+        assert not check.caused_by("backward") and "encoder.pos_embedding" in check.caused_by("carried")
     # The placement written as a map file works as written.
     path = tmp_path / "map.json"
     path.write_text(json.dumps(report.mapping.as_map_file()))

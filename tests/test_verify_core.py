@@ -20,7 +20,8 @@ from bert_multi import (
     verify_masking,
 )
 from bert_multi.backend import backward, oracle
-from bert_multi.verify.mapping import Placement, map_parameters, parse_placement, read_map
+from bert_multi.verify.map_file import parse_placement, read_map
+from bert_multi.verify.mapping import Placement, map_parameters
 
 CONFIG = CONFIGS["tiny"]
 SHAPES = param_shapes(CONFIG)
@@ -91,7 +92,8 @@ def test_parts_and_transposes_go_there_and_back_exactly():
     parameters = [("qkv", (36, 12)), ("w_o_t", (12, 12))]
     rules = {f"encoder.blks.0.attention.W_{x}.weight": f"qkv[{k}/3]" for k, x in enumerate("qkv")}
     rules["encoder.blks.0.attention.W_o.weight"] = "w_o_t.T"
-    from bert_multi.verify.mapping import MapFile, ParameterMap
+    from bert_multi.verify.map_file import MapFile
+    from bert_multi.verify.mapping import ParameterMap
 
     placements = MapFile(rules, (), "test").expand(SHAPES)
     mapping = ParameterMap(placements, dict(parameters), "test")

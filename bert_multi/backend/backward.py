@@ -164,12 +164,19 @@ def mask_lm_backward(
 
 
 def pooler_backward(
-    config: BERTConfig, weights: dict, encoded: np.ndarray, dNSP: np.ndarray | None, grads: Grads
+    config: BERTConfig,
+    weights: dict,
+    encoded: np.ndarray,
+    dNSP: np.ndarray | None,
+    grads: Grads,
+    record: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Back through the NSP classifier and tanh(Dense(H)) on <cls>: only position 0 gets a gradient."""
     pooler, classifier = nsp_layers(config)
     pooled = np.tanh(dense(encoded[:, 0, :], weights, pooler))
     dPooled = np.zeros_like(pooled) if dNSP is None else dense_backward(pooled, weights, classifier, dNSP, grads)
+    if record is not None:
+        record["pooler"] = dPooled
     dEncoded = np.zeros_like(encoded)
     dEncoded[:, 0, :] = dense_backward(encoded[:, 0, :], weights, pooler, dPooled * (1.0 - pooled**2), grads)
     return dEncoded
@@ -183,9 +190,11 @@ def gradients(
     dMLM: np.ndarray | None = None,
     dNSP: np.ndarray | None = None,
     layer_norm_eps: float | None = None,
+    record: dict[str, np.ndarray] | None = None,
 ) -> Grads:
     """The gradient of sum(dEncoded * encoded) + sum(dMLM * mlm) + sum(dNSP * nsp) for every canonical
-    parameter (zeros for one it does not reach), at ``oracle.forward``'s outputs on checked ``inputs``."""
+    parameter (zeros for one it does not reach), at ``oracle.forward``'s outputs on checked ``inputs``;
+    with ``record``, the gradient of each named activation (``intermediate_names``) goes into it too."""
     tokens, segments, valid_lens, pred_positions = inputs
     semantics = config.semantics
     eps = semantics.layer_norm_eps if layer_norm_eps is None else layer_norm_eps
@@ -212,16 +221,22 @@ def gradients(
     if dMLM is not None and pred_positions is not None and "mlm" in config.heads:
         dX += mask_lm_backward(config, weights, encoded, pred_positions, eps, dMLM, grads)
     if "pooler" in config.heads:
-        dX += pooler_backward(config, weights, encoded, dNSP if "nsp" in config.heads else None, grads)
+        dX += pooler_backward(config, weights, encoded, dNSP if "nsp" in config.heads else None, grads, record)
+    kept = record if record is not None else {}
     for i in reversed(range(config.num_blks)):
         blk = f"encoder.blks.{i}"
         X, attention, Y, ffn = blocks[i]
+        kept[f"blks.{i}.output"] = dX
         dSum2 = layer_norm_backward(Y + ffn, weights, f"{blk}.addnorm2.ln", eps, dX, grads)
+        kept[f"blks.{i}.ffn"] = dSum2
         dY = dSum2 + position_wise_ffn_backward(Y, weights, f"{blk}.ffn", semantics.activation, dSum2, grads)
+        kept[f"blks.{i}.addnorm1"] = dY
         dSum1 = layer_norm_backward(X + attention, weights, f"{blk}.addnorm1.ln", eps, dY, grads)
+        kept[f"blks.{i}.attention"] = dSum1
         dX = dSum1 + multi_head_attention_backward(
             X, valid_lens, weights, f"{blk}.attention", config.num_heads, config, dSum1, grads
         )
+    kept["embedding"] = dX
     if semantics.embedding_norm:
         dX = layer_norm_backward(summed, weights, "encoder.embedding_norm", eps, dX, grads)
     np.add.at(grads["encoder.token_embedding.weight"], tokens, dX)

@@ -21,7 +21,17 @@ from ..backend.contract import parse_device
 from ..errors import UsageError, UserCodeError
 from ..files.formats.flax import nested
 from ..spec.inputs import ModelInputs
-from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, in_call_order, outputs_of
+from ..verify.subject import (
+    Cotangents,
+    Forced,
+    Gradients,
+    Outputs,
+    Shape,
+    Taps,
+    call_user,
+    in_call_order,
+    outputs_of,
+)
 from .backend import precision, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
@@ -55,6 +65,28 @@ def inference_flags(module: nn.Module) -> dict[str, bool]:
     except (TypeError, ValueError):
         return {}
     return {name: value for name, value in INFERENCE_FLAGS.items() if name in taken}
+
+
+@jax.custom_vjp
+def _with_gradient(x: jax.Array, gradient: jax.Array) -> jax.Array:
+    """``x``, whose gradient is ``gradient`` whatever flows back into it."""
+    return x
+
+
+def _with_gradient_forward(x: jax.Array, gradient: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return x, gradient
+
+
+def _with_gradient_backward(gradient: jax.Array, _: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return gradient, jax.numpy.zeros_like(gradient)
+
+
+_with_gradient.defvjp(_with_gradient_forward, _with_gradient_backward)
+
+
+def _forced(x: jax.Array, value: jax.Array, gradient: jax.Array) -> jax.Array:
+    """The oracle's ``value`` on ``x``'s gradient path, the oracle's ``gradient`` flowing into it."""
+    return _with_gradient(value + (x - jax.lax.stop_gradient(x)), gradient)
 
 
 @contextlib.contextmanager
@@ -127,13 +159,18 @@ class WrappedModel:
             order.append(".".join(context.module.path))
             return call(*args, **kwargs)
 
+        self._traced(inputs, seen)
+        return in_call_order(self.parameters(), order)
+
+    def _traced(self, inputs: ModelInputs, interceptor: Any) -> None:
+        """The forward traced, not run (nothing compiled), with every module method call intercepted."""
+
         def forward(params: Any, *arrays: Any) -> Any:
-            with nn.intercept_methods(seen):
+            with nn.intercept_methods(interceptor):
                 return self.module.apply({"params": params}, *arrays, **self.flags)
 
         with precision(self.dtype), _explained():
             call_user("your model", jax.eval_shape, forward, self._tree(self.flat), *self._arrays(inputs))
-        return in_call_order(self.parameters(), order)
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:
         for name, array in arrays.items():
@@ -175,7 +212,7 @@ class WrappedModel:
 
         return jax.jit(forward)
 
-    def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
+    def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> Gradients:
         """Each parameter's gradient of sum(cotangent * output), by ``jax.grad`` of that sum as a function
         of the parameters (a parameter the outputs do not depend on gets zeros, as in Gluon)."""
         with precision(self.dtype):
@@ -186,6 +223,72 @@ class WrappedModel:
         returned = self.module.apply({"params": params}, *arrays, **self.flags)
         pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
         return sum((o * c.astype(o.dtype)).sum() for o, c in pairs)
+
+    def isolated_vjp(
+        self, inputs: ModelInputs, taps: Taps, forced: Forced, cotangents: Cotangents
+    ) -> tuple[Gradients, dict[str, np.ndarray | None]]:
+        """``vjp`` with each tapped activation made the oracle's (``forced``: its value, its gradient), and
+        each activation as its module computed it (the outputs' heads included) from the oracle's."""
+        places: dict[str, list[tuple[str, str]]] = {}
+        readers = self._first_readers(inputs, taps)
+        for activation, (path, side) in taps.items():
+            if activation in forced:
+                places.setdefault(readers.get(activation, path), []).append((activation, side))
+
+        def projected(params: Any, arrays: list[Any], made: Any, cotangents: tuple[Any, ...]) -> Any:
+            computed: dict[str, Any] = {}
+
+            def force(call: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+                # Framework difference: no hooks; the interceptor swaps the arrays a module call takes or
+                # gives, and a custom_vjp identity swaps the gradient flowing back.
+                here = places.get(".".join(context.module.path), []) if context.method_name == "__call__" else []
+                for activation, side in here:
+                    value, gradient = made[activation]
+                    if side == "input" and activation not in computed and args and args[0].shape == value.shape:
+                        computed[activation] = args[0]
+                        args = (_forced(args[0], value, gradient), *args[1:])
+                output = call(*args, **kwargs)
+                for activation, side in here:
+                    value, gradient = made[activation]
+                    tensor = output[0] if isinstance(output, (tuple, list)) else output
+                    if side == "output" and activation not in computed and tensor.shape == value.shape:
+                        computed[activation] = tensor
+                        tensor = _forced(tensor, value, gradient)
+                        output = (tensor, *output[1:]) if isinstance(output, (tuple, list)) else tensor
+                return output
+
+            with nn.intercept_methods(force):
+                returned = self.module.apply({"params": params}, *arrays, **self.flags)
+            pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
+            return sum((o * c.astype(o.dtype)).sum() for o, c in pairs), (computed, returned[1], returned[2])
+
+        with precision(self.dtype), _explained():
+            arrays = {name: tuple(jax.device_put(a, self.place) for a in pair) for name, pair in forced.items()}
+            grads, (computed, mlm, nsp) = call_user(
+                "your model", jax.jit(jax.grad(projected, has_aux=True)), self._tree(self.flat),
+                self._arrays(inputs), arrays, tuple(cotangents),
+            )  # fmt: skip
+        found = {name: _to_numpy(value) for name, value in {**computed, "mlm": mlm, "nsp": nsp}.items()}
+        return {name: np.asarray(array) for name, array in _flatten(grads).items()}, found
+
+    def _first_readers(self, inputs: ModelInputs, taps: Taps) -> dict[str, str]:
+        """For each activation tapped at a module's input, the module whose call first takes that very
+        array (the block around the layer, say): forced there, every reader inside sees the oracle's."""
+        wanted = {path: activation for activation, (path, side) in taps.items() if side == "input"}
+        calls: list[tuple[str, Any]] = []
+        readers: dict[str, str] = {}
+
+        def seen(call: Any, args: tuple, kwargs: dict, context: Any) -> Any:
+            if context.method_name == "__call__" and args:
+                path = ".".join(context.module.path)
+                calls.append((path, args[0]))
+                activation = wanted.get(path)
+                if activation is not None and activation not in readers:
+                    readers[activation] = next(p for p, array in calls if array is args[0])
+            return call(*args, **kwargs)
+
+        self._traced(inputs, seen)
+        return readers
 
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:

@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..backend.contract import parse_device
 from ..spec.inputs import ModelInputs
-from ..verify.subject import Cotangents, Outputs, Shape, Taps, call_user, outputs_of
+from ..verify.subject import Cotangents, Forced, Gradients, Outputs, Shape, Taps, call_user, outputs_of
 from .backend import TORCH_DTYPES, tf32_enabled, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
@@ -128,14 +128,28 @@ class WrappedModel:
             self.module.train(was_training)
         return outputs_of(returned, _to_numpy), record
 
-    def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> dict[str, np.ndarray | None]:
+    def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> Gradients:
         """Each parameter's gradient of sum(cotangent * output); None where autograd gives none (a
         parameter that does not require gradients, or one the graph never reaches, as through ``.data``)."""
+        return self.isolated_vjp(inputs, {}, {}, cotangents)[0]
+
+    def isolated_vjp(
+        self, inputs: ModelInputs, taps: Taps, forced: Forced, cotangents: Cotangents
+    ) -> tuple[Gradients, dict[str, np.ndarray | None]]:
+        """``vjp`` with each tapped activation made the oracle's (``forced``: its value, its gradient), and
+        each activation as its module computed it (the outputs' heads included) from the oracle's."""
         named = dict(self.module.named_parameters())
         trained = [name for name, p in named.items() if p.requires_grad]
+        computed: dict[str, np.ndarray | None] = {}
         self.module.eval()  # dropout off: the gradient of the function the forward check compared
+        removers = self._forcing(taps, forced, computed)
+        try:
+            with torch.enable_grad(), tf32_enabled(False):
+                returned = self._call(inputs)
+        finally:
+            for remove in removers:
+                remove()
         with torch.enable_grad(), tf32_enabled(False):
-            returned = self._call(inputs)
             pairs = [
                 (output, torch.from_numpy(np.ascontiguousarray(cotangent)).to(self.device, self.dtype))
                 for output, cotangent in zip(returned, cotangents)
@@ -145,7 +159,51 @@ class WrappedModel:
                 [o for o, _ in pairs], [named[n] for n in trained], [c for _, c in pairs], allow_unused=True
             )
         found = dict(zip(trained, grads))
-        return {name: _to_numpy(found.get(name)) for name in named}
+        _, computed["mlm"], computed["nsp"] = outputs_of(returned, _to_numpy)
+        return {name: _to_numpy(found.get(name)) for name in named}, computed
+
+    def _forcing(
+        self, taps: Taps, forced: Forced, computed: dict[str, np.ndarray | None]
+    ) -> list[Callable[[], object]]:
+        """Hooks making each tapped activation the oracle's at its module's first call, keeping what the
+        module computed into ``computed``: an output takes the oracle's value, its gradient flowing into
+        the module that made it replaced by the oracle's; an input (a tensor other modules read too) has
+        its whole gradient replaced."""
+        removers: list[Callable[[], object]] = []
+        for activation, (path, side) in taps.items():
+            if activation not in forced:
+                continue
+            value, gradient = (torch.from_numpy(np.ascontiguousarray(a)).to(self.device, self.dtype)
+                               for a in forced[activation])  # fmt: skip
+
+            def output_hook(module: nn.Module, args: Any, output: Any, activation: str = activation,
+                            value: torch.Tensor = value, gradient: torch.Tensor = gradient) -> Any:  # fmt: skip
+                tensor = output[0] if isinstance(output, (tuple, list)) else output
+                if activation in computed or not isinstance(tensor, torch.Tensor) or tensor.shape != value.shape:
+                    return None
+                computed[activation] = _to_numpy(tensor)
+                made = value + (tensor - tensor.detach())  # the oracle's value on the module's gradient path
+                if made.requires_grad:
+                    made.register_hook(lambda _: gradient)
+                return made if not isinstance(output, (tuple, list)) else (made, *output[1:])
+
+            def input_hook(module: nn.Module, args: Any, activation: str = activation,
+                           value: torch.Tensor = value, gradient: torch.Tensor = gradient) -> None:  # fmt: skip
+                tensor = args[0] if args else None
+                if activation in computed or not isinstance(tensor, torch.Tensor) or tensor.shape != gradient.shape:
+                    return
+                computed[activation] = _to_numpy(tensor)
+                if not tensor.is_leaf:  # every reader sees the oracle's value (a parameter is left as it is)
+                    tensor.data.copy_(value)
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda _: gradient)
+
+            module = self.module.get_submodule(path)
+            if side == "output":
+                removers.append(module.register_forward_hook(output_hook).remove)
+            else:
+                removers.append(module.register_forward_pre_hook(input_hook).remove)
+        return removers
 
     def batch_loss(self, function: Callable[..., Any], batch: Mapping[str, np.ndarray], vocab_size: int) -> Any:
         """The user's ``_get_batch_loss_bert(net, loss, vocab_size, tokens_X, segments_X, valid_lens_x,

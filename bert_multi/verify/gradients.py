@@ -6,13 +6,21 @@ parameter the outputs depend on) and d2l's pretraining loss of a fixed batch wit
 training follows). The user's model gives each parameter's gradient by its framework's autograd; the
 oracle by hand-written derivatives. A parameter with no gradient where the oracle has one is a failure
 naming it, unless it is stated to be frozen.
+
+Where a framework can (``Subject.isolated_vjp``), each module's backward is then checked alone: every
+located activation is made the oracle's, value and gradient, so a module's parameters get what its own
+backward gives from the oracle's input and output gradient. Each differing gradient is then put down to
+its cause: its module computes other values from the oracle's input (the gradient follows from that
+forward divergence), its module's backward alone is wrong (a detached or missing gradient, a hand-written
+backward), or it is right alone and the difference is carried from elsewhere.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,16 +29,23 @@ from ..errors import UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.loss import MLM_NORMALIZATIONS
+from ..spec.schema import nsp_layers
 from .cases import get_case
-from .compare import Comparison, Tolerance, compare_arrays
+from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .mapping import ParameterMap
-from .subject import Cotangents, Subject, call_user
+from .subject import Cotangents, Subject, Taps, call_user
 
 # Measured (docs/tolerances.md, "Gradients"): PyTorch's and MXNet's float64 autograd agree with the
 # oracle to about 1e-15 on gradients up to about 1; planted faults move gradients by 1e-3 and more.
 GRADIENT_TOLERANCE = Tolerance(atol=1e-9, rtol=1e-7)
 LOSS_TOLERANCE = Tolerance(atol=1e-9, rtol=1e-9)
 SCALARS = ("random projection", "pretraining loss")
+# Why a parameter's gradient differs, found by checking its module alone.
+CAUSES = {
+    "forward": "its module computes other values from the oracle's input, and its gradients follow",
+    "backward": "its module's backward alone gives another gradient (or none) from the oracle's",
+    "carried": "right when its module is checked alone: carried from a divergence elsewhere",
+}
 
 
 def gradient_batch(config: BERTConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -65,6 +80,8 @@ class GradientCheck:
     comparisons: tuple[Comparison, ...]  # per canonical parameter
     ungraded: tuple[str, ...]  # no gradient where the oracle has one: a failure
     frozen: tuple[str, ...]  # stated to be frozen, so not compared
+    # Each differing parameter -> a key of CAUSES; empty where modules could not be checked alone.
+    causes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -73,6 +90,10 @@ class GradientCheck:
     @property
     def first_divergence(self) -> Comparison | None:
         return next((c for c in self.comparisons if not c.passed), None)
+
+    def caused_by(self, cause: str) -> list[str]:
+        """The differing parameters put down to ``cause``, in canonical order."""
+        return [name for name, found in self.causes.items() if found == cause]
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,35 @@ def projection(outputs: Sequence[np.ndarray | None], seed: int) -> Cotangents:
     return Cotangents(encoded, mlm, nsp)
 
 
+def gradient_module(config: BERTConfig, parameter: str) -> str:
+    """The activation a canonical parameter's module computes (``intermediate_names``, "mlm" or "nsp")."""
+    pooler, classifier = nsp_layers(config)
+    if parameter.startswith("encoder.blks."):
+        index, part = parameter.split(".")[2:4]
+        return f"blks.{index}.{'output' if part == 'addnorm2' else part}"
+    if parameter.startswith("encoder."):
+        return "embedding"
+    if parameter.startswith(f"{pooler}."):
+        return "pooler"
+    return "nsp" if parameter.startswith(f"{classifier}.") else "mlm"
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What each scalar's check shares: the subject, the fixed inputs and the oracle's activations."""
+
+    config: BERTConfig
+    weights: dict[str, np.ndarray]
+    subject: Subject
+    mapping: ParameterMap
+    device: str
+    frozen: set[str]
+    inputs: ModelInputs
+    eps: float | None
+    taps: Taps  # where each activation is in the user's model: what can be made the oracle's
+    reference: dict[str, np.ndarray]  # the oracle's activations and outputs
+
+
 def check_gradients(
     config: BERTConfig,
     weights: dict[str, np.ndarray],
@@ -124,54 +174,93 @@ def check_gradients(
     frozen: set[str],
     seed: int = 0,
     layer_norm_eps: float | None = None,
+    taps: Taps | None = None,
 ) -> list[GradientCheck]:
     """Both scalars' gradients of the float64 ``subject`` (holding ``weights``) against the oracle's,
-    computed with the LayerNorm eps the subject's framework uses (``layer_norm_eps``)."""
-    eps = layer_norm_eps
+    computed with the LayerNorm eps the subject's framework uses (``layer_norm_eps``); with ``taps`` (every
+    activation located), differing gradients are put down to their causes module by module."""
     if not hasattr(subject, "vjp"):
         raise UsageError(f"{subject.framework} gives no gradients (a NumPy-protocol model needs a gradients method)")
     batch = gradient_batch(config, seed)
     inputs = check_inputs(config, batch["tokens"], batch["segments"], batch["valid_lens"], batch["pred_positions"])
-    reference = oracle.forward(config, weights, inputs, layer_norm_eps=eps)
-    cotangents = projection((reference.encoded, reference.mlm, reference.nsp), seed)
-    expected = backward.gradients(config, weights, inputs, *cotangents, layer_norm_eps=eps)
-    checks = [_compare(SCALARS[0], device, subject, mapping, inputs, cotangents, expected, frozen)]
+    record: OrderedDict[str, np.ndarray] = OrderedDict()
+    out = oracle.forward(config, weights, inputs, record, layer_norm_eps=layer_norm_eps)
+    heads = {"mlm": out.mlm, "nsp": out.nsp}
+    reference = {**record, **{name: value for name, value in heads.items() if value is not None}}
+    located = taps is not None and set(record) <= set(taps) and hasattr(subject, "isolated_vjp")
+    setting = _Setting(config, weights, subject, mapping, device, frozen, inputs, layer_norm_eps,
+                       taps if located and taps is not None else {}, reference)  # fmt: skip
+    cotangents = projection((out.encoded, out.mlm, out.nsp), seed)
+    checks = [_compare(setting, SCALARS[0], cotangents, cotangents)]
     if "mlm" in config.heads and "nsp" in config.heads:
-        _, expected = backward.pretraining_loss_gradients(config, weights, batch, layer_norm_eps=eps)
         (_, mlm, nsp), _ = call_user("your model", subject.run, inputs, {})
-        assert mlm is not None and nsp is not None
-        dMLM, dNSP = backward.loss_cotangents(config, mlm, nsp, batch, "real_slots")
-        zero = np.zeros_like(reference.encoded)
-        loss = Cotangents(zero, dMLM, dNSP)
-        checks.append(_compare(SCALARS[1], device, subject, mapping, inputs, loss, expected, frozen))
+        assert mlm is not None and nsp is not None and out.mlm is not None and out.nsp is not None
+        zero = np.zeros_like(out.encoded)
+        own = Cotangents(zero, *backward.loss_cotangents(config, mlm, nsp, batch, "real_slots"))
+        oracles = Cotangents(zero, *backward.loss_cotangents(config, out.mlm, out.nsp, batch, "real_slots"))
+        checks.append(_compare(setting, SCALARS[1], own, oracles))
     return checks
 
 
-def _compare(
-    scalar: str,
-    device: str,
-    subject: Subject,
-    mapping: ParameterMap,
-    inputs: ModelInputs,
-    cotangents: Cotangents,
-    expected: dict[str, np.ndarray],
-    frozen: set[str],
-) -> GradientCheck:
-    own = call_user("your model's backward pass", subject.vjp, inputs, cotangents)  # type: ignore[attr-defined]
-    got = mapping.to_canonical(own, {name: array.shape for name, array in expected.items()})
+def _compare(setting: _Setting, scalar: str, cotangents: Cotangents, oracles: Cotangents) -> GradientCheck:
+    """The user's gradient of sum(``cotangents`` * its outputs) against the oracle's of sum(``oracles`` *
+    the oracle's outputs): the same scalar's, each at its own outputs."""
+    config, subject, mapping = setting.config, setting.subject, setting.mapping
+    flowing: dict[str, np.ndarray] = {}  # the oracle's gradient of each activation
+    expected = backward.gradients(config, setting.weights, setting.inputs, *oracles, setting.eps, record=flowing)
+    shapes = {name: array.shape for name, array in expected.items()}
+    own = call_user("your model's backward pass", subject.vjp, setting.inputs, cotangents)  # type: ignore[attr-defined]
+    got = mapping.to_canonical(own, shapes)
     comparisons, ungraded = [], []
     for name, reference in expected.items():
-        if name in frozen:
+        if name in setting.frozen:
             continue
-        # None (torch: not in the graph) or all zero (Gluon keeps a zero gradient there) where the
-        # oracle's is not: no gradient reaches the parameter.
-        own_gradient = got.get(name)
-        if own_gradient is None or (np.any(reference != 0) and not np.any(own_gradient)):
+        if _gets_none(got.get(name), reference):
             if np.any(reference != 0):
                 ungraded.append(name)
             continue
-        comparisons.append(compare_arrays(name, own_gradient, reference, GRADIENT_TOLERANCE))
-    return GradientCheck(scalar, device, tuple(comparisons), tuple(ungraded), tuple(sorted(frozen)))
+        comparisons.append(compare_arrays(name, got[name], reference, GRADIENT_TOLERANCE))
+    differing = {*ungraded, *(c.name for c in comparisons if not c.passed)}
+    causes = _causes(setting, expected, flowing, oracles, differing) if differing and setting.taps else {}
+    return GradientCheck(scalar, setting.device, tuple(comparisons), tuple(ungraded), tuple(sorted(setting.frozen)),
+                         causes)  # fmt: skip
+
+
+def _causes(
+    setting: _Setting,
+    expected: dict[str, np.ndarray],
+    flowing: dict[str, np.ndarray],
+    oracles: Cotangents,
+    differing: set[str],
+) -> dict[str, str]:
+    """Why each ``differing`` parameter's gradient differs (a key of ``CAUSES``), from the user's backward
+    with every located activation made the oracle's: its value (``setting.reference``) and its gradient
+    (``flowing``)."""
+    forced = {name: (setting.reference[name], flowing[name]) for name in setting.taps}
+    isolated = setting.subject.isolated_vjp  # type: ignore[attr-defined]
+    alone, computed = call_user("your model's backward pass", isolated, setting.inputs, setting.taps, forced, oracles)
+    alone = setting.mapping.to_canonical(alone, {name: array.shape for name, array in expected.items()})
+    tolerance = tolerance_for("float64", "cpu" if setting.device == "cpu" else "gpu")
+    astray = {
+        name for name, value in computed.items()
+        if value is not None and name in setting.reference
+        and not compare_arrays(name, value, setting.reference[name], tolerance).passed
+    }  # fmt: skip
+    causes = {}
+    for name in (n for n in expected if n in differing):  # canonical order
+        if _gets_none(alone.get(name), expected[name]):
+            causes[name] = "backward"
+        elif compare_arrays(name, alone[name], expected[name], GRADIENT_TOLERANCE).passed:
+            causes[name] = "carried"
+        else:
+            causes[name] = "forward" if gradient_module(setting.config, name) in astray else "backward"
+    return causes
+
+
+def _gets_none(gradient: np.ndarray | None, reference: np.ndarray) -> bool:
+    """No gradient reaches the parameter: None (torch: not in the graph), or all zero (Gluon keeps a zero
+    gradient there) where the oracle's is not."""
+    return gradient is None or (bool(np.any(reference != 0)) and not np.any(gradient))
 
 
 def check_loss(

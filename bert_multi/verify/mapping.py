@@ -4,7 +4,7 @@ through, reads gradients back through, and names activations by.
 A mapping is found without comparing anything with the oracle, so that it never depends on whether the
 model conforms:
 
-1. a map file's rules first (``read_map``): renames, transposes, and parts of a fused tensor;
+1. a map file's rules first (``map_file.read_map``): renames, transposes, and parts of a fused tensor;
 2. then names, tensor by tensor: the known family (every d2l generation's PyTorch, Gluon and Flax names,
    with Flax's (in, out) kernels transposed; transformers' names) and wrapper prefix (``module.``,
    ``params.``) that place the most, then other families under that prefix for the rest;
@@ -22,19 +22,20 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..backend.contract import framework_names
-from ..errors import UsageError, WeightsError
+from ..errors import UsageError
 from ..files.formats import flax, gluon, huggingface
-from ..files.safe import open_regular
 from ..spec.config import BERTConfig
 from ..spec.schema import nsp_layers, param_shapes
 
+if TYPE_CHECKING:  # a map file is read by map_file.py, which places by this module's Placement
+    from .map_file import MapFile
+
 Shape = tuple[int, ...]
-MAX_MAP_BYTES = 1 << 20
 # The NSP path's two dense layers in each generation (d2l >= 0.12: the pooler is BERTModel.hidden; 0.11:
 # NextSentencePred's own MLP): a port keeps its generation's names whatever preset it is checked under.
 NSP_LAYOUTS = (("hidden.0", "nsp.output"), ("nsp.mlp.0", "nsp.mlp.2"))
@@ -163,76 +164,6 @@ def families(config: BERTConfig) -> list[tuple[str, dict[str, Placement]]]:
     if huggingface.expressible(config) is None:
         found.append(("transformers' names", {c: Placement(own) for c, own in huggingface.hf_names(config).items()}))
     return found
-
-
-# --- the map file -----------------------------------------------------------------------------------------
-
-_PLACE = re.compile(r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d+)/(?P<n>\d+)\])?(?P<t2>\.T)?")
-
-
-def parse_placement(text: str) -> Placement:
-    """``name``, ``name.T`` (transposed), ``name[k/n]`` (the k-th of n equal parts along the first axis)."""
-    match = _PLACE.fullmatch(text.strip())
-    if not match:
-        raise UsageError(f"{text!r} is not a parameter name, NAME.T or NAME[k/n]")
-    part = (int(match["k"]), int(match["n"])) if match["n"] else None
-    if part and not 0 <= part[0] < part[1]:
-        raise UsageError(f"{text!r}: part {part[0]} of {part[1]} does not exist (parts count from 0)")
-    return Placement(match["name"], bool(match["t"] or match["t2"]), part)
-
-
-@dataclass(frozen=True)
-class MapFile:
-    """A map file's rules: canonical pattern ({i} a block, {p} weight or bias) -> the user's placement
-    pattern, and user parameters that are no canonical tensor's (``ignore``)."""
-
-    rules: dict[str, str]
-    ignore: tuple[str, ...]
-    source: str
-
-    def expand(self, canonical: Iterable[str]) -> dict[str, Placement]:
-        found = {}
-        for pattern, target in self.rules.items():
-            regex = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", "(?P<p>weight|bias)")
-            matched = False
-            for name in canonical:
-                match = re.fullmatch(regex, name)
-                if match:
-                    matched = True
-                    found[name] = parse_placement(target.replace("{i}", match.groupdict().get("i") or "")
-                                                  .replace("{p}", match.groupdict().get("p") or ""))  # fmt: skip
-            if not matched:
-                raise UsageError(f"{self.source}: {pattern!r} names no canonical tensor of this config")
-        return found
-
-
-def read_map(path: str | Path) -> MapFile:
-    """A map file: JSON ``{"names": {canonical pattern: placement}, "ignore": [names]}``. Anything else
-    is a ``WeightsError`` naming the file (it is read like every other file: size first, then parsed)."""
-    path = Path(path)
-    with open_regular(path, "map file", WeightsError) as file:
-        data = file.read(MAX_MAP_BYTES + 1)
-    if len(data) > MAX_MAP_BYTES:
-        raise WeightsError(f"{path}: a map file of over {MAX_MAP_BYTES} bytes is not one; expected a small JSON file")
-    try:
-        document = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise WeightsError(f"{path}: not a JSON map file ({str(error)[:200]})") from None
-    if not isinstance(document, dict) or set(document) - {"names", "ignore"}:
-        raise WeightsError(
-            f'{path}: expected an object with "names" (and optionally "ignore"), got {str(document)[:100]}'
-        )
-    rules, ignore = document.get("names", {}), document.get("ignore", [])
-    if not isinstance(rules, dict) or not all(isinstance(v, str) for v in rules.values()):
-        raise WeightsError(f'{path}: "names" must map canonical names to strings')
-    if not isinstance(ignore, list) or not all(isinstance(v, str) for v in ignore):
-        raise WeightsError(f'{path}: "ignore" must be a list of parameter names')
-    for target in rules.values():
-        try:
-            parse_placement(target.replace("{i}", "0").replace("{p}", "weight"))
-        except UsageError as error:
-            raise WeightsError(f"{path}: {error}") from None
-    return MapFile(rules, tuple(ignore), str(path))
 
 
 # --- finding the mapping ---------------------------------------------------------------------------------

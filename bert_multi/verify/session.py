@@ -3,8 +3,10 @@ in the user's names. The command line's ``bert-multi verify`` and ``bert_multi.t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +23,11 @@ from ..spec.inputs import check_inputs
 from ..spec.schema import cut_max_len, random_weights, validate_weights
 from ..spec.semantics import releases_of
 from .cases import CASES, get_case
-from .compare import tolerance_for
+from .compare import Comparison, tolerance_for
 from .conform import Progress, run_conformance
-from .gradients import GradientCheck, LossCheck, check_gradients, check_loss, resolve_frozen
-from .mapping import MapFile, ParameterMap, read_map
+from .gradients import CAUSES, GradientCheck, LossCheck, check_gradients, check_loss, gradient_module, resolve_frozen
+from .map_file import MapFile, read_map
+from .mapping import ParameterMap
 from .mistakes import MISTAKES, Diagnosis, Site, diagnose, nondeterminism
 from .report import failure_details
 from .results import OUTPUT_NAMES, Report, Target
@@ -97,9 +100,15 @@ class VerifyReport:
             return f"FAIL: {self.label}'s forward did not run through (see the errors above)."
         broken = next((check for check in self.gradients if not check.passed), None)
         if broken is not None:
-            where = broken.ungraded or [c.name for c in broken.comparisons if not c.passed]
-            return f"FAIL: {self.label}'s outputs conform, but its gradient of the {broken.scalar} does not, at " + (
-                f"{self.user_name(where[0])}." if where else "no parameter (nothing compared)."
+            own = broken.caused_by("backward")
+            where = own or broken.ungraded or [c.name for c in broken.comparisons if not c.passed]
+            if not where:
+                return f"FAIL: {self.label}'s gradient of the {broken.scalar} compared no parameter."
+            why = (": no gradient reaches it" if where[0] in broken.ungraded
+                   else ": its module's own backward gives another gradient" if own else "")  # fmt: skip
+            return (
+                f"FAIL: {self.label}'s outputs conform, but its gradient of the {broken.scalar} does not, at "
+                f"{self.user_name(where[0])}{why}."
             )
         return f"FAIL: {self.label}'s outputs conform, but its loss does not."
 
@@ -108,14 +117,55 @@ class VerifyReport:
         lines = [failure_details(self.forward, self.user_name)] if not self.forward.passed else []
         lines += [f"diagnosis: {diagnosis.describe()}" for diagnosis in self.diagnoses]
         for check in self.gradients:
-            if check.ungraded:
-                names = ", ".join(self.user_name(name) for name in check.ungraded)
-                lines.append(f"gradient of the {check.scalar} ({check.device}): no gradient reaches {names}")
-            elif check.first_divergence is not None:
-                lines.append(f"gradient of the {check.scalar} ({check.device}): {check.first_divergence.describe()}")
+            lines += [
+                f"gradient of the {check.scalar} ({check.device}): {line}" for line in self._gradient_lines(check)
+            ]
         if self.loss is not None:
             lines += self.loss.problems()
         return "\n".join(lines)
+
+    def _gradient_lines(self, check: GradientCheck) -> list[str]:
+        """What differs in one gradient check, put down to its causes where modules were checked alone."""
+        if not check.causes:
+            if check.ungraded:
+                return [f"no gradient reaches {', '.join(self.user_name(name) for name in check.ungraded)}"]
+            first = check.first_divergence
+            return [] if first is None else [self._in_user_names(first)]
+        lines = []
+        follows = check.caused_by("forward")
+        if follows:
+            lines.append(f"{self._modules(follows)} compute other values from the oracle's input, and the gradients "
+                         f"of their {len(follows)} parameter(s) differ with them")  # fmt: skip
+        own = check.caused_by("backward")
+        if own:
+            missing = [self.user_name(name) for name in own if name in check.ungraded]
+            wrong = [c for c in check.comparisons if c.name in own and not c.passed]
+            said = ([f"no gradient reaches {', '.join(missing)}"] if missing else []) + (
+                [f"worst {self._in_user_names(max(wrong, key=lambda c: c.ratio))}"] if wrong else []
+            )
+            lines.append(f"the backward of {self._modules(own)} is wrong on its own (fed the oracle's input and "
+                         f"output gradient): {'; '.join(said)}")  # fmt: skip
+        carried = check.caused_by("carried")
+        if carried:
+            lines.append(f"{len(carried)} other parameter(s) get the oracle's gradient when their modules are checked "
+                         "alone: their differences are carried from the above")  # fmt: skip
+        return lines
+
+    def _in_user_names(self, comparison: Comparison) -> str:
+        return dataclasses.replace(comparison, name=self.user_name(comparison.name)).describe()
+
+    def _modules(self, parameters: list[str]) -> str:
+        """The modules holding ``parameters``: each by the activation it computes and, where its parameters'
+        names in the user's model share a prefix, that prefix."""
+        groups: dict[str, list[list[str]]] = {}
+        for name in parameters:
+            groups.setdefault(gradient_module(self.config, name), []).append(self.user_name(name).split("."))
+        named = []
+        for module, names in groups.items():
+            common = [level[0] for level in itertools.takewhile(lambda level: len(set(level)) == 1, zip(*names))]
+            prefix = ".".join(common if len(names) > 1 else names[0][:-1])
+            named.append(f"{module} (yours: {prefix})" if prefix else module)
+        return ", ".join(named)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +183,7 @@ class VerifyReport:
                     "no_gradient": list(check.ungraded),
                     "frozen": list(check.frozen),
                     "worst": _worst(check),
+                    "causes": {self.user_name(name): CAUSES[cause] for name, cause in check.causes.items()},
                 }
                 for check in self.gradients
             ],
@@ -245,16 +296,7 @@ def verify(
         if gradients and not hasattr(probe.subject, "vjp"):
             raise UsageError(f"{probe.subject.framework} gives no gradients (a NumPy-protocol model needs a gradients "
                              "method)")  # fmt: skip
-        first = next(case.input(config, seed) for case in chosen)
-        out = call_user(f"your model {given.label}", probe, **first.batch, intermediates=True)
-        if probe.mapping.inferred:  # what the order of use only suggests, the oracle decides
-            recorded = {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
-            checked = check_inputs(config, **first.batch)
-            decided, _ = decide_roles(probe.mapping, config, weights, checked, recorded)
-            if decided is not probe.mapping:
-                backend.decided = decided
-                probe = backend.build(config, weights, "cpu", "float64")
-                call_user(f"your model {given.label}", probe, **first.batch)
+        probe = _decided(backend, probe, weights, next(case.input(config, seed) for case in chosen).batch)
         frozen_names = resolve_frozen(frozen, probe.mapping)
         backend.keep_spare(probe)
         targets = [Target(given.label, dtype, device) for device in devices for dtype in dtypes]
@@ -271,13 +313,32 @@ def verify(
                 except CannotRunHere as error:
                     report.gradients_skipped[device] = str(error)
                     continue
-                subject, mapping = model64.subject, model64.mapping
-                report.gradients += check_gradients(config, weights, subject, mapping, device, frozen_names, seed, eps)
+                subject, mapping, taps = model64.subject, model64.mapping, model64.taps
+                report.gradients += check_gradients(
+                    config, weights, subject, mapping, device, frozen_names, seed, eps, taps
+                )
         if loss is not None:
             report.loss = check_loss(config, weights, probe.subject, loss, mlm_normalization, seed, eps)
         return report
     finally:
         unregister_backend(given.label)
+
+
+def _decided(backend: UserBackend, probe: UserBERT, weights: dict[str, np.ndarray], batch: dict) -> UserBERT:
+    """The set-up model after one forward on ``batch``; where its placement was inferred (the order of use
+    only suggests it), rebuilt with the roles the oracle decides from that forward's activations."""
+    out = call_user(f"your model {backend.given.label}", probe, **batch, intermediates=True)
+    if not probe.mapping.inferred:
+        return probe
+    recorded = {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
+    config = probe.config
+    decided, _ = decide_roles(probe.mapping, config, weights, check_inputs(config, **batch), recorded)
+    if decided is probe.mapping:
+        return probe
+    backend.decided = decided
+    probe = backend.build(config, weights, "cpu", "float64")
+    call_user(f"your model {backend.given.label}", probe, **batch)
+    return probe
 
 
 def diagnose_divergences(report: VerifyReport, backend: UserBackend, weights: dict[str, np.ndarray]) -> list[Diagnosis]:

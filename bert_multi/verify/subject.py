@@ -24,6 +24,8 @@ from ..spec.schema import nsp_layers, param_shapes
 Shape = tuple[int, ...]
 Outputs = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]  # encoded, mlm, nsp
 Taps = Mapping[str, tuple[str, str]]  # activation -> (the user's module path, "input" or "output")
+Forced = Mapping[str, tuple[np.ndarray, np.ndarray]]  # activation -> (the oracle's value, the oracle's gradient)
+Gradients = dict[str, np.ndarray | None]  # the user's parameter name -> its gradient (None: it gets none)
 
 
 class Cotangents(NamedTuple):
@@ -37,7 +39,11 @@ class Cotangents(NamedTuple):
 class Subject(Protocol):
     """A user's model at one dtype and device, wrapped by its framework.
 
-    ``vjp`` and ``batch_loss`` are optional (``verify --gradients`` and ``--loss`` need them), and so is
+    Optional: ``vjp(inputs, cotangents)`` (``verify --gradients``) gives each parameter's gradient of
+    sum(cotangent * output); ``isolated_vjp(inputs, taps, forced, cotangents)`` gives them with every
+    tapped activation made the oracle's (``forced``: its value, and its gradient in place of the one that
+    flows back into it), so each module's backward is checked alone, beside the activations as its
+    modules computed them from the oracle's values; ``batch_loss`` (``--loss``); and
     ``used_parameters(inputs)``: its parameters' names in the order a forward pass on ``inputs`` first uses
     them (as its framework can tell: each use, or each call of the module holding it), by which the
     weights are placed where names do not place them."""

@@ -19,7 +19,8 @@ from ..errors import CannotRunHere, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.schema import param_shapes
-from .mapping import MapFile, ParameterMap, map_parameters
+from .map_file import MapFile
+from .mapping import ParameterMap, map_parameters
 from .subject import NumpyProtocol, ProtocolSubject, Subject, accepts, call_user, tap_sources
 
 ROLE = "subject"

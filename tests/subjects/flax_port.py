@@ -8,6 +8,15 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 
+@jax.custom_vjp
+def passing_relu(x):
+    """ReLU with a hand-written backward that forgets to zero the gradient where the input was negative."""
+    return jnp.maximum(x, 0)
+
+
+passing_relu.defvjp(lambda x: (jnp.maximum(x, 0), None), lambda _, grad: (grad,))
+
+
 class SelfAttention(nn.Module):
     hidden: int
     heads: int
@@ -41,7 +50,8 @@ class Layer(nn.Module):
     def __call__(self, x, valid_lens):
         attended = SelfAttention(self.hidden, self.heads, self.fault, name="attn")(x, valid_lens)
         y = nn.LayerNorm(epsilon=1e-5, name="norm1")(x + attended)
-        up = nn.relu(nn.Dense(self.ffn, name="up")(y))
+        relu = passing_relu if self.fault == "relu_backward" else nn.relu
+        up = relu(nn.Dense(self.ffn, name="up")(y))
         return nn.LayerNorm(epsilon=1e-5, name="norm2")(y + nn.Dense(self.hidden, name="down")(up))
 
 
@@ -90,3 +100,7 @@ def build_bound(config):
 
 def build_faulty(config):
     return _made(config, fault="scale")
+
+
+def build_wrong_backward(config):
+    return _made(config, fault="relu_backward")

@@ -1,0 +1,88 @@
+"""The map file: a user's own rules for where each canonical tensor lives in their model, for what
+``bert-multi verify`` cannot place alone (``mapping.py``), and the file ``--write-map`` writes.
+
+JSON ``{"names": {canonical pattern: placement}, "ignore": [names]}``: a pattern's ``{i}`` stands for a
+block's index and ``{p}`` for weight or bias; a placement is ``name``, ``name.T`` (transposed) or
+``name[k/n]`` (the k-th of n equal parts along the first axis, as in a fused QKV).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError, WeightsError
+from ..files.safe import open_regular
+from .mapping import Placement
+
+MAX_MAP_BYTES = 1 << 20
+
+_PLACE = re.compile(r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d+)/(?P<n>\d+)\])?(?P<t2>\.T)?")
+
+
+def parse_placement(text: str) -> Placement:
+    """``name``, ``name.T`` (transposed), ``name[k/n]`` (the k-th of n equal parts along the first axis)."""
+    match = _PLACE.fullmatch(text.strip())
+    if not match:
+        raise UsageError(f"{text!r} is not a parameter name, NAME.T or NAME[k/n]")
+    part = (int(match["k"]), int(match["n"])) if match["n"] else None
+    if part and not 0 <= part[0] < part[1]:
+        raise UsageError(f"{text!r}: part {part[0]} of {part[1]} does not exist (parts count from 0)")
+    return Placement(match["name"], bool(match["t"] or match["t2"]), part)
+
+
+@dataclass(frozen=True)
+class MapFile:
+    """A map file's rules: canonical pattern ({i} a block, {p} weight or bias) -> the user's placement
+    pattern, and user parameters that are no canonical tensor's (``ignore``)."""
+
+    rules: dict[str, str]
+    ignore: tuple[str, ...]
+    source: str
+
+    def expand(self, canonical: Iterable[str]) -> dict[str, Placement]:
+        found = {}
+        for pattern, target in self.rules.items():
+            regex = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", "(?P<p>weight|bias)")
+            matched = False
+            for name in canonical:
+                match = re.fullmatch(regex, name)
+                if match:
+                    matched = True
+                    found[name] = parse_placement(target.replace("{i}", match.groupdict().get("i") or "")
+                                                  .replace("{p}", match.groupdict().get("p") or ""))  # fmt: skip
+            if not matched:
+                raise UsageError(f"{self.source}: {pattern!r} names no canonical tensor of this config")
+        return found
+
+
+def read_map(path: str | Path) -> MapFile:
+    """A map file: JSON ``{"names": {canonical pattern: placement}, "ignore": [names]}``. Anything else
+    is a ``WeightsError`` naming the file (it is read like every other file: size first, then parsed)."""
+    path = Path(path)
+    with open_regular(path, "map file", WeightsError) as file:
+        data = file.read(MAX_MAP_BYTES + 1)
+    if len(data) > MAX_MAP_BYTES:
+        raise WeightsError(f"{path}: a map file of over {MAX_MAP_BYTES} bytes is not one; expected a small JSON file")
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise WeightsError(f"{path}: not a JSON map file ({str(error)[:200]})") from None
+    if not isinstance(document, dict) or set(document) - {"names", "ignore"}:
+        raise WeightsError(
+            f'{path}: expected an object with "names" (and optionally "ignore"), got {str(document)[:100]}'
+        )
+    rules, ignore = document.get("names", {}), document.get("ignore", [])
+    if not isinstance(rules, dict) or not all(isinstance(v, str) for v in rules.values()):
+        raise WeightsError(f'{path}: "names" must map canonical names to strings')
+    if not isinstance(ignore, list) or not all(isinstance(v, str) for v in ignore):
+        raise WeightsError(f'{path}: "ignore" must be a list of parameter names')
+    for target in rules.values():
+        try:
+            parse_placement(target.replace("{i}", "0").replace("{p}", "weight"))
+        except UsageError as error:
+            raise WeightsError(f"{path}: {error}") from None
+    return MapFile(rules, tuple(ignore), str(path))
