@@ -479,6 +479,15 @@ def test_the_command_says_pass_in_one_sentence_and_exits_0():
 
 
 @needs("torch")
+def test_the_command_puts_each_gradient_difference_down_to_its_cause():
+    done = cli("tests/subjects/torch_port.py:build_wrong_backward", "--config", "tiny", "--gradients", "--dtypes",
+               "float64", "--cases", "full_valid_len")  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "FAIL: 0 follow the forward, 4 the backward's own, 25 carried" in done.stdout
+    assert "  random projection (cpu): the backward of blks.0.ffn (yours: layers.0.up)," in done.stdout
+    assert done.stdout.strip().endswith("at layers.0.up.weight: its module's own backward gives another gradient.")
+
+
 def test_the_command_exits_1_and_writes_a_repro_that_needs_numpy_alone(tmp_path):
     done = cli("tests/subjects/torch_port.py:build_faulty", "--config", "tiny", "--dtypes", "float64",
                "--save-repro", str(tmp_path / "repro"), "--json", str(tmp_path / "report.json"))  # fmt: skip

@@ -152,7 +152,11 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
     for check in report.gradients:
         worst = max(check.comparisons, key=lambda c: c.ratio, default=None)
         result = "PASS" if check.passed else "FAIL"
-        if check.ungraded:
+        if check.causes:
+            counts = {cause: len(check.caused_by(cause)) for cause in ("forward", "backward", "carried")}
+            result += (f": {counts['forward']} follow the forward, {counts['backward']} the backward's own, "
+                       f"{counts['carried']} carried")  # fmt: skip
+        elif check.ungraded:
             result += f": no gradient reaches {', '.join(report.user_name(n) for n in check.ungraded)}"
         elif worst is not None and not worst.passed:
             result += f": first at {report.user_name(check.first_divergence.name)}"  # type: ignore[union-attr]
@@ -172,9 +176,8 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
     for device, reason in report.gradients_skipped.items():
         print(f"  gradients on {device}: SKIP, {reason}")
     for check in report.gradients:
-        first = check.first_divergence
-        if first is not None:
-            print(f"  {check.scalar}, first divergence in {report.user_name(first.name)}: {first.describe()}")
+        for line in report.gradient_lines(check):
+            print(f"  {check.scalar} ({check.device}): {line}")
     if report.loss is not None:
         mlm, nsp, total = report.loss.values
         result = "PASS" if report.loss.passed else "FAIL"

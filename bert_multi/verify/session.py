@@ -117,14 +117,12 @@ class VerifyReport:
         lines = [failure_details(self.forward, self.user_name)] if not self.forward.passed else []
         lines += [f"diagnosis: {diagnosis.describe()}" for diagnosis in self.diagnoses]
         for check in self.gradients:
-            lines += [
-                f"gradient of the {check.scalar} ({check.device}): {line}" for line in self._gradient_lines(check)
-            ]
+            lines += [f"gradient of the {check.scalar} ({check.device}): {line}" for line in self.gradient_lines(check)]
         if self.loss is not None:
             lines += self.loss.problems()
         return "\n".join(lines)
 
-    def _gradient_lines(self, check: GradientCheck) -> list[str]:
+    def gradient_lines(self, check: GradientCheck) -> list[str]:
         """What differs in one gradient check, put down to its causes where modules were checked alone."""
         if not check.causes:
             if check.ungraded:

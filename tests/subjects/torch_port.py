@@ -146,6 +146,10 @@ def build(config):
     return make(config)
 
 
+def build_wrong_backward(config):
+    return make(config, fault="relu_backward")
+
+
 def build_fused(config):
     return make(config, fused=True)
 
