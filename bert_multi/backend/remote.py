@@ -99,6 +99,13 @@ class RemoteFailure(RuntimeError):
     """What a worker raised that is not one of bert_multi's own exceptions, with its traceback there."""
 
 
+def worker_environment() -> dict[str, str]:
+    """The environment of a process run in another environment on this one's behalf: this source tree
+    first on its path, and marked as such (``WORKER_VARIABLE``: it never sends work on again)."""
+    path = os.pathsep.join([str(SOURCE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, WORKER_VARIABLE: "1"}
+
+
 class Worker:
     """One worker process: a JSON request per line on its stdin, a JSON reply per line on its stdout,
     arrays in files of a private directory. Its stderr goes to a log, quoted when it fails."""
@@ -107,14 +114,12 @@ class Worker:
         self.python = python
         self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-worker-")
         self.log = open(Path(self.directory.name) / "stderr.log", "w+b")  # noqa: SIM115 - closed in close()
-        environment = dict(os.environ, **{WORKER_VARIABLE: "1"})
-        environment["PYTHONPATH"] = os.pathsep.join([str(SOURCE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.process = subprocess.Popen(
             [str(python), "-m", "bert_multi.backend.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
-            env=environment,
+            env=worker_environment(),
             text=True,
         )
         self.lock = threading.Lock()

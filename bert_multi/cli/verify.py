@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from ..backend.registry import environment_for
-from ..backend.remote import WORKER_VARIABLE
+from ..backend.remote import WORKER_VARIABLE, worker_environment
 from ..display import ProgressBar, format_table
 from ..errors import UserCodeError
 from ..files.safe import atomic_path
@@ -135,10 +135,8 @@ def _run_elsewhere(args: argparse.Namespace, package: str, environment: str, pyt
     """This very command, run by ``python``: its output is the report, its exit status this one's."""
     print(f"your model imports {package}, which is not installed here: verify runs it in {environment} "
           f"({python})", flush=True)  # fmt: skip
-    source = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
     command = [str(python), "-m", "bert_multi.cli", *args.argv]
-    return subprocess.run(command, env={**os.environ, "PYTHONPATH": path, WORKER_VARIABLE: "1"}).returncode
+    return subprocess.run(command, env=worker_environment()).returncode
 
 
 def write_map(path: str, contents: dict[str, object]) -> None:
