@@ -12,11 +12,11 @@ imports no framework.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .verify.map_file import write_map
 from .verify.mapping import MappingError
 from .verify.session import VerifyReport, verify
 
@@ -50,9 +50,8 @@ if pytest is not None:
                 if error.suggested is None:
                     raise
                 path = tmp_path / "bert_verify-map.json"
-                path.write_text(json.dumps(error.suggested, indent=2) + "\n")
-                first = str(error).split(" Write a map file", 1)[0]
-                pytest.fail(f"{first} A map file guessed for it is in {path}: check it, then pass map_file=.",
+                write_map(path, error.suggested)
+                pytest.fail(f"{error.problem} A map file guessed for it is in {path}: check it, then pass map_file=.",
                             pytrace=False)  # fmt: skip
 
         return checked

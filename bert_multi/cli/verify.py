@@ -13,10 +13,10 @@ from ..backend.registry import environment_for
 from ..backend.remote import WORKER_VARIABLE, worker_environment
 from ..display import ProgressBar, format_table
 from ..errors import UserCodeError
-from ..files.safe import atomic_path
 from ..spec.loss import MLM_NORMALIZATIONS
 from ..spec.semantics import PRESETS
 from ..verify.cases import CASE_NAMES
+from ..verify.map_file import write_map
 from ..verify.mapping import MappingError
 from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
 from ..verify.repro import save_repro
@@ -137,12 +137,6 @@ def _run_elsewhere(args: argparse.Namespace, package: str, environment: str, pyt
           f"({python})", flush=True)  # fmt: skip
     command = [str(python), "-m", "bert_multi.cli", *args.argv]
     return subprocess.run(command, env=worker_environment()).returncode
-
-
-def write_map(path: str, contents: dict[str, object]) -> None:
-    """A map file, replaced whole or not at all."""
-    with atomic_path(path) as tmp_path:
-        Path(tmp_path).write_text(json.dumps(contents, indent=2) + "\n")
 
 
 def print_gradients_and_loss(report: VerifyReport) -> None:

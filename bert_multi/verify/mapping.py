@@ -46,9 +46,16 @@ class MappingError(UsageError):
     what could not be placed and how a map file would place it (``suggested``: that map file's contents,
     to write and check)."""
 
-    def __init__(self, message: str, suggested: dict[str, object] | None = None) -> None:
-        super().__init__(message)
-        self.suggested = suggested
+    def __init__(self, problem: str, suggested: dict[str, object] | None = None) -> None:
+        advice = (
+            ""
+            if suggested is None
+            else " Write a map file and pass it with --map (map_file=); this one is guessed, so check every line "
+            "({i} stands for a block, NAME.T for a transposed tensor, NAME[k/3] for the k-th third of a fused QKV, "
+            f"? for what nothing fits):\n{json.dumps(suggested, indent=2)}"
+        )
+        super().__init__(problem + advice)
+        self.problem, self.suggested = problem, suggested  # what went wrong, without the advice
 
 
 @dataclass(frozen=True)
@@ -409,7 +416,7 @@ def _unplaced(
     known: int | None,
 ) -> tuple[str, dict[str, object]]:
     """The error for tensors that could not be placed: what is missing, and a map file to start from (what
-    names placed, then the order's guesses, "?" where none has the shape)."""
+    names placed, then the order's guesses, "?" where none has the shape), which the error offers."""
     guessed, unplaced = _by_order(rest, order, free, canonical, known)
     taken = {placement.name for placement in {**placed, **guessed}.values()}
     rules = {name: placement.describe() for name, placement in {**placed, **guessed}.items()}
@@ -424,9 +431,7 @@ def _unplaced(
         f"are none of the known families (d2l's PyTorch, Gluon or Flax names of any generation, "
         f"transformers' names, under any prefix), and by {by} no parameter of the right shape is left for "
         f"them. Not placed: {', '.join(f'{n} {canonical[n]}' for n in unplaced[:8])}"
-        f"{' ...' if len(unplaced) > 8 else ''}. Write a map file and pass it with --map (map_file=); this "
-        f"one is guessed, so check every line ({{i}} stands for a block, NAME.T for a transposed tensor, "
-        f"NAME[k/3] for the k-th third of a fused QKV, ? for what nothing fits):\n{json.dumps(suggested, indent=2)}"
+        f"{' ...' if len(unplaced) > 8 else ''}."
     )
     return message, suggested
 
