@@ -8,7 +8,7 @@ import functools
 import inspect
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -147,11 +147,13 @@ class UserBackend:
 
     def mapping(self, config: BERTConfig, subject: Subject) -> ParameterMap:
         found = self._found(config, subject)
-        if self.decided is None or self.decided.how == found.how:
+        if self.decided is None:
             return found
-        changed = {name: placement for name, placement in self.decided.placements.items()
-                   if found.placements.get(name) != placement}  # fmt: skip
-        return found.with_placements(changed, self.decided.how[len(found.how) + 3 :])
+        # Found again for this build's shapes (a shorter max_len cuts the positions), the decisions taken over.
+        placements = {
+            name: self.decided.placements.get(name, placement) for name, placement in found.placements.items()
+        }
+        return replace(found, placements=placements, how=self.decided.how)
 
     def _found(self, config: BERTConfig, subject: Subject) -> ParameterMap:
         used = getattr(subject, "used_parameters", None)
