@@ -157,7 +157,7 @@ def test_a_wrong_backward_is_named_at_its_module_and_what_it_carries_is_said_so(
     are wrong when each module is checked alone, fed the oracle's input and output gradient."""
     from subjects import torch_port
 
-    from bert_multi.verify.gradients import gradient_module
+    from bert_multi.verify.subject import activation_of
 
     model = functools.partial(torch_port.make, fault="relu_backward")
     report = verify(model, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True, label="relu")
@@ -167,7 +167,7 @@ def test_a_wrong_backward_is_named_at_its_module_and_what_it_carries_is_said_so(
         assert set(check.caused_by("backward")) == dense1 and not check.caused_by("forward")
         carried = check.caused_by("carried")
         assert "encoder.pos_embedding" in carried and "encoder.blks.0.attention.W_q.weight" in carried
-        assert {gradient_module(TINY, name) for name in carried} > {"embedding", "blks.0.attention"}
+        assert {activation_of(TINY, name) for name in carried} > {"embedding", "blks.0.attention"}
     assert report.verdict() == (
         "FAIL: relu's outputs conform, but its gradient of the random projection does not, at layers.0.up.weight: "
         "its module's own backward gives another gradient."
@@ -191,12 +191,12 @@ def test_gradient_differences_that_follow_from_a_forward_divergence_are_put_down
     by module only those of the modules computing other values do; the positions' are carried, not first."""
     from subjects import torch_port
 
-    from bert_multi.verify.gradients import gradient_module
+    from bert_multi.verify.subject import activation_of
 
     model = functools.partial(torch_port.make, fault=fault)
     report = verify(model, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True)
     for check in report.gradients:
-        assert {gradient_module(TINY, name) for name in check.caused_by("forward")} == {
+        assert {activation_of(TINY, name) for name in check.caused_by("forward")} == {
             f"blks.{i}.{module}" for i in range(TINY.num_blks) for module in modules
         }
         assert not check.caused_by("backward") and "encoder.pos_embedding" in check.caused_by("carried")
@@ -387,10 +387,10 @@ def test_a_notebooks_flax_port_is_placed_without_a_map_and_its_epsilon_named(tmp
     )
     # Its gradients differ everywhere; checked module by module, at the LayerNorms' weights (and its MLM
     # head's, whose LayerNorm has eps 1e-6 too), the positions' carried from them.
-    from bert_multi.verify.gradients import gradient_module
+    from bert_multi.verify.subject import activation_of
 
     for check in report.gradients:
-        assert {gradient_module(TINY, name) for name in check.caused_by("forward")} == {
+        assert {activation_of(TINY, name) for name in check.caused_by("forward")} == {
             "blks.0.addnorm1", "blks.0.output", "blks.1.addnorm1", "blks.1.output", "mlm"
         }  # fmt: skip
         assert not check.caused_by("backward") and "encoder.pos_embedding" in check.caused_by("carried")

@@ -29,11 +29,10 @@ from ..errors import UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.loss import MLM_NORMALIZATIONS
-from ..spec.schema import nsp_layers
 from .cases import get_case
 from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from .mapping import ParameterMap
-from .subject import Cotangents, Subject, Taps, call_user
+from .subject import Cotangents, Subject, Taps, activation_of, call_user
 
 # Measured (docs/tolerances.md, "Gradients"): PyTorch's and MXNet's float64 autograd agree with the
 # oracle to about 1e-15 on gradients up to about 1; planted faults move gradients by 1e-3 and more.
@@ -134,19 +133,6 @@ def projection(outputs: Sequence[np.ndarray | None], seed: int) -> Cotangents:
     encoded, mlm, nsp = (None if o is None else rng.standard_normal(o.shape) for o in outputs)
     assert encoded is not None
     return Cotangents(encoded, mlm, nsp)
-
-
-def gradient_module(config: BERTConfig, parameter: str) -> str:
-    """The activation a canonical parameter's module computes (``intermediate_names``, "mlm" or "nsp")."""
-    pooler, classifier = nsp_layers(config)
-    if parameter.startswith("encoder.blks."):
-        index, part = parameter.split(".")[2:4]
-        return f"blks.{index}.{'output' if part == 'addnorm2' else part}"
-    if parameter.startswith("encoder."):
-        return "embedding"
-    if parameter.startswith(f"{pooler}."):
-        return "pooler"
-    return "nsp" if parameter.startswith(f"{classifier}.") else "mlm"
 
 
 @dataclass(frozen=True)
@@ -253,7 +239,7 @@ def _causes(
         elif compare_arrays(name, alone[name], expected[name], GRADIENT_TOLERANCE).passed:
             causes[name] = "carried"
         else:
-            causes[name] = "forward" if gradient_module(setting.config, name) in astray else "backward"
+            causes[name] = "forward" if activation_of(setting.config, name) in astray else "backward"
     return causes
 
 

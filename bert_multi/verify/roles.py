@@ -21,10 +21,11 @@ import numpy as np
 
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
-from ..spec.schema import nsp_layers, param_shapes
+from ..spec.schema import param_shapes
 from .compare import tolerance_for
 from .mapping import ParameterMap, Placement
 from .mistakes import Mistake, Rule, Site, compute, tries_at
+from .subject import activation_of
 
 Shape = tuple[int, ...]
 # A square weight whose name says which way it is stored (torch's and Gluon's weight is (out, in), Flax's
@@ -94,13 +95,10 @@ def _alike(mapping: ParameterMap, canonical: Mapping[str, Shape]) -> list[list[s
 
 
 def _site(owner: str, config: BERTConfig) -> str | None:
-    """The activation a canonical module computes, where the oracle can recompute it from recorded input."""
-    block = re.match(r"encoder\.blks\.(\d+)\.(attention|ffn|addnorm1|addnorm2)", owner)
-    if block:
-        return f"blks.{block[1]}." + {"addnorm1": "addnorm1", "addnorm2": "output"}.get(block[2], block[2])
-    if owner == nsp_layers(config)[0]:
-        return "pooler"
-    return "mlm" if owner.startswith("mlm.") else None
+    """The activation a canonical module computes, where the oracle can recompute it from recorded input
+    (not the embedding's, nor the NSP classifier's)."""
+    site = activation_of(config, owner)
+    return None if site in ("embedding", "nsp") else site
 
 
 def _tensors(owner: str, canonical: Mapping[str, Shape]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.contract import intermediate_names
+from ..backend.contract import BERTOutput, intermediate_names
 from ..backend.registry import register_backend, unregister_backend
 from ..errors import CannotRunHere, UsageError
 from ..spec.config import CONFIGS, BERTConfig
@@ -25,14 +25,14 @@ from ..spec.semantics import releases_of
 from .cases import CASES, get_case
 from .compare import Comparison, tolerance_for
 from .conform import Progress, run_conformance
-from .gradients import CAUSES, GradientCheck, LossCheck, check_gradients, check_loss, gradient_module, resolve_frozen
+from .gradients import CAUSES, GradientCheck, LossCheck, check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
 from .mapping import ParameterMap
 from .mistakes import MISTAKES, Diagnosis, Site, diagnose, nondeterminism
 from .report import failure_details
 from .results import OUTPUT_NAMES, Report, Target
 from .roles import decide_roles
-from .subject import call_user
+from .subject import activation_of, call_user
 from .user import Given, UserBackend, UserBERT
 
 
@@ -157,7 +157,7 @@ class VerifyReport:
         names in the user's model share a prefix, that prefix."""
         groups: dict[str, list[list[str]]] = {}
         for name in parameters:
-            groups.setdefault(gradient_module(self.config, name), []).append(self.user_name(name).split("."))
+            groups.setdefault(activation_of(self.config, name), []).append(self.user_name(name).split("."))
         named = []
         for module, names in groups.items():
             common = [level[0] for level in itertools.takewhile(lambda level: len(set(level)) == 1, zip(*names))]
@@ -328,7 +328,7 @@ def _decided(backend: UserBackend, probe: UserBERT, weights: dict[str, np.ndarra
     out = call_user(f"your model {backend.given.label}", probe, **batch, intermediates=True)
     if not probe.mapping.inferred:
         return probe
-    recorded = {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
+    recorded = _recorded(out)
     config = probe.config
     decided, _ = decide_roles(probe.mapping, config, weights, check_inputs(config, **batch), recorded)
     if decided is probe.mapping:
@@ -355,7 +355,7 @@ def diagnose_divergences(report: VerifyReport, backend: UserBackend, weights: di
         config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
         model = backend.build(config, cut, "cpu", "float64")
         out, again = (call_user(f"your model {report.label}", model, **case.batch, intermediates=True) for _ in "12")
-        recorded = {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
+        recorded = _recorded(out)
         where = _module(report.user_name(first.name))
         apart = nondeterminism(recorded, {**(again.intermediates or {}), "encoded": again.encoded})
         if apart > 0:
@@ -367,6 +367,11 @@ def diagnose_divergences(report: VerifyReport, backend: UserBackend, weights: di
         if diagnosis is not None:
             found.append(diagnosis)
     return found
+
+
+def _recorded(out: BERTOutput) -> dict[str, np.ndarray | None]:
+    """Everything a run recorded, by name: its activations and its outputs ("encoded", "mlm", "nsp")."""
+    return {**(out.intermediates or {}), "encoded": out.encoded, "mlm": out.mlm, "nsp": out.nsp}
 
 
 def _module(place: str) -> str:

@@ -11,6 +11,7 @@ NumPy arrays, and ``ProtocolSubject`` makes a ``Subject`` of it.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -96,6 +97,20 @@ def tap_sources(config: BERTConfig) -> dict[str, tuple[str, str]]:
     if "pooler" in config.heads:
         sources["pooler"] = (f"{nsp_layers(config)[1]}.weight", "input")
     return sources
+
+
+def activation_of(config: BERTConfig, name: str) -> str:
+    """The activation computed by the canonical module that holds ``name`` (a parameter's or a module's
+    canonical name): its block's part (``intermediate_names``), "embedding", "pooler", "nsp" or "mlm"."""
+    block = re.match(r"encoder\.blks\.(\d+)\.(\w+)", name)
+    if block:
+        return f"blks.{block[1]}.{'output' if block[2] == 'addnorm2' else block[2]}"
+    if name.split(".")[0] == "encoder":  # the embeddings' parameters, and the encoder holding the positions
+        return "embedding"
+    pooler, classifier = nsp_layers(config)
+    if name == pooler or name.startswith(f"{pooler}."):
+        return "pooler"
+    return "nsp" if name == classifier or name.startswith(f"{classifier}.") else "mlm"
 
 
 @runtime_checkable
