@@ -136,6 +136,7 @@ class WrappedModel:
         # compilation instead of one per operation.
         self.forwards: dict[tuple, Any] = {}
         self.gradient = jax.jit(jax.grad(self._projected))
+        self.isolated: dict[tuple, Any] = {}  # isolated_vjp's gradient, compiled once per set of taps
 
     def _arrays(self, inputs: ModelInputs) -> list[jax.Array | None]:
         return [None if array is None else jax.device_put(array, self.place) for array in inputs]
@@ -229,6 +230,20 @@ class WrappedModel:
     ) -> tuple[Gradients, dict[str, np.ndarray | None]]:
         """``vjp`` with each tapped activation made the oracle's (``forced``: its value, its gradient), and
         each activation as its module computed it (the outputs' heads included) from the oracle's."""
+        key = tuple(sorted((activation, *place) for activation, place in taps.items() if activation in forced))
+        if key not in self.isolated:
+            self.isolated[key] = self._isolated_gradient(inputs, taps, forced)
+        with precision(self.dtype), _explained():
+            arrays = {name: tuple(jax.device_put(a, self.place) for a in pair) for name, pair in forced.items()}
+            grads, (computed, mlm, nsp) = call_user(
+                "your model", self.isolated[key], self._tree(self.flat), self._arrays(inputs), arrays, tuple(cotangents)
+            )
+        found = {name: _to_numpy(value) for name, value in {**computed, "mlm": mlm, "nsp": nsp}.items()}
+        return {name: np.asarray(array) for name, array in _flatten(grads).items()}, found
+
+    def _isolated_gradient(self, inputs: ModelInputs, taps: Taps, forced: Forced) -> Any:
+        """``isolated_vjp``'s gradient, compiled: of the projected outputs, with the forced activations made
+        the arrays it is given, by value and gradient."""
         places: dict[str, list[tuple[str, str]]] = {}
         readers = self._first_readers(inputs, taps)
         for activation, (path, side) in taps.items():
@@ -262,14 +277,7 @@ class WrappedModel:
             pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
             return sum((o * c.astype(o.dtype)).sum() for o, c in pairs), (computed, returned[1], returned[2])
 
-        with precision(self.dtype), _explained():
-            arrays = {name: tuple(jax.device_put(a, self.place) for a in pair) for name, pair in forced.items()}
-            grads, (computed, mlm, nsp) = call_user(
-                "your model", jax.jit(jax.grad(projected, has_aux=True)), self._tree(self.flat),
-                self._arrays(inputs), arrays, tuple(cotangents),
-            )  # fmt: skip
-        found = {name: _to_numpy(value) for name, value in {**computed, "mlm": mlm, "nsp": nsp}.items()}
-        return {name: np.asarray(array) for name, array in _flatten(grads).items()}, found
+        return jax.jit(jax.grad(projected, has_aux=True))
 
     def _first_readers(self, inputs: ModelInputs, taps: Taps) -> dict[str, str]:
         """For each activation tapped at a module's input, the module whose call first takes that very
