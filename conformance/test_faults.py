@@ -27,6 +27,28 @@ from bert_multi.verify.session import verify
 CONFIG = BERTConfig(vocab_size=31, num_hiddens=12, ffn_num_hiddens=16, num_heads=3, num_blks=2, dropout=0.1, max_len=10)
 
 
+# --- What PyTorch and Gluon plant alike: their d2l blocks have the same parts under the same names -----
+
+
+def _marking_roles(init):
+    """``MultiHeadAttention.__init__`` that also marks each projection with its role, for ``_projections``."""
+
+    def marked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        for role in ("W_q", "W_k", "W_v", "W_o"):
+            getattr(self, role).role = role
+
+    return marked
+
+
+def _pre_norm_forward(self, X, valid_lens):
+    """``TransformerEncoderBlock.forward`` with pre-norm: each sublayer reads the normalised input, the
+    residual adds the raw one."""
+    normed = self.addnorm1.ln(X)
+    Y = X + self.attention(normed, normed, normed, valid_lens)
+    return Y + self.ffn(self.addnorm2.ln(Y))
+
+
 # --- PyTorch faults ---------------------------------------------------------------------------------
 
 
@@ -103,13 +125,8 @@ def torch_faults():
             role = getattr(self, "role", None)
             return linear(self, X) if role is None else project(self, X, role)
 
-        def marked(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            for role in ("W_q", "W_k", "W_v", "W_o"):
-                getattr(self, role).role = role
-
         mp.setattr(nn.Linear, "forward", forward)
-        mp.setattr(model.MultiHeadAttention, "__init__", marked)
+        mp.setattr(model.MultiHeadAttention, "__init__", _marking_roles(init))
 
     def attention_bias(mp):  # the projections' biases never added
         _projections(mp, lambda layer, X, role: nn.functional.linear(X, layer.weight))
@@ -118,13 +135,8 @@ def torch_faults():
         _projections(mp, lambda layer, X, role: nn.functional.linear(X, layer.weight.T if role == "W_q" else
                                                                      layer.weight, layer.bias))  # fmt: skip
 
-    def pre_norm(mp):  # each sublayer reads the normalised input, the residual adds the raw one
-        def forward(self, X, valid_lens):
-            normed = self.addnorm1.ln(X)
-            Y = X + self.attention(normed, normed, normed, valid_lens)
-            return Y + self.ffn(self.addnorm2.ln(Y))
-
-        mp.setattr(model.TransformerEncoderBlock, "forward", forward)
+    def pre_norm(mp):
+        mp.setattr(model.TransformerEncoderBlock, "forward", _pre_norm_forward)
 
     def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
         def forward(self, tokens, segments, valid_lens):
@@ -227,13 +239,8 @@ def mxnet_faults():
             weight, bias = project(weight, bias, role)
             return F.npx.fully_connected(x, weight, bias, no_bias=bias is None, num_hidden=self._units, flatten=False)
 
-        def marked(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            for role in ("W_q", "W_k", "W_v", "W_o"):
-                getattr(self, role).role = role
-
         mp.setattr(mx.gluon.nn.Dense, "hybrid_forward", forward)
-        mp.setattr(model.MultiHeadAttention, "__init__", marked)
+        mp.setattr(model.MultiHeadAttention, "__init__", _marking_roles(init))
 
     def attention_bias(mp):  # the projections' biases never added
         _projections(mp, lambda weight, bias, role: (weight, None))
@@ -241,13 +248,8 @@ def mxnet_faults():
     def transposed_weight(mp):  # W_q used transposed
         _projections(mp, lambda weight, bias, role: (weight.T if role == "W_q" else weight, bias))
 
-    def pre_norm(mp):  # each sublayer reads the normalised input, the residual adds the raw one
-        def forward(self, X, valid_lens):
-            normed = self.addnorm1.ln(X)
-            Y = X + self.attention(normed, normed, normed, valid_lens)
-            return Y + self.ffn(self.addnorm2.ln(Y))
-
-        mp.setattr(model.TransformerEncoderBlock, "forward", forward)
+    def pre_norm(mp):
+        mp.setattr(model.TransformerEncoderBlock, "forward", _pre_norm_forward)
 
     def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
         def forward(self, tokens, segments, valid_lens):
