@@ -265,7 +265,10 @@ def _config_from_layout(path: Path, layout: Layout, num_heads: int | None, seman
         )
     sizes = dict(layout.sizes)
     sizes.setdefault("max_len", D2L_0_11_MAX_LEN)
-    return BERTConfig(num_heads=num_heads, semantics=semantics, heads=layout.heads, **sizes)
+    try:
+        return BERTConfig(num_heads=num_heads, semantics=semantics, heads=layout.heads, **sizes)
+    except UsageError as error:  # the file's sizes and what was stated make no model together
+        raise WeightsError(f"{path}: the file's sizes with num_heads={num_heads} make no BERT: {error}") from None
 
 
 def load_checkpoint(

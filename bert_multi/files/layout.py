@@ -5,6 +5,7 @@ tell (the heads; the generation where the tensors fit more than one; d2l 0.11's 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,6 +99,15 @@ def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) 
             raise WeightsError(f"{path}: tensor {expected[canonical]!r} has shape {array.shape}; expected {ndim} axes")
         return array.shape
 
+    # Every size below is read from a shape, and a shape with an axis of 0 costs no bytes whatever its
+    # other axes claim: no tensor of a BERT is empty, so an empty one is refused before any size is used.
+    for name in sorted(set(expected.values())):
+        if arrays[name].size == 0:
+            raise WeightsError(
+                f"{path}: tensor {name!r} has shape {arrays[name].shape}, which holds no values; every tensor of "
+                "a d2l BERT holds at least one"
+            )
+
     vocab_size, num_hiddens = shape("encoder.token_embedding.weight", 2)
     sizes = {
         "vocab_size": vocab_size,
@@ -117,10 +127,16 @@ STATED_BY = {
 }
 
 
+def _divisors(number: int) -> list[int]:
+    """Every divisor of ``number``, ascending, in sqrt(number) steps (a file's numbers size the loop)."""
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return small + [number // d for d in reversed(small) if d * d != number]
+
+
 def unknowns(layout: Layout) -> dict[str, str]:
     """What the file cannot tell -> why it matters (``STATED_BY`` says how a reader states it)."""
     hiddens = layout.sizes["num_hiddens"]
-    divisors = [d for d in range(1, hiddens + 1) if hiddens % d == 0]
+    divisors = _divisors(hiddens)
     unknowns = {
         "num_heads": f"no weight reveals how num_hiddens={hiddens} is split into heads (any of {some(divisors)} "
         "fits), and a wrong count loads and computes a different function"

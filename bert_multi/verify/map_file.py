@@ -19,19 +19,36 @@ from ..files.safe import atomic_path, open_regular
 from .mapping import Placement
 
 MAX_MAP_BYTES = 1 << 20
+# A fused tensor has a few parts (3 for a QKV, 3 per block where blocks are fused too); the count sizes
+# what is checked, so it is bounded where it is read.
+MAX_PARTS = 1024
 
-_PLACE = re.compile(r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d+)/(?P<n>\d+)\])?(?P<t2>\.T)?")
+_PLACE = re.compile(r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d{1,9})/(?P<n>\d{1,9})\])?(?P<t2>\.T)?")
+# A pattern's fields: each stands for the same text wherever it appears in one pattern.
+FIELDS = {"i": r"\d+", "p": "weight|bias"}
 
 
 def parse_placement(text: str) -> Placement:
     """``name``, ``name.T`` (transposed), ``name[k/n]`` (the k-th of n equal parts along the first axis)."""
     match = _PLACE.fullmatch(text.strip())
     if not match:
-        raise UsageError(f"{text!r} is not a parameter name, NAME.T or NAME[k/n]")
+        raise UsageError(f"{text!r} is not a parameter name, NAME.T or NAME[k/n] (k and n of at most 9 digits)")
     part = (int(match["k"]), int(match["n"])) if match["n"] else None
+    if part and part[1] > MAX_PARTS:
+        raise UsageError(f"{text!r}: a tensor cut into {part[1]} parts; expected at most {MAX_PARTS}")
     if part and not 0 <= part[0] < part[1]:
         raise UsageError(f"{text!r}: part {part[0]} of {part[1]} does not exist (parts count from 0)")
     return Placement(match["name"], bool(match["t"] or match["t2"]), part)
+
+
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """The regular expression of a canonical pattern: its text literally, ``{i}`` a block's index and
+    ``{p}`` weight or bias, each the same wherever it appears again."""
+    regex = re.escape(pattern)
+    for field, matches in FIELDS.items():
+        placeholder = re.escape("{" + field + "}")
+        regex = regex.replace(placeholder, f"(?P<{field}>{matches})", 1).replace(placeholder, f"(?P={field})")
+    return re.compile(regex)
 
 
 @dataclass(frozen=True)
@@ -46,10 +63,10 @@ class MapFile:
     def expand(self, canonical: Iterable[str]) -> dict[str, Placement]:
         found = {}
         for pattern, target in self.rules.items():
-            regex = re.escape(pattern).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", "(?P<p>weight|bias)")
+            regex = pattern_regex(pattern)
             matched = False
             for name in canonical:
-                match = re.fullmatch(regex, name)
+                match = regex.fullmatch(name)
                 if match:
                     matched = True
                     found[name] = parse_placement(target.replace("{i}", match.groupdict().get("i") or "")

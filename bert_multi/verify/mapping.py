@@ -135,7 +135,8 @@ def _canonical_view(array: np.ndarray, placement: Placement, shape: Shape) -> np
         array = array.T
     if placement.part:
         k, n = placement.part
-        array = np.split(array, n)[k]
+        size = array.shape[0] // n
+        array = array[k * size : (k + 1) * size]
     return array.reshape(shape)
 
 
@@ -465,7 +466,7 @@ def _check(mapping: ParameterMap, canonical: dict[str, Shape], placements: dict[
         parts.setdefault(placement.name, []).append(placement.part or (0, 1))
     for name, taken in parts.items():
         n = taken[0][1]
-        if sorted(taken) != [(k, n) for k in range(n)]:
+        if n != len(taken) or sorted(taken) != [(k, n) for k in range(len(taken))]:
             problems.append(f"{name}: its parts are placed as {sorted(taken)}; each of its {n} parts exactly once")
     unplaced = [name for name in mapping.shapes if name not in parts and name not in mapping.ignored]
     if unplaced:

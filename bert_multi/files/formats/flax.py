@@ -75,6 +75,7 @@ class _Parser:
 
     def __init__(self, data: bytes, path: str | os.PathLike) -> None:
         self.data, self.at, self.path = memoryview(data), 0, path
+        self.dtypes: dict[str, str] = {}  # each array's own dtype: a bfloat16 one is read widened to float32
 
     def fail(self, message: str) -> WeightsError:
         return WeightsError(f"{self.path}: not a readable Flax .msgpack checkpoint: {message} (at byte {self.at})")
@@ -176,14 +177,16 @@ class _Parser:
         array = np.frombuffer(self.take(count, f"{name}'s data"), dtype=dtype).reshape(shape)
         if self.at != end:
             raise self.fail(f"{name}'s extension is {length} bytes, but its fields take {length + self.at - end}")
+        self.dtypes[name] = dtype_name
         if dtype_name == "bfloat16":  # the upper half of a float32: widened exactly
             return (array.astype("<u4") << 16).view("<f4")
         return array.astype(array.dtype.newbyteorder("="))
 
 
-def read_tree(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def read_tree(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every array of a Flax ``.msgpack`` file under its dotted path (below a top-level ``params``), as
-    stored: kernels (in, out). Anything malformed is a ``WeightsError`` naming the file and the entry."""
+    stored: kernels (in, out); and each one's own dtype (bfloat16 arrays arrive widened to float32).
+    Anything malformed is a ``WeightsError`` naming the file and the entry."""
     with open_regular(path, "Flax .msgpack checkpoint", WeightsError) as file:
         data = file.read(file_size(file))
     parser = _Parser(data, path)
@@ -193,21 +196,24 @@ def read_tree(path: str | os.PathLike) -> dict[str, np.ndarray]:
     parser.tree((), found)
     if parser.at != len(data):
         raise parser.fail(f"{len(data) - parser.at} unexpected bytes follow the parameter tree")
+    dtypes = parser.dtypes
     if found and all(name.startswith("params.") for name in found):
         found = {name.removeprefix("params."): array for name, array in found.items()}
-    return found
+        dtypes = {name.removeprefix("params."): dtype for name, dtype in dtypes.items()}
+    return found, dtypes
 
 
 def read_checkpoint(
     path: str | os.PathLike, key: str | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
     """A Flax parameter file as a checkpoint reader returns one: its arrays under the file's dotted paths
-    with the kernels turned to (out, in), their dtypes, and notes."""
+    with the kernels turned to (out, in), their own dtypes (a bfloat16 one is refused later unless a cast
+    is asked for), and notes."""
     no_key(Path(path), key)
-    stored = read_tree(path)
+    stored, dtypes = read_tree(path)
     arrays = {name: np.ascontiguousarray(a.T) if transposed(name) else a for name, a in stored.items()}
     notes = ["Flax's (in, out) kernels read as (out, in) weights"] if any(map(transposed, stored)) else []
-    return arrays, {name: array.dtype.name for name, array in arrays.items()}, notes
+    return arrays, dtypes, notes
 
 
 def _pack_length(kind: str, length: int) -> bytes:
