@@ -54,7 +54,8 @@ class BackendContractError(RuntimeError):
 
 
 class WorkerFailed(RuntimeError):
-    """A worker of a data-parallel run raised or died; the other workers were stopped."""
+    """A worker process failed: one of a data-parallel run raised or died (the others were stopped), or
+    the worker running a backend in another environment died, hung or sent a damaged reply."""
 
     @classmethod
     def died(cls, index: int, workers: int, how: str) -> WorkerFailed:
@@ -66,13 +67,30 @@ class UserCodeError(Exception):
     """The user's own code raised: shown with the frames of their code, since that is where to look."""
 
     def __init__(self, what: str, error: BaseException) -> None:
-        self.error = error
+        self.error: BaseException | None = error  # None when carried from another process (``carried``)
         frames = [
             frame for frame in traceback.extract_tb(error.__traceback__) if not _ours_or_a_library(frame.filename)
         ]
         shown = "".join(traceback.format_list(frames)) if frames else "".join(traceback.format_tb(error.__traceback__))
         message = "".join(traceback.format_exception_only(type(error), error)).strip()
         super().__init__(f"{what} raised {message}\nTraceback (your code):\n{shown.rstrip()}")
+
+
+def carried(kind: str, message: str) -> Exception | None:
+    """The project's exception named ``kind`` as another process raised it with ``message`` (a worker of
+    another environment reports the class's name and the text), or None if ``kind`` is not one of them.
+    The text is kept whole; what does not travel as text is left out (a user's original exception, the
+    statements a ``StatementsMissing`` lists, which becomes the ``WeightsError`` it is)."""
+    own = globals().get(kind)
+    if not (isinstance(own, type) and issubclass(own, Exception) and own.__module__ == __name__):
+        return None
+    if own is StatementsMissing:
+        own = WeightsError
+    error = own.__new__(own)
+    BaseException.__init__(error, message)  # not own's constructor, which may want more than a message
+    if isinstance(error, UserCodeError):
+        error.error = None
+    return error
 
 
 _PACKAGE = Path(__file__).resolve().parent

@@ -170,9 +170,13 @@ def saved_state(tmp_path, optimizer="adam"):
 
 
 def rewritten(tmp_path, state, **changes):
+    """``state`` with ``changes`` saved as a damaged file is: past the check that refuses to save one."""
+    from unittest import mock
+
     from bert_multi.training import TrainingState, save_training_state
 
-    save_training_state(tmp_path, TrainingState(**{**state._asdict(), **changes}))
+    with mock.patch("bert_multi.training.state.check_optimizer_state"):
+        save_training_state(tmp_path, TrainingState(**{**state._asdict(), **changes}))
     return tmp_path
 
 
@@ -184,6 +188,7 @@ def rewritten(tmp_path, state, **changes):
         (lambda s: {"optimizer": {k: v.astype(np.int8) for k, v in s.optimizer.items()}}, "is int8"),
         (lambda s: {"optimizer": {**s.optimizer, "m.nothing": np.zeros(1), "v.nothing": np.zeros(1)}}, "no moment"),
         (lambda s: {"optimizer": {k: -abs(v) - 1 for k, v in s.optimizer.items()}}, "negative"),
+        (lambda s: {"optimizer": {}}, "no Adam moments for 45 of the 45 parameters"),
     ],
 )
 def test_a_state_whose_optimizer_arrays_do_not_fit_is_refused_naming_the_file(tmp_path, change, problem):

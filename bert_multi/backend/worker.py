@@ -5,13 +5,15 @@ on stdout; arrays travel in the files the requests name. It ends when its stdin 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
 import os
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 import numpy as np
@@ -21,7 +23,7 @@ from ..spec.loss import BatchTotals
 from .contract import BackendModel
 from .memory import release_memory
 from .registry import LoadedBackend, load_backend
-from .remote import read_arrays
+from .remote import HEARTBEAT_VARIABLE, read_arrays
 
 
 class Session:
@@ -163,7 +165,29 @@ def _plain(value: object) -> object:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def serve(requests: Iterable[str], reply: Callable[[dict[str, Any]], None]) -> None:
+MAX_ERROR_TEXT = 64 << 10  # of an error's message and of its traceback, each: the caller bounds a reply
+
+
+@contextlib.contextmanager
+def heartbeat(reply: Callable[[dict[str, Any]], None], interval: float) -> Iterator[None]:
+    """While a request runs, say every ``interval`` seconds that the worker is alive, so that its caller
+    tells a long build or step from a worker that hangs."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(interval):
+            reply({"alive": True})
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beating.join()
+
+
+def serve(requests: Iterable[str], reply: Callable[[dict[str, Any]], None], interval: float = 5.0) -> None:
     """Answer each request line until they end."""
     session = Session()
     for line in requests:
@@ -172,10 +196,17 @@ def serve(requests: Iterable[str], reply: Callable[[dict[str, Any]], None]) -> N
             op = request.pop("op")
             if op not in OPERATIONS:
                 raise ValueError(f"unknown request {op!r}: expected one of {OPERATIONS}")
-            reply({"ok": True, **getattr(session, op)(**request)})
+            with heartbeat(reply, interval):
+                answer = getattr(session, op)(**request)
+            reply({"ok": True, **answer})
         except Exception as error:  # noqa: BLE001 - every error goes back to the caller, who decides
             reply(
-                {"ok": False, "type": type(error).__name__, "message": str(error), "traceback": traceback.format_exc()}
+                {
+                    "ok": False,
+                    "type": type(error).__name__,
+                    "message": str(error)[:MAX_ERROR_TEXT],
+                    "traceback": traceback.format_exc()[-MAX_ERROR_TEXT:],
+                }
             )
 
 
@@ -185,11 +216,13 @@ def main() -> None:
     channel: IO[str] = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    lock = threading.Lock()  # a heartbeat and a reply never share a line
 
     def reply(message: dict[str, Any]) -> None:
-        channel.write(json.dumps(message) + "\n")
+        with lock:
+            channel.write(json.dumps(message) + "\n")
 
-    serve(sys.stdin, reply)
+    serve(sys.stdin, reply, float(os.environ.get(HEARTBEAT_VARIABLE, "5")))
 
 
 if __name__ == "__main__":

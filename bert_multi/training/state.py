@@ -9,11 +9,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..arrays import all_finite
 from ..errors import WeightsError
 from ..files.safe import NpzReader, open_regular, size_field
 from ..files.weights import MANIFEST_KEY, read_json_manifest, write_npz
 from ..spec.config import BERTConfig
+from ..spec.optimizer import adam_stepped, check_optimizer_state
 from ..spec.schema import validate_weights
 
 STATE_FILE = "state.npz"
@@ -36,6 +36,7 @@ def save_training_state(directory: str | os.PathLike, state: TrainingState) -> P
     leaves the previous state whole. The batches' position is the step (they are drawn from the seed)."""
     manifest = {"format": STATE_FORMAT, "format_version": 1, "step": state.step, "config": state.config.to_dict()}
     manifest["settings"] = state.settings
+    check_optimizer_state(state.weights, state.optimizer, adam_stepped(state.settings, state.step))
     arrays = {f"weights.{name}": array for name, array in state.weights.items()}
     arrays.update({f"optimizer.{name}": array for name, array in state.optimizer.items()})
     path = Path(directory) / STATE_FILE
@@ -66,28 +67,7 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
     optimizer = {name[len("optimizer.") :]: array for name, array in arrays.items() if name.startswith("optimizer.")}
     try:
         validate_weights(config, weights)
-        check_optimizer_state(weights, optimizer)
+        check_optimizer_state(weights, optimizer, adam_stepped(settings, step))
     except WeightsError as error:
         raise WeightsError(f"{path}: {error}") from None
     return TrainingState(step, config, weights, optimizer, settings)
-
-
-def check_optimizer_state(weights: dict[str, np.ndarray], optimizer: dict[str, np.ndarray]) -> None:
-    """The optimizer's arrays are Adam's moments ``m.<name>`` and ``v.<name>`` of parameters there are,
-    each with its partner, of its parameter's shape and dtype, finite (SGD keeps none); else a
-    ``WeightsError``: a resumed run must be the uninterrupted one, not one with made-up moments."""
-    for key, array in optimizer.items():
-        kind, _, name = key.partition(".")
-        if kind not in ("m", "v") or name not in weights:
-            raise WeightsError(f"optimizer array {key!r} is no moment of a parameter (m.<name> or v.<name>)")
-        partner = f"{'v' if kind == 'm' else 'm'}.{name}"
-        if partner not in optimizer:
-            raise WeightsError(f"optimizer array {key!r} has no partner {partner!r}")
-        expected = weights[name]
-        if array.shape != expected.shape or array.dtype != expected.dtype:
-            raise WeightsError(
-                f"optimizer array {key!r} is {array.dtype} {array.shape}; its parameter is {expected.dtype} "
-                f"{expected.shape}"
-            )
-        if not all_finite(array) or (kind == "v" and array.size and array.min() < 0):
-            raise WeightsError(f"optimizer array {key!r} holds non-finite values or, as a second moment, negative ones")

@@ -1,0 +1,83 @@
+"""A worker of another environment that misbehaves as ``HOSTILE_WORKER`` says: the real worker
+(``python -m bert_multi.backend.worker``) serving the NumPy oracle (or ``HOSTILE_BACKEND``) under whatever backend name
+it is asked for, with one request answered badly. ``tests/test_environments.py`` runs it as the "Python" of a
+backend (``hostile_python``), so the caller meets it exactly as it meets a real worker.
+
+``HOSTILE_MARK``, when set, is a file the worker writes its process id to when it starts misbehaving.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from bert_multi.backend import worker
+from bert_multi.errors import UserCodeError
+
+MODE = os.environ.get("HOSTILE_WORKER", "")
+Session = worker.Session
+honest_load, honest_forward, honest_state = Session.load, Session.forward, Session.state
+
+
+def mark() -> None:
+    if os.environ.get("HOSTILE_MARK"):
+        Path(os.environ["HOSTILE_MARK"]).write_text(str(os.getpid()))
+
+
+def load(self, backend):
+    if MODE == "floods stderr":
+        for _ in range(200):  # 200 MB, written before the reply
+            sys.stderr.write("x" * (1 << 20))
+        sys.stderr.write("\nthe last line before the reply\n")
+    return honest_load(self, os.environ.get("HOSTILE_BACKEND", "numpy"))
+
+
+def forward(self, model, inputs, out, intermediates):
+    mark()
+    if MODE == "hangs":  # its heartbeat goes on: only the request's deadline ends it
+        time.sleep(3600)
+    if MODE == "freezes":  # stopped whole, heartbeat and all
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if MODE == "works slowly":
+        time.sleep(3)
+    if MODE == "dies":
+        sys.stderr.write("the worker's last words\n")
+        sys.stderr.flush()
+        os._exit(3)
+    if MODE == "raises the user's error":
+        raise UserCodeError.__new__(UserCodeError, "your forward raised ZeroDivisionError: division by zero")
+    if MODE == "replies with a FIFO":
+        os.mkfifo(out)
+        return {"intermediates": None}
+    reply = honest_forward(self, model, inputs, out, intermediates)
+    if MODE == "replies with garbage":
+        Path(out).write_bytes(b"PK\x03\x04 not a zip at all")
+    if MODE == "replies compressed":  # 1 MB of zeros that would inflate far beyond the file
+        arrays = dict(np.load(out))
+        np.savez_compressed(out, **arrays, padding=np.zeros(1 << 18, np.float32))
+    if MODE == "replies misshapen":
+        arrays = dict(np.load(out))
+        np.savez(out, **{**arrays, "encoded": arrays["encoded"][:, :1]})
+    if MODE == "replies with no output":
+        with zipfile.ZipFile(out, "w"):
+            pass
+    return reply
+
+
+def state(self, trainer, out):
+    reply = honest_state(self, trainer, out)
+    if MODE == "forgets the optimizer state":
+        np.savez(out)
+    return reply
+
+
+Session.load, Session.forward, Session.state = load, forward, state
+
+if __name__ == "__main__":
+    worker.main()

@@ -1,0 +1,213 @@
+"""A worker of another environment that misbehaves (tests/subjects/hostile_worker.py) costs its caller at
+most its deadline, a bounded amount of memory and one clear error naming the worker; nothing is left
+behind, and nothing it sent is taken for a result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import CONFIGS, UserCodeError, random_weights
+from bert_multi.backend import remote
+from bert_multi.backend.registry import load_backend, not_in_process
+from bert_multi.backend.remote import RemoteBackend, RemoteFailure
+from bert_multi.verify.cases import CASES
+
+SUBJECT = Path(__file__).parent / "subjects" / "hostile_worker.py"
+CONFIG = CONFIGS["tiny"]
+WEIGHTS = random_weights(CONFIG, seed=3, dtype="float64")
+BATCH = CASES[0].batch(CONFIG, seed=1)
+
+
+@pytest.fixture
+def hostile_python(tmp_path):
+    """The "Python" of a backend whose worker is the hostile one."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SUBJECT}"\n')
+    python.chmod(0o755)
+    return python
+
+
+def hostile(monkeypatch, hostile_python, mode, timeout="60"):
+    """A backend whose worker misbehaves as ``mode`` says, with a model built there."""
+    monkeypatch.setenv("HOSTILE_WORKER", mode)
+    monkeypatch.setenv(remote.TIMEOUT_VARIABLE, timeout)
+    backend = RemoteBackend("numpy", hostile_python)
+    return backend, backend.build(CONFIG, WEIGHTS)
+
+
+def assert_stopped(backend):
+    """The worker is gone, with its directory, and refuses any further request at once."""
+    assert backend.worker.process.poll() is not None
+    assert not Path(backend.worker.directory.name).exists()
+    started = time.monotonic()
+    with pytest.raises(RemoteFailure, match="was stopped"):
+        backend.kernel_eps(1e-5)
+    assert time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("replies with garbage", r"its reply to 'forward' is damaged: .*not a readable .npz file"),
+        ("replies with a FIFO", r"its reply to 'forward' is damaged: .*not a regular file"),
+        ("replies compressed", r"its reply to 'forward' is damaged: .*compression method 8; expected stored"),
+        (
+            "replies misshapen",
+            r"its reply to 'forward' holds encoded as float64 \(4, 1, 12\); expected float64 \(4, 12, 12\)",
+        ),
+        ("replies with no output", r"its reply to 'forward' holds no encoded output"),
+    ],
+)
+def test_a_reply_that_does_not_check_out_is_an_error_naming_the_worker(monkeypatch, hostile_python, mode, expected):
+    backend, model = hostile(monkeypatch, hostile_python, mode)
+    started = time.monotonic()
+    with pytest.raises(RemoteFailure, match=rf"the worker \({hostile_python}\) failed: {expected}"):
+        model(**BATCH)
+    assert time.monotonic() - started < 10
+    assert_stopped(backend)
+
+
+def test_a_worker_that_hangs_costs_its_deadline_and_no_more(monkeypatch, hostile_python):
+    backend, model = hostile(monkeypatch, hostile_python, "hangs", timeout="2")
+    started = time.monotonic()
+    with pytest.raises(RemoteFailure, match=rf"took over 2 s to run 'forward' \({remote.TIMEOUT_VARIABLE}\)"):
+        model(**BATCH)
+    assert 2 <= time.monotonic() - started < 6
+    assert_stopped(backend)
+
+
+def test_a_worker_that_stops_answering_is_stopped_before_its_deadline(monkeypatch, hostile_python):
+    """A frozen worker sends no heartbeat: SILENCE_S (shortened here) ends the wait, not the long deadline."""
+    monkeypatch.setattr(remote, "SILENCE_S", 2.0)
+    monkeypatch.setattr(remote, "HEARTBEAT_S", 0.5)
+    backend, model = hostile(monkeypatch, hostile_python, "freezes", timeout="600")
+    started = time.monotonic()
+    with pytest.raises(RemoteFailure, match=r"said nothing for 2 s while running 'forward'; it was stopped"):
+        model(**BATCH)
+    assert time.monotonic() - started < 6
+    assert_stopped(backend)
+
+
+def test_a_long_request_that_says_it_is_alive_is_waited_for(monkeypatch, hostile_python):
+    """The heartbeat tells work from a hang: a request three times SILENCE_S long, beating, completes."""
+    monkeypatch.setattr(remote, "SILENCE_S", 1.0)
+    monkeypatch.setattr(remote, "HEARTBEAT_S", 0.2)
+    backend, model = hostile(monkeypatch, hostile_python, "works slowly")
+    expected = load_backend("numpy").build(CONFIG, WEIGHTS)(**BATCH)
+    assert np.array_equal(model(**BATCH).encoded, expected.encoded)
+    backend.worker.close()
+
+
+def test_a_worker_that_dies_is_one_error_quoting_the_end_of_what_it_said(monkeypatch, hostile_python):
+    backend, model = hostile(monkeypatch, hostile_python, "dies")
+    with pytest.raises(RemoteFailure, match=r"ended: the worker's last words"):
+        model(**BATCH)
+    assert_stopped(backend)
+
+
+def test_a_worker_that_floods_stderr_costs_a_bounded_tail(monkeypatch, hostile_python):
+    """200 MB on stderr: the caller keeps the last STDERR_TAIL_BYTES, and the message quotes a short line."""
+    backend, model = hostile(monkeypatch, hostile_python, "floods stderr")
+    kept = sum(len(chunk) for chunk in backend.worker.stderr_tail)
+    assert kept <= remote.STDERR_TAIL_BYTES + (1 << 16)
+    backend.worker.process.kill()
+    with pytest.raises(RemoteFailure) as caught:
+        model(**BATCH)
+    assert len(str(caught.value)) < 1000 and "the last line before the reply" in str(caught.value)
+
+
+def test_the_users_error_in_a_worker_is_the_users_error_here(monkeypatch, hostile_python):
+    _, model = hostile(monkeypatch, hostile_python, "raises the user's error")
+    with pytest.raises(UserCodeError, match="your forward raised ZeroDivisionError") as caught:
+        model(**BATCH)
+    assert caught.value.error is None  # the original exception stayed in the worker
+
+
+def test_an_optimizer_state_the_worker_forgot_is_refused_where_it_arrives_and_where_it_would_be_saved(
+    monkeypatch, hostile_python, tmp_path
+):
+    from bert_multi.training import TrainingState, save_training_state
+
+    if not_in_process("torch"):
+        pytest.skip(not_in_process("torch"))
+    monkeypatch.setenv("HOSTILE_BACKEND", "torch")
+    backend, model = hostile(monkeypatch, hostile_python, "forgets the optimizer state")
+    trainer = backend.Pretrainer(model, optimizer="adam", lr=0.01)
+    batch = {**BATCH, "mlm_labels": np.ones_like(BATCH["pred_positions"]), "nsp_labels": np.array([0, 1, 0, 1])}
+    trainer.step({**batch, "mlm_weights": np.ones(BATCH["pred_positions"].shape)})
+    with pytest.raises(
+        RemoteFailure, match=r"reply to 'state' is no state of this trainer: .*no Adam moments for 45 of"
+    ):
+        trainer.state()
+    state = TrainingState(1, CONFIG, WEIGHTS, {}, {"optimizer": "adam"})
+    with pytest.raises(ValueError, match="no Adam moments for 45 of the 45 parameters"):
+        save_training_state(tmp_path, state)
+    assert not (tmp_path / "state.npz").exists()
+    save_training_state(tmp_path, state._replace(settings={"optimizer": "sgd"}))  # SGD keeps none
+
+
+def test_ctrl_c_ends_the_command_and_its_worker_and_leaves_nothing_behind(tmp_path, hostile_python):
+    """``conform`` with a backend in a worker that hangs: Ctrl-C ends the command at once (exit 130), the
+    worker with it, and removes the worker's directory."""
+    missing = "jax" if not_in_process("jax") else "mxnet"
+    mark, temporary = tmp_path / "worker.pid", tmp_path / "tmp"
+    temporary.mkdir()
+    environment = {**os.environ, "HOSTILE_WORKER": "hangs", "HOSTILE_MARK": str(mark), "TMPDIR": str(temporary)}
+    command = [sys.executable, "-m", "bert_multi.cli", "conform", "--backends", f"numpy,{missing}"]
+    command += ["--python", f"{missing}={hostile_python}", "--cases", "batch_one", "--dtypes", "float64"]
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not mark.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    assert mark.exists(), process.communicate()
+    worker = int(mark.read_text())
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=30)
+    assert time.monotonic() - started < 10
+    assert process.returncode == 130 and "interrupted" in stderr, stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
+    assert not list(temporary.glob("bert_multi-worker-*"))
+
+
+def test_a_trainer_in_a_worker_given_a_shard_and_the_batchs_totals_computes_as_here():
+    """Each field of the totals travels as itself: a shard's losses and gradients with the whole batch's
+    totals are the same, bit for bit, through a worker of this interpreter as here, and the test is not
+    vacuous (the totals with two fields swapped give other numbers)."""
+    from bert_multi import BERTConfig
+    from bert_multi.spec.loss import BatchTotals
+    from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+    from bert_multi.training.data import shard
+
+    if not_in_process("torch"):
+        pytest.skip(not_in_process("torch"))
+    data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
+    config = BERTConfig(len(data.vocab), 12, 20, 3, 1, max_len=16)
+    weights = random_weights(config, seed=6, dtype="float64")
+    batch = next(data.batches(8, seed=1))
+    part, totals = shard(batch, 1, 2), BatchTotals.of(batch)
+    swapped = totals._replace(examples=totals.slots, slots=totals.examples)
+    remote_torch = RemoteBackend("torch", Path(sys.executable))
+    try:
+        for normalization in ("real_slots", "all_slots"):
+            here, there = (
+                backend.Pretrainer(
+                    backend.build(config, weights, dtype="float64"), optimizer="sgd", mlm_normalization=normalization
+                )
+                for backend in (load_backend("torch"), remote_torch)
+            )
+            (losses, expected), (their_losses, got) = here.gradients(part, totals), there.gradients(part, totals)
+            assert their_losses == losses and all(np.array_equal(got[n], expected[n]) for n in expected)
+            other_losses, other = here.gradients(part, swapped)
+            assert other_losses != losses and not all(np.array_equal(other[n], expected[n]) for n in expected)
+    finally:
+        remote_torch.worker.close()
