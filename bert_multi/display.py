@@ -1,10 +1,23 @@
-"""Showing work to people: plain-text tables and a progress bar."""
+"""Showing work to people: plain-text tables, a progress bar, figures, and text a terminal shows as text."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from .files.safe import replace_file
+
+# What a terminal would act on rather than show: control characters (an escape sequence in a tensor's name
+# could recolour or rewrite the screen) and invisible format characters; newlines, tabs and the carriage
+# return a progress bar redraws with are kept. Lone surrogates (undecodable bytes of a file name) cannot
+# be written at all.
+_UNPRINTABLE = re.compile(
+    r"[^\n\r\t\x20-\x7e\xa0-\U0010ffff]|[\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff\ud800-\udfff]"
+)
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -39,3 +52,46 @@ class ProgressBar:
         """Print a line to standard output above the bar (the bar is redrawn by the next update)."""
         self.close()
         print(line, flush=True)
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on instead of showing written as Python escapes (\\x1b)."""
+    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode("ascii"), text)
+
+
+class _Printable:
+    """A text stream that writes ``printable`` text to the stream it wraps."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def printable_output() -> Iterator[None]:
+    """Within it, standard output and standard error show any text (a file's names, an error quoting
+    them) as ``printable`` text."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(sys.stdout), _Printable(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def save_figure(figure: Any, path: str | Path, dpi: int) -> None:
+    """A matplotlib figure saved to ``path`` in the format its suffix names, replacing any earlier file
+    whole or not at all; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        replace_file(path, lambda file: figure.savefig(file, format=path.suffix.lstrip(".") or "png", dpi=dpi))
+    finally:
+        plt.close(figure)

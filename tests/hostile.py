@@ -11,8 +11,10 @@ time it out. ``python tests/hostile.py fuzz --seconds N`` (``make fuzz``) fuzzes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import math
 import random
 import resource
 import struct
@@ -28,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_multi import BERTConfig, InputError, WeightsError, random_weights, save_weights
+from bert_multi import BERTConfig, InputError, UsageError, WeightsError, random_weights, save_weights
+from bert_multi.backend.remote import DamagedFile
+from bert_multi.files.safe import MXNET_LIST_MAGIC
 
 HERE = Path(__file__).resolve()
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
@@ -76,9 +80,27 @@ def _inputs(path: str) -> object:
 
 
 def _map_file(path: str) -> object:
+    """A map file, read and expanded over CONFIG's canonical names, as verify uses one."""
+    from bert_multi.spec.schema import param_shapes
     from bert_multi.verify.map_file import read_map
 
-    return read_map(path)
+    return read_map(path).expand(param_shapes(CONFIG))
+
+
+def _checkpoint(path: str) -> object:
+    """A checkpoint of any format, as inspect and convert read one: what its tensors imply, then loaded
+    with what it cannot tell stated."""
+    from bert_multi import inspect_checkpoint, load_checkpoint
+
+    inspect_checkpoint(path)
+    return load_checkpoint(path, num_heads=CONFIG.num_heads, preset="d2l")
+
+
+def _worker_reply(path: str) -> object:
+    """An array file as a worker of another environment's reply, as its caller reads it."""
+    from bert_multi.backend.remote import read_arrays
+
+    return read_arrays(path)
 
 
 def _safetensors(path: str) -> object:
@@ -158,13 +180,20 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "flax": _read_flax,
     "torch": _torch_checkpoint,
     "mxnet": _mxnet_checkpoint,
+    "checkpoint": _checkpoint,
+    "reply": _worker_reply,
     "inputs": _inputs,
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "weights", "params", "flax", "torch", "mxnet"),
 )
-CLEAN_ERRORS = {name: WeightsError for name in WEIGHT_READERS}
+CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
+    **{name: WeightsError for name in WEIGHT_READERS},
+    "map": (WeightsError, UsageError),  # a rule that names no tensor of the config is a usage error
+    "checkpoint": WeightsError,
+    "reply": DamagedFile,
+}
 
 
 def probe(loader: str, path: str) -> dict[str, str]:
@@ -672,6 +701,84 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
         "a part past the end": (b'{"names": {"a": "b[3/3]"}}', "does not exist"),
         "ignore not a list": (b'{"ignore": "x"}', "must be a list"),
         "two megabytes": (b'{"ignore": ["' + b"x" * (2 << 20) + b'"]}', "is not one"),
+        # Round 4 (issue 40): a list of a hundred million parts, Python's int-string limit.
+        "a hundred million parts": (b'{"names": {"a": "b[0/100000000]"}}', "expected at most 1024"),
+        "a part number of 4,300 digits": (
+            b'{"names": {"a": "b[0/' + b"9" * 4300 + b']"}}',
+            "k and n of at most 9 digits",
+        ),
+        "a pattern that names nothing": (b'{"names": {"encoder.blks.{i}.{i}": "b"}}', "names no canonical tensor"),
+    }
+
+
+def _with_tensor(name: str, array: np.ndarray) -> dict[str, np.ndarray]:
+    """CONFIG's canonical weights with tensor ``name`` replaced."""
+    return {**random_weights(CONFIG), name: array}
+
+
+def flax_file_of(weights: dict[str, np.ndarray]) -> bytes:
+    from bert_multi.files.formats.flax import flax_tree, pack_tree
+
+    return pack_tree(flax_tree(CONFIG, weights))
+
+
+def hostile_checkpoints() -> dict[str, tuple[bytes, str]]:
+    """Files whose structure reads, and whose numbers would then size the work of interpreting them, or
+    whose dtype is read widened."""
+    from bert_multi.backend import framework_names
+    from bert_multi.files.formats.gluon import NAME_RULES
+
+    empty = np.zeros((0, 2**40), np.float32)  # no bytes, whatever the other axis claims
+    gluon = framework_names(CONFIG, NAME_RULES)
+    cases = {
+        "a Flax embedding of 0 x 2**40": (
+            flax_file_of(_with_tensor("encoder.token_embedding.weight", empty)),
+            "holds no values",
+        ),
+        "a Flax FFN of 0 x 2**40": (
+            flax_file_of(_with_tensor("encoder.blks.0.ffn.dense1.weight", empty.T)),
+            "no values",
+        ),
+        "a Gluon embedding of 0 x 2**40": (
+            params_bytes(
+                {gluon[name]: array for name, array in _with_tensor("encoder.token_embedding.weight", empty).items()}
+            ),
+            "holds no values",
+        ),
+    }
+    with contextlib.suppress(ImportError):  # NumPy's bfloat16, where JAX is installed
+        import ml_dtypes
+
+        cases["a bfloat16 Flax file"] = (
+            flax_file_of({name: array.astype(ml_dtypes.bfloat16) for name, array in random_weights(CONFIG).items()}),
+            "is bfloat16; bert_multi computes in float32 or float64, and casts only when asked",
+        )
+    try:
+        import torch
+    except ImportError:
+        return cases
+    state = torch_state()
+    state["encoder.token_embedding.weight"] = torch.zeros((0, 2**40))
+    cases["a PyTorch embedding of 0 x 2**40"] = (torch_bytes(state), "holds no values")
+    return cases
+
+
+def reply_bytes() -> bytes:
+    """A worker's reply to 'forward', as np.savez writes it."""
+    from bert_multi.backend.registry import load_backend
+
+    output = load_backend("numpy").build(CONFIG, random_weights(CONFIG))(np.array([[1, 2, 3]]), np.zeros((1, 3), int))
+    return npz_bytes({"encoded": output.encoded, "nsp": output.nsp})
+
+
+def hostile_replies() -> dict[str, tuple[bytes, str]]:
+    valid = zip_members(reply_bytes())
+    return {
+        "compressed": (npz_bytes({"encoded": np.zeros(1 << 16)}, compressed=True), "compression method 8"),
+        "an inflating bomb": (deflated_bomb("encoded.npy", GIB3), "compression method 8"),
+        "not a zip": (b"PK\x03\x04 not a zip at all", "not a readable .npz file"),
+        "an object array": (make_zip([("encoded.npy", npy_bytes(npy_header("|O", (1,))))]), "Python objects"),
+        "a member twice": (make_zip(valid + valid), "appears twice"),
     }
 
 
@@ -688,6 +795,8 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "flax": hostile_flax,
     "torch": hostile_torch,
     "inputs": hostile_inputs,
+    "checkpoint": hostile_checkpoints,
+    "reply": hostile_replies,
 }
 
 
@@ -765,6 +874,27 @@ def mutate_npy_header(data: bytes, rng: random.Random, corpus: list[bytes]) -> b
     return make_zip(members)
 
 
+SHAPES = (0, 1, 2, 3, 4, 6, 11, 2**31, 2**40, 2**62)
+
+
+def mutate_a_shape(data: bytes, rng: random.Random, corpus: list[bytes]) -> bytes:
+    """A Flax or Gluon file of CONFIG (whichever ``data`` is) with one tensor given a random shape of
+    extreme sizes and no more bytes than it holds: what a file's own numbers claim, interpreted."""
+    weights = random_weights(CONFIG)
+    name = rng.choice(sorted(weights))
+    shape = tuple(rng.choice(SHAPES) for _ in range(weights[name].ndim))
+    if math.prod(shape) * 4 > 1 << 20:  # a shape the bytes cannot back: one axis of 0, as a file may claim
+        shape = (0, *shape[1:])
+    weights[name] = np.zeros(shape, np.float32)
+    if data.startswith(MXNET_LIST_MAGIC):
+        from bert_multi.backend import framework_names
+        from bert_multi.files.formats.gluon import NAME_RULES
+
+        names = framework_names(CONFIG, NAME_RULES)
+        return params_bytes({names[key]: array for key, array in weights.items()})
+    return flax_file_of(weights)
+
+
 def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     """Valid files for ``loader`` and the mutations that suit them."""
     generic = [mutate_bytes, mutate_bytes]
@@ -789,6 +919,10 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         ]
     if loader in ("params", "mxnet"):
         return [params_bytes(gluon_weights()), params_bytes(gluon_weights("float64", 1), V2_MAGIC)], generic
+    if loader == "checkpoint":
+        return [flax_bytes(), params_bytes(gluon_weights())], [*generic, mutate_a_shape]
+    if loader == "reply":
+        return [reply_bytes()], [*generic, mutate_inside_zip, mutate_npy_header]
     if loader == "flax":
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
     if loader == "torch":

@@ -34,6 +34,8 @@ READERS = {
     "params": None,
     "flax": None,
     "inputs": None,
+    "checkpoint": None,
+    "reply": None,
     "torch": "torch",
     "mxnet": "mxnet",
 }

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from ..backend.registry import share_the_process
+from ..display import printable_output
 from ..errors import (
     BackendContractError,
     CannotRunHere,
@@ -46,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a command run again elsewhere is run as given
     share_the_process()  # a command may run several frameworks, on one GPU
+    with printable_output():  # names from files reach the terminal as text, never as its commands
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except EXPECTED as error:

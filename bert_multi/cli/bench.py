@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 from ..backend.contract import parse_device
 from ..backend.registry import check_names, not_in_process
 from ..display import ProgressBar
 from ..errors import CannotRunHere, UsageError
+from ..files.safe import replace_text
 from ..spec.schema import SUPPORTED_DTYPES
 from ..tools import bench
 from .common import check_output, check_plot, comma_list
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     print(verdict)
     if args.json:
         report = {"threads": threads, "goal": bench.GOAL, "verdict": verdict, "rows": [row.to_json() for row in rows]}
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        replace_text(args.json, json.dumps(report, indent=1))
         print(f"report written to {args.json}")
     if args.plot:
         print(f"plot written to {bench.plot_rows(rows, args.plot)}")

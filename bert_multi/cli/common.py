@@ -20,7 +20,7 @@ from ..backend.remote import use_python
 from ..display import ProgressBar
 from ..errors import InputError, StatementsMissing, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
-from ..files.safe import NpzReader, open_regular
+from ..files.safe import NpzReader, open_regular, replace_text
 from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..spec.semantics import PRESETS
@@ -203,7 +203,7 @@ def write_reports(args: argparse.Namespace, reports: dict[str, Report]) -> int:
             if len(reports) == 1
             else {preset: report.to_json() for preset, report in reports.items()}
         )
-        Path(args.json).write_text(json.dumps(document, indent=1))
+        replace_text(args.json, json.dumps(document, indent=1))
         print(f"report written to {args.json}")
     if args.plot:
         for preset, report in reports.items():

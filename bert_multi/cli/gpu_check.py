@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..display import ProgressBar
 from ..errors import UsageError
-from ..files.safe import atomic_path
+from ..files.safe import replace_text
 from ..tools.gpu_check import EXIT_INCOMPLETE, GpuReport, Listener, run_gpu_check
 from .common import check_output
 
@@ -44,8 +44,7 @@ def write_reports(report: GpuReport, out: Path) -> None:
         ("gpu-check.json", json.dumps(report.to_json(), indent=1, default=str)),
         ("gpu-check.md", report.markdown()),
     ):
-        with atomic_path(out / name) as path:
-            path.write_text(text)
+        replace_text(out / name, text)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from ..files.checkpoints import inspect_checkpoint
+from ..files.safe import replace_text
 from .common import check_output
 
 
@@ -27,6 +27,6 @@ def run(args: argparse.Namespace) -> int:
     info = inspect_checkpoint(args.path, key=args.key)
     print(info.describe())
     if args.json:
-        Path(args.json).write_text(json.dumps(info.to_json(), indent=1))
+        replace_text(args.json, json.dumps(info.to_json(), indent=1))
         print(f"report written to {args.json}")
     return 0

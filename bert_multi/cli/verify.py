@@ -13,6 +13,7 @@ from ..backend.registry import environment_for
 from ..backend.remote import WORKER_VARIABLE, worker_environment
 from ..display import ProgressBar, format_table
 from ..errors import UserCodeError
+from ..files.safe import replace_text
 from ..spec.loss import MLM_NORMALIZATIONS
 from ..spec.semantics import PRESETS
 from ..verify.cases import CASE_NAMES
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"diagnosis: {diagnosis.describe()}")
     print_gradients_and_loss(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        replace_text(args.json, json.dumps(report.to_json(), indent=1))
         print(f"report written to {args.json}")
     if args.plot:
         print(f"plot written to {plot_report(report.forward, args.plot)}")

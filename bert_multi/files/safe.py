@@ -369,8 +369,36 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     so a save that returned survives a power loss. Where the filesystem has unnamed files, the new file
     has no name until it is complete and synced, so a writer killed meanwhile leaves nothing; elsewhere
     (and for the instant between naming and renaming) leftovers of killed writers are removed by the
-    next save of the same file.
+    next save of the same file. A failed write (a full disk, a file-size limit) is an ``OSError``
+    naming ``path``.
     """
+    try:
+        with _atomic_path(path) as tmp:
+            yield tmp
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, f"{error.strerror}, writing it (any earlier file is kept)", str(path)) from error
+
+
+def replace_file(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """The file at ``path`` replaced whole, or not at all (``atomic_path``), by what ``write`` writes."""
+    with atomic_path(path) as written, open(written, "wb") as file:
+        write(file)
+
+
+def replace_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """The file at ``path`` replaced whole, or not at all, by an ``.npz`` of ``arrays`` (``np.savez``)."""
+    replace_file(path, lambda file: np.savez(file, **arrays))
+
+
+def replace_text(path: str | os.PathLike, text: str) -> None:
+    """The file at ``path`` replaced whole, or not at all, by ``text`` (UTF-8)."""
+    replace_file(path, lambda file: file.write(text.encode("utf-8")))
+
+
+@contextlib.contextmanager
+def _atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise IsADirectoryError(f"{path} is a directory; expected a file name to write")

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..backend.registry import label_of
 from ..errors import UsageError
+from ..files.safe import replace_text
 from .lessons import Outcome, Sample, Section, run
 
 
@@ -74,6 +75,6 @@ def write_notebooks(
                     cells.append(nbformat.v4.new_code_cell(part.code, execution_count=count, outputs=[output]))
             notebook.cells = cells
             path = directory / f"{stem}.ipynb"
-            nbformat.write(notebook, str(path))  # validates against the nbformat 4 schema first
+            replace_text(path, nbformat.writes(notebook))  # validated against the nbformat 4 schema first
             written.append(path)
     return written

@@ -19,6 +19,7 @@ import numpy as np
 from ..backend.contract import check_mixed_precision_option
 from ..backend.registry import LoadedBackend, backends, load_backend
 from ..errors import UsageError, WorkerFailed
+from ..files.safe import replace_text
 from ..files.weights import load_weights, save_weights
 from ..spec.config import HEADS, BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues
@@ -108,7 +109,7 @@ def save_run(directory: str | os.PathLike, config: BERTConfig, run: TrainingRun)
     save_weights(Path(directory) / "weights.npz", config, run.weights)
     summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
     summary["first_step_seconds"] = run.first_step_seconds
-    (Path(directory) / "run.json").write_text(json.dumps(summary))
+    replace_text(Path(directory) / "run.json", json.dumps(summary))
 
 
 def load_run(directory: str | os.PathLike, backend_name: str) -> TrainingRun:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.oracle import build as build_oracle
+from ..files.safe import replace_arrays, replace_text
 from ..files.weights import save_weights
 from ..spec.schema import cut_max_len
 from .cases import get_case
@@ -84,14 +85,17 @@ def save_repro(report: Any, factory: Any, weights: dict[str, np.ndarray], direct
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     save_weights(path / "weights.npz", config, cut)
-    np.savez(path / "inputs.npz", **{k: v for k, v in case.batch.items() if v is not None})
-    np.savez(path / "reference.npz", **arrays(expected))
-    np.savez(path / "yours.npz", **arrays(yours))
+    for name, contents in (
+        ("inputs.npz", {k: v for k, v in case.batch.items() if v is not None}),
+        ("reference.npz", arrays(expected)),
+        ("yours.npz", arrays(yours)),
+    ):
+        replace_arrays(path / name, contents)
     tolerance = check.outputs[0].tolerance
     title = f"{report.label} against the oracle: case {check.case}, {check.target.dtype} on {check.target.device}."
     where = {name: report.user_name(name) for name in names}
     text = SCRIPT.format(
         title=title, order=json.dumps(order), where=json.dumps(where), atol=tolerance.atol, rtol=tolerance.rtol
     )
-    (path / "repro.py").write_text(text)
+    replace_text(path / "repro.py", text)
     return path

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 from ...backend.registry import frameworks, label_of
+from ...display import save_figure
 
 # The goal every framework's best variant is held to: within this factor of the fastest framework's time.
 GOAL = 1.15
@@ -167,6 +168,5 @@ def plot_rows(rows: list[Row], path: str) -> str:
     axes.set_xlabel("median time against the fastest framework's on the workload (grey: not a framework)", fontsize=8)
     axes.legend(loc="lower right", fontsize=7)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_figure(figure, path, dpi=100)
     return path
