@@ -55,8 +55,8 @@ def test_gpu_check_runs_from_the_source_tree_as_on_a_gpu_machine(tmp_path):
 class StandInGPU:
     """A backend of this machine claiming a GPU, an H200 (its models run on the CPU): every check of
     gpu-check runs on it here, where no GPU is. On the torch backend it trains too. ``fault``: a GPU kernel
-    that scales the FFN, or a model that does not state the TF32 it was built with, or one that takes
-    ``slow`` seconds a forward."""
+    that scales the FFN, or a model whose runtime info misstates the TF32 it was built with (in one of four
+    ways), or one that takes ``slow`` seconds a forward."""
 
     NAME = "standin"
     ROLE = "framework"
@@ -77,6 +77,12 @@ class StandInGPU:
         recorded = model.framework_info()  # as the CPU model it is
         model.device, model.backend = parse_device(device), self.NAME
         stated = matmul_precision(dtype, model.device, tf32 if self.fault != "silent about TF32" else False)
+        if self.fault == "no TF32 key":
+            del stated["tf32"]
+        elif self.fault == "TF32 off in its info":
+            stated["tf32"] = False
+        elif self.fault == "products in full in its info":
+            stated["matmul precision"] = dtype
         gpu = {"gpu": "Stand-in H200"} if model.device.kind == "gpu" else {}
         model.framework_info = lambda: {**recorded, **stated, **gpu}
         if self.slow:
@@ -188,11 +194,29 @@ def test_a_gpu_that_computes_something_else_fails_and_says_where(stand_in):
     assert fixtures.status == "FAIL" and "out of tolerance" in fixtures.detail
 
 
-@pytest.mark.parametrize("stand_in", [("numpy", "silent about TF32")], indirect=True)
+@pytest.mark.parametrize(
+    "stand_in",
+    [
+        ("numpy", "silent about TF32"),
+        ("numpy", "no TF32 key"),
+        ("numpy", "TF32 off in its info"),
+        ("numpy", "products in full in its info"),
+    ],
+    indirect=True,
+)
 def test_the_tf32_check_fails_a_model_that_does_not_state_the_setting_it_was_built_with(stand_in):
     setting = Setting(True, CONFIGS["tiny"], 1, lambda done, planned, label: None)
     (part,) = next(check for check in CHECKS if check.name == "tf32").run(setting, [stand_in], "gpu:0")
     assert part.status == "FAIL" and "do not state the setting they were built with" in part.detail
+
+
+@pytest.mark.parametrize("stand_in", [("torch", "scaled FFN")], indirect=True)
+def test_the_training_check_trains_on_the_gpu_it_names(stand_in):
+    """A backend whose training on the GPU differs from its training on the CPU fails the check."""
+    setting = Setting(True, CONFIGS["tiny"], 1, lambda done, planned, label: None)
+    parts = list(next(check for check in CHECKS if check.name == "training").run(setting, [stand_in], "gpu:0"))
+    assert [part.check for part in parts] == ["training float32", "training float64"]
+    assert all(part.status == "FAIL" and "first failing: gradient" in part.detail for part in parts), parts
 
 
 @pytest.mark.parametrize("stand_in", [("numpy", None, 0.05)], indirect=True)

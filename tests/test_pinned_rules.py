@@ -1,4 +1,4 @@
-"""Rules no other test pinned down (issue 26): each of these tests fails when its rule is broken."""
+"""Rules no other test pinned down (issues 26 and 40): each of these tests fails when its rule is broken."""
 
 import importlib
 import json
@@ -106,3 +106,97 @@ def test_huggingface_activation_names_mean_what_transformers_computes(tmp_path, 
     document = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps({**document, "hidden_act": act}))
     assert bm.load_checkpoint(tmp_path / "hf").config.semantics.activation == expected
+
+
+def test_a_fused_tensor_mapped_as_a_transposed_part_reads_back_exactly_the_part_written():
+    """``qkv[k/3].T``: the user's (H, 3H) tensor holds W_q, W_k and W_v transposed, side by side."""
+    from bert_multi.verify.map_file import parse_placement
+    from bert_multi.verify.mapping import ParameterMap
+
+    rng = np.random.default_rng(0)
+    parts = {f"W_{x}": rng.standard_normal((6, 4)) for x in "qkv"}  # canonical (out, in)
+    placements = {name: parse_placement(f"qkv[{k}/3].T") for k, name in enumerate(parts)}
+    mapping = ParameterMap(placements, {"qkv": (4, 18)}, "a map file")
+    fused = mapping.to_user(parts)["qkv"]
+    np.testing.assert_array_equal(fused, np.concatenate(list(parts.values())).T)  # by hand: stacked, transposed
+    back = mapping.to_canonical({"qkv": fused}, {name: (6, 4) for name in parts})
+    assert all(np.array_equal(back[name], parts[name]) for name in parts)
+    assert parse_placement("qkv.T[1/3]") == parse_placement("qkv[1/3].T")  # either order says the same
+
+
+def test_a_repeated_field_of_a_map_pattern_stands_for_the_same_text():
+    from bert_multi.verify.map_file import MapFile
+
+    rules = MapFile({"encoder.blks.{i}.ln{i}.{p}": "b{i}.{p}"}, (), "map.json")
+    found = rules.expand(["encoder.blks.1.ln1.weight", "encoder.blks.1.ln2.weight", "encoder.blks.2.ln2.bias"])
+    assert {name: placement.name for name, placement in found.items()} == {
+        "encoder.blks.1.ln1.weight": "b1.weight",
+        "encoder.blks.2.ln2.bias": "b2.bias",
+    }
+
+
+def test_verify_masking_reports_a_function_that_changes_cls_or_sep():
+    from subjects.masking import get_mlm_data_from_tokens
+
+    from bert_multi.verify.masking import verify_masking
+
+    def changes(special):
+        def masking(tokens, vocab):
+            ids, positions, labels = get_mlm_data_from_tokens(tokens, vocab)
+            at = tokens.index(special)
+            return [vocab["<mask>"] if i == at else token for i, token in enumerate(ids)], positions, labels
+
+        return masking
+
+    assert verify_masking(get_mlm_data_from_tokens, calls=300).passed
+    for special in ("<cls>", "<sep>"):
+        report = verify_masking(changes(special), calls=300)
+        assert not report.passed and "a token that is not predicted was changed" in report.checks[0].detail
+
+
+def test_a_backend_that_breaks_the_contract_is_refused_and_leaves_its_name_free():
+    from types import SimpleNamespace
+
+    from bert_multi import BackendContractError, register_backend, unregister_backend
+
+    def build(config, weights, device="cpu", dtype=None):
+        return bm.load_backend("numpy").build(config, weights, device=device, dtype=dtype)
+
+    with pytest.raises(BackendContractError):
+        register_backend(SimpleNamespace(NAME="pinned", build="not callable"))
+    assert "pinned" not in bm.backends()
+    register_backend(SimpleNamespace(NAME="pinned", build=build))  # the name is free again
+    try:
+        assert "pinned" in bm.backends()
+    finally:
+        unregister_backend("pinned")
+
+
+@pytest.mark.parametrize("device", ["cpu:0", "cpu:1", "tpu", "tpu:0", "cuda:x", ""])
+def test_a_device_string_outside_the_grammar_is_refused(device):
+    from bert_multi.backend.contract import parse_device
+
+    with pytest.raises(bm.UsageError, match=f"unknown device {device!r}: expected 'cpu', 'cuda'"):
+        parse_device(device)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 1 / 3, 0.5, 0.9])
+def test_the_cpu_dropout_drops_exactly_its_share_of_the_possible_draws(monkeypatch, p):
+    """Fed each of the 2**16 values a draw can take once, torch's CPU dropout drops round(p * 2**16) of
+    the elements and scales the others by 2**16 / (2**16 - dropped): the expectation is exact."""
+    framework("torch")
+    torch = importlib.import_module("torch")
+    from bert_multi.torch.model import Dropout
+
+    every_draw = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)[torch.randperm(2**16)]
+
+    def random_(tensor, *args):
+        tensor.view(torch.int16).copy_(every_draw)
+        return tensor
+
+    monkeypatch.setattr(torch.Tensor, "random_", random_)
+    dropout = Dropout(p).train()
+    out = dropout(torch.ones(2**16, dtype=torch.float64))
+    dropped = round(p * 2**16)
+    assert int((out == 0).sum()) == dropped
+    assert torch.all(out[out != 0] == 2**16 / (2**16 - dropped))

@@ -54,6 +54,7 @@ class Dropout(nn.Dropout):
             return super().forward(X)
         # A 64-bit draw is four independent, uniform 16-bit ones; full-range draws are exactly uniform.
         words = torch.empty((X.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+        # Of the 2**16 values a draw takes, the lowest ``dropped`` drop their element.
         keep = words.view(torch.int16)[: X.numel()].view(X.shape) >= dropped - 2**15
         return X.mul(keep).mul_(2**16 / (2**16 - dropped))
 
