@@ -219,3 +219,96 @@ def test_any_params_record_loads_or_is_a_weights_error(
     except WeightsError:
         return
     assert len(arrays) == 1 and all(isinstance(a, np.ndarray) for a in arrays.values())
+
+
+# --- Writes: nothing earlier is lost, and a failure is one line -------------------------------------------
+
+
+def _under_a_file_size_limit(limit):
+    """For a child process: writes past ``limit`` bytes fail with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_conversion_past_a_file_size_limit_keeps_the_earlier_file_and_says_so_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from bert_multi import BERTConfig, random_weights, save_weights
+
+    config = BERTConfig(50, 16, 24, 2, 2, max_len=16)
+    save_weights(tmp_path / "w.npz", config, random_weights(config))
+    earlier = b"an earlier file, kept whole"
+    (tmp_path / "out.msgpack").write_bytes(earlier)
+    done = subprocess.run(
+        [sys.executable, "-m", "bert_multi.cli", "convert", str(tmp_path / "w.npz"), str(tmp_path / "out.msgpack")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_under_a_file_size_limit(4096),
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"bert-multi: error: [Errno 27] File too large, writing it (any earlier file is kept): "
+        f"'{tmp_path / 'out.msgpack'}'"
+    )
+    assert (tmp_path / "out.msgpack").read_bytes() == earlier
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out.msgpack", "w.npz"]
+
+
+def test_notebooks_past_a_file_size_limit_leave_the_earlier_ones_whole(tmp_path):
+    """``lessons --notebooks`` into a directory of earlier notebooks, each write cut off by the limit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from bert_multi.tools import lessons, notebooks\n"
+        "sections = [s for s in lessons.read_guide() if s.number == 5]\n"
+        "try:\n"
+        "    notebooks.write_notebooks(sections, sys.argv[1], lambda samples: [lessons.Outcome(s, s.expected) for s "
+        "in samples])\n"
+        "except OSError as error:\n"
+        "    print(error)\n"
+    )
+    earlier = "x" * 4000
+    names = ["05-repeat-means-opposite-things-torch.ipynb"]
+    for name in names:
+        (tmp_path / name).write_text(earlier)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_under_a_file_size_limit(1024),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "File too large, writing it (any earlier file is kept)" in done.stdout and names[0] in done.stdout
+    assert (tmp_path / names[0]).read_text() == earlier
+    assert sorted(path.name for path in tmp_path.iterdir()) == names
+
+
+def test_names_from_a_file_reach_the_terminal_as_text_not_as_escape_sequences(tmp_path):
+    import subprocess
+    import sys
+
+    from hostile import CONFIG
+
+    from bert_multi import random_weights
+    from bert_multi.files.formats.flax import flax_tree, pack_tree
+
+    name = "classifier\x1b[2J\x07.kernel"
+
+    tree = flax_tree(CONFIG, random_weights(CONFIG))
+    tree[name] = np.zeros(2, np.float32)
+    (tmp_path / "w.msgpack").write_bytes(pack_tree(tree))
+    done = subprocess.run(
+        [sys.executable, "-m", "bert_multi.cli", "inspect", str(tmp_path / "w.msgpack")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert r"ignored: classifier\x1b[2J\x07.kernel" in done.stdout

@@ -107,6 +107,26 @@ def test_the_tree_is_the_one_flax_makes_and_its_file_the_bytes_flax_writes(backe
     assert all(np.array_equal(loaded.weights[name], weights[name]) for name in weights)
 
 
+@pytest.mark.parametrize("entries", [15, 16, 17])
+@pytest.mark.parametrize("key_bytes", [31, 32, 33])
+def test_the_flax_writer_gives_flaxs_bytes_at_msgpacks_fixed_form_boundaries(tmp_path, entries, key_bytes):
+    """MessagePack writes a map of under 16 entries and a string of under 32 bytes in a shorter form:
+    the writer's bytes are Flax's on both sides of each boundary, and the reader reads them back."""
+    import flax
+
+    from bert_multi.files.formats.flax import pack_tree, read_tree
+
+    rng = np.random.default_rng(entries)
+    leaves = {f"{index:0{key_bytes}d}": rng.standard_normal(3).astype(np.float32) for index in range(entries)}
+    tree = {"params": {"block": leaves, "k" * key_bytes: {"kernel": np.ones((2, 3), np.float32)}}}
+    assert pack_tree(tree) == flax.serialization.to_bytes(tree)
+    (tmp_path / "w.msgpack").write_bytes(pack_tree(tree))
+    arrays, dtypes = read_tree(tmp_path / "w.msgpack")
+    assert list(arrays) == [f"block.{key}" for key in leaves] + [f"{'k' * key_bytes}.kernel"]
+    assert all(np.array_equal(arrays[f"block.{key}"], leaf) for key, leaf in leaves.items())
+    assert set(dtypes.values()) == {"float32"}
+
+
 def test_a_training_step_leaves_weights_lent_to_numpy_as_they_were(backend):
     """The update donates the parameters' buffers to XLA; one that a NumPy view still reads must not be
     written over (JAX copies instead), or exported weights would change under the caller."""
