@@ -211,3 +211,41 @@ def test_a_trainer_in_a_worker_given_a_shard_and_the_batchs_totals_computes_as_h
             assert other_losses != losses and not all(np.array_equal(other[n], expected[n]) for n in expected)
     finally:
         remote_torch.worker.close()
+
+
+def elsewhere():
+    """A built-in backend whose framework this environment lacks, so that it runs in a worker."""
+    return "jax" if not_in_process("jax") else "mxnet"
+
+
+def command_line(hostile_python, mode, *args, backend="numpy"):
+    """``bert-multi ARGS`` with the backend of the other environment in a worker that misbehaves."""
+    name = elsewhere()
+    environment = {**os.environ, "HOSTILE_WORKER": mode, "HOSTILE_BACKEND": backend}
+    environment[remote.variable(name)] = str(hostile_python)
+    command = [sys.executable, "-m", "bert_multi.cli", *(arg.format(backend=name) for arg in args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+
+
+def test_pretraining_whose_worker_dies_ends_in_one_line(hostile_python):
+    if not_in_process("torch"):
+        pytest.skip(not_in_process("torch"))
+    done = command_line(hostile_python, "dies", "pretrain", "--backend", "{backend}", "--steps", "2", backend="torch")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert line == f"bert-multi: error: the worker ({hostile_python}) ended: the worker's last words"
+    assert "Traceback" not in done.stderr
+
+
+def test_a_conversion_check_whose_worker_replies_damaged_proves_nothing_either_way(hostile_python, tmp_path):
+    from bert_multi import save_weights
+
+    if elsewhere() != "jax":  # the stand-in worker runs the oracle: it writes no .params, which MXNet writes
+        pytest.skip("needs JAX in the other environment: a Flax file is written here, whoever runs it")
+    save_weights(tmp_path / "w.npz", CONFIG, WEIGHTS)
+    out = tmp_path / "out.msgpack"
+    done = command_line(hostile_python, "replies with garbage", "convert", str(tmp_path / "w.npz"), str(out), "--check")
+    assert done.returncode == 2, done.stdout + done.stderr
+    verdict = done.stdout.strip().splitlines()[-1]
+    assert verdict.startswith(f"{out} was not checked in full: ") and "is damaged" in verdict, done.stdout
+    assert "does NOT compute" not in done.stdout

@@ -104,7 +104,7 @@ def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
         return 1
     if not report.passed:
         print(verdict(report, str(args.out)))
-        return 2 if report.errors and all(c.passed for *_, c in report.worst()) else 1
+        return 2 if report.errors and all(c.passed for *_, c in report.worst()) else 1  # 2: it could not tell
     closeness = largest_by_dtype(report)
     print(
         f"{args.out} computes what {args.source} computes: the float64 oracle's outputs on the two differ by "

@@ -31,8 +31,6 @@ def verdict(report: Report, subject: str) -> str:
     """One sentence on what the run proved about ``subject`` (a file, a model): which backends compute
     what the float64 oracle computes, on how many cases, how closely; or how many comparisons failed."""
     rows = report.worst()
-    if not rows:
-        return f"{subject}: nothing was compared (no requested backend could run here)"
     failing = [(target, reference, output, c) for target, reference, output, c in rows if not c.passed]
     raised = ""
     if report.errors:
@@ -43,7 +41,10 @@ def verdict(report: Report, subject: str) -> str:
         what = f"{len(failing)} of {len(rows)} comparisons are outside tolerance ({first})"
         return f"{subject} does NOT compute what the float64 oracle computes: {what}{'; ' + raised if raised else ''}"
     if raised:  # what raised proves nothing about the subject, either way
-        return f"{subject} was not checked in full: {raised}; the {len(rows)} comparisons that ran are within tolerance"
+        ran = f"; the {len(rows)} comparisons that ran are within tolerance" if rows else ""
+        return f"{subject} was not checked in full: {raised}{ran}"
+    if not rows:
+        return f"{subject}: nothing was compared (no requested backend could run here)"
     backends = list(dict.fromkeys(label_of(target.backend) for target, *_ in rows))
     paired = any(not reference.startswith("oracle") for _, reference, _, _ in rows)
     closeness = largest_by_dtype(report)

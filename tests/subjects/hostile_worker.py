@@ -22,7 +22,7 @@ from bert_multi.errors import UserCodeError
 
 MODE = os.environ.get("HOSTILE_WORKER", "")
 Session = worker.Session
-honest_load, honest_forward, honest_state = Session.load, Session.forward, Session.state
+honest_load, honest_forward, honest_step, honest_state = Session.load, Session.forward, Session.step, Session.state
 
 
 def mark() -> None:
@@ -70,6 +70,14 @@ def forward(self, model, inputs, out, intermediates):
     return reply
 
 
+def step(self, trainer, batch, totals):
+    if MODE == "dies":
+        sys.stderr.write("the worker's last words\n")
+        sys.stderr.flush()
+        os._exit(3)
+    return honest_step(self, trainer, batch, totals)
+
+
 def state(self, trainer, out):
     reply = honest_state(self, trainer, out)
     if MODE == "forgets the optimizer state":
@@ -77,7 +85,7 @@ def state(self, trainer, out):
     return reply
 
 
-Session.load, Session.forward, Session.state = load, forward, state
+Session.load, Session.forward, Session.step, Session.state = load, forward, step, state
 
 if __name__ == "__main__":
     worker.main()
