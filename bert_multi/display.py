@@ -1,4 +1,4 @@
-"""Showing work to people: plain-text tables, a progress bar, figures, and text a terminal shows as text."""
+"""Showing work to people: plain-text tables, a progress bar, and text a terminal shows as text."""
 
 from __future__ import annotations
 
@@ -6,10 +6,7 @@ import contextlib
 import re
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, TextIO
-
-from .files.safe import replace_file
+from typing import TextIO
 
 # What a terminal would act on rather than show: control characters (an escape sequence in a tensor's name
 # could recolour or rewrite the screen) and invisible format characters; newlines, tabs and the carriage
@@ -83,15 +80,3 @@ def printable_output() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = streams
-
-
-def save_figure(figure: Any, path: str | Path, dpi: int) -> None:
-    """A matplotlib figure saved to ``path`` in the format its suffix names, replacing any earlier file
-    whole or not at all; the figure is closed."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    try:
-        replace_file(path, lambda file: figure.savefig(file, format=path.suffix.lstrip(".") or "png", dpi=dpi))
-    finally:
-        plt.close(figure)

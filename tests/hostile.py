@@ -27,11 +27,12 @@ import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
 from bert_multi import BERTConfig, InputError, UsageError, WeightsError, random_weights, save_weights
-from bert_multi.backend.remote import DamagedFile
+from bert_multi.backend.channel import DamagedFile
 from bert_multi.files.safe import MXNET_LIST_MAGIC
 
 HERE = Path(__file__).resolve()
@@ -98,7 +99,7 @@ def _checkpoint(path: str) -> object:
 
 def _worker_reply(path: str) -> object:
     """An array file as a worker of another environment's reply, as its caller reads it."""
-    from bert_multi.backend.remote import read_arrays
+    from bert_multi.backend.channel import read_arrays
 
     return read_arrays(path)
 
@@ -639,7 +640,8 @@ def state_bytes(**changes: object) -> bytes:
     state = TrainingState(**{**state._asdict(), **changes})
     if "num_blks" in changes:
         state = state._replace(config=dataclasses.replace(CONFIG, num_blks=changes["num_blks"]))
-    with tempfile.TemporaryDirectory() as directory:
+    # Past the check that refuses to save a state a run could not resume from: the file is made to be bad.
+    with tempfile.TemporaryDirectory() as directory, mock.patch("bert_multi.training.state.check_optimizer_state"):
         return save_training_state(directory, state).read_bytes()
 
 
@@ -652,6 +654,7 @@ def hostile_states() -> dict[str, tuple[bytes, str]]:
         "a step of true": (state_bytes(step=True), "its step is True"),
         "a moment of the wrong shape": (state_bytes(optimizer=wrong_shape), "its parameter is"),
         "a moment without its partner": (state_bytes(optimizer=alone), "no partner"),
+        "Adam's steps with no moments": (state_bytes(optimizer={}), "no Adam moments for 29 of the 29 parameters"),
     }
 
 

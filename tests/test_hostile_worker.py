@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, UserCodeError, random_weights
-from bert_multi.backend import remote
+from bert_multi.backend import channel, remote
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
 from bert_multi.verify.cases import CASES
@@ -38,7 +38,7 @@ def hostile_python(tmp_path):
 def hostile(monkeypatch, hostile_python, mode, timeout="60"):
     """A backend whose worker misbehaves as ``mode`` says, with a model built there."""
     monkeypatch.setenv("HOSTILE_WORKER", mode)
-    monkeypatch.setenv(remote.TIMEOUT_VARIABLE, timeout)
+    monkeypatch.setenv(channel.TIMEOUT_VARIABLE, timeout)
     backend = RemoteBackend("numpy", hostile_python)
     return backend, backend.build(CONFIG, WEIGHTS)
 
@@ -78,7 +78,7 @@ def test_a_reply_that_does_not_check_out_is_an_error_naming_the_worker(monkeypat
 def test_a_worker_that_hangs_costs_its_deadline_and_no_more(monkeypatch, hostile_python):
     backend, model = hostile(monkeypatch, hostile_python, "hangs", timeout="2")
     started = time.monotonic()
-    with pytest.raises(RemoteFailure, match=rf"took over 2 s to run 'forward' \({remote.TIMEOUT_VARIABLE}\)"):
+    with pytest.raises(RemoteFailure, match=rf"took over 2 s to run 'forward' \({channel.TIMEOUT_VARIABLE}\)"):
         model(**BATCH)
     assert 2 <= time.monotonic() - started < 6
     assert_stopped(backend)
@@ -86,8 +86,8 @@ def test_a_worker_that_hangs_costs_its_deadline_and_no_more(monkeypatch, hostile
 
 def test_a_worker_that_stops_answering_is_stopped_before_its_deadline(monkeypatch, hostile_python):
     """A frozen worker sends no heartbeat: SILENCE_S (shortened here) ends the wait, not the long deadline."""
-    monkeypatch.setattr(remote, "SILENCE_S", 2.0)
-    monkeypatch.setattr(remote, "HEARTBEAT_S", 0.5)
+    monkeypatch.setattr(channel, "SILENCE_S", 2.0)
+    monkeypatch.setattr(channel, "HEARTBEAT_S", 0.5)
     backend, model = hostile(monkeypatch, hostile_python, "freezes", timeout="600")
     started = time.monotonic()
     with pytest.raises(RemoteFailure, match=r"said nothing for 2 s while running 'forward'; it was stopped"):
@@ -98,8 +98,8 @@ def test_a_worker_that_stops_answering_is_stopped_before_its_deadline(monkeypatc
 
 def test_a_long_request_that_says_it_is_alive_is_waited_for(monkeypatch, hostile_python):
     """The heartbeat tells work from a hang: a request three times SILENCE_S long, beating, completes."""
-    monkeypatch.setattr(remote, "SILENCE_S", 1.0)
-    monkeypatch.setattr(remote, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(channel, "SILENCE_S", 1.0)
+    monkeypatch.setattr(channel, "HEARTBEAT_S", 0.2)
     backend, model = hostile(monkeypatch, hostile_python, "works slowly")
     expected = load_backend("numpy").build(CONFIG, WEIGHTS)(**BATCH)
     assert np.array_equal(model(**BATCH).encoded, expected.encoded)
@@ -117,7 +117,7 @@ def test_a_worker_that_floods_stderr_costs_a_bounded_tail(monkeypatch, hostile_p
     """200 MB on stderr: the caller keeps the last STDERR_TAIL_BYTES, and the message quotes a short line."""
     backend, model = hostile(monkeypatch, hostile_python, "floods stderr")
     kept = sum(len(chunk) for chunk in backend.worker.stderr_tail)
-    assert kept <= remote.STDERR_TAIL_BYTES + (1 << 16)
+    assert kept <= channel.STDERR_TAIL_BYTES + (1 << 16)
     backend.worker.process.kill()
     with pytest.raises(RemoteFailure) as caught:
         model(**BATCH)

@@ -11,7 +11,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bert_multi"
 # Bottom to top. The framework backends use the layers below them; nothing below imports them by name
 # (the registry loads them), and the command line and the tools reach them only through the registry.
 LAYERS = [
-    ("base", ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display")),
+    # files.safe (reading hostile files, writing atomically) needs nothing of bert_multi: every layer reads
+    # and writes files through it.
+    ("base", ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display", "bert_multi.files.safe")),
     ("spec", ("bert_multi.spec",)),
     ("backend", ("bert_multi.backend",)),
     ("files", ("bert_multi.files",)),

@@ -6,27 +6,19 @@ NumPy < 1.24; JAX needs more).
 The registry uses this when a built-in backend's framework cannot import here: it looks for the
 interpreter of the environment where the project installs that framework (``Registration.environment``,
 beside the source tree or the working directory), or the one named by ``BERT_MULTI_PYTHON_<NAME>``
-(``BERT_MULTI_PYTHON_JAX=/path/to/python``; ``none``: never elsewhere) or ``use_python``. The worker is ``python -m
-bert_multi.backend.worker``, with this source tree first on its path. A remote backend offers what
-conformance needs (building, running with activations, exporting weights, its devices and eps), its
-framework's checkpoint files (written and read there) and its ``Pretrainer`` (``RemoteTrainer``),
-driven step by step from here (so the batches, seeds and checkpoints are the caller's own);
-data-parallel workers and users' models stay in the framework's own environment.
+(``BERT_MULTI_PYTHON_JAX=/path/to/python``; ``none``: never elsewhere) or ``use_python``. The worker is
+``python -m bert_multi.backend.worker``, with this source tree first on its path, reached through
+``channel`` (which bounds every exchange). A remote backend offers what conformance needs (building,
+running with activations, exporting weights, its devices and eps), its framework's checkpoint files
+(written and read there) and its ``Pretrainer`` (``RemoteTrainer``), driven step by step from here (so
+the batches, seeds and checkpoints are the caller's own); data-parallel workers and users' models stay
+in the framework's own environment. What the worker sends back is checked against what was asked for.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import itertools
-import json
 import os
-import selectors
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -34,30 +26,15 @@ from typing import Any
 import numpy as np
 
 from .. import errors
-from ..errors import BackendUnavailable, UsageError, WorkerFailed
-from ..files.safe import NpzReader, open_regular
+from ..errors import BackendUnavailable, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.loss import BatchTotals, LossValues, check_batch
 from ..spec.optimizer import check_optimizer_state
 from ..spec.schema import param_shapes, validate_weights
+from .channel import SOURCE_ROOT, WORKER_VARIABLE, RemoteFailure, Worker
 from .contract import BackendModel, BERTOutput, parse_device, read_only
 
-# Set in a worker: a backend that cannot load there is unavailable, never sent on to yet another process.
-WORKER_VARIABLE = "BERT_MULTI_WORKER"
-# How long one request may take, in seconds ("none": no limit), and how often a working worker says it is
-# alive: one that says nothing for SILENCE_S is stopped before its deadline (stopped, or stuck holding
-# the interpreter). A hung worker costs at most the shorter of the two.
-TIMEOUT_VARIABLE = "BERT_MULTI_WORKER_TIMEOUT"
-DEFAULT_TIMEOUT_S = 600.0
-HEARTBEAT_VARIABLE = "BERT_MULTI_WORKER_HEARTBEAT"
-HEARTBEAT_S = 5.0
-SILENCE_S = 60.0
-# What a reply may hold: its JSON line, the end of the worker's stderr kept for messages, and its arrays
-# (uncompressed, as np.savez writes them, so their size is bounded by the files' real sizes).
-MAX_REPLY_LINE_BYTES = 4 << 20
-STDERR_TAIL_BYTES = 64 << 10
-SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding the bert_multi package
 _chosen: dict[str, str] = {}
 
 
@@ -105,235 +82,6 @@ def load_elsewhere(name: str, environment: str, unavailable: BackendUnavailable)
         return RemoteBackend(name, python)
     except RemoteFailure as error:
         raise BackendUnavailable(f"{unavailable}; nor can it run in {python}: {error}") from None
-
-
-class DamagedFile(Exception):
-    """An array file between a worker and its caller that is not what ``np.savez`` writes (its reader
-    turns it into a ``RemoteFailure`` naming the worker)."""
-
-
-def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` the worker or its caller wrote, in order: a regular file, read like any
-    other file (no pickle, no compression, every size checked before it is allocated)."""
-    with open_regular(path, "array file", DamagedFile) as file:
-        archive = NpzReader(file, path, DamagedFile)
-        return {name: archive.read(name, archive.header(name)) for name in archive.names}
-
-
-class RemoteFailure(WorkerFailed):
-    """A worker of another environment failed: it raised what is not one of bert_multi's own exceptions
-    (with its traceback there), died, hung past its deadline, or sent a reply that does not check out."""
-
-
-def worker_timeout() -> float | None:
-    """The longest one request may take, from ``BERT_MULTI_WORKER_TIMEOUT`` (seconds, or "none")."""
-    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    if text.lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise UsageError(f"{TIMEOUT_VARIABLE}={text!r}: expected a number of seconds above 0, or 'none'")
-    return value
-
-
-def worker_environment() -> dict[str, str]:
-    """The environment of a process run in another environment on this one's behalf: this source tree
-    first on its path, and marked as such (``WORKER_VARIABLE``: it never sends work on again)."""
-    path = os.pathsep.join([str(SOURCE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return {**os.environ, "PYTHONPATH": path, WORKER_VARIABLE: "1"}
-
-
-class Worker:
-    """One worker process: a JSON request per line on its stdin, a JSON reply per line on its stdout
-    (``{"alive": true}`` lines while it works), arrays in files of a private directory. Every exchange is
-    bounded: in time (``worker_timeout``, and ``SILENCE_S`` without a sign of life), in size (a reply
-    line, the arrays its files hold, the end of its stderr kept for messages) and in kind (regular
-    files). A worker that fails any bound, dies, or is interrupted (Ctrl-C) is stopped and its directory
-    removed; every later request is refused at once, saying why."""
-
-    def __init__(self, python: Path) -> None:
-        self.python = python
-        self.timeout = worker_timeout()
-        self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-worker-")
-        heartbeat = str(HEARTBEAT_S if self.timeout is None else min(HEARTBEAT_S, self.timeout / 4))
-        self.process = subprocess.Popen(
-            [str(python), "-m", "bert_multi.backend.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**worker_environment(), HEARTBEAT_VARIABLE: heartbeat},
-        )
-        assert self.process.stdout is not None and self.process.stderr is not None
-        self.stopped: str | None = None  # why the worker was stopped, once it is
-        self.pending = b""  # what the worker wrote past the last reply line read
-        self.stderr_tail: collections.deque[bytes] = collections.deque()
-        self.stderr_reader = threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True)
-        self.stderr_reader.start()
-        self.lock = threading.Lock()
-        self.files = itertools.count()
-        atexit.register(self.close)
-
-    def path(self, kind: str) -> Path:
-        """A new file name in the worker's directory."""
-        return Path(self.directory.name) / f"{kind}-{next(self.files)}.npz"
-
-    def exchange(
-        self, op: str, sent: dict[str, dict[str, np.ndarray]], received: bool, **arguments: Any
-    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """``call`` with arrays: each of ``sent`` written to a file named by that argument, and, if
-        ``received``, the arrays the worker writes to the file named by ``out``; the files removed after."""
-        paths = {argument: self.path(argument) for argument in sent}
-        if received:
-            paths["out"] = self.path("out")
-        try:
-            for argument, arrays in sent.items():
-                np.savez(paths[argument], **arrays)
-            reply = self.call(op, **arguments, **{argument: str(path) for argument, path in paths.items()})
-            if not received:
-                return reply, {}
-            try:
-                return reply, read_arrays(paths["out"])
-            except DamagedFile as error:
-                raise self.failure(f"its reply to {op!r} is damaged: {error}") from None
-        finally:
-            for path in paths.values():
-                path.unlink(missing_ok=True)
-
-    def call(self, op: str, **arguments: Any) -> dict[str, Any]:
-        """Send one request and return its reply; the worker's exception raised here as the same
-        bert_multi exception, or a ``RemoteFailure`` with its traceback."""
-        with self.lock:
-            if self.stopped:
-                raise RemoteFailure(f"the worker ({self.python}) was stopped: {self.stopped}")
-            try:
-                reply = self._request(op, json.dumps({"op": op, **arguments}).encode() + b"\n")
-            except BaseException as error:  # Ctrl-C or a failure: the worker's state is unknown, so it goes
-                self.stop(f"interrupted while running {op!r}" if isinstance(error, KeyboardInterrupt) else str(error))
-                raise
-        if reply.get("ok") is True:
-            return reply
-        if reply.get("ok") is False:
-            raise _exception(reply)
-        raise self.failure(f"its reply to {op!r} is not one: {str(reply)[:200]}")
-
-    def failure(self, what: str) -> RemoteFailure:
-        """A ``RemoteFailure`` naming the worker; the worker, no longer trusted, is stopped."""
-        error = RemoteFailure(f"the worker ({self.python}) failed: {what}")
-        self.stop(what)
-        return error
-
-    def _request(self, op: str, line: bytes) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        try:
-            self.process.stdin.write(line)
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise RemoteFailure(self._ended()) from None
-        started = last_sign = time.monotonic()
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            while True:
-                while b"\n" in self.pending:
-                    text, self.pending = self.pending.split(b"\n", 1)
-                    try:
-                        message = json.loads(text)
-                    except ValueError:
-                        raise RemoteFailure(
-                            f"the worker ({self.python}) sent a line that is not JSON in reply to {op!r}: "
-                            f"{text[:200]!r}"
-                        ) from None
-                    if not isinstance(message, dict):
-                        raise RemoteFailure(f"the worker ({self.python}) sent {str(message)[:200]} in reply to {op!r}")
-                    if message.get("alive") is not True:
-                        return message
-                    last_sign = time.monotonic()
-                if len(self.pending) > MAX_REPLY_LINE_BYTES:
-                    raise RemoteFailure(
-                        f"the worker ({self.python}) sent a reply to {op!r} of over {MAX_REPLY_LINE_BYTES} bytes"
-                    )
-                now = time.monotonic()
-                waits = [last_sign + SILENCE_S - now]
-                if self.timeout is not None:
-                    waits.append(started + self.timeout - now)
-                if min(waits) <= 0:
-                    raise RemoteFailure(self._overdue(op, now - started, now - last_sign))
-                if selector.select(min(waits)):
-                    chunk = os.read(self.process.stdout.fileno(), 1 << 16)
-                    if not chunk:
-                        raise RemoteFailure(self._ended())
-                    self.pending += chunk
-
-    def _overdue(self, op: str, running: float, silent: float) -> str:
-        if silent >= SILENCE_S:
-            return f"the worker ({self.python}) said nothing for {silent:.0f} s while running {op!r}; it was stopped"
-        return (
-            f"the worker ({self.python}) took over {self.timeout:g} s to run {op!r} ({TIMEOUT_VARIABLE}); "
-            "it was stopped"
-        )
-
-    def _ended(self) -> str:
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self.stderr_reader.join(timeout=5)
-        return f"the worker ({self.python}) ended: {self._log_tail()}"
-
-    def _drain(self, stream: Any) -> None:
-        """Keep the last ``STDERR_TAIL_BYTES`` the worker writes to stderr (it may write without end)."""
-        kept = 0
-        for chunk in iter(lambda: stream.read1(1 << 16), b""):
-            self.stderr_tail.append(chunk)
-            kept += len(chunk)
-            while kept - len(self.stderr_tail[0]) >= STDERR_TAIL_BYTES:
-                kept -= len(self.stderr_tail.popleft())
-
-    def drop(self, model: int) -> None:
-        """Forget a model the worker holds (its memory is freed there)."""
-        if self.process.poll() is None and not self.stopped:
-            try:
-                self.call("drop", model=model)
-            except RemoteFailure:
-                pass
-
-    def stop(self, why: str) -> None:
-        """End the worker now and remove its directory; later requests are refused, saying ``why``."""
-        self.stopped = self.stopped or why
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.directory.cleanup()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                assert self.process.stdin is not None
-                self.process.stdin.close()  # end of requests: the worker exits
-                self.process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
-        self.stopped = self.stopped or "it was closed"
-        self.directory.cleanup()
-
-    def _log_tail(self) -> str:
-        """The last lines of the worker's stderr, each cut short, or how it ended."""
-        text = b"".join(self.stderr_tail)[-STDERR_TAIL_BYTES:].decode(errors="replace")
-        lines = [line if len(line) <= 300 else line[:300] + " ..." for line in text.strip().splitlines()[-3:]]
-        return " / ".join(lines) or f"exit code {self.process.returncode}, nothing on stderr"
-
-
-def _exception(reply: dict[str, Any]) -> Exception:
-    """The exception a worker's error reply stands for: bert_multi's own class where it is one."""
-    kind, message = str(reply.get("type")), str(reply.get("message"))
-    return errors.carried(kind, message) or RemoteFailure(
-        f"{kind}: {message}\nin the worker:\n{reply.get('traceback', '')}"
-    )
 
 
 class RemoteBackend:

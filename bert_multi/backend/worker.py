@@ -20,10 +20,10 @@ import numpy as np
 
 from ..spec.config import BERTConfig
 from ..spec.loss import BatchTotals
+from .channel import HEARTBEAT_VARIABLE, read_arrays
 from .contract import BackendModel
 from .memory import release_memory
 from .registry import LoadedBackend, load_backend
-from .remote import HEARTBEAT_VARIABLE, read_arrays
 
 
 class Session:

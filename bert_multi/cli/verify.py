@@ -9,8 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from ..backend.channel import WORKER_VARIABLE, worker_environment
 from ..backend.registry import environment_for
-from ..backend.remote import WORKER_VARIABLE, worker_environment
 from ..display import ProgressBar, format_table
 from ..errors import UserCodeError
 from ..files.safe import replace_text

@@ -21,13 +21,6 @@ def check_optimizer_state(
     each with its partner, of its parameter's shape and dtype, finite (SGD keeps none), and, where
     ``complete`` (Adam after a step, ``adam_stepped``), those of every parameter; else a ``WeightsError``:
     a resumed run must be the uninterrupted one, not one with made-up or forgotten moments."""
-    if complete:
-        missing = [name for name in weights if f"m.{name}" not in optimizer]
-        if missing:
-            raise WeightsError(
-                f"the optimizer state has no Adam moments for {len(missing)} of the {len(weights)} parameters "
-                f"({missing[0]!r} first); after a step Adam holds both moments of every parameter"
-            )
     for key, array in optimizer.items():
         kind, _, name = key.partition(".")
         if kind not in ("m", "v") or name not in weights:
@@ -43,3 +36,10 @@ def check_optimizer_state(
             )
         if not all_finite(array) or (kind == "v" and array.size and array.min() < 0):
             raise WeightsError(f"optimizer array {key!r} holds non-finite values or, as a second moment, negative ones")
+    if complete:
+        missing = [name for name in weights if f"m.{name}" not in optimizer]
+        if missing:
+            raise WeightsError(
+                f"the optimizer state has no Adam moments for {len(missing)} of the {len(weights)} parameters "
+                f"({missing[0]!r} first); after a step Adam holds both moments of every parameter"
+            )

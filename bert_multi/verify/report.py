@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..backend.contract import intermediate_names
 from ..backend.registry import label_of
-from ..display import format_table, save_figure
+from ..display import format_table
+from ..files.safe import replace_file
 from ..spec.schema import SUPPORTED_DTYPES
 from .compare import Comparison
 from .results import OUTPUT_NAMES, Check, Report
@@ -235,3 +237,15 @@ def plot_training(runs: Sequence, path: str | Path) -> Path:
     path = Path(path)
     save_figure(fig, path, dpi=110)
     return path
+
+
+def save_figure(figure: Any, path: str | Path, dpi: int) -> None:
+    """A matplotlib figure saved to ``path`` in the format its suffix names, replacing any earlier file
+    whole or not at all; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        replace_file(path, lambda file: figure.savefig(file, format=path.suffix.lstrip(".") or "png", dpi=dpi))
+    finally:
+        plt.close(figure)
