@@ -224,16 +224,20 @@ def test_any_params_record_loads_or_is_a_weights_error(
 # --- Writes: nothing earlier is lost, and a failure is one line -------------------------------------------
 
 
-def _under_a_file_size_limit(limit):
-    """For a child process: writes past ``limit`` bytes fail with EFBIG (Python ignores SIGXFSZ)."""
-    import resource
+def under_a_file_size_limit(limit, *command):
+    """``command`` (Python's arguments) run by a Python whose writes past ``limit`` bytes fail with EFBIG
+    (Python ignores SIGXFSZ): the limit is set before it execs, not in a fork of this threaded process."""
+    import sys
 
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    setup = (
+        f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+    return [sys.executable, "-c", setup, *command]
 
 
 def test_a_conversion_past_a_file_size_limit_keeps_the_earlier_file_and_says_so_in_one_line(tmp_path):
     import subprocess
-    import sys
 
     from bert_multi import BERTConfig, random_weights, save_weights
 
@@ -241,13 +245,8 @@ def test_a_conversion_past_a_file_size_limit_keeps_the_earlier_file_and_says_so_
     save_weights(tmp_path / "w.npz", config, random_weights(config))
     earlier = b"an earlier file, kept whole"
     (tmp_path / "out.msgpack").write_bytes(earlier)
-    done = subprocess.run(
-        [sys.executable, "-m", "bert_multi.cli", "convert", str(tmp_path / "w.npz"), str(tmp_path / "out.msgpack")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=_under_a_file_size_limit(4096),
-    )
+    command = ["-m", "bert_multi.cli", "convert", str(tmp_path / "w.npz"), str(tmp_path / "out.msgpack")]
+    done = subprocess.run(under_a_file_size_limit(4096, *command), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == (
         f"bert-multi: error: [Errno 27] File too large, writing it (any earlier file is kept): "
@@ -260,7 +259,6 @@ def test_a_conversion_past_a_file_size_limit_keeps_the_earlier_file_and_says_so_
 def test_notebooks_past_a_file_size_limit_leave_the_earlier_ones_whole(tmp_path):
     """``lessons --notebooks`` into a directory of earlier notebooks, each write cut off by the limit."""
     import subprocess
-    import sys
 
     code = (
         "import sys\n"
@@ -277,11 +275,7 @@ def test_notebooks_past_a_file_size_limit_leave_the_earlier_ones_whole(tmp_path)
     for name in names:
         (tmp_path / name).write_text(earlier)
     done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=_under_a_file_size_limit(1024),
+        under_a_file_size_limit(1024, "-c", code, str(tmp_path)), capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert "File too large, writing it (any earlier file is kept)" in done.stdout and names[0] in done.stdout
