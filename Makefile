@@ -28,12 +28,15 @@ docs: venv $(VENV_NUMPY2)/.installed $(VENV_DOCS)/.installed
 	$(BIN)/python -m bert_multi.tools.site build/docs/guide.md
 	$(VENV_DOCS)/bin/sphinx-build -q -E -W --keep-going -b html -d build/docs/doctrees docs site
 
-# Under `make test` the site's tests fail, rather than skip, where the site is not built.
+# Under `make test` the site's tests fail, rather than skip, where the site is not built. Every process
+# of the run (both environments' tests, their workers, the samples they run) shares one compilation
+# cache, kept beside the build.
+TEST_CACHE := BERT_MULTI_CACHE_DIR=$(CURDIR)/build/compile-cache
 test-main: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 $(BIN)/python -m pytest
+	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(BIN)/python -m pytest
 
 test-numpy2: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
+	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
 
 # A longer hunt for hostile files than the test suite's (12 s per reader): FUZZ_SECONDS per reader.
 FUZZ_SECONDS ?= 300
@@ -65,4 +68,4 @@ $(VENV_DOCS)/.installed: requirements-docs.lock
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(VENV_NUMPY2) $(VENV_DOCS) site build/docs .pytest_cache .hypothesis *.egg-info fuzz-out gpu-run
+	rm -rf $(VENV) $(VENV_NUMPY2) $(VENV_DOCS) site build/docs build/compile-cache .pytest_cache .hypothesis *.egg-info fuzz-out gpu-run

@@ -13,7 +13,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bert_multi"
 LAYERS = [
     # files.safe (reading hostile files, writing atomically) needs nothing of bert_multi: every layer reads
     # and writes files through it.
-    ("base", ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display", "bert_multi.files.safe")),
+    (
+        "base",
+        ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display", "bert_multi.cache", "bert_multi.files.safe"),
+    ),
     ("spec", ("bert_multi.spec",)),
     ("backend", ("bert_multi.backend",)),
     ("files", ("bert_multi.files",)),

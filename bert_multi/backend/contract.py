@@ -63,6 +63,10 @@ ROLES = {
 }
 
 
+# What a run asks of a backend, for ``prepare``: (max_len of the model, the batches it runs) per group.
+CaseGroups = list[tuple[int, list[Mapping[str, "np.ndarray | None"]]]]
+
+
 class Backend(Protocol):
     """The backend contract. Required: ``NAME`` and ``build``. Optional, each with the default that
     ``LoadedBackend`` gives when a backend leaves it out:
@@ -88,6 +92,10 @@ class Backend(Protocol):
       product as its dense layers compute one, and waiting for queued work (default: NumPy's product,
       and nothing to wait for); ``BENCH_VARIANTS``: {name: build options} that ``bench`` also times
       (default none; a build that takes ``compile`` is timed compiled too).
+    - ``prepare(config, groups, dtypes, device)``: compile ahead the forward a conformance run will ask
+      for, each group a (max_len, batches) pair, so that the run's models find it compiled; the engine
+      calls it on a thread of its own at the start of a run, beside the other backends' work (default:
+      nothing to compile ahead).
     """
 
     NAME: str

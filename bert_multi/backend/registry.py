@@ -32,7 +32,7 @@ from ..errors import BackendContractError, BackendUnavailable, CannotRunHere, Us
 from ..spec.config import BERTConfig
 from ..spec.schema import normalize_dtype
 from . import remote
-from .contract import BUILD_OPTIONS, ROLES, BackendModel, check_mixed_precision_option, parse_device
+from .contract import BUILD_OPTIONS, ROLES, BackendModel, CaseGroups, check_mixed_precision_option, parse_device
 from .registrations import BUILTIN, Registration
 
 ENTRY_POINT_GROUP = "bert_multi.backends"
@@ -323,6 +323,13 @@ class LoadedBackend:
                 f"backend {self.name!r}'s build returned {type(model).__name__}, not a bert_multi BackendModel"
             )
         return model
+
+    def prepare(self, config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: str) -> None:
+        """Compile ahead what a run will ask for (the contract's ``prepare``); nothing for a backend that
+        does not compile, or does not say how."""
+        prepare = getattr(self.module, "prepare", None)
+        if callable(prepare):
+            prepare(config, groups, dtypes, device)
 
     def takes(self, option: str) -> bool:
         """Whether its ``build`` takes ``option`` (a backend without ``compile`` runs as it always does)."""

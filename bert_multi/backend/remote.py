@@ -33,7 +33,7 @@ from ..spec.loss import BatchTotals, LossValues, check_batch
 from ..spec.optimizer import check_optimizer_state
 from ..spec.schema import param_shapes, validate_weights
 from .channel import SOURCE_ROOT, WORKER_VARIABLE, RemoteFailure, Worker
-from .contract import BackendModel, BERTOutput, parse_device, read_only
+from .contract import BackendModel, BERTOutput, CaseGroups, parse_device, read_only
 
 _chosen: dict[str, str] = {}
 
@@ -103,6 +103,8 @@ class RemoteBackend:
         self._devices: list[str] = described["devices"]
         if described["checkpoints"]:  # its framework's own files, written and read there
             self.save_checkpoint, self.read_checkpoint = self._save_checkpoint, self._read_checkpoint
+        if described.get("prepares"):  # it compiles ahead, while this process works on other backends
+            self.prepare = self._prepare
         if described["trains"]:  # a Pretrainer that offers what the worker's does
             offers = {"MIXED_PRECISION": tuple(described["mixed_precisions"])}
             self.Pretrainer = type("RemoteTrainer", (RemoteTrainer,), offers)
@@ -126,6 +128,21 @@ class RemoteBackend:
             "build", {"weights": weights}, False, config=config.to_dict(), device=device, dtype=dtype, options=options
         )
         return RemoteModel(self, config, reply)
+
+    def _prepare(self, config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: str) -> None:
+        """The worker's ``prepare``: the batches go as one file, and how they group as the request's layout."""
+        arrays: dict[str, np.ndarray] = {}
+        layout: list[Any] = []
+        for g, (max_len, batches) in enumerate(groups):
+            fields = []
+            for b, batch in enumerate(batches):
+                given = {field: array for field, array in batch.items() if array is not None}
+                fields.append(list(given))
+                arrays.update({f"{g}/{b}/{field}": array for field, array in given.items()})
+            layout.append([max_len, fields])
+        self.worker.exchange(
+            "prepare", {"inputs": arrays}, False, config=config.to_dict(), layout=layout, dtypes=dtypes, device=device
+        )
 
     def train_data_parallel(self, workers: int, threads_per_worker: int = 1, **arguments: Any) -> Any:
         raise self._in_its_environment(f"--workers {workers}")

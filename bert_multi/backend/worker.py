@@ -21,7 +21,7 @@ import numpy as np
 from ..spec.config import BERTConfig
 from ..spec.loss import BatchTotals
 from .channel import HEARTBEAT_VARIABLE, read_arrays
-from .contract import BackendModel
+from .contract import BackendModel, CaseGroups
 from .memory import release_memory
 from .registry import LoadedBackend, load_backend
 
@@ -44,6 +44,7 @@ class Session:
         files = all(callable(getattr(self.backend.module, own, None)) for own in ("save_checkpoint", "read_checkpoint"))
         return {
             "checkpoints": files,
+            "prepares": callable(getattr(self.backend.module, "prepare", None)),
             "trains": self.backend.can_train,
             "mixed_precisions": list(self.backend.mixed_precisions),
             "role": self.backend.role,
@@ -57,6 +58,18 @@ class Session:
 
     def kernel_eps(self, eps: float) -> dict[str, Any]:
         return {"eps": self._loaded().kernel_eps(eps)}
+
+    def prepare(
+        self, config: dict[str, Any], inputs: str, layout: list[Any], dtypes: list[str], device: str
+    ) -> dict[str, Any]:
+        arrays = read_arrays(inputs)
+        groups: CaseGroups = [
+            (int(max_len), [{name: arrays[f"{g}/{b}/{name}"] for name in names} for b, names in enumerate(batches)])
+            for g, (max_len, batches) in enumerate(layout)
+        ]
+        self._loaded().prepare(BERTConfig.from_dict(config), groups, dtypes, device)
+        release_memory()
+        return {}
 
     def build(
         self, config: dict[str, Any], weights: str, device: str, dtype: str | None, options: dict[str, Any]
@@ -137,6 +150,7 @@ class Session:
 
 OPERATIONS = (
     "load",
+    "prepare",
     "supports",
     "kernel_eps",
     "build",

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from ..backend.registry import share_the_process
+from ..cache import CACHE_VARIABLE, cache_root, turn_off
 from ..display import printable_output
 from ..errors import (
     BackendContractError,
@@ -31,7 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
-        command.add_parser(sub).set_defaults(func=command.run)
+        own = command.add_parser(sub)
+        own.set_defaults(func=command.run)
+        own.add_argument(
+            "--no-cache",
+            action="store_true",
+            help=f"compile without the frameworks' compilation cache (default: kept in {cache_root() or 'none'}; "
+            f"{CACHE_VARIABLE} names another directory, or none)",
+        )
     return parser
 
 
@@ -46,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     anything else shows its traceback, as the bug it is."""
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a command run again elsewhere is run as given
+    if args.no_cache:
+        turn_off()  # for this process and every one it starts
     share_the_process()  # a command may run several frameworks, on one GPU
     with printable_output():  # names from files reach the terminal as text, never as its commands
         return _run(args)

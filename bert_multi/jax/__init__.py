@@ -16,6 +16,7 @@ from .backend import (
     kernel_eps,
     load_checkpoint,
     precision,
+    prepare,
     read_checkpoint,
     save_checkpoint,
     synchronize,

@@ -7,6 +7,7 @@ Parallel to ``bert_multi/torch/backend.py`` and ``bert_multi/mxnet/backend.py``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections import OrderedDict
@@ -20,6 +21,7 @@ import numpy as np
 from ..backend.contract import (
     BackendModel,
     BERTOutput,
+    CaseGroups,
     Device,
     framework_names,
     intermediate_names,
@@ -29,15 +31,35 @@ from ..backend.contract import (
     shareable,
     stream_weights,
 )
+from ..cache import MAX_CACHE_BYTES, cache_for, described
 from ..errors import CannotRunHere
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
 from ..files.formats import flax as flax_format
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
+from ..spec.schema import param_shapes
 from .model import BERTModel
 
 NAME = "jax"
+
+
+def use_the_compilation_cache() -> None:
+    """JAX's persistent compilation cache in bert_multi's cache directory (``bert_multi.cache``), unless
+    JAX was given one already (a user's own setting stays theirs) or caching is off. Every compilation
+    is kept (ours take 0.1 to 2 s each: JAX's default keeps those over 1 s), up to MAX_CACHE_BYTES, least
+    recently used out first under a file lock, so processes share it. Set before anything compiles, as
+    JAX opens its cache at the first compilation."""
+    directory = cache_for(NAME)
+    if jax.config.jax_compilation_cache_dir or directory is None:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
+
+
+use_the_compilation_cache()
 
 
 def kernel_eps(eps: float) -> float:
@@ -191,10 +213,24 @@ class JaxBERT(BackendModel):
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
         info["threads"] = xla_threads()
+        info["compilation cache"] = described(jax.config.jax_compilation_cache_dir)
         info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
         if self.device.kind == "gpu":
             info["gpu"] = self.place.device_kind
         return info
+
+
+def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: str = "cpu") -> None:
+    """Compile ahead the forward with activations that a conformance run asks for: a model of each dtype
+    and group's max_len, of zeros, run once on each of the group's batches. ``apply`` is shared by every
+    model of a module, so the run's own models find their shapes compiled; one model is held at a time."""
+    for dtype in dtypes:
+        for max_len, batches in groups:
+            cut = dataclasses.replace(config, max_len=max_len)
+            model = build(cut, {n: np.zeros(shape, dtype) for n, shape in param_shapes(cut).items()}, device, dtype)
+            for batch in batches:
+                model(**batch, intermediates=True)
+            del model
 
 
 def xla_threads() -> int:

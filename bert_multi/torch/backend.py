@@ -31,6 +31,7 @@ from ..backend.contract import (
     shareable,
     stream_weights,
 )
+from ..cache import cache_for, described
 from ..errors import CannotRunHere, WeightsError
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
@@ -189,6 +190,8 @@ class TorchBERT(BackendModel):
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"torch {torch.__version__}", "threads": torch.get_num_threads()}
         info["compiled"] = self.compiled is not None
+        if self.compiled is not None:
+            info["compilation cache"] = described(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
         info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
         if self.device.kind == "gpu":
             properties = torch.cuda.get_device_properties(self.device.index)
@@ -451,5 +454,7 @@ def build(
     module.requires_grad_(gradients)
     # fullgraph: a graph break would run part of the model eagerly, and a forward past the recompile
     # limit all of it, both silently; with fullgraph either is an error.
+    if compile and cache_for(NAME) is not None:  # Inductor's cache, in bert_multi's unless one is set
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_for(NAME)))
     compiled = torch.compile(module, fullgraph=True) if compile else None
     return TorchBERT(config, module, dtype, target, torch_device, tf32, compiled, mixed_precision)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -138,6 +139,7 @@ class _Run:
         self.references: dict[float, dict[int, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
         self.results: dict[Target, dict[int, BERTOutput]] = {}  # target -> case -> its outputs
         self.keyed_checks: list[tuple[tuple[int, ...], Check]] = []  # keyed to sort into the order asked for
+        self.eps: dict[Target, float] = {}  # each target's LayerNorm eps, as its framework computes it
         self.done = 0
         self.during = "loading its backend"  # what the engine is doing, for a RunError
         for target in targets:
@@ -161,6 +163,36 @@ class _Run:
         return False
 
     def all(self) -> Report:
+        self.during = "asking its LayerNorm eps"
+        for target in list(self.backends):  # asked once, before a worker is busy compiling ahead
+            self.attempt(target, self.kernel_eps, target)
+        preparing = self.prepare()
+        try:
+            return self.scheduled()
+        finally:
+            for thread in preparing:  # none outlives the run (a worker's channel would wait on it)
+                thread.join()
+
+    def prepare(self) -> list[threading.Thread]:
+        """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
+        dtypes and devices asked of it, while the schedule runs the others: a backend in another
+        environment's worker compiles there in parallel, so a run costs nearer the longest framework than
+        the sum. It builds one model at a time, of zeros, wherever the backend runs; its failures are not
+        the run's (the run's own models meet them, and report them)."""
+        groups = [(max_len, [self.cases[index].batch for index in indices]) for max_len, indices in self.groups.items()]
+        asked: dict[tuple[str, str], list[str]] = {}  # (backend, device) -> its dtypes
+        for target in self.backends:
+            asked.setdefault((target.backend, target.device), []).append(target.dtype)
+        threads = []
+        for (name, device), dtypes in asked.items():
+            backend = next(loaded for target, loaded in self.backends.items() if target.backend == name)
+            if callable(getattr(backend.module, "prepare", None)):
+                work = (backend.prepare, self.config, groups, dtypes, device)
+                threads.append(threading.Thread(target=_quietly, args=work, daemon=True))
+                threads[-1].start()
+        return threads
+
+    def scheduled(self) -> Report:
         # The oracle's outputs first, so that the float64 weights need not be held after (from a source).
         weights = self.weights_in("float64")
         self.during = "computing the oracle's outputs at its LayerNorm eps"
@@ -309,8 +341,10 @@ class _Run:
             del oracle
 
     def kernel_eps(self, target: Target) -> float:
-        """The LayerNorm eps ``target``'s framework computes with, for the config's."""
-        return self.backends[target].kernel_eps(self.config.semantics.layer_norm_eps)
+        """The LayerNorm eps ``target``'s framework computes with, for the config's (asked once)."""
+        if target not in self.eps:
+            self.eps[target] = self.backends[target].kernel_eps(self.config.semantics.layer_norm_eps)
+        return self.eps[target]
 
     def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
         if self.progress:
@@ -335,6 +369,14 @@ class _Run:
     ) -> None:
         outputs = compare_outputs(out, expected, tolerance, recorded)
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
+
+
+def _quietly(work: Callable[..., object], *arguments: Any) -> None:
+    """``work(*arguments)``, its failure left for the work that follows to meet and report."""
+    try:
+        work(*arguments)
+    except Exception:  # noqa: BLE001, S110 - compiling ahead is an optimization; the run reports failures
+        pass
 
 
 def _describe_exception(error: BaseException) -> str:
