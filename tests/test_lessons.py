@@ -84,7 +84,7 @@ def test_the_lessons_command_lists_and_runs_a_section(capsys):
 def test_a_section_is_found_by_a_word_of_its_title_and_several_matches_are_listed(capsys, monkeypatch):
     from bert_multi.cli import lessons as command
 
-    monkeypatch.setattr(command, "run_samples", lambda section: {})  # what is chosen, not what runs
+    monkeypatch.setattr(command, "run_samples", lambda sections: {})  # what is chosen, not what runs
     assert main(["lessons", "repeat"]) == 0
     assert capsys.readouterr().out.startswith("5. repeat means opposite things\n")
     assert main(["lessons", "optimizer"]) == 2

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import shutil
+import sys
 import textwrap
 
-from ..backend.registry import backends, label_of
-from ..display import ProgressBar
+from ..backend.registry import label_of
 from ..errors import UsageError
 from ..tools import lessons, notebooks
 
@@ -54,33 +54,32 @@ def run(args: argparse.Namespace) -> int:
         print("\nbert-multi lessons N (or a word of a title) shows a section, --all every one; the guide is")
         print(f"{lessons.GUIDE}")
         return 0
+    printed = run_samples(chosen)
     width = shutil.get_terminal_size((100, 24)).columns
     for index, section in enumerate(chosen):
         if index:
             print()
-        print(render(section, run_samples(section), width))
+        print(render(section, printed, width))
     return 0
 
 
+def _told(line: str) -> None:
+    """A line of progress, on standard error: what a long run has done so far."""
+    print(f"lessons: {line}", file=sys.stderr, flush=True)
+
+
 def write_all(sections: list[lessons.Section], directory: str) -> int:
-    """The notebooks of ``sections`` in ``directory``, with a progress bar: each runs its samples."""
-    plan = [(section, entry) for section in sections for entry in notebooks.notebook_plan(section)]
-    bar = ProgressBar()
-    done = 0
-
-    def runner(samples: list[lessons.Sample]) -> list[lessons.Outcome]:
-        nonlocal done
-        done += 1
-        bar(done, len(plan), "running the samples")
-        status = backends()[samples[0].framework]
-        if not status.available:
-            raise UsageError(f"the {samples[0].framework} samples cannot run here: {status.reason}")
-        return lessons.run(samples)
-
-    try:
-        written = notebooks.write_notebooks(sections, directory, runner)
-    finally:
-        bar.close()
+    """The notebooks of ``sections`` in ``directory``: every sample run first (one child per framework,
+    side by side), then a notebook at a time from what they printed, each said as it is written."""
+    ran = lessons.run_every(sections, _told)
+    unavailable = {framework: why for framework, why in ran.items() if isinstance(why, str)}
+    if unavailable:
+        framework, why = next(iter(unavailable.items()))
+        raise UsageError(f"the {framework} samples cannot run here: {why}")
+    outcomes = {
+        outcome.sample.line: outcome for found in ran.values() if not isinstance(found, str) for outcome in found
+    }
+    written = notebooks.write_notebooks(sections, directory, lambda samples: [outcomes[s.line] for s in samples])
     print(f"{len(written)} notebooks written to {directory}")
     return 0
 
@@ -101,17 +100,16 @@ def find_section(sections: list[lessons.Section], asked: str) -> lessons.Section
     raise UsageError(f"{len(found)} sections have {asked!r} in their titles; name one by its number:{listed}")
 
 
-def run_samples(section: lessons.Section) -> dict[int, str]:
-    """What each sample of ``section`` printed here, by its line in the guide; for a framework that cannot
-    run here, why not."""
-    status = backends()
+def run_samples(sections: list[lessons.Section]) -> dict[int, str]:
+    """What each sample of ``sections`` printed here, by its line in the guide; for a framework that cannot
+    run here, why not. Every framework's samples run at once, side by side."""
     printed: dict[int, str] = {}
-    for framework in dict.fromkeys(sample.framework for sample in section.samples):
-        samples = [sample for sample in section.samples if sample.framework == framework]
-        if not status[framework].available:
-            printed.update({sample.line: f"(not run here: {status[framework].reason})" for sample in samples})
+    for framework, ran in lessons.run_every(sections, _told if len(sections) > 1 else lambda line: None).items():
+        if isinstance(ran, str):
+            samples = [sample for section in sections for sample in section.samples if sample.framework == framework]
+            printed.update({sample.line: f"({ran})" for sample in samples})
             continue
-        for outcome in lessons.run(samples):
+        for outcome in ran:
             shown = outcome.printed.rstrip()
             if not outcome.as_written:  # another version of the framework than the guide's
                 shown += "\n(the guide shows otherwise:\n" + outcome.sample.expected.rstrip() + ")"

@@ -50,6 +50,7 @@ __all__ = [
     "kernel_eps",
     "load_checkpoint",
     "precision",
+    "prepare",
     "read_checkpoint",
     "save_checkpoint",
     "synchronize",

@@ -9,16 +9,18 @@ process of its own. ``check`` compares what they print with what the guide says 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backend.registry import frameworks, load_backend
+from ..backend.registry import backends, frameworks, label_of, load_backend
 from ..errors import UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
@@ -161,6 +163,35 @@ def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
         raise RuntimeError(f"the samples' Python failed (exit {child.returncode}): {child.stderr[-2000:]}")
     printed = json.loads(child.stdout.strip().splitlines()[-1])
     return [Outcome(sample, text) for sample, text in zip(samples, printed)]
+
+
+def run_every(
+    sections: list[Section], told: Callable[[str], None] = lambda line: None
+) -> dict[str, list[Outcome] | str]:
+    """Every sample of ``sections`` run, one child per framework, the frameworks side by side (each child
+    computes on its own, so the whole costs the slowest framework, not the sum); a line to ``told`` as
+    each framework finishes. Framework -> its outcomes, or why it cannot run here."""
+    status = backends()
+    wanted = dict.fromkeys(sample.framework for section in sections for sample in section.samples)
+    results: dict[str, list[Outcome] | str] = {
+        framework: f"not run here: {status[framework].reason}"
+        for framework in wanted
+        if not status[framework].available
+    }
+    runnable = [framework for framework in wanted if framework not in results]
+
+    def one(framework: str) -> tuple[str, list[Outcome], float]:
+        started = time.perf_counter()
+        samples = [sample for section in sections for sample in section.samples if sample.framework == framework]
+        return framework, run(samples), time.perf_counter() - started
+
+    with concurrent.futures.ThreadPoolExecutor(max(len(runnable), 1)) as pool:
+        running = [pool.submit(one, framework) for framework in runnable]
+        for finished in concurrent.futures.as_completed(running):
+            framework, outcomes, seconds = finished.result()
+            told(f"ran the {len(outcomes)} {label_of(framework)} samples ({seconds:.1f} s)")
+            results[framework] = outcomes
+    return results
 
 
 def check(sections: list[Section], only: Sequence[str] | None = None) -> list[Outcome]:
