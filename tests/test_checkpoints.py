@@ -331,3 +331,25 @@ def test_convert_check_runs_the_written_file_and_says_in_one_sentence_what_it_pr
         f"{tmp_path / 'bad.npz'} does NOT compute what {tmp_path / 'old.npz'} computes: the float64 oracle's "
         "outputs on them differ by up to 1.0e-03"
     ) in capsys.readouterr().out
+
+
+def test_what_a_file_fits_is_said_in_its_own_frameworks_terms(tmp_path):
+    """d2l published the 0.12 - 0.15 generation for MXNet only: a Gluon file fits "d2l 0.12 - 0.15
+    (MXNet)", and a PyTorch or Flax file of the same names fits that generation's computation, ported."""
+    from bert_multi import BERTConfig, inspect_checkpoint, random_weights, save_checkpoint
+
+    config = BERTConfig(11, 4, 6, 2, 1, max_len=6)
+    weights = random_weights(config)
+    said = {}
+    for framework, suffix in (("mxnet", "params"), ("jax", "msgpack")):
+        path = tmp_path / f"w.{suffix}"
+        try:
+            save_checkpoint(path, config, weights, framework=framework)
+        except Exception as error:  # noqa: BLE001 - MXNet's file is written by MXNet, in its environment
+            pytest.skip(f"cannot write a {framework} file here: {error}")
+        said[framework] = inspect_checkpoint(path).describe()
+    assert "d2l-0.12 (d2l 0.12 - 0.15 (MXNet))" in said["mxnet"]
+    assert (
+        "d2l-0.12 (d2l 0.12 - 0.15's computation, ported: d2l published that generation for MXNet only)" in said["jax"]
+    )
+    assert "(MXNet)" not in said["jax"]

@@ -4,6 +4,7 @@ the sinusoidal table, the unbiased attention and the NSP head of d2l 0.11, and t
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -171,12 +172,31 @@ def test_a_d2l_version_picks_its_preset(version, preset):
 def test_unknown_presets_and_versions_are_explained():
     with pytest.raises(ValueError, match="unknown preset 'bert-large'"):
         semantics_for("bert-large")
-    with pytest.raises(ValueError, match="d2l 0.10 has no BERT chapter"):
+    with pytest.raises(ValueError, match=r"d2l 0.10.1 is no release with BERT's chapter \(never released, or before"):
         semantics_for("0.10.1")
     with pytest.raises(ValueError, match="unknown preset 'd2l-one'"):
         semantics_for("d2l-one")
     with pytest.raises(ValueError, match="Semantics.positions is 'rotary'"):
         Semantics(positions="rotary")
+
+
+@pytest.mark.parametrize("version", ["0.18", "0.99", "1.5", "1.0.4", "0.13.3", "0.14.4.1", "2.0"])
+def test_a_version_d2l_never_released_is_refused_naming_what_each_generation_covers(version):
+    with pytest.raises(ValueError, match=f"d2l {re.escape(version)} is no release with BERT's chapter") as caught:
+        semantics_for(version)
+    assert str(caught.value).endswith(
+        "the releases with BERT's chapter are 0.11.0 - 0.11.4 (preset d2l-0.11), 0.12.0 - 0.15.1 (preset "
+        "d2l-0.12), 0.16.0 - 1.0.3 (preset d2l)"
+    )
+
+
+def test_every_release_picks_the_preset_whose_span_holds_it():
+    from bert_multi.spec.semantics import D2L_RELEASES, RELEASES
+
+    for release in D2L_RELEASES:
+        version = tuple(map(int, release.split(".")[:2]))
+        (expected,) = [name for name, (first, last) in RELEASES.items() if first <= version <= last]
+        assert semantics_for(release).name == expected == semantics_for(".".join(release.split(".")[:2])).name
 
 
 def test_a_config_records_its_preset_and_round_trips():

@@ -234,12 +234,14 @@ class BackendModel(abc.ABC):
     Called as d2l's ``BERTModel`` is (tokens, segments, valid_lens, pred_positions), it returns a
     ``BERTOutput`` of NumPy arrays in the dtype it computes in; with ``intermediates=True``, every
     activation of ``intermediate_names(config)``, in that order. Subclasses implement ``_forward`` on
-    checked inputs, ``export_weights`` and ``framework_info``; ``module`` is the framework's own model
-    object (an ``nn.Module``, a Gluon ``Block``) for users' own code.
+    checked inputs, ``export_weights`` and ``framework_info``, and call ``__init__`` with the config, the
+    dtype and the ``Device`` (``parse_device``); ``backend``, the name of the backend that built it, is set
+    by the registry when the class leaves it out; ``module`` is the framework's own model object (an
+    ``nn.Module``, a Gluon ``Block``) for users' own code, None where there is none.
     """
 
-    backend: str
-    module: Any  # the framework's own model object, where it has one (the oracle has none)
+    backend: str  # the building backend's NAME: a class attribute, or set by the registry's build
+    module: Any = None  # the framework's own model object, where it has one (the oracle has none)
     # The named activations it records (None: every one of intermediate_names); only those are compared.
     recorded: tuple[str, ...] | None = None
 

@@ -322,6 +322,8 @@ class LoadedBackend:
             raise BackendContractError(
                 f"backend {self.name!r}'s build returned {type(model).__name__}, not a bert_multi BackendModel"
             )
+        if not getattr(model, "backend", None):  # the model of a backend that did not name it
+            model.backend = self.name
         return model
 
     def prepare(self, config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: str) -> None:

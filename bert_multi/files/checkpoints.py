@@ -92,7 +92,7 @@ class CheckpointInfo:
         lines.append(f"{len(self.tensors)} tensors, {total:,} numbers")
         lines.append("sizes: " + ", ".join(f"{name}={value}" for name, value in self.sizes.items()))
         lines.append(f"heads: {', '.join(self.heads) or 'none (encoder only)'}")
-        fits = [f"{name} ({releases_of(name)})" for name in self.presets]
+        fits = [f"{name} ({releases_of(name, self.framework)})" for name in self.presets]
         lines.append(f"fits: {'; '.join(fits)}")
         if self.config is not None:
             lines.append(f"config (recorded in the file): {self.config}")
@@ -259,7 +259,7 @@ def _config_from_layout(path: Path, layout: Layout, num_heads: int | None, seman
     if semantics is None:
         semantics = PRESETS[layout.presets[0]]
     elif semantics.name not in layout.presets:
-        fits = ", ".join(f"{name} ({releases_of(name)})" for name in layout.presets)
+        fits = ", ".join(f"{name} ({releases_of(name, layout.framework)})" for name in layout.presets)
         raise WeightsError(
             f"{path}: the stated generation {semantics.name!r} does not fit the file, whose tensor names fit {fits}"
         )

@@ -35,6 +35,7 @@ class Layout:
     canonical: dict[str, str]  # canonical name -> the file's name
     ignored: list[str]
     sizes: dict[str, int]
+    framework: str | None = None  # whose own file it is, for stating what it fits in its terms
 
 
 def _head_choices(semantics: Semantics) -> Iterator[tuple[str, ...]]:
@@ -117,7 +118,7 @@ def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) 
     }
     if "encoder.pos_embedding" in expected:
         sizes["max_len"] = shape("encoder.pos_embedding", 3)[1]
-    return Layout(presets, heads, expected, ignored, sizes)
+    return Layout(presets, heads, expected, ignored, sizes, framework)
 
 
 # What a reader states that a file cannot tell: its Python argument and its command-line flag.
@@ -142,7 +143,7 @@ def unknowns(layout: Layout) -> dict[str, str]:
         "fits), and a wrong count loads and computes a different function"
     }
     if len(layout.presets) > 1:
-        fits = " and ".join(f"{name} ({releases_of(name)})" for name in layout.presets)
+        fits = " and ".join(f"{name} ({releases_of(name, layout.framework)})" for name in layout.presets)
         unknowns["the generation"] = (
             f"the tensors fit {fits}, which copy valid_lens over the heads differently (interleaved in 0.16+, "
             "tiled in 0.12-0.15) and so differ when a batch mixes lengths"

@@ -118,15 +118,29 @@ RELEASES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     "d2l": ((0, 16), (1, 0)),
 }
 MXNET_ONLY = ("d2l-0.11", "d2l-0.12")
+# Every d2l release since BERT's chapter, as PyPI lists them: a version that is none of these was never
+# released, whatever preset its number would fall in.
+D2L_RELEASES = (
+    *("0.11.0", "0.11.1", "0.11.2", "0.11.3", "0.11.4", "0.12.0", "0.13.0", "0.13.1", "0.13.2"),
+    *("0.14.0", "0.14.1", "0.14.2", "0.14.3", "0.14.4", "0.15.0", "0.15.1"),
+    *("0.16.0", "0.16.1", "0.16.2", "0.16.3", "0.16.4", "0.16.5", "0.16.6", "0.16.7"),
+    *("0.17.0", "0.17.1", "0.17.2", "0.17.3", "0.17.4", "0.17.5", "0.17.6", "1.0.0", "1.0.1", "1.0.2", "1.0.3"),
+)
 
 
-def releases_of(preset: str) -> str:
-    """What a preset reproduces, for people: "d2l 0.12 - 0.15 (MXNet)", or the original BERT."""
+def releases_of(preset: str, framework: str | None = None) -> str:
+    """What a preset reproduces, for people: "d2l 0.12 - 0.15 (MXNet)", or the original BERT; for a file
+    of ``framework``, in its terms (a generation d2l published for MXNet only is, in another framework's
+    file, that generation's computation ported to it)."""
     if preset not in RELEASES:
         return "the original BERT (Devlin et al. 2018; HuggingFace's BertModel)"
     first, last = (".".join(map(str, version)) for version in RELEASES[preset])
     span = first if first == last else f"{first} - {last}"
-    return f"d2l {span} (MXNet)" if preset in MXNET_ONLY else f"d2l {span}"
+    if preset not in MXNET_ONLY:
+        return f"d2l {span}"
+    if framework in (None, "mxnet"):
+        return f"d2l {span} (MXNet)"
+    return f"d2l {span}'s computation, ported: d2l published that generation for MXNet only"
 
 
 def semantics_for(spec: str | Semantics) -> Semantics:
@@ -138,16 +152,30 @@ def semantics_for(spec: str | Semantics) -> Semantics:
         raise UsageError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r}")
     if spec in PRESETS:
         return PRESETS[spec]
-    match = re.fullmatch(r"(?:d2l\s*(?:==|-|\s)\s*)?v?(\d+)\.(\d+)(?:\.\d+)*(?:[a-z]+\d*)?", spec.strip().lower())
+    match = re.fullmatch(r"(?:d2l\s*(?:==|-|\s)\s*)?v?(\d{1,4}(?:\.\d{1,4}){1,3})(?:\.?post\d+)?", spec.strip().lower())
     if not match:
         raise UsageError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
-    version = (int(match[1]), int(match[2]))
-    # The newest preset whose first release is not after this one; nothing before BERT arrived, nor
-    # after the newest major version known.
+    parts = match[1].split(".")
+    released = [release for release in D2L_RELEASES if release.split(".")[: len(parts)] == parts[:3]]
+    if not released or len(parts) > 3:
+        raise UsageError(
+            f"d2l {match[1]} is no release with BERT's chapter (never released, or before it arrived in "
+            f"{D2L_RELEASES[0]}); {covered()}"
+        )
+    version = (int(parts[0]), int(parts[1]))
+    # The newest preset whose first release is not after this one.
     starts = sorted((first, name) for name, (first, _) in RELEASES.items())
-    if version < starts[0][0] or version[0] > max(last[0] for _, last in RELEASES.values()):
-        raise UsageError(f"d2l {match[1]}.{match[2]} has no BERT chapter this project knows (BERT is in 0.11 to 1.x)")
     return PRESETS[[name for first, name in starts if first <= version][-1]]
+
+
+def covered() -> str:
+    """The releases each generation covers, for a message: "the releases with BERT are 0.11.0 - 0.11.4
+    (preset d2l-0.11), ..."."""
+    spans = []
+    for name, (first, last) in sorted(RELEASES.items(), key=lambda item: item[1]):
+        inside = [r for r in D2L_RELEASES if first <= tuple(map(int, r.split(".")[:2])) <= last]
+        spans.append(f"{inside[0]} - {inside[-1]} (preset {name})")
+    return "the releases with BERT's chapter are " + ", ".join(spans)
 
 
 def sinusoidal_positions(max_len: int, num_hiddens: int) -> np.ndarray:
