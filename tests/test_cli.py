@@ -445,10 +445,10 @@ def test_bench_on_a_gpu_that_no_backend_can_use_says_so(capsys):
 
     if nvidia_smi():
         pytest.skip("a GPU is here: tests/test_gpu_check.py times it")
-    assert main(["bench", "--quick", "--devices", "cuda", "--backends", "numpy"]) == 2
+    assert main(["bench", "--quick", "--devices", "cuda", "--backends", "numpy"]) == 1  # nothing found, as everywhere
     captured = capsys.readouterr()
     assert "nothing timed on cuda: no backend of this environment can use it" in captured.out
-    assert "bert-multi: error: nothing was timed on cuda" in captured.err
+    assert "bert-multi: nothing was timed on cuda" in captured.err
     assert main(["bench", "--quick", "--devices", "tpu"]) == 2
     assert "unknown device 'tpu'" in capsys.readouterr().err
 

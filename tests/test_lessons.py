@@ -87,12 +87,19 @@ def test_a_section_is_found_by_a_word_of_its_title_and_several_matches_are_liste
     monkeypatch.setattr(command, "run_samples", lambda sections: {})  # what is chosen, not what runs
     assert main(["lessons", "repeat"]) == 0
     assert capsys.readouterr().out.startswith("5. repeat means opposite things\n")
-    assert main(["lessons", "optimizer"]) == 2
-    error = capsys.readouterr().err
-    assert "2 sections have 'optimizer' in their titles" in error
-    assert "\n  12. The optimizer step" in error and "\n  26. The optimizer state is a value" in error
+    assert main(["lessons", "optimizer"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.startswith("2 sections have 'optimizer' in their titles; name one by its number:\n")
+    assert "\n  12. The optimizer step" in listed and "\n  26. The optimizer state is a value" in listed
     assert main(["lessons", "the", "module"]) == 0 and "22. Parameters live outside" in capsys.readouterr().out
-    assert main(["lessons", "no-such-thing"]) == 2
+    # Then a framework's own sections, then the sections' text; nothing found is exit 1, as in every command.
+    assert main(["lessons", "jax"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.startswith("7 sections have 'jax' as their framework's own")
+    assert [int(n) for n in re.findall(r"^ +(\d+)\. ", listed, flags=re.M)] == list(JAX_SECTIONS)
+    assert main(["lessons", "DLPack"]) == 0 and "20. Lending memory to NumPy" in capsys.readouterr().out
+    assert main(["lessons", "no-such-thing"]) == 1
+    assert "bert-multi: nothing found: no section has 'no-such-thing'" in capsys.readouterr().err
     assert main(["lessons", "--all"]) == 0
     titles = [re.match(r"(\d+)\. ", line) for line in capsys.readouterr().out.splitlines()]
     assert [int(title[1]) for title in titles if title] == [section.number for section in SECTIONS]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from ..backend.contract import parse_device
 from ..backend.registry import check_names, not_in_process
 from ..display import ProgressBar
-from ..errors import CannotRunHere, UsageError
+from ..errors import UsageError
 from ..files.safe import replace_text
 from ..spec.schema import SUPPORTED_DTYPES
 from ..tools import bench
-from .common import check_output, check_plot, comma_list
+from .common import NOTHING_FOUND, check_output, check_plot, comma_list
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     if not rows:
-        raise CannotRunHere(f"nothing was timed on {', '.join(args.devices)}")
+        print(f"bert-multi: nothing was timed on {', '.join(args.devices)}", file=sys.stderr)
+        return NOTHING_FOUND
     per_backend = {row.backend: row.threads for row in rows if row.threads is not None}
     threads = ", ".join(
         [f"{variable}={os.environ.get(variable, 'unset')}" for variable in ("OMP_NUM_THREADS", "XLA_FLAGS")]

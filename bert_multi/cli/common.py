@@ -29,6 +29,10 @@ from ..verify.conform import WeightsSource, check_targets, run_conformance
 from ..verify.report import failure_details, plot_report, runtime_lines, summary_table, verdict
 from ..verify.results import Report, Target
 
+# The exit status of a command that found, checked or timed nothing: what it was asked to look at is
+# not here (no section has those words, no backend could run, nothing could be timed on that device).
+NOTHING_FOUND = 1
+
 
 def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
@@ -213,7 +217,7 @@ def write_reports(args: argparse.Namespace, reports: dict[str, Report]) -> int:
             print(f"plot written to {plot_report(report, path)}")
     if not all(report.checks for report in reports.values()):
         print("bert-multi: nothing was checked: no requested backend could run here", file=sys.stderr)
-        return 1
+        return NOTHING_FOUND
     return 0 if all(report.passed for report in reports.values()) else 1
 
 

@@ -12,6 +12,7 @@ import textwrap
 from ..backend.registry import label_of
 from ..errors import UsageError
 from ..tools import lessons, notebooks
+from .common import NOTHING_FOUND
 
 GAP = 4  # spaces between side-by-side samples
 PROSE = 100  # the widest a paragraph is wrapped, however wide the terminal
@@ -41,14 +42,24 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """List the guide's sections, or show the ones asked for with their samples run."""
     sections = lessons.read_guide()
+    chosen = sections
+    if args.section and not args.all:
+        asked = " ".join(args.section)
+        chosen, where = lessons.search(sections, asked)
+        if where == "number" and not chosen:
+            raise UsageError(f"no section {asked}: the guide has sections 1 to {len(sections)}")
+        if not chosen:
+            print(f"bert-multi: nothing found: no section has {asked!r} in its title or its text, nor is any "
+                  "that framework's own", file=sys.stderr)  # fmt: skip
+            return NOTHING_FOUND
+        if len(chosen) > 1 and not args.notebooks:
+            places = {"title": "in their titles", "framework": "as their framework's own", "text": "in their text"}
+            print(f"{len(chosen)} sections have {asked!r} {places[where]}; name one by its number:")
+            print("\n".join(f"  {section.number:>2}. {section.title.replace('`', '')}" for section in chosen))
+            return 0
     if args.notebooks:
-        chosen = [find_section(sections, " ".join(args.section))] if args.section else sections
         return write_all(chosen, args.notebooks)
-    if args.all:
-        chosen = sections
-    elif args.section:
-        chosen = [find_section(sections, " ".join(args.section))]
-    else:
+    if not args.all and not args.section:
         for listed in sections:
             print(f"{listed.number:>2}. {listed.title.replace('`', '')}")
         print("\nbert-multi lessons N (or a word of a title) shows a section, --all every one; the guide is")
@@ -82,22 +93,6 @@ def write_all(sections: list[lessons.Section], directory: str) -> int:
     written = notebooks.write_notebooks(sections, directory, lambda samples: [outcomes[s.line] for s in samples])
     print(f"{len(written)} notebooks written to {directory}")
     return 0
-
-
-def find_section(sections: list[lessons.Section], asked: str) -> lessons.Section:
-    """The section numbered ``asked``, or the only one whose title has those words."""
-    if asked.isdigit():
-        found = [section for section in sections if section.number == int(asked)]
-        if not found:
-            raise UsageError(f"no section {asked}: the guide has sections 1 to {len(sections)}")
-        return found[0]
-    found = [section for section in sections if section.matches(asked)]
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise UsageError(f"no section has {asked!r} in its title: bert-multi lessons lists them")
-    listed = "".join(f"\n  {section.number:>2}. {section.title.replace('`', '')}" for section in found)
-    raise UsageError(f"{len(found)} sections have {asked!r} in their titles; name one by its number:{listed}")
 
 
 def run_samples(sections: list[lessons.Section]) -> dict[int, str]:

@@ -24,6 +24,7 @@ from ..backend.registry import backends, frameworks, label_of, load_backend
 from ..errors import UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
+REFERENCE = "torch"  # the framework every section sets the others against
 
 # Runs in the child: every sample from stdin, each with its own namespace and captured stdout.
 _CHILD = """
@@ -60,8 +61,35 @@ class Section:
 
     def matches(self, words: str) -> bool:
         """Whether each of ``words`` is a word of the title (any case, markdown's backticks ignored)."""
-        title = set(re.findall(r"[\w-]+", self.title.lower()))
-        return all(word in title for word in re.findall(r"[\w-]+", words.lower()))
+        return _has_all(words, self.title)
+
+    def own_to(self, words: str) -> bool:
+        """Whether the section is one framework's own, set against PyTorch alone (JAX's sections 21 on),
+        and ``words`` name that framework (``jax``, ``Flax``)."""
+        others = {sample.framework for sample in self.samples} - {REFERENCE}
+        return len(others) == 1 and _has_all(words, " ".join([*others, label_of(next(iter(others)))]))
+
+    def says(self, words: str) -> bool:
+        """Whether each of ``words`` is a word of the section's text: its title, prose and samples."""
+        return _has_all(words, " ".join([self.title, *(str(p) if isinstance(p, str) else p.code for p in self.parts)]))
+
+
+def _has_all(words: str, text: str) -> bool:
+    found = set(re.findall(r"[\w-]+", text.lower().replace("/", " ")))
+    return all(word in found for word in re.findall(r"[\w-]+", words.lower()))
+
+
+def search(sections: list[Section], words: str) -> tuple[list[Section], str]:
+    """The sections ``words`` name, and where they were found: a number; else the sections whose title
+    has every word; else those that are one framework's own, when the words name it; else those whose
+    text has every word. None found is an empty list."""
+    if words.strip().isdigit():
+        return [section for section in sections if section.number == int(words)], "number"
+    for where, test in (("title", Section.matches), ("framework", Section.own_to), ("text", Section.says)):
+        found = [section for section in sections if test(section, words)]
+        if found:
+            return found, where
+    return [], "nowhere"
 
 
 @dataclass(frozen=True)
