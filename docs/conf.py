@@ -19,6 +19,7 @@ MAKE_PAGE = f"python -m bert_multi.tools.site {GUIDE_PAGE} (make docs does it)"
 
 project = "bert_multi"
 author = "the bert_multi authors"
+copyright = "2026, the bert_multi authors; bert_multi is free software under the MIT licence"  # the footer
 extensions = ["myst_parser", "sphinx_design", "sphinx.ext.autodoc"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"

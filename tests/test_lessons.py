@@ -163,6 +163,29 @@ def test_notebooks_hold_the_prose_and_each_samples_output_and_a_fresh_sample_has
     assert "jnp.repeat" in code.source and code.outputs[0].text == "[3, 3, 5, 5]\n[3, 5, 3, 5]"
 
 
+def test_a_paragraph_leading_into_one_frameworks_sample_is_in_that_frameworks_notebook_only(tmp_path):
+    """Section 11's note on JAX comes after PyTorch's and MXNet's samples, right before JAX's: it is in
+    the JAX notebook, before its code, and in neither of the others."""
+    import nbformat
+
+    from bert_multi.tools import notebooks
+
+    section = next(section for section in SECTIONS if section.number == 11)
+    (index, framework), *_ = section.leads().items()
+    assert framework == "jax"
+    lead = " ".join(str(section.parts[index]).split()[:6])
+    notebooks.write_notebooks([section], tmp_path, lambda samples: [lessons.Outcome(s, s.expected) for s in samples])
+    for path in sorted(tmp_path.glob("*.ipynb")):
+        cells = nbformat.read(str(path), as_version=4).cells
+        text = [" ".join(cell.source.split()) for cell in cells]
+        if path.stem.endswith("-jax"):
+            at = next(number for number, words in enumerate(text) if lead in words)
+            assert cells[at + 1].cell_type == "code", path.name
+        else:
+            assert not any(lead in words for words in text), path.name
+            assert cells[-1].cell_type == "code", path.name  # it ends with its own sample
+
+
 def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys):
     import nbformat
 

@@ -73,3 +73,19 @@ def test_every_link_between_pages_leads_somewhere_in_the_repository(page):
             if fragment not in {anchor(heading) for heading in headings}:
                 broken.append(f"{target}: no heading #{fragment}")
     assert not broken, "\n".join(broken)
+
+
+def _prose(text):
+    """A page's text outside code blocks, code spans and link targets."""
+    text = re.sub(r"^(`{3,}).*?^\1\s*$", "", text, flags=re.M | re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_a_page_that_names_another_links_to_it(page):
+    """A reference to another page is a link (the link test above then checks it), never plain text a
+    reader of the site cannot follow."""
+    text = _prose(page.read_text())
+    plain = [m.group() for m in re.finditer(r"[\w./-]*\b[\w-]+\.md\b", text) if text[m.start() - 1 : m.start()] != "["]
+    assert not plain, f"{page.name} names {plain} in plain text; make each a link"

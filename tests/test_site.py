@@ -34,20 +34,26 @@ def test_each_sample_becomes_a_tab_showing_what_it_printed_when_run():
     assert page.count("{tab-item}") == len(SAMPLES)
     for sample in SAMPLES:
         assert f"ran the sample at line {sample.line}\n" in page
-    # Nothing of the guide's own sample blocks is left, and everything else is, in order.
+    # Nothing of the guide's own sample blocks is left, and everything else is, in order: the paragraphs
+    # that lead into one framework's sample are in that sample's tab.
     assert not re.search(r"^```(python \w+|text)", page, re.MULTILINE)
     guide_prose = [line for line in _outside_samples(lessons.GUIDE.read_text()) if line.strip()]
-    page_prose = [line for line in _outside_tab_sets(page) if line.strip()]
+    page_prose = [line for line in _without_code(page) if line.strip()]
     assert page_prose == [site.stamp(lessons.GUIDE)] + guide_prose
 
 
-def test_consecutive_samples_share_one_tab_set_and_prose_between_them_splits_it():
+def test_each_sample_run_is_one_tab_set_of_every_framework_that_has_it():
     page = site.render_guide(lessons.GUIDE, as_written(SECTIONS))
-    first = page[: page.index("## 2. ")]
-    tab_sets = re.findall(r"^`````\{tab-set\}\n(.*?)^`````$", first, re.MULTILINE | re.DOTALL)
+    tab_sets = re.findall(r"^`````\{tab-set\}\n(.*?)^`````$", page, re.MULTILINE | re.DOTALL)
     labels = [re.findall(r"^````\{tab-item\} (.+)$", body, re.MULTILINE) for body in tab_sets]
-    # Section 1: PyTorch's and MXNet's samples follow one another; a paragraph, then JAX's.
-    assert labels == [[label_of("torch"), label_of("mxnet")], [label_of("jax")]]
+    assert len(tab_sets) == len(SECTIONS) and all(len(set(tabs)) > 1 for tabs in labels)
+    # Section 1: PyTorch's and MXNet's samples follow one another, then a paragraph on JAX and JAX's sample:
+    # one set of three tabs, the paragraph at the top of JAX's.
+    assert labels[0] == [label_of("torch"), label_of("mxnet"), label_of("jax")]
+    jax_tab = tab_sets[0].split(f"{{tab-item}} {label_of('jax')}")[1]
+    lead = str(SECTIONS[0].parts[next(iter(SECTIONS[0].leads()))])
+    words = " ".join(jax_tab.split())
+    assert words.index(" ".join(lead.split()[:6])) < words.index("```python")
 
 
 def test_a_sample_printing_something_else_stops_the_page():
@@ -75,6 +81,12 @@ def _outside_samples(text):
         elif inside is None:
             keep.append(line)
     return keep
+
+
+def _without_code(page):
+    """The page's lines but its tabs' own: their directives, code and outputs."""
+    page = re.sub(r"^```(python|\{code-block\} text)\n.*?^```$", "", page, flags=re.MULTILINE | re.DOTALL)
+    return [line for line in page.splitlines() if not re.match(r"^(`{4,5}(\{tab-(set|item)\}.*)?|:sync: \w+)$", line)]
 
 
 def _outside_tab_sets(page):
@@ -154,6 +166,8 @@ def test_the_built_site_has_every_page_of_the_docs_and_the_api_reference(built_s
     front = (built_site / "index.html").read_text()
     assert 'id="set-up-and-run"' in front, "the front page is the README"
     assert 'href="framework-differences.html"' in front, "the README's links into docs/ lead to the site's pages"
+    footer = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", front[front.index("<footer") :]))
+    assert "the bert_multi authors; bert_multi is free software under the MIT licence" in footer, footer[:300]
 
 
 # A real browser.
@@ -216,11 +230,11 @@ def test_a_browser_shows_the_tabs_and_a_samples_output(built_site, tmp_path):
     state = json.loads(found[1].replace("&quot;", '"').replace("&amp;", "&"))
 
     torch_sample, mxnet_sample = SECTIONS[0].samples[:2]
-    assert state["labels"] == [label_of("torch"), label_of("mxnet")]
-    # The first tab shows its output and hides the second's; a click swaps them.
-    assert [tab["shown"] for tab in state["before"]] == [True, False]
+    assert state["labels"] == [label_of("torch"), label_of("mxnet"), label_of("jax")]
+    # The first tab shows its output and hides the others'; a click on the second shows it instead.
+    assert [tab["shown"] for tab in state["before"]] == [True, False, False]
     assert state["before"][0]["output"].strip() == torch_sample.expected.strip()
-    assert [tab["shown"] for tab in state["after"]] == [False, True]
+    assert [tab["shown"] for tab in state["after"]] == [False, True, False]
     assert state["after"][1]["output"].strip() == mxnet_sample.expected.strip()
 
     shot = tmp_path / "guide.png"

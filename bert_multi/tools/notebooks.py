@@ -66,9 +66,11 @@ def write_notebooks(
             title = f"# {section.number}. {section.title}\n\nIn {label_of(framework)}."
             cells = [nbformat.v4.new_markdown_cell(title)]
             count = 0
-            for part in section.parts:
+            leads = section.leads()
+            for index, part in enumerate(section.parts):
                 if isinstance(part, str):
-                    cells.append(nbformat.v4.new_markdown_cell(part))
+                    if leads.get(index, framework) == framework:  # another framework's note is its own
+                        cells.append(nbformat.v4.new_markdown_cell(part))
                 elif part in samples:
                     count += 1
                     output = nbformat.v4.new_output("stream", name="stdout", text=printed[part.line])

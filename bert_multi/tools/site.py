@@ -35,7 +35,7 @@ def stamp(guide: Path) -> str:
     return f"<!-- built from {guide.name} sha256:{hashlib.sha256(guide.read_bytes()).hexdigest()} -->"
 
 
-def _tab(outcome: Outcome, seen: dict[str, int]) -> list[str]:
+def _tab(outcome: Outcome, lead: list[str], seen: dict[str, int]) -> list[str]:
     sample = outcome.sample
     seen[sample.framework] = seen.get(sample.framework, 0) + 1
     label = label_of(sample.framework) + (f" ({seen[sample.framework]})" if seen[sample.framework] > 1 else "")
@@ -43,6 +43,7 @@ def _tab(outcome: Outcome, seen: dict[str, int]) -> list[str]:
         f"{_TAB_ITEM}{{tab-item}} {label}",
         f":sync: {sample.framework}",
         "",
+        *([*lead, ""] if lead else []),
         "```python",
         sample.code,
         "```",
@@ -57,7 +58,9 @@ def _tab(outcome: Outcome, seen: dict[str, int]) -> list[str]:
 
 
 def render_guide(path: Path, outcomes: list[Outcome]) -> str:
-    """The guide at ``path`` with each run of samples as a tab set showing ``outcomes``' outputs."""
+    """The guide at ``path`` with each run of samples as one tab set showing ``outcomes``' outputs: the
+    samples that follow one another, and a sample of a framework the run has not shown that follows it
+    after a paragraph of its own (JAX's, after PyTorch's and MXNet's), that paragraph in its tab."""
     lines = path.read_text().splitlines()
     by_start = {outcome.sample.line - 2: outcome for outcome in outcomes}  # keyed by the code fence's index
     page = [stamp(path)]
@@ -67,17 +70,27 @@ def render_guide(path: Path, outcomes: list[Outcome]) -> str:
             page.append(lines[index])
             index += 1
             continue
-        run: list[Outcome] = []
+        run: list[tuple[list[str], Outcome]] = []
+        lead: list[str] = []
         while index in by_start:
-            run.append(by_start[index])
-            index = by_start[index].sample.last  # the line after its output block, counted from 0
+            run.append((lead, by_start[index]))
+            lead, index = [], by_start[index].sample.last  # the line after its output block, counted from 0
             following = index
             while following < len(lines) and not lines[following].strip():
                 following += 1
+            end = following  # the prose after it, up to the next fence or heading
+            while end < len(lines) and not lines[end].startswith(("```", "#")):
+                end += 1
+            shown = {outcome.sample.framework for _, outcome in run}
             if following in by_start:
                 index = following
+            elif end in by_start and by_start[end].sample.framework not in shown:
+                lead, index = [line for line in lines[following:end]], end
+                while lead and not lead[-1].strip():
+                    lead.pop()
         seen: dict[str, int] = {}
-        page += [f"{_TAB_SET}{{tab-set}}"] + [line for outcome in run for line in _tab(outcome, seen)] + [_TAB_SET]
+        tabs = [line for lead_in, outcome in run for line in _tab(outcome, lead_in, seen)]
+        page += [f"{_TAB_SET}{{tab-set}}", *tabs, _TAB_SET]
     return "\n".join(page) + "\n"
 
 
