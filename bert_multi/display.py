@@ -50,6 +50,13 @@ class ProgressBar:
         self.close()
         print(line, flush=True)
 
+    def note(self, line: str) -> None:
+        """A line of progress on the bar's stream, terminal or not (a log keeps it): what long work has
+        done so far, where a bar alone would leave a log silent."""
+        self.close()
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
 
 def printable(text: str) -> str:
     """``text`` with what a terminal would act on instead of showing written as Python escapes (\\x1b)."""

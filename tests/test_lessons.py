@@ -6,7 +6,7 @@ import re
 import pytest
 
 from bert_multi import backends, frameworks
-from bert_multi.backend.registry import not_in_process
+from bert_multi.backend.registry import label_of, not_in_process
 from bert_multi.cli import main
 from bert_multi.tools import lessons
 
@@ -190,7 +190,11 @@ def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys):
     import nbformat
 
     assert main(["lessons", "2", "--notebooks", str(tmp_path)]) == 0
-    assert f"notebooks written to {tmp_path}" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert f"notebooks written to {tmp_path}" in captured.out
+    # Progress, a line as each framework's samples finish: the samples of section 2, one of each framework.
+    ran = sorted(re.findall(r"^lessons: ran the 1 (.+) samples \(\d+\.\d s\)$", captured.err, flags=re.M))
+    assert ran == sorted(label_of(s.framework) for s in SECTIONS[1].samples), captured.err
     for path in sorted(tmp_path.glob("*.ipynb")):
         notebook = nbformat.read(str(path), as_version=4)
         nbformat.validate(notebook)

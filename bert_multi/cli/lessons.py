@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 from ..backend.registry import label_of
+from ..display import ProgressBar
 from ..errors import UsageError
 from ..tools import lessons, notebooks
 from .common import NOTHING_FOUND
@@ -75,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _told(line: str) -> None:
-    """A line of progress, on standard error: what a long run has done so far."""
-    print(f"lessons: {line}", file=sys.stderr, flush=True)
+    """A line of progress, on standard error (``ProgressBar.note``): what a long run has done so far."""
+    ProgressBar().note(f"lessons: {line}")
 
 
 def write_all(sections: list[lessons.Section], directory: str) -> int:
