@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..backend.registry import backends, label_of, load_backend
+from ..display import ProgressBar
 from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, output_format, save_checkpoint
 from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output
 from ..files.formats.d2l import read_vocab
@@ -92,9 +93,12 @@ def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
     if not backends()[framework].available:
         print(f"note: {framework} cannot run here ({backends()[framework].reason}); the NumPy oracle runs the file")
         framework = "numpy"
-    report = run_conformance(
-        back.config, back.weights, [Target(framework, d) for d in ("float32", "float64")], cases, pairs=False
-    )
+    bar = ProgressBar()
+    try:
+        targets = [Target(framework, dtype) for dtype in ("float32", "float64")]
+        report = run_conformance(back.config, back.weights, targets, cases, pairs=False, progress=bar)
+    finally:
+        bar.close()
     apart = max(comparison.max_abs for comparison in drift)
     if not all(comparison.passed for comparison in drift):
         print(
