@@ -30,13 +30,13 @@ docs: venv $(VENV_NUMPY2)/.installed $(VENV_DOCS)/.installed
 
 # Under `make test` the site's tests fail, rather than skip, where the site is not built. Every process
 # of the run (both environments' tests, their workers, the samples they run) shares one compilation
-# cache, kept beside the build.
+# cache, kept beside the build. Each prints its slowest tests, where the time of a run goes.
 TEST_CACHE := BERT_MULTI_CACHE_DIR=$(CURDIR)/build/compile-cache
 test-main: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(BIN)/python -m pytest
+	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(BIN)/python -m pytest --durations=12
 
 test-numpy2: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider
+	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider --durations=12
 
 # A longer hunt for hostile files than the test suite's (12 s per reader): FUZZ_SECONDS per reader.
 FUZZ_SECONDS ?= 300
