@@ -9,7 +9,7 @@ VENV_NUMPY2 := .venv-numpy2
 # The documentation site's builder, pinned in requirements-docs.lock.
 VENV_DOCS := .venv-docs
 
-.PHONY: run test check docs test-main test-numpy2 fuzz gpu venv clean
+.PHONY: run test check docs test-main test-numpy2 fuzz gpu kernels venv clean
 
 run: venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
@@ -42,6 +42,11 @@ test-numpy2: venv $(VENV_NUMPY2)/.installed
 FUZZ_SECONDS ?= 300
 fuzz: venv
 	$(BIN)/python tests/hostile.py fuzz all --seconds $(FUZZ_SECONDS) --out fuzz-out
+
+# A Jupyter kernel for each environment (bert_multi-mxnet-torch, bert_multi-jax-torch), in Jupyter's own
+# kernels folder: the notebooks of `bert-multi lessons --notebooks DIR` name the one their framework needs.
+kernels: venv $(VENV_NUMPY2)/.installed
+	$(BIN)/bert-multi kernels
 
 # On a GPU machine, with its own python3 (no environment built): pytest -m cuda and gpu-check in under 8
 # minutes, into gpu-run/ (docs/gpu.md).

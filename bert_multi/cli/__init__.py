@@ -20,10 +20,38 @@ from ..errors import (
     WeightsError,
     WorkerFailed,
 )
-from . import backends, bench, compare, conform, convert, demo, fixtures, gpu_check, inspect, lessons, pretrain, verify
+from . import (
+    backends,
+    bench,
+    compare,
+    conform,
+    convert,
+    demo,
+    fixtures,
+    gpu_check,
+    inspect,
+    kernels,
+    lessons,
+    pretrain,
+    verify,
+)
 
 # In the order `bert-multi --help` lists them.
-COMMANDS = (conform, compare, verify, inspect, convert, demo, pretrain, fixtures, bench, gpu_check, lessons, backends)
+COMMANDS = (
+    conform,
+    compare,
+    verify,
+    inspect,
+    convert,
+    demo,
+    pretrain,
+    fixtures,
+    bench,
+    gpu_check,
+    lessons,
+    kernels,
+    backends,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from typing import Any
 from ..backend.registry import label_of
 from ..errors import UsageError
 from ..files.safe import replace_text
+from .kernels import kernel_for
 from .lessons import Outcome, Sample, Section, run
 
 
@@ -61,7 +62,8 @@ def write_notebooks(
         for stem, framework, samples in notebook_plan(section):
             printed = {outcome.sample.line: outcome.printed for outcome in runner(samples)}
             notebook = nbformat.v4.new_notebook()
-            notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+            kernel, shown = kernel_for(framework)  # the environment its framework needs (``bert-multi kernels``)
+            notebook.metadata["kernelspec"] = {"name": kernel, "display_name": shown, "language": "python"}
             notebook.metadata["language_info"] = {"name": "python"}
             title = f"# {section.number}. {section.title}\n\nIn {label_of(framework)}."
             cells = [nbformat.v4.new_markdown_cell(title)]

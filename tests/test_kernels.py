@@ -1,0 +1,72 @@
+"""Jupyter kernels for the project's environments, and the guide's notebooks run in them as a teacher runs
+them: each notebook names the kernel of its framework, and executed there (nbclient, a real ipykernel of
+that environment's Python) every code cell prints what the guide says it prints."""
+
+import asyncio
+import json
+import os
+
+import pytest
+
+from bert_multi.backend.registry import backends, frameworks, not_in_process
+from bert_multi.tools import kernels, lessons
+
+SECTIONS = lessons.read_guide()
+
+
+def test_each_environment_gets_a_kernel_named_for_its_frameworks(tmp_path):
+    pytest.importorskip("ipykernel", reason="the kernels need ipykernel (the [notebooks] extra)")
+    written = kernels.write_kernels(tmp_path)
+    here = [name for name in frameworks() if backends()[name].available and not not_in_process(name)]
+    assert kernels.kernel_name(here) in {folder.name for folder in written}
+    for folder in written:
+        spec = json.loads((folder / "kernel.json").read_text())
+        names = spec["metadata"]["bert_multi"]["frameworks"]
+        assert folder.name == kernels.kernel_name(names)
+        assert spec["argv"][0] == lessons.python_for(names[0]) and spec["argv"][1:3] == ["-m", "ipykernel_launcher"]
+        assert all(lessons.python_for(name) == spec["argv"][0] for name in names)
+    assert sum(len(json.loads((f / "kernel.json").read_text())["metadata"]["bert_multi"]["frameworks"]) for f in written) == len(
+        [name for name in frameworks() if backends()[name].available]
+    )
+
+
+@pytest.mark.skipif(bool(not_in_process("mxnet")), reason="run once, from the main environment: its kernels reach both")
+def test_every_notebook_runs_in_the_kernel_it_names_and_prints_what_the_guide_says(tmp_path, monkeypatch):
+    nbclient = pytest.importorskip("nbclient", reason="executing notebooks needs nbclient (a test dependency)")
+    import nbformat
+
+    from bert_multi.tools import notebooks
+
+    unavailable = [name for name in frameworks() if not backends()[name].available]
+    if unavailable:
+        pytest.skip(f"every framework's environment is needed: {unavailable} cannot run here")
+    kernels.write_kernels(tmp_path / "jupyter" / "kernels")
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    expected = {sample.code: sample.expected for section in SECTIONS for sample in section.samples}
+    written = notebooks.write_notebooks(
+        SECTIONS, tmp_path / "notebooks", lambda samples: [lessons.Outcome(s, "(not run)") for s in samples]
+    )
+
+    async def execute(path, limit):
+        async with limit:
+            notebook = nbformat.read(str(path), as_version=4)
+            client = nbclient.NotebookClient(notebook, timeout=300, kernel_name=notebook.metadata.kernelspec.name)
+            await client.async_execute()
+            return path, notebook
+
+    async def every():
+        limit = asyncio.Semaphore(max(len(os.sched_getaffinity(0)), 2))
+        return await asyncio.gather(*(execute(path, limit) for path in written))
+
+    wrong = []
+    for path, notebook in asyncio.run(every()):
+        framework = next(name for name in frameworks() if path.stem.rsplit("-fresh-", 1)[0].endswith(f"-{name}"))
+        assert notebook.metadata.kernelspec.name == kernels.kernel_for(framework)[0], path.name
+        for cell in notebook.cells:
+            if cell.cell_type != "code":
+                continue
+            printed = "".join(output.get("text", "") for output in cell.outputs if output.output_type == "stream")
+            if printed.rstrip() != expected[cell.source].rstrip():
+                wrong.append(f"{path.name}: printed {printed!r}, the guide says {expected[cell.source]!r}")
+    assert len(written) == sum(len(notebooks.notebook_plan(section)) for section in SECTIONS)
+    assert not wrong, "\n".join(wrong[:5])
