@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ..backend.registry import backends, load_backend
-from ..display import format_table
+from ..display import ProgressBar, format_table
 from ..spec.config import CONFIGS
 from ..spec.schema import init_weights
 
@@ -31,9 +31,11 @@ def run(args: argparse.Namespace) -> int:
     mlm_positions = np.array([[1, 5, 2], [6, 1, 5]])
     print(f"d2l chapter demo: {config}")
     rows: list[tuple[object, ...]] = []
-    for name, status in backends().items():
-        if status.role == "reference":  # it computes the original BERT, not the chapter's
-            continue
+    # The references compute the original BERT, not the chapter's.
+    chosen = {name: status for name, status in backends().items() if status.role != "reference"}
+    bar = ProgressBar()
+    for done, (name, status) in enumerate(chosen.items()):
+        bar(done, len(chosen), f"{name}: building the chapter's model and running it")
         if not status.available:
             rows.append((name, "-", "-", "-", "-", "-", f"skipped: {status.reason}"))
             continue
@@ -52,5 +54,6 @@ def run(args: argparse.Namespace) -> int:
                 f"{elapsed * 1000:.0f} ms",
             )
         )
+    bar.close()
     print(format_table(("backend", "dtype", "device", "encoded_X", "mlm_Y_hat", "nsp_Y_hat", "forward"), rows))
     return 0
