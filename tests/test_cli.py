@@ -508,3 +508,16 @@ def test_compare_ends_with_one_sentence_and_shows_the_table_on_request(tmp_path,
     assert "--cases chooses among the built-in cases" in capsys.readouterr().err
     assert main(["compare", str(path), "--cases", "batch_two"]) == 2
     assert "unknown case 'batch_two'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--preset", "0.18"], ["--d2l-version", "0.99"], ["--d2l-version", "1.5"]])
+def test_a_release_d2l_never_made_is_refused_before_a_file_is_compared(tmp_path, capsys, option):
+    """A Flax file of a d2l BERT (its names fit two generations): stating one that d2l never released is
+    a one-line error naming the releases each generation covers, never a PASS."""
+    from bert_multi import BERTConfig, random_weights, save_checkpoint
+
+    config = BERTConfig(11, 4, 6, 2, 1, max_len=6)
+    save_checkpoint(tmp_path / "w.msgpack", config, random_weights(config), framework="jax")
+    assert main(["compare", str(tmp_path / "w.msgpack"), "--num-heads", "2", *option]) == 2
+    error = capsys.readouterr().err
+    assert "is no release with BERT's chapter" in error and "0.16.0 - 1.0.3 (preset d2l)" in error
