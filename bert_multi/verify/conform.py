@@ -167,11 +167,12 @@ class _Run:
         for target in list(self.backends):  # asked once, before a worker is busy compiling ahead
             self.attempt(target, self.kernel_eps, target)
         preparing = self.prepare()
-        try:
-            return self.scheduled()
-        finally:
-            for thread in preparing:  # none outlives the run (a worker's channel would wait on it)
-                thread.join()
+        report = self.scheduled()
+        # None outlives a run that ends (a worker's channel would wait on it); an interrupted run does not
+        # wait for them: a worker busy compiling ahead is stopped as its process ends.
+        for thread in preparing:
+            thread.join()
+        return report
 
     def prepare(self) -> list[threading.Thread]:
         """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
