@@ -237,7 +237,7 @@ def _automatic(
         order += [name for name in free if name not in taken and name not in order]
         found, unplaced = _by_order(rest, order, free, canonical, known)
         if unplaced:
-            raise MappingError(*_unplaced(rest, order, free, canonical, placements, called is not None, known))
+            raise MappingError(*_unplaced(found, unplaced, free, canonical, placements, called is not None))
         placements.update(found)
         by = "order of use" if called is not None else "registration order"
         hows.append(f"{by} and shape ({len(rest)} tensors, inferred: check them)")
@@ -408,17 +408,16 @@ def _oriented(name: str, shape: Shape, part: tuple[int, int] | None = None) -> P
 
 
 def _unplaced(
-    rest: list[str],
-    order: list[str],
+    guessed: dict[str, Placement],
+    unplaced: list[str],
     free: dict[str, Shape],
     canonical: dict[str, Shape],
     placed: dict[str, Placement],
     called: bool,
-    known: int | None,
 ) -> tuple[str, dict[str, object]]:
     """The error for tensors that could not be placed: what is missing, and a map file to start from (what
-    names placed, then the order's guesses, "?" where none has the shape), which the error offers."""
-    guessed, unplaced = _by_order(rest, order, free, canonical, known)
+    names ``placed``, then the order's ``guessed`` placements, "?" for the ``unplaced``), which the error
+    offers."""
     taken = {placement.name for placement in {**placed, **guessed}.values()}
     rules = {name: placement.describe() for name, placement in {**placed, **guessed}.items()}
     rules.update((name, "?") for name in unplaced)
