@@ -30,7 +30,7 @@ from ..errors import BackendUnavailable, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.loss import BatchTotals, LossValues, check_batch
-from ..spec.optimizer import check_optimizer_state
+from ..spec.optimizer import adam_stepped, check_optimizer_state
 from ..spec.schema import param_shapes, validate_weights
 from .channel import SOURCE_ROOT, WORKER_VARIABLE, RemoteFailure, Worker
 from .contract import BackendModel, BERTOutput, CaseGroups, parse_device, read_only
@@ -280,7 +280,7 @@ class RemoteTrainer:
     def state(self) -> dict[str, np.ndarray]:
         arrays = self.worker.exchange("state", {}, True, trainer=self.id)[1]
         try:
-            check_optimizer_state(self.parameters, arrays, self.optimizer == "adam" and self.steps > 0)
+            check_optimizer_state(self.parameters, arrays, adam_stepped(self.optimizer, self.steps))
         except errors.WeightsError as error:
             raise self.worker.failure(f"its reply to 'state' is no state of this trainer: {error}") from None
         return arrays

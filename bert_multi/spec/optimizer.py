@@ -9,9 +9,9 @@ from ..arrays import all_finite
 from ..errors import WeightsError
 
 
-def adam_stepped(settings: dict, step: int) -> bool:
-    """Whether a run of these settings has taken an Adam step by ``step``: then every parameter has moments."""
-    return settings.get("optimizer") == "adam" and step > 0
+def adam_stepped(optimizer: object, step: int) -> bool:
+    """Whether a run with ``optimizer`` has taken an Adam step by ``step``: then every parameter has moments."""
+    return optimizer == "adam" and step > 0
 
 
 def check_optimizer_state(

@@ -36,7 +36,7 @@ def save_training_state(directory: str | os.PathLike, state: TrainingState) -> P
     leaves the previous state whole. The batches' position is the step (they are drawn from the seed)."""
     manifest = {"format": STATE_FORMAT, "format_version": 1, "step": state.step, "config": state.config.to_dict()}
     manifest["settings"] = state.settings
-    check_optimizer_state(state.weights, state.optimizer, adam_stepped(state.settings, state.step))
+    check_optimizer_state(state.weights, state.optimizer, adam_stepped(state.settings.get("optimizer"), state.step))
     arrays = {f"weights.{name}": array for name, array in state.weights.items()}
     arrays.update({f"optimizer.{name}": array for name, array in state.optimizer.items()})
     path = Path(directory) / STATE_FILE
@@ -67,7 +67,7 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
     optimizer = {name[len("optimizer.") :]: array for name, array in arrays.items() if name.startswith("optimizer.")}
     try:
         validate_weights(config, weights)
-        check_optimizer_state(weights, optimizer, adam_stepped(settings, step))
+        check_optimizer_state(weights, optimizer, adam_stepped(settings.get("optimizer"), step))
     except WeightsError as error:
         raise WeightsError(f"{path}: {error}") from None
     return TrainingState(step, config, weights, optimizer, settings)
