@@ -197,14 +197,14 @@ class Worker:
                 if self.timeout is not None:
                     waits.append(started + self.timeout - now)
                 if min(waits) <= 0:
-                    raise RemoteFailure(self._overdue(op, now - started, now - last_sign))
+                    raise RemoteFailure(self._overdue(op, now - last_sign))
                 if selector.select(min(waits)):
                     chunk = os.read(self.process.stdout.fileno(), 1 << 16)
                     if not chunk:
                         raise RemoteFailure(self._ended())
                     self.pending += chunk
 
-    def _overdue(self, op: str, running: float, silent: float) -> str:
+    def _overdue(self, op: str, silent: float) -> str:
         if silent >= SILENCE_S:
             return f"the worker ({self.python}) said nothing for {silent:.0f} s while running {op!r}; it was stopped"
         return (
@@ -246,16 +246,15 @@ class Worker:
         self.directory.cleanup()
 
     def close(self) -> None:
+        """End the worker as it ends by itself (its requests end), stopping it if it has not within 10 s."""
         if self.process.poll() is None:
             try:
                 assert self.process.stdin is not None
                 self.process.stdin.close()  # end of requests: the worker exits
                 self.process.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
-        self.stopped = self.stopped or "it was closed"
-        self.directory.cleanup()
+                pass
+        self.stop("it was closed")
 
     def _log_tail(self) -> str:
         """The last lines of the worker's stderr, each cut short, or how it ended."""
