@@ -83,14 +83,7 @@ def _told(line: str) -> None:
 def write_all(sections: list[lessons.Section], directory: str) -> int:
     """The notebooks of ``sections`` in ``directory``: every sample run first (one child per framework,
     side by side), then a notebook at a time from what they printed, each said as it is written."""
-    ran = lessons.run_every(sections, _told)
-    unavailable = {framework: why for framework, why in ran.items() if isinstance(why, str)}
-    if unavailable:
-        framework, why = next(iter(unavailable.items()))
-        raise UsageError(f"the {framework} samples cannot run here: {why}")
-    outcomes = {
-        outcome.sample.line: outcome for found in ran.values() if not isinstance(found, str) for outcome in found
-    }
+    outcomes = {outcome.sample.line: outcome for outcome in lessons.check(sections, told=_told)}
     written = notebooks.write_notebooks(sections, directory, lambda samples: [outcomes[s.line] for s in samples])
     print(f"{len(written)} notebooks written to {directory}")
     return 0

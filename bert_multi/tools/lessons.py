@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backend.registry import backends, frameworks, label_of, load_backend
-from ..errors import UsageError
+from ..errors import BackendUnavailable, UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
 REFERENCE = "torch"  # the framework every section sets the others against
@@ -209,13 +209,16 @@ def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
 
 
 def run_every(
-    sections: list[Section], told: Callable[[str], None] = lambda line: None
+    sections: list[Section], told: Callable[[str], None] = lambda line: None, only: Sequence[str] | None = None
 ) -> dict[str, list[Outcome] | str]:
-    """Every sample of ``sections`` run, one child per framework, the frameworks side by side (each child
-    computes on its own, so the whole costs the slowest framework, not the sum); a line to ``told`` as
-    each framework finishes. Framework -> its outcomes, or why it cannot run here."""
+    """Every sample of ``sections`` (of the frameworks ``only``, default all) run, one child per
+    framework, the frameworks side by side (each child computes on its own, so the whole costs the
+    slowest framework, not the sum); a line to ``told`` as each framework finishes. Framework -> its
+    outcomes, or why it cannot run here."""
     status = backends()
-    wanted = dict.fromkeys(sample.framework for section in sections for sample in section.samples)
+    wanted = dict.fromkeys(
+        s.framework for section in sections for s in section.samples if only is None or s.framework in only
+    )
     results: dict[str, list[Outcome] | str] = {
         framework: f"not run here: {status[framework].reason}"
         for framework in wanted
@@ -237,10 +240,14 @@ def run_every(
     return results
 
 
-def check(sections: list[Section], only: Sequence[str] | None = None) -> list[Outcome]:
-    """Every sample of the frameworks ``only`` (default: every framework backend) in ``sections`` run,
-    one child per framework; all outcomes."""
+def check(
+    sections: list[Section], only: Sequence[str] | None = None, told: Callable[[str], None] = lambda line: None
+) -> list[Outcome]:
+    """Every sample of the frameworks ``only`` (default: every framework backend) in ``sections`` run
+    (``run_every``); all outcomes, a ``BackendUnavailable`` for a framework that cannot run here."""
     outcomes = []
-    for framework in frameworks() if only is None else only:
-        outcomes += run([s for section in sections for s in section.samples if s.framework == framework])
+    for framework, ran in run_every(sections, told, only).items():
+        if isinstance(ran, str):
+            raise BackendUnavailable(f"the {framework} samples cannot run here: {ran}")
+        outcomes += ran
     return outcomes

@@ -58,12 +58,15 @@ def write_notebooks(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
+    kernels: dict[str, tuple[str, str]] = {}  # framework -> its kernel's name and display name, asked once
     for section in sections:
         for stem, framework, samples in notebook_plan(section):
             printed = {outcome.sample.line: outcome.printed for outcome in runner(samples)}
             notebook = nbformat.v4.new_notebook()
-            kernel, shown = kernel_for(framework)  # the environment its framework needs (``bert-multi kernels``)
-            notebook.metadata["kernelspec"] = {"name": kernel, "display_name": shown, "language": "python"}
+            if framework not in kernels:  # the environment its framework needs (``bert-multi kernels``)
+                kernels[framework] = kernel_for(framework)
+            name, shown = kernels[framework]
+            notebook.metadata["kernelspec"] = {"name": name, "display_name": shown, "language": "python"}
             notebook.metadata["language_info"] = {"name": "python"}
             title = f"# {section.number}. {section.title}\n\nIn {label_of(framework)}."
             cells = [nbformat.v4.new_markdown_cell(title)]
