@@ -326,12 +326,16 @@ class LoadedBackend:
             model.backend = self.name
         return model
 
+    @property
+    def prepares(self) -> bool:
+        """Whether it compiles ahead what a run will ask for (the contract's ``prepare``)."""
+        return callable(getattr(self.module, "prepare", None))
+
     def prepare(self, config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: str) -> None:
         """Compile ahead what a run will ask for (the contract's ``prepare``); nothing for a backend that
         does not compile, or does not say how."""
-        prepare = getattr(self.module, "prepare", None)
-        if callable(prepare):
-            prepare(config, groups, dtypes, device)
+        if self.prepares:
+            self.module.prepare(config, groups, dtypes, device)
 
     def takes(self, option: str) -> bool:
         """Whether its ``build`` takes ``option`` (a backend without ``compile`` runs as it always does)."""

@@ -44,7 +44,7 @@ class Session:
         files = all(callable(getattr(self.backend.module, own, None)) for own in ("save_checkpoint", "read_checkpoint"))
         return {
             "checkpoints": files,
-            "prepares": callable(getattr(self.backend.module, "prepare", None)),
+            "prepares": self.backend.prepares,
             "trains": self.backend.can_train,
             "mixed_precisions": list(self.backend.mixed_precisions),
             "role": self.backend.role,

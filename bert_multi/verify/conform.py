@@ -181,16 +181,15 @@ class _Run:
         the sum. It builds one model at a time, of zeros, wherever the backend runs; its failures are not
         the run's (the run's own models meet them, and report them)."""
         groups = [(max_len, [self.cases[index].batch for index in indices]) for max_len, indices in self.groups.items()]
-        asked: dict[tuple[str, str], list[str]] = {}  # (backend, device) -> its dtypes
-        for target in self.backends:
-            asked.setdefault((target.backend, target.device), []).append(target.dtype)
+        asked: dict[tuple[str, str], tuple[LoadedBackend, list[str]]] = {}  # (backend, device) -> it, its dtypes
+        for target, backend in self.backends.items():
+            if backend.prepares:
+                asked.setdefault((target.backend, target.device), (backend, []))[1].append(target.dtype)
         threads = []
-        for (name, device), dtypes in asked.items():
-            backend = next(loaded for target, loaded in self.backends.items() if target.backend == name)
-            if callable(getattr(backend.module, "prepare", None)):
-                work = (backend.prepare, self.config, groups, dtypes, device)
-                threads.append(threading.Thread(target=_quietly, args=work, daemon=True))
-                threads[-1].start()
+        for (_, device), (backend, dtypes) in asked.items():
+            work = (backend.prepare, self.config, groups, dtypes, device)
+            threads.append(threading.Thread(target=_quietly, args=work, daemon=True))
+            threads[-1].start()
         return threads
 
     def scheduled(self) -> Report:
