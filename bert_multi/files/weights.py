@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import WeightsError
 from ..spec.config import D2L_ARGUMENTS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, check_names, param_shapes_within, validate_weights
-from .safe import NpzReader, atomic_path, open_regular
+from .safe import NpzReader, open_regular, replace_file
 
 FORMAT_NAME = "bert_multi.weights"
 # The newest version this bert_multi reads. Version 2 adds the config's semantics (a d2l generation
@@ -59,8 +59,7 @@ def make_manifest(config: BERTConfig, weights: dict[str, np.ndarray], dtype: str
 def write_npz(path: str | os.PathLike, manifest: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """Write a manifest and arrays as an .npz, atomically."""
     manifest_bytes = np.frombuffer(json.dumps(manifest, indent=1).encode("utf-8"), dtype=np.uint8)
-    with atomic_path(path) as tmp_path, open(tmp_path, "wb") as file:
-        write_archive(file, {MANIFEST_KEY: manifest_bytes, **arrays})
+    replace_file(path, lambda file: write_archive(file, {MANIFEST_KEY: manifest_bytes, **arrays}))
 
 
 def write_archive(file: BinaryIO, arrays: dict[str, np.ndarray]) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError, WeightsError
-from ..files.safe import atomic_path, open_regular
+from ..files.safe import open_regular, replace_text
 from .mapping import Placement
 
 MAX_MAP_BYTES = 1 << 20
@@ -108,5 +108,4 @@ def read_map(path: str | Path) -> MapFile:
 def write_map(path: str | Path, contents: dict[str, object]) -> None:
     """A map file of ``contents`` (``ParameterMap.as_map_file``, ``MappingError.suggested``), replaced whole
     or not at all."""
-    with atomic_path(path) as written:
-        Path(written).write_text(json.dumps(contents, indent=2) + "\n")
+    replace_text(path, json.dumps(contents, indent=2) + "\n")

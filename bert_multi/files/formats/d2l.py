@@ -16,7 +16,7 @@ import numpy as np
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...spec.config import BERTConfig
-from ..safe import atomic_path, open_regular, reason
+from ..safe import open_regular, reason, replace_text
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory
 
 MAX_ZIP_RATIO = 20  # weights hardly compress; a member that claims to expand more is refused
@@ -100,8 +100,7 @@ class Directory(CheckpointFormat):
         path.mkdir(parents=True, exist_ok=True)
         assert framework is not None  # save_checkpoint asks for it before anything is written
         load_backend(framework).save_checkpoint(path / PARAMS_FILE, config, weights)
-        with atomic_path(path / VOCAB_FILE) as tmp_path:
-            Path(tmp_path).write_text(json.dumps(vocab, ensure_ascii=False))
+        replace_text(path / VOCAB_FILE, json.dumps(vocab, ensure_ascii=False))
 
 
 def _extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...spec.config import BERTConfig
-from ..safe import atomic_path, check_shape, describe_format, file_size, open_regular
+from ..safe import check_shape, describe_format, file_size, open_regular, replace_file
 from .base import FrameworkFile, Probe, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to the Flax tree's dotted paths: a
@@ -285,8 +285,7 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
     for the JAX backend's parameter tree."""
     _, weights = prepare_weights(config, weights)
     data = pack_tree(flax_tree(config, weights))
-    with atomic_path(path) as tmp_path:
-        tmp_path.write_bytes(data)
+    replace_file(path, lambda file: file.write(data))
 
 
 BACKEND = "jax"  # whose own file it is

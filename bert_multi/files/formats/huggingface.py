@@ -26,7 +26,7 @@ from ...errors import UsageError, WeightsError
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from ..safe import atomic_path, check_shape, file_size, open_regular, reason, size_field
+from ..safe import atomic_path, check_shape, file_size, open_regular, reason, replace_text, size_field
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -359,8 +359,7 @@ def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     write_safetensors(directory / SAFETENSORS_FILE, arrays, {"format": "pt"})
-    with atomic_path(directory / CONFIG_FILE) as tmp_path:
-        Path(tmp_path).write_text(json.dumps(hf, indent=2))
+    replace_text(directory / CONFIG_FILE, json.dumps(hf, indent=2))
 
 
 class ModelDirectory(CheckpointFormat):
