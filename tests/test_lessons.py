@@ -171,8 +171,8 @@ def test_a_paragraph_leading_into_one_frameworks_sample_is_in_that_frameworks_no
     from bert_multi.tools import notebooks
 
     section = next(section for section in SECTIONS if section.number == 11)
-    (index, framework), *_ = section.leads().items()
-    assert framework == "jax"
+    (index, led), *_ = section.leads().items()
+    assert led.framework == "jax"
     lead = " ".join(str(section.parts[index]).split()[:6])
     notebooks.write_notebooks([section], tmp_path, lambda samples: [lessons.Outcome(s, s.expected) for s in samples])
     for path in sorted(tmp_path.glob("*.ipynb")):

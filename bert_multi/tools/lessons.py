@@ -69,19 +69,20 @@ class Section:
         others = {sample.framework for sample in self.samples} - {REFERENCE}
         return len(others) == 1 and _has_all(words, " ".join([*others, label_of(next(iter(others)))]))
 
-    def leads(self) -> dict[int, str]:
-        """The paragraphs that lead into one framework's sample: index in ``parts`` -> that framework. A
+    def leads(self) -> dict[int, Sample]:
+        """The paragraphs that lead into one framework's sample: index in ``parts`` -> that sample. A
         paragraph between samples, right before the first sample of a framework the section has not shown
         yet (JAX's note, after PyTorch's and MXNet's samples), is that framework's: in its tab on the site
         (``site.render_guide``) and in its notebook only."""
-        leads, shown = {}, set()
+        leads: dict[int, Sample] = {}
+        shown = set()
         for index, part in enumerate(self.parts):
             if isinstance(part, Sample):
                 shown.add(part.framework)
                 continue
             following = self.parts[index + 1] if index + 1 < len(self.parts) else None
             if shown and isinstance(following, Sample) and following.framework not in shown:
-                leads[index] = following.framework
+                leads[index] = following
         return leads
 
     def says(self, words: str) -> bool:

@@ -74,7 +74,8 @@ def write_notebooks(
             leads = section.leads()
             for index, part in enumerate(section.parts):
                 if isinstance(part, str):
-                    if leads.get(index, framework) == framework:  # another framework's note is its own
+                    led = leads.get(index)
+                    if led is None or led.framework == framework:  # another framework's note is its own
                         cells.append(nbformat.v4.new_markdown_cell(part))
                 elif part in samples:
                     count += 1

@@ -59,10 +59,12 @@ def _tab(outcome: Outcome, lead: list[str], seen: dict[str, int]) -> list[str]:
 
 def render_guide(path: Path, outcomes: list[Outcome]) -> str:
     """The guide at ``path`` with each run of samples as one tab set showing ``outcomes``' outputs: the
-    samples that follow one another, and a sample of a framework the run has not shown that follows it
-    after a paragraph of its own (JAX's, after PyTorch's and MXNet's), that paragraph in its tab."""
+    samples that follow one another, and a sample that follows them after a paragraph leading into it
+    (``Section.leads``: JAX's, after PyTorch's and MXNet's), that paragraph in its tab."""
     lines = path.read_text().splitlines()
     by_start = {outcome.sample.line - 2: outcome for outcome in outcomes}  # keyed by the code fence's index
+    # The code fences of the samples a paragraph leads into.
+    led = {sample.line - 2 for section in read_guide(path) for sample in section.leads().values()}
     page = [stamp(path)]
     index = 0
     while index < len(lines):
@@ -81,11 +83,10 @@ def render_guide(path: Path, outcomes: list[Outcome]) -> str:
             end = following  # the prose after it, up to the next fence or heading
             while end < len(lines) and not lines[end].startswith(("```", "#")):
                 end += 1
-            shown = {outcome.sample.framework for _, outcome in run}
             if following in by_start:
                 index = following
-            elif end in by_start and by_start[end].sample.framework not in shown:
-                lead, index = [line for line in lines[following:end]], end
+            elif end in led and end in by_start:
+                lead, index = lines[following:end], end
                 while lead and not lead[-1].strip():
                     lead.pop()
         seen: dict[str, int] = {}
