@@ -353,3 +353,27 @@ class SdpaTransformers:
 
     def build(self, config, weights, device="cpu", dtype="float32", gradients=True, share=False):
         return bm.load_backend("transformers").build(config, weights, device, dtype, gradients=False, attention="sdpa")
+
+
+def test_bench_times_transformers_fused_attention_beside_its_eager_model():
+    """Its BENCH_VARIANTS reach bench through the registry: a forward row for eager attention and one for
+    sdpa, the same workload, both timed."""
+    transformers_or_skip()
+    from bert_multi.tools.bench import run_bench
+
+    rows = run_bench(["tiny"], ["float32"], rounds=1, train=False, files=False, only=["transformers"])
+    assert sorted(row.backend for row in rows) == ["transformers", "transformers sdpa"]
+    assert all(len(row.seconds) == 1 and row.tokens == 4 * 16 for row in rows)
+
+
+def test_transformers_states_the_tf32_it_was_built_with():
+    """tf32 is a standard build option of transformers too (bench's TF32 rows); a CPU computes float32
+    products in full whatever it says."""
+    transformers_or_skip()
+    config = bm.CONFIGS["tiny"].with_semantics("bert")
+    weights = bm.random_weights(config, seed=1)
+    backend = bm.load_backend("transformers")
+    assert backend.takes("tf32")
+    for tf32 in (False, True):
+        info = backend.build(config, weights, tf32=tf32, gradients=False).runtime_info()
+        assert (info["tf32"], info["matmul precision"]) == (tf32, "float32")

@@ -75,10 +75,11 @@ class TransformersBERT(BackendModel):
         dtype: str,
         device: Device,
         torch_device: torch.device,
+        tf32: bool = False,
         mixed_precision: str | None = None,
     ) -> None:
         super().__init__(config, dtype, device)
-        self.module, self.torch_device, self.mixed_precision = module, torch_device, mixed_precision
+        self.module, self.torch_device, self.tf32, self.mixed_precision = module, torch_device, tf32, mixed_precision
         self.bert: Any = getattr(module, "bert", module)  # BertForPreTraining wraps a BertModel
 
     def _sources(self) -> OrderedDict[str, torch.nn.Module]:
@@ -110,21 +111,25 @@ class TransformersBERT(BackendModel):
             "token_type_ids": torch.from_numpy(segments).to(self.torch_device),
             "attention_mask": attention_mask(valid_lens, tokens.shape[1], TORCH_DTYPES[self.dtype], self.torch_device),
         }
+        mlm: torch.Tensor | None = None
+        nsp: torch.Tensor | None = None
         try:
-            with torch.no_grad(), tf32_enabled(False), autocast(self.torch_device, self.mixed_precision):
-                out = self.module(**arguments, output_hidden_states=True)
+            with torch.no_grad(), tf32_enabled(self.tf32), autocast(self.torch_device, self.mixed_precision):
+                out = self.bert(**arguments)
+                if self.module is not self.bert:
+                    # BertForPreTraining's own heads (its cls), the MLM head on the predicted positions only,
+                    # as d2l's MaskLM gathers before its MLP: the head is position-wise, so the values are
+                    # those of its forward, without computing and copying vocabulary logits for every token.
+                    nsp = self.module.cls.seq_relationship(out.pooler_output)
+                    if pred_positions is not None:
+                        positions = torch.from_numpy(pred_positions).to(self.torch_device)
+                        rows = torch.arange(len(positions), device=self.torch_device)[:, None]
+                        mlm = self.module.cls.predictions(out.last_hidden_state[rows, positions])
         finally:
             for hook in hooks:
                 hook.remove()
-        encoded = out.hidden_states[-1]
-        mlm: np.ndarray | None = None
-        nsp: np.ndarray | None = None
-        if self.module is not self.bert:
-            nsp = to_numpy(out.seq_relationship_logits)
-            if pred_positions is not None:
-                rows = np.arange(len(pred_positions))[:, None]
-                mlm = to_numpy(out.prediction_logits)[rows, pred_positions]
-        return BERTOutput(to_numpy(encoded), mlm, nsp, record if intermediates else None)
+        encoded = to_numpy(out.last_hidden_state)
+        return BERTOutput(encoded, to_numpy(mlm), to_numpy(nsp), record if intermediates else None)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
@@ -139,7 +144,7 @@ class TransformersBERT(BackendModel):
         info: dict[str, object] = {
             "framework": f"transformers {transformers.__version__} (torch {torch.__version__})",
             "threads": torch.get_num_threads(),
-            **matmul_precision(self.dtype, self.device, mixed_precision=self.mixed_precision),  # TF32 off
+            **matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision),
             "attention": self.bert.config._attn_implementation,
         }
         return info
@@ -150,6 +155,7 @@ def build(
     weights: dict[str, np.ndarray],
     device: str = "cpu",
     dtype: object = "float32",
+    tf32: bool = False,
     gradients: bool = True,
     share: bool = False,
     mixed_precision: str | None = None,
@@ -159,7 +165,8 @@ def build(
     ``gradients=False``: its parameters do not require gradients. ``share`` changes nothing: the
     weights are copied into the modules transformers builds. ``attention``: transformers' attention
     implementation, "eager" (its reference code) or "sdpa" (``scaled_dot_product_attention``, a fused
-    kernel); ``mixed_precision="bfloat16"``: the forward under ``torch.autocast``."""
+    kernel); ``tf32``: float32 products in TF32 on a GPU (off unless asked for, as in the torch backend);
+    ``mixed_precision="bfloat16"``: the forward under ``torch.autocast``."""
     if attention not in ATTENTIONS:
         raise UsageError(f"unknown attention {attention!r}: transformers' BERT offers {list(ATTENTIONS)}")
     reason = supports(config, device)
@@ -193,4 +200,4 @@ def build(
         module.tie_weights()
     module.requires_grad_(gradients)
     module = module.to(torch_device)  # type: ignore[arg-type]  # transformers mistypes .to
-    return TransformersBERT(config, module, dtype, target, torch_device, mixed_precision)
+    return TransformersBERT(config, module, dtype, target, torch_device, tf32, mixed_precision)
