@@ -2,7 +2,10 @@
 for names and options. (Backends installed through the ``bert_multi.backends`` entry-point group:
 ``conformance/test_contract.py``.)"""
 
+import dataclasses
 import os
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -137,3 +140,46 @@ def test_the_frameworks_are_told_to_share_the_process_unless_the_user_said_other
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
     share_the_process()
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+
+
+class EndOfRun(BaseException):
+    """What a caller's progress callback raises to end a run early (as gpu-check's budget does)."""
+
+
+@pytest.mark.parametrize("ended", ["finished", "stopped"])
+def test_compiling_ahead_is_asked_a_group_at_a_time_and_ends_with_the_run(registered, ended):
+    """A backend's ``prepare`` runs on a thread beside the run, one dtype and max_len group per call; once
+    the run ends, finished or stopped by an exception, it is asked nothing more, and its thread is over
+    before the run returns (a thread still compiling as the process exits can crash it)."""
+    from bert_multi import Target, run_conformance
+    from bert_multi.verify.cases import CASES
+
+    config = dataclasses.replace(CONFIG, max_len=128)  # longer than the cases cut to: two groups
+    calls, asked = [], threading.Event()
+
+    def prepare(config, groups, dtypes, device):
+        calls.append((len(groups), len(dtypes)))
+        asked.set()
+        time.sleep(0.2)
+
+    def progress(*_):
+        if ended == "stopped":
+            assert asked.wait(10)
+            raise EndOfRun
+
+    backend = registered(SimpleNamespace(NAME="slow-to-prepare", build=oracle_build, prepare=prepare))
+    assert backend.prepares
+    cases = [case.input(config) for case in CASES]
+    targets = [Target(backend.name, dtype) for dtype in ("float32", "float64")]
+    groups = {case.max_len or config.max_len for case in cases}
+    assert len(groups) == 2
+    before = set(threading.enumerate())
+    if ended == "stopped":
+        with pytest.raises(EndOfRun):
+            run_conformance(config, random_weights(config), targets, cases, False, progress=progress)
+        assert len(calls) == 1  # stopped during the first, of four
+    else:
+        assert run_conformance(config, random_weights(config), targets, cases, False).passed
+        assert 1 <= len(calls) <= 2 * len(groups)
+    assert set(threading.enumerate()) <= before
+    assert set(calls) == {(1, 1)}

@@ -94,8 +94,8 @@ class Backend(Protocol):
       (default none; a build that takes ``compile`` is timed compiled too).
     - ``prepare(config, groups, dtypes, device)``: compile ahead the forward a conformance run will ask
       for, each group a (max_len, batches) pair, so that the run's models find it compiled; the engine
-      calls it on a thread of its own at the start of a run, beside the other backends' work (default:
-      nothing to compile ahead).
+      calls it on a thread of its own from the start of a run, beside the other backends' work, one dtype
+      and group at a time until the run ends (default: nothing to compile ahead).
     """
 
     NAME: str

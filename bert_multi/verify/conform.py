@@ -166,20 +166,29 @@ class _Run:
         self.during = "asking its LayerNorm eps"
         for target in list(self.backends):  # asked once, before a worker is busy compiling ahead
             self.attempt(target, self.kernel_eps, target)
-        preparing = self.prepare()
-        report = self.scheduled()
-        # None outlives a run that ends (a worker's channel would wait on it); an interrupted run does not
-        # wait for them: a worker busy compiling ahead is stopped as its process ends.
-        for thread in preparing:
-            thread.join()
-        return report
+        stop = threading.Event()
+        preparing = self.prepare(stop)
+        interrupted = False
+        try:
+            return self.scheduled()
+        except KeyboardInterrupt:
+            interrupted = True  # not waited for: a worker busy compiling ahead is stopped as its process ends
+            raise
+        finally:
+            # Nothing compiling ahead outlives the run, whether it finished or a caller stopped it: a
+            # worker's channel would wait on it, and a thread still compiling in this process as it exits
+            # crashes it. Each stops at its next group.
+            stop.set()
+            for thread in [] if interrupted else preparing:
+                thread.join()
 
-    def prepare(self) -> list[threading.Thread]:
+    def prepare(self, stop: threading.Event) -> list[threading.Thread]:
         """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
         dtypes and devices asked of it, while the schedule runs the others: a backend in another
         environment's worker compiles there in parallel, so a run costs nearer the longest framework than
-        the sum. It builds one model at a time, of zeros, wherever the backend runs; its failures are not
-        the run's (the run's own models meet them, and report them)."""
+        the sum. It is asked for one dtype and group at a time, until ``stop`` is set; it builds one model
+        at a time, of zeros, wherever the backend runs; its failures are not the run's (the run's own
+        models meet them, and report them)."""
         groups = [(max_len, [self.cases[index].batch for index in indices]) for max_len, indices in self.groups.items()]
         asked: dict[tuple[str, str], tuple[LoadedBackend, list[str]]] = {}  # (backend, device) -> it, its dtypes
         for target, backend in self.backends.items():
@@ -187,8 +196,8 @@ class _Run:
                 asked.setdefault((target.backend, target.device), (backend, []))[1].append(target.dtype)
         threads = []
         for (_, device), (backend, dtypes) in asked.items():
-            work = (backend.prepare, self.config, groups, dtypes, device)
-            threads.append(threading.Thread(target=_quietly, args=work, daemon=True))
+            work = [(backend.prepare, self.config, [group], [dtype], device) for dtype in dtypes for group in groups]
+            threads.append(threading.Thread(target=_until, args=(stop, work), daemon=True))
             threads[-1].start()
         return threads
 
@@ -371,12 +380,16 @@ class _Run:
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
 
 
-def _quietly(work: Callable[..., object], *arguments: Any) -> None:
-    """``work(*arguments)``, its failure left for the work that follows to meet and report."""
-    try:
-        work(*arguments)
-    except Exception:  # noqa: BLE001, S110 - compiling ahead is an optimization; the run reports failures
-        pass
+def _until(stop: threading.Event, work: list[tuple[Any, ...]]) -> None:
+    """Each ``function(*arguments)`` of ``work`` in turn until ``stop`` is set, a failure left for the work
+    that follows to meet and report."""
+    for function, *arguments in work:
+        if stop.is_set():
+            return
+        try:
+            function(*arguments)
+        except Exception:  # noqa: BLE001, S110 - compiling ahead is an optimization; the run reports failures
+            pass
 
 
 def _describe_exception(error: BaseException) -> str:
