@@ -137,6 +137,19 @@ def _interleave(
 Workload = tuple[str, BERTConfig, int, int]  # (its name, the model, batch size, sequence length)
 
 
+class DrawnWeights:
+    """Random weights for each model and dtype, drawn once in a run and shared by every backend's builds
+    (which copy them): drawing BERT-base's takes seconds, and a GPU run builds it a dozen times."""
+
+    def __init__(self) -> None:
+        self.drawn: dict[tuple[BERTConfig, str], dict[str, np.ndarray]] = {}
+
+    def __call__(self, config: BERTConfig, dtype: str) -> dict[str, np.ndarray]:
+        if (config, dtype) not in self.drawn:
+            self.drawn[(config, dtype)] = random_weights(config, seed=0, dtype=dtype)
+        return self.drawn[(config, dtype)]
+
+
 def _here(only: list[str] | None) -> list[LoadedBackend]:
     """Every backend that runs in this environment (or those named in ``only``). A backend run by another
     environment's worker would be timed with its file transfers: it is timed by bench in its own."""
@@ -164,14 +177,17 @@ def run_bench(
     ``device`` other than the CPU, the backends that can use it, without the GEMM peak and the file.
     ``compiled``: each backend whose build can compile also runs compiled."""
     available = _here(only)
+    drawn = DrawnWeights()
     rows: list[Row] = []
     for shape in shapes:
         for dtype in dtypes:
-            rows += _forward_rows((shape, *SHAPES[shape]), dtype, rounds, progress, available, device, compiled)
+            workload = (shape, *SHAPES[shape])
+            rows += _forward_rows(workload, dtype, rounds, progress, available, device, compiled, drawn)
     if train:
         base, batch, steps = SHAPES[shapes[0]]
         set_up = (shapes[0], base, batch, min(steps, 64))
-        rows += _train_rows(set_up, "float32", rounds, progress, device, [b.name for b in available], compiled)
+        names = [b.name for b in available]
+        rows += _train_rows(set_up, "float32", rounds, progress, device, names, compiled, drawn)
     if files and device == "cpu":
         rows += _file_rows(shapes[-1], rounds, progress)
     return against_fastest(rows)
@@ -206,15 +222,18 @@ def gpu_workloads(
     size = "quick" if quick else "full"
     available = _here(only)
     names = [backend.name for backend in available]
+    drawn = DrawnWeights()
     workloads: list[tuple[str, Callable[[], list[Row]]]] = []
     forward = GPU_FORWARD[size]
     for precision in GPU_PRECISIONS:
-        timed = functools.partial(_forward_rows, forward, precision, rounds, progress, available, device, not quick)
+        timed = functools.partial(
+            _forward_rows, forward, precision, rounds, progress, available, device, not quick, drawn
+        )
         workloads.append((f"forward {forward[0]} {precision}", timed))
     for set_up in GPU_TRAINING[size]:
         compiled = not quick and set_up[0] == "base"  # d2l's set-up is timed as pretrain runs it: eager
         for precision in GPU_PRECISIONS:
-            timed = functools.partial(_train_rows, set_up, precision, rounds, progress, device, names, compiled)
+            timed = functools.partial(_train_rows, set_up, precision, rounds, progress, device, names, compiled, drawn)
             workloads.append((f"train step {set_up[0]} {precision}", timed))
     return workloads
 
@@ -253,6 +272,7 @@ def _forward_rows(
     available: list[LoadedBackend],
     device: str,
     compiled: bool = True,
+    drawn: DrawnWeights | None = None,
 ) -> list[Row]:
     """The forward at one shape and precision (a dtype, or on a GPU one of ``GPU_PRECISIONS``), every
     backend and variant in turn each round; with the share of a same-process GEMM peak on the CPU, of
@@ -266,7 +286,7 @@ def _forward_rows(
         config = computable(backend, base)
         if config is None or backend.supports(config, device) is not None:
             continue
-        weights = random_weights(config, seed=0, dtype=dtype)
+        weights = (drawn or DrawnWeights())(config, dtype)
         rng = np.random.default_rng(0)
         inputs = {
             "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
@@ -395,6 +415,7 @@ def _train_rows(
     device: str = "cpu",
     only: list[str] | None = None,
     compiled: bool = True,
+    drawn: DrawnWeights | None = None,
 ) -> list[Row]:
     """One pretraining step (forward, both losses, backward, Adam) per framework (of ``only``) and
     compiled variant on ``device``, on float32 weights with products in ``precision``; on a GPU with
@@ -403,7 +424,7 @@ def _train_rows(
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=max_len)
     config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
     _, options = _precision_options(precision)
-    weights = random_weights(config, seed=0, dtype="float32")
+    weights = (drawn or DrawnWeights())(config, "float32")
     trainers, threads, peaks = {}, {}, {}
     status = backends()
     for framework in frameworks():
