@@ -38,7 +38,8 @@ test-main: venv $(VENV_NUMPY2)/.installed
 test-numpy2: venv $(VENV_NUMPY2)/.installed
 	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider --durations=12
 
-# A longer hunt for hostile files than the test suite's (12 s per reader): FUZZ_SECONDS per reader.
+# A longer hunt for hostile files than the test suite's (12 s per reader, over its two environments):
+# FUZZ_SECONDS per reader.
 FUZZ_SECONDS ?= 300
 fuzz: venv
 	$(BIN)/python tests/hostile.py fuzz all --seconds $(FUZZ_SECONDS) --out fuzz-out
