@@ -30,13 +30,15 @@ docs: venv $(VENV_NUMPY2)/.installed $(VENV_DOCS)/.installed
 
 # Under `make test` the site's tests fail, rather than skip, where the site is not built. Every process
 # of the run (both environments' tests, their workers, the samples they run) shares one compilation
-# cache, kept beside the build. Each prints its slowest tests, where the time of a run goes.
+# cache, kept beside the build. Each environment's tests run in a process per core (at most 4; a file's
+# tests in one of them, pytest-xdist's loadfile), and it prints its slowest tests, where the time goes.
 TEST_CACHE := BERT_MULTI_CACHE_DIR=$(CURDIR)/build/compile-cache
+PYTEST := -m pytest -n logical --maxprocesses 4 --dist loadfile --durations=12
 test-main: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(BIN)/python -m pytest --durations=12
+	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(BIN)/python $(PYTEST)
 
 test-numpy2: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(VENV_NUMPY2)/bin/python -m pytest -q -p no:cacheprovider --durations=12
+	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(VENV_NUMPY2)/bin/python $(PYTEST) -q -p no:cacheprovider
 
 # A longer hunt for hostile files than the test suite's (12 s per reader, over its two environments):
 # FUZZ_SECONDS per reader.
