@@ -163,7 +163,13 @@ def test_ctrl_c_ends_the_command_and_its_worker_and_leaves_nothing_behind(tmp_pa
     environment = {**os.environ, "HOSTILE_WORKER": "hangs", "HOSTILE_MARK": str(mark), "TMPDIR": str(temporary)}
     command = [sys.executable, "-m", "bert_multi.cli", "conform", "--backends", f"numpy,{missing}"]
     command += ["--python", f"{missing}={hostile_python}", "--cases", "batch_one", "--dtypes", "float64"]
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A child inherits an ignored SIGINT (a shell's background job ignores it, and so does all it starts) and
+    # Python leaves it ignored; a handler of this process's is the default in the child, as at a terminal.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     deadline = time.monotonic() + 120
     while not mark.exists() and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.1)
