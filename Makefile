@@ -56,25 +56,23 @@ kernels: venv $(VENV_NUMPY2)/.installed
 gpu:
 	PYTHONPATH=. $(PYTHON) -m bert_multi.tools.gpu_run --out gpu-run
 
-# --no-compile: bytecode is written as each module is first imported, not for every file installed
-# (most of them never are): an environment installs in half the time.
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile --disable-pip-version-check -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-compile --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
 $(VENV_NUMPY2)/.installed: requirements-numpy2.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV_NUMPY2)
-	$(VENV_NUMPY2)/bin/python -m pip install --quiet --no-compile --disable-pip-version-check -r requirements-numpy2.lock
-	$(VENV_NUMPY2)/bin/python -m pip install --quiet --no-compile --disable-pip-version-check --no-deps -e .
+	$(VENV_NUMPY2)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-numpy2.lock
+	$(VENV_NUMPY2)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
 $(VENV_DOCS)/.installed: requirements-docs.lock
 	$(PYTHON) -m venv $(VENV_DOCS)
-	$(VENV_DOCS)/bin/python -m pip install --quiet --no-compile --disable-pip-version-check -r requirements-docs.lock
+	$(VENV_DOCS)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-docs.lock
 	touch $@
 
 clean:
