@@ -271,8 +271,8 @@ def _forward_rows(
     progress: Callable[[str], None] | None,
     available: list[LoadedBackend],
     device: str,
-    compiled: bool = True,
-    drawn: DrawnWeights | None = None,
+    compiled: bool,
+    drawn: DrawnWeights,
 ) -> list[Row]:
     """The forward at one shape and precision (a dtype, or on a GPU one of ``GPU_PRECISIONS``), every
     backend and variant in turn each round; with the share of a same-process GEMM peak on the CPU, of
@@ -286,7 +286,7 @@ def _forward_rows(
         config = computable(backend, base)
         if config is None or backend.supports(config, device) is not None:
             continue
-        weights = (drawn or DrawnWeights())(config, dtype)
+        weights = drawn(config, dtype)
         rng = np.random.default_rng(0)
         inputs = {
             "tokens": rng.integers(0, config.vocab_size, (batch, steps)),
@@ -412,10 +412,10 @@ def _train_rows(
     precision: str,
     rounds: int,
     progress: Callable[[str], None] | None,
-    device: str = "cpu",
-    only: list[str] | None = None,
-    compiled: bool = True,
-    drawn: DrawnWeights | None = None,
+    device: str,
+    only: list[str] | None,
+    compiled: bool,
+    drawn: DrawnWeights,
 ) -> list[Row]:
     """One pretraining step (forward, both losses, backward, Adam) per framework (of ``only``) and
     compiled variant on ``device``, on float32 weights with products in ``precision``; on a GPU with
@@ -424,7 +424,7 @@ def _train_rows(
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=max_len)
     config = dataclasses.replace(base, vocab_size=len(data.vocab), max_len=data.max_len)
     _, options = _precision_options(precision)
-    weights = (drawn or DrawnWeights())(config, "float32")
+    weights = drawn(config, "float32")
     trainers, threads, peaks = {}, {}, {}
     status = backends()
     for framework in frameworks():
