@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_multi import Tolerance, compare_arrays, tolerance_for
-from bert_multi.arrays import all_finite
+from bert_multi.arrays import all_finite, contiguous_transpose
 from bert_multi.verify.compare import POLICY
 
 
@@ -88,3 +88,12 @@ def test_all_finite_looks_past_a_sum_that_overflows():
         assert not all_finite(np.array([1e308, 1e308, bad]))
         assert not all_finite(np.array([0.0, bad]))
     assert not all_finite(np.array([np.inf, -np.inf]))  # their sum is NaN, and so is the verdict
+
+
+@pytest.mark.parametrize("shape", [(300, 7), (128, 256), (1, 5), (0, 3), (5,), (2, 3, 4)])
+def test_a_contiguous_transpose_is_the_transpose(shape):
+    array = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+    turned = contiguous_transpose(array)
+    assert turned.flags.c_contiguous and turned.dtype == array.dtype
+    np.testing.assert_array_equal(turned, array.T)
+    assert not np.shares_memory(turned, array)

@@ -20,6 +20,7 @@ from bert_multi import (
     random_weights,
     run_conformance,
 )
+from bert_multi.spec.schema import cut_max_len
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES
 
@@ -46,6 +47,40 @@ def test_every_preset_conforms_in_both_dtypes_and_pairs_with_torch(backend, pres
     assert report.passed, report.failures()
     assert {check.target.backend for check in report.checks} == set(names)
     assert all(check.intermediates for check in report.checks)  # every activation compared
+
+
+def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend):
+    # prepare compiles from shapes alone; only if it lowers for the device, dtypes and inputs a built model
+    # calls with does the run find its executables in jit's cache. A fresh config, so nothing is compiled yet.
+    config = BERTConfig(vocab_size=23, num_hiddens=12, ffn_num_hiddens=7, num_heads=3, num_blks=1, max_len=70)
+    cases = [case.input(config, seed=2) for case in CASES]
+    groups = {}
+    for case in cases:
+        groups.setdefault(case.max_len or config.max_len, []).append(case.batch)
+    assert len(groups) == 2  # the max_len case runs on a model cut to 64 positions
+    compiled = collections.Counter()
+
+    def count(event, seconds, **_):
+        compiled[event] += event.endswith("backend_compile_duration")
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        backend.prepare(config, sorted(groups.items(), reverse=True), ["float32", "float64"], "cpu")
+        ahead = sum(compiled.values())
+        for dtype in ("float32", "float64"):
+            weights = random_weights(config, seed=2, dtype=dtype)
+            for case in cases:
+                cut, cut_weights = cut_max_len(config, weights, case.max_len or config.max_len)
+                backend.build(cut, cut_weights, dtype=dtype)(**case.batch, intermediates=True)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert ahead == 2 * len({signature(case) for case in cases})
+    assert sum(compiled.values()) == ahead, "the run compiled again what prepare compiled"
+
+
+def signature(case):
+    """What jit compiles a case's forward for: its model's max_len and each input's shape, or its absence."""
+    return case.max_len, tuple(None if a is None else np.shape(a) for a in case.batch.values())
 
 
 def test_float64_leaves_the_process_in_32_bits(backend):

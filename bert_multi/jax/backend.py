@@ -18,6 +18,7 @@ import flax
 import jax
 import numpy as np
 
+from ..arrays import contiguous_transpose
 from ..backend.contract import (
     BackendModel,
     BERTOutput,
@@ -37,7 +38,7 @@ from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
 from ..files.formats import flax as flax_format
 from ..spec.config import BERTConfig
-from ..spec.inputs import ModelInputs
+from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.schema import param_shapes
 from .model import BERTModel
 
@@ -201,13 +202,16 @@ class JaxBERT(BackendModel):
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         weights = {}
-        for name, (path, transposed) in flax_paths(self.config).items():
+        for name, (path, turned) in flax_paths(self.config).items():
             node = self.params
             for part in path:
                 node = node[part]
             # On the CPU np.asarray is a read-only view of JAX's own buffer, which it keeps alive.
-            array = np.asarray(node).T if transposed else np.asarray(node)
-            weights[name] = read_only(array) if share else np.array(array, order="C")
+            array = np.asarray(node)
+            if share:
+                weights[name] = read_only(array.T if turned else array)
+            else:
+                weights[name] = contiguous_transpose(array) if turned else np.array(array)
         return weights
 
     def framework_info(self) -> dict[str, object]:
@@ -221,16 +225,27 @@ class JaxBERT(BackendModel):
 
 
 def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: str = "cpu") -> None:
-    """Compile ahead the forward with activations that a conformance run asks for: a model of each dtype
-    and group's max_len, of zeros, run once on each of the group's batches. ``apply`` is shared by every
-    model of a module, so the run's own models find their shapes compiled; one model is held at a time."""
+    """Compile ahead the forward with activations that a conformance run asks for, for each dtype, group's
+    max_len and batch, from the parameters' shapes alone: no weights are made and nothing runs. Lowered
+    for the parameters' device and dtype as a built model's are, it is the executable the run's own calls
+    find in jit's cache (``apply`` is shared by every model of a module)."""
+    place = to_framework_device(parse_device(device))
+    on_place = jax.sharding.SingleDeviceSharding(place)
     for dtype in dtypes:
         for max_len, batches in groups:
             cut = dataclasses.replace(config, max_len=max_len)
-            model = build(cut, {n: np.zeros(shape, dtype) for n, shape in param_shapes(cut).items()}, device, dtype)
-            for batch in batches:
-                model(**batch, intermediates=True)
-            del model
+            module = BERTModel(*cut.d2l_args(), semantics=cut.semantics, heads=cut.heads)
+            shapes = param_shapes(cut)
+            with precision(dtype):
+                leaves = {}
+                for name, (path, turned) in flax_paths(cut).items():
+                    shape = shapes[name][::-1] if turned else shapes[name]
+                    leaves[".".join(path)] = jax.ShapeDtypeStruct(shape, dtype, sharding=on_place)
+                params = flax_format.nested(leaves)
+                for batch in batches:
+                    inputs = check_inputs(cut, **batch)
+                    arrays = [None if a is None else jax.device_put(a, place) for a in inputs]
+                    apply.lower(module, True, params, *arrays).compile()
 
 
 def xla_threads() -> int:
@@ -310,7 +325,7 @@ def build(
             # JAX never writes a parameter in place, so any array may be shared; on the CPU device_put may
             # keep the NumPy memory itself, so an array the caller still owns is copied unless shared.
             if turned or not shareable(array, given, share, False):
-                array = np.ascontiguousarray(array.T) if turned else array.copy()
+                array = contiguous_transpose(array) if turned else array.copy()
             leaves[name] = jax.device_put(array, place)
     params = flax_format.nested({".".join(paths[name][0]): leaves[name] for name in paths})
     return JaxBERT(config, module, params, dtype, target, place, tf32, mixed_precision)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import contiguous_transpose
 from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...spec.config import BERTConfig
@@ -211,7 +212,7 @@ def read_checkpoint(
     is asked for), and notes."""
     no_key(Path(path), key)
     stored, dtypes = read_tree(path)
-    arrays = {name: np.ascontiguousarray(a.T) if transposed(name) else a for name, a in stored.items()}
+    arrays = {name: contiguous_transpose(a) if transposed(name) else a for name, a in stored.items()}
     notes = ["Flax's (in, out) kernels read as (out, in) weights"] if any(map(transposed, stored)) else []
     return arrays, dtypes, notes
 
@@ -276,7 +277,7 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
 def flax_tree(config: BERTConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
     """The canonical weights as the Flax model's parameter tree, in the model's order, kernels (in, out)."""
     names = framework_names(config, NAME_RULES)
-    return nested({dotted: np.ascontiguousarray(weights[name].T) if transposed(dotted) else weights[name]
+    return nested({dotted: contiguous_transpose(weights[name]) if transposed(dotted) else weights[name]
                    for name, dotted in names.items()})  # fmt: skip
 
 
