@@ -246,8 +246,9 @@ class Worker:
         self.directory.cleanup()
 
     def close(self) -> None:
-        """End the worker as it ends by itself (its requests end), stopping it if it has not within 10 s."""
-        if self.process.poll() is None:
+        """End the worker as it ends by itself (its requests end), stopping it if it has not within 10 s;
+        at once if another thread's request is under way (its caller is ending): no one will read the reply."""
+        if self.process.poll() is None and not self.lock.locked():
             try:
                 assert self.process.stdin is not None
                 self.process.stdin.close()  # end of requests: the worker exits

@@ -21,7 +21,7 @@ from ..backend.contract import BackendModel, BERTOutput, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend
 from ..errors import CannotRunHere, InputError, UsageError
-from ..files.weights import load_weights, save_weights
+from ..files.weights import load_weights
 from ..spec.config import BERTConfig
 from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
@@ -111,12 +111,13 @@ def check_targets(targets: Sequence[Target]) -> None:
 
 
 class _Run:
-    """One conformance run: its schedule, and what it holds meanwhile. One dtype at a time and one model
-    at a time, each dropped once it has run its cases, and a target's exported weights kept only while
-    a later target is still to be built from them. Models are built with ``share`` and export with it,
-    so a framework that can keep the arrays it is given (torch, Gluon on the CPU) costs no copy and lends
-    views: the caller's weights and one cast per dtype are held (from a ``WeightsSource``, one dtype's
-    weights at a time), and a rebuilt model's weights read from a file while it runs."""
+    """One conformance run: its schedule, and what it holds meanwhile. One dtype at a time (its pairs on
+    lanes, ``_Lanes``), one model at a time in each process, each dropped once it has run its cases, and
+    a target's exported weights kept only while a later target is still to be built from them. Models
+    are built with ``share`` and export with it, so a framework that can keep the arrays it is given
+    (torch, Gluon on the CPU) costs no copy and lends views: the caller's weights and one cast per dtype
+    are held (from a ``WeightsSource``, one dtype's weights at a time), and a rebuilt model's weights
+    read from a file while it runs."""
 
     def __init__(
         self,
@@ -141,9 +142,20 @@ class _Run:
         self.keyed_checks: list[tuple[tuple[int, ...], Check]] = []  # keyed to sort into the order asked for
         self.eps: dict[Target, float] = {}  # each target's LayerNorm eps, as its framework computes it
         self.done = 0
-        self.during = "loading its backend"  # what the engine is doing, for a RunError
+        self.counting = threading.Lock()  # lanes run cases side by side
+        self.doing = threading.local()  # what each lane is doing, for a RunError
+        self.during = "loading its backend"
         for target in targets:
             self.attempt(target, self.load, target)
+
+    @property
+    def during(self) -> str:
+        """What the engine is doing on this thread, for a ``RunError``."""
+        return str(getattr(self.doing, "what", ""))
+
+    @during.setter
+    def during(self, what: str) -> None:
+        self.doing.what = what
 
     def load(self, target: Target) -> None:
         self.backends[target] = load_backend(target.backend)
@@ -184,11 +196,10 @@ class _Run:
 
     def prepare(self, stop: threading.Event) -> list[threading.Thread]:
         """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
-        dtypes and devices asked of it, while the schedule runs the others: a backend in another
-        environment's worker compiles there in parallel, so a run costs nearer the longest framework than
-        the sum. It is asked for one dtype and group at a time, until ``stop`` is set; it builds one model
-        at a time, of zeros, wherever the backend runs; its failures are not the run's (the run's own
-        models meet them, and report them)."""
+        dtypes and devices asked of it, while the engine computes the oracle's outputs and runs the
+        others. It is asked for one dtype and group at a time, until ``stop`` is set, and compiles
+        wherever the backend runs; its failures are not the run's (the run's own models meet them, and
+        report them)."""
         groups = [(max_len, [self.cases[index].batch for index in indices]) for max_len, indices in self.groups.items()]
         asked: dict[tuple[str, str], tuple[LoadedBackend, list[str]]] = {}  # (backend, device) -> it, its dtypes
         for target, backend in self.backends.items():
@@ -211,48 +222,21 @@ class _Run:
         release_memory()
         for dtype in dict.fromkeys(target.dtype for target in self.targets):
             ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
-            exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}  # for the targets after them
-            weights = self.weights_in(dtype) if ran else {}
-            for position, target in enumerate(ran):
-                later = position < len(ran) - 1
-                if not self.attempt(target, self.run_target, target, ran[:position], exports, weights, later):
-                    exports.pop(target, None)
-            for target in ran:  # pairs are of one dtype: its outputs are not asked for again
-                self.results.pop(target, None)
-            del weights  # before the next dtype's are made
+            if ran:
+                weights = self.weights_in(dtype)
+                _Lanes(self, ran, weights).run()
+                del weights  # before the next dtype's are made
         self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
         if self.progress:
             self.progress(self.done, self.done, "done")
         return self.report
 
-    def run_target(
-        self,
-        target: Target,
-        before: list[Target],
-        exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]],
-        weights: dict[str, np.ndarray],
-        later: bool,
-    ) -> None:
-        """``target`` alone and in its pairs with the targets ``before`` it. Each pair (a, b): b is rebuilt
-        from a's weights in memory before b runs alone, so a's export can be dropped first; a is rebuilt
-        from b's through a file once b has run."""
-        for source in list(exports):
-            self.run_pair(target, source, "memory", exports[source] if later else exports.pop(source))
-        earlier = [source for source in before if source in self.results] if self.pairs else []
-        with tempfile.TemporaryDirectory() as directory:
-            path = Path(directory) / "weights.npz"
-            export = self.run_alone(target, weights, keep=self.pairs and later, file=path if earlier else None)
-            if export is not None:
-                exports[target] = export
-            del export  # held by exports alone, so that it is freed once popped
-            for source in earlier:  # a failure here is the rebuilt source's
-                self.attempt(source, self.run_pair, source, target, "file", load_weights(path))
-
     def run_alone(
-        self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None
+        self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None, paired: bool
     ) -> tuple[BERTConfig, dict[str, np.ndarray]] | None:
-        """Run every case on ``target``'s model of ``weights`` and compare with the oracle. Its model of
-        the longest max_len is exported: written to ``file`` if given, and returned if ``keep``."""
+        """Run every case on ``target``'s model of ``weights`` and compare with the oracle, keeping its
+        outputs if ``paired`` (other targets are compared with them). Its model of the longest max_len is
+        exported: written to ``file`` if given, and returned if ``keep``."""
         tolerance = tolerance_for(target.dtype, target.device_kind)
         # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
         # oracle computed with the eps it really uses, and the report says so.
@@ -261,18 +245,16 @@ class _Run:
         export = None
         self.results[target] = {}
         lends = keep or file is not None
-        paired = self.pairs and sum(other.dtype == target.dtype for other in self.backends) > 1
         # Not enumerate(): it would hold each model until the next was built.
         for model, indices in self.models(self.builder(target), self.config, weights):
             self.report.runtime[str(target)] = model.runtime_info()
             if lends:  # the first model, of the longest max_len, lends its weights
                 lends = False
                 self.during = "exporting its weights"
-                export = (model.config, model.export_weights(share=True))
-                if file is not None:
-                    save_weights(file, *export)
-                if not keep:
-                    export = None
+                if keep:
+                    export = (model.config, model.export_weights(share=True))
+                if file is not None:  # where the model runs: a worker's weights stay in its process
+                    model.save_weights(file)
             for index in indices:
                 out = self.run_case(model, index, str(target))
                 if paired:  # what the other targets of its dtype are compared with
@@ -296,10 +278,11 @@ class _Run:
         eps, source_eps = self.kernel_eps(target), self.kernel_eps(source)
         label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
         first, second = sorted((self.targets.index(target), self.targets.index(source)))
+        outputs = self.results[source]  # held for the pair, whatever the source's own lane does meanwhile
         for model, indices in self.models(self.builder(target), *lent, rebuilt_from=f"{source}'s weights via {how}"):
             for index in indices:
                 out = self.run_case(model, index, f"{target} <- {source} ({how})")
-                expected = self.results[source][index]
+                expected = outputs[index]
                 if eps != source_eps:
                     expected = shifted(expected, self.references[eps][index], self.references[source_eps][index])
                 key = (1, first, second, 0 if how == "memory" else 1, index)
@@ -356,12 +339,12 @@ class _Run:
         return self.eps[target]
 
     def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
-        if self.progress:
-            alive = [target for target in self.targets if target in self.backends]  # not skipped, not broken
-            self.progress(
-                self.done, _planned_steps(alive, len(self.cases), self.pairs), f"{label}: {self.cases[index].name}"
-            )
-        self.done += 1
+        with self.counting:
+            if self.progress:
+                alive = [target for target in self.targets if target in self.backends]  # not skipped, not broken
+                planned = _planned_steps(alive, len(self.cases), self.pairs)
+                self.progress(self.done, planned, f"{label}: {self.cases[index].name}")
+            self.done += 1
         self.during = f"running case {self.cases[index].name}"
         return model(**self.cases[index].batch, intermediates=True)
 
@@ -378,6 +361,125 @@ class _Run:
     ) -> None:
         outputs = compare_outputs(out, expected, tolerance, recorded)
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
+
+
+class _Lanes:
+    """One dtype's part of a run: each target alone, and each pair of targets (a before b) both ways: b
+    rebuilt from a's weights in memory, a from b's through a file; on lanes, so that a worker computes
+    while this process does. This process's targets take their part on this thread, in the order one
+    process would (for each target: the pairs rebuilding it from the targets before it, then it alone,
+    then those targets rebuilt from its file). A backend in another environment's worker takes its own
+    on a thread of its own: its targets alone first, then its pairs. A pair waits only for the target it
+    is rebuilt from to have run alone, and the first steps of a worker's lane wait for nothing, so the
+    lanes never wait on each other in a circle.
+
+    Memory, per process: a lane builds one model at a time; a target's exported weights are held while
+    a target still to be rebuilt from them in memory is, its file kept while one still to be rebuilt from
+    the file is, and its outputs kept while a pair still to be compared with them is."""
+
+    def __init__(self, run: _Run, ran: list[Target], weights: dict[str, np.ndarray]) -> None:
+        self.run_, self.weights = run, weights
+        self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-pairs-")
+        # Each target's part: ("alone", target, None) or ("pair", rebuilt target, source, how).
+        steps: list[tuple[str, Target, Target | None, str]] = []
+        for position, target in enumerate(ran):
+            before = ran[:position] if run.pairs else []
+            steps += [("pair", target, source, "memory") for source in before]
+            steps.append(("alone", target, None, ""))
+            steps += [("pair", source, target, "file") for source in before]
+        # What each target's alone run leaves for the pairs: its outputs, its weights in memory, its file.
+        self.uses = {(what, source): 0 for source in ran for what in ("outputs", "memory", "file")}
+        for _, _, source, how in steps:
+            if source is not None:
+                self.uses["outputs", source] += 1
+                self.uses[how, source] += 1
+        self.lanes: dict[str | None, list[tuple[str, Target, Target | None, str]]] = {}
+        for step in steps:
+            self.lanes.setdefault(self.lane(step[1]), []).append(step)
+        # A worker's lane starts at once, with what needs nothing from the others, and this process's
+        # pairs with its targets find them run.
+        for lane, taken in self.lanes.items():
+            if lane is not None:
+                taken.sort(key=lambda step: step[0] != "alone")
+        self.alone = {target: threading.Event() for target in ran}  # set once it has run alone (or failed)
+        self.exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}
+        self.files: dict[Target, Path] = {}
+        self.lock = threading.Lock()
+        self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
+
+    def lane(self, target: Target) -> str | None:
+        """The lane of a target's models: None for this process, else its backend's worker."""
+        backend = self.run_.backends.get(target)
+        return None if backend is None or backend.elsewhere is None else target.backend
+
+    def run(self) -> None:
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=self.lane_thread, args=(steps, stop), daemon=True)
+            for lane, steps in self.lanes.items()
+            if lane is not None
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            self.take(self.lanes.get(None, []), stop)
+            for thread in threads:
+                thread.join()
+        finally:
+            stop.set()  # a lane stops at its next step once this thread is interrupted
+            self.directory.cleanup()
+            for target in self.alone:  # pairs are of one dtype: its outputs are not asked for again
+                self.run_.results.pop(target, None)
+        if self.failures:
+            raise self.failures[0]
+
+    def lane_thread(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
+        try:
+            self.take(steps, stop)
+        except BaseException as error:  # noqa: BLE001 - the engine's own failure, raised on the run's thread
+            self.failures.append(error)
+
+    def take(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
+        run = self.run_
+        for kind, target, source, how in steps:
+            if stop.is_set():
+                return
+            if kind == "alone":
+                if target in run.backends:
+                    run.attempt(target, self.run_alone, target)
+                self.alone[target].set()
+                continue
+            assert source is not None
+            self.alone[source].wait()
+            if target in run.backends and source in run.results:
+                run.attempt(target, self.run_pair, target, source, how)
+            self.used(source, how)
+
+    def run_alone(self, target: Target) -> None:
+        run, uses = self.run_, self.uses
+        file = Path(self.directory.name) / f"{target.backend}-{target.device}.npz" if uses["file", target] else None
+        export = run.run_alone(target, self.weights, uses["memory", target] > 0, file, uses["outputs", target] > 0)
+        if export is not None:
+            self.exports[target] = export
+        if file is not None:
+            self.files[target] = file
+
+    def run_pair(self, target: Target, source: Target, how: str) -> None:
+        lent = self.exports[source] if how == "memory" else load_weights(self.files[source])
+        self.run_.run_pair(target, source, how, lent)
+
+    def used(self, source: Target, how: str) -> None:
+        """A pair rebuilt from ``source`` is over: what nothing else needs of ``source`` is let go."""
+        with self.lock:
+            for what in ("outputs", how):
+                self.uses[what, source] -= 1
+            outputs, memory, file = (self.uses[what, source] for what in ("outputs", "memory", "file"))
+        if not outputs:
+            self.run_.results.pop(source, None)
+        if not memory:
+            self.exports.pop(source, None)
+        if not file and source in self.files:
+            self.files.pop(source).unlink(missing_ok=True)
 
 
 def _until(stop: threading.Event, work: list[tuple[Any, ...]]) -> None:
