@@ -20,7 +20,7 @@ from bert_multi import (
     random_weights,
     run_conformance,
 )
-from bert_multi.spec.schema import cut_max_len
+from bert_multi.spec.schema import cut_max_len, param_shapes
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES
 
@@ -76,6 +76,33 @@ def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend):
         jax.monitoring.unregister_event_duration_listener(count)
     assert ahead == 2 * len({signature(case) for case in cases})
     assert sum(compiled.values()) == ahead, "the run compiled again what prepare compiled"
+
+
+def test_a_users_flax_module_given_alone_is_initialised_by_one_compilation(backend):
+    # Run operation by operation, Flax's init compiles each operation at each new shape: over a hundred
+    # compilations for d2l's BERT, most of a verify's time. A config no other test uses, so nothing is
+    # compiled yet, and a model of it is what verify wraps.
+    from bert_multi.jax import wrap_user_model
+    from bert_multi.spec.inputs import check_inputs
+
+    config = BERTConfig(vocab_size=29, num_hiddens=10, ffn_num_hiddens=9, num_heads=5, num_blks=2, max_len=11)
+    module = backend.BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+    example = check_inputs(config, **CASES[0].batch(config))
+    compiled = collections.Counter()
+
+    def count(event, seconds, **_):
+        compiled[event] += event.endswith("backend_compile_duration")
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        wrapped = wrap_user_model(module, "float64", "cpu", example, copied=False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert sum(compiled.values()) <= 3  # the init, and what jax.random.key(0) compiles once a process
+    shapes = param_shapes(config)  # the canonical ones; Flax stores a Dense kernel (in, out)
+    expected = {".".join(path): shapes[name][::-1] if turned else shapes[name] for name, (path, turned) in
+                bert_multi.jax.backend.flax_paths(config).items()}  # fmt: skip
+    assert dict(wrapped.parameters()) == expected
 
 
 def signature(case):

@@ -8,6 +8,7 @@ Parallel to ``bert_multi/torch/user.py`` and ``bert_multi/mxnet/user.py``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -124,10 +125,11 @@ class WrappedModel:
             module, variables = model, None
         self.flags = inference_flags(module)
         if variables is None:
+            # Compiled whole: run as it is, init compiles each operation at each shape it meets (over a
+            # hundred compilations for d2l's BERT, most of a verify's time).
+            init = jax.jit(functools.partial(module.init, **self.flags))
             with precision(dtype), _explained():
-                variables = call_user(
-                    "your module's init", module.init, jax.random.key(0), *self._arrays(example), **self.flags
-                )
+                variables = call_user("your module's init", init, jax.random.key(0), *self._arrays(example))
         variables = flax.core.unfreeze(variables)
         self.module: nn.Module = module
         params = variables.get("params", variables)
