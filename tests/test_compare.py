@@ -90,9 +90,9 @@ def test_all_finite_looks_past_a_sum_that_overflows():
     assert not all_finite(np.array([np.inf, -np.inf]))  # their sum is NaN, and so is the verdict
 
 
-@pytest.mark.parametrize("shape", [(300, 7), (128, 256), (1, 5), (0, 3), (5,), (2, 3, 4)])
+@pytest.mark.parametrize("shape", [(300, 7), (128, 256), (1, 5), (0, 3), (10**15, 0), (5,), (2, 3, 4)])
 def test_a_contiguous_transpose_is_the_transpose(shape):
-    array = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)
+    array = np.arange(np.prod(shape), dtype=np.float64).reshape(shape)  # (10**15, 0): a hostile file's, at once
     turned = contiguous_transpose(array)
     assert turned.flags.c_contiguous and turned.dtype == array.dtype
     np.testing.assert_array_equal(turned, array.T)
