@@ -21,6 +21,7 @@ from bert_multi import BERTConfig, BERTOutput, CannotRunHere, load_backend, rand
 from bert_multi.backend import registry
 from bert_multi.backend.oracle import LAYER_NORM_EPS, NumpyBERT
 from bert_multi.errors import InputError
+from bert_multi.verify import conform
 from bert_multi.verify.cases import CASES, CaseInput, get_case
 from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.report import failure_details, summary_table
@@ -210,6 +211,29 @@ def test_a_backend_in_a_worker_runs_beside_this_process_and_the_report_is_the_sa
 
     assert shown(beside) == shown(one_thread) and len(beside.checks) == 3 * 4 + 6 * 4
     assert [c.passed for c in beside.checks if c.reference.startswith("leaky")] == [False] * 8
+
+
+def test_a_lane_that_breaks_ends_the_run_with_its_error_and_no_lane_waits_for_it(register, monkeypatch):
+    """The engine's own failure on a worker's lane (not a backend's, which is reported) is raised where
+    the run was called, once this process's lane is done: the pairs waiting on the broken lane's target
+    go on without it, rather than wait for ever."""
+
+    class Broken(BaseException):
+        pass
+
+    worker_like = fake_backend("other")
+    worker_like.ENVIRONMENT = "/elsewhere/bin/python"
+    register(worker_like)
+    run_alone = conform._Lanes.run_alone
+
+    def breaking(self, target):
+        if target.backend == "other":
+            raise Broken("the engine's own mistake")
+        run_alone(self, target)
+
+    monkeypatch.setattr(conform._Lanes, "run_alone", breaking)
+    with pytest.raises(Broken, match="the engine's own mistake"):
+        run("numpy", "other")
 
 
 def recording_backend(name, seen):

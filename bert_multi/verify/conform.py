@@ -426,7 +426,9 @@ class _Lanes:
             for thread in threads:
                 thread.join()
         finally:
-            stop.set()  # a lane stops at its next step once this thread is interrupted
+            stop.set()  # a lane stops at its next step once this thread is interrupted, or fails
+            for ran_alone in self.alone.values():  # and none waits on a target that will not run now
+                ran_alone.set()
             self.directory.cleanup()
             for target in self.alone:  # pairs are of one dtype: its outputs are not asked for again
                 self.run_.results.pop(target, None)
@@ -438,6 +440,9 @@ class _Lanes:
             self.take(steps, stop)
         except BaseException as error:  # noqa: BLE001 - the engine's own failure, raised on the run's thread
             self.failures.append(error)
+            for kind, target, _, _ in steps:  # the other lanes' pairs with its targets wait no longer
+                if kind == "alone":
+                    self.alone[target].set()
 
     def take(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
         run = self.run_
@@ -451,6 +456,8 @@ class _Lanes:
                 continue
             assert source is not None
             self.alone[source].wait()
+            if stop.is_set():
+                return
             if target in run.backends and source in run.results:
                 run.attempt(target, self.run_pair, target, source, how)
             self.used(source, how)
