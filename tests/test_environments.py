@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
-from bert_multi.files.weights import load_weights
 from bert_multi.backend.registry import load_backend, registrations
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
+from bert_multi.files.weights import load_weights
 from bert_multi.verify.cases import CASES
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, UserCodeError, WeightsError, random_weights
-from bert_multi.files.weights import load_weights
 from bert_multi.backend import channel, remote
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
+from bert_multi.files.weights import load_weights
 from bert_multi.verify.cases import CASES
 
 SUBJECT = Path(__file__).parent / "subjects" / "hostile_worker.py"
