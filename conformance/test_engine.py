@@ -21,7 +21,7 @@ from bert_multi import BERTConfig, BERTOutput, CannotRunHere, load_backend, rand
 from bert_multi.backend import registry
 from bert_multi.backend.oracle import LAYER_NORM_EPS, NumpyBERT
 from bert_multi.errors import InputError
-from bert_multi.verify import conform
+from bert_multi.verify import lanes as engine_lanes
 from bert_multi.verify.cases import CASES, CaseInput, get_case
 from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.report import failure_details, summary_table
@@ -224,14 +224,14 @@ def test_a_lane_that_breaks_ends_the_run_with_its_error_and_no_lane_waits_for_it
     worker_like = fake_backend("other")
     worker_like.ENVIRONMENT = "/elsewhere/bin/python"
     register(worker_like)
-    run_alone = conform._Lanes.run_alone
+    run_alone = engine_lanes.Lanes.run_alone
 
     def breaking(self, target):
         if target.backend == "other":
             raise Broken("the engine's own mistake")
         run_alone(self, target)
 
-    monkeypatch.setattr(conform._Lanes, "run_alone", breaking)
+    monkeypatch.setattr(engine_lanes.Lanes, "run_alone", breaking)
     with pytest.raises(Broken, match="the engine's own mistake"):
         run("numpy", "other")
 

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_multi import CONFIGS, UserCodeError, WeightsError, random_weights
+from bert_multi import CONFIGS, UserCodeError, random_weights
 from bert_multi.backend import channel, remote
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
-from bert_multi.files.weights import load_weights
 from bert_multi.verify.cases import CASES
 
 SUBJECT = Path(__file__).parent / "subjects" / "hostile_worker.py"
@@ -74,15 +73,6 @@ def test_a_reply_that_does_not_check_out_is_an_error_naming_the_worker(monkeypat
         model(**BATCH)
     assert time.monotonic() - started < 10
     assert_stopped(backend)
-
-
-def test_a_weights_file_a_worker_wrote_is_checked_where_it_is_read(monkeypatch, hostile_python, tmp_path):
-    """The conformance engine's pairs move a worker's weights through a file the worker writes: read
-    here, it is a file like any other: a changed byte is a ``WeightsError`` naming the tensor."""
-    _, model = hostile(monkeypatch, hostile_python, "saves damaged weights")
-    model.save_weights(tmp_path / "weights.npz")
-    with pytest.raises(WeightsError, match=r"weights\.npz: tensor .* is unreadable"):
-        load_weights(tmp_path / "weights.npz")
 
 
 def test_a_worker_that_hangs_costs_its_deadline_and_no_more(monkeypatch, hostile_python):

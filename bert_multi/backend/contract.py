@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -23,7 +22,6 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from ..errors import UsageError
-from ..files.weights import save_weights
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
@@ -272,12 +270,6 @@ class BackendModel(abc.ABC):
         """The model's weights as a canonical dict (schema names and order, NumPy arrays): copies, or with
         ``share`` read-only views of the model's own storage where the framework lends them (valid until
         the model changes), which cost no memory."""
-
-    def save_weights(self, path: str | os.PathLike) -> None:
-        """Write the model's weights as a canonical weights file (``bert_multi.save_weights``), as the
-        conformance engine moves weights through a file. A model in another environment's worker writes
-        it there, so its weights never travel through this process."""
-        save_weights(path, self.config, self.export_weights(share=True))
 
     @abc.abstractmethod
     def framework_info(self) -> dict[str, object]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager
@@ -31,15 +31,28 @@ def release_memory() -> None:
     name scope), so only the cycle collector frees an MXNet model, and glibc keeps freed blocks for
     reuse until asked to trim. Without this the default run's peak held two extra float64 models."""
     gc.collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    if _libc is not None:
+        _libc.malloc_trim(0)
 
 
-def _glibc_malloc_trim() -> Callable[[int], int] | None:
+def large_blocks_from_the_system() -> None:
+    """From now on glibc serves each block of 1 MiB or more straight from the system and hands it back
+    when it is freed (a fixed ``M_MMAP_THRESHOLD``; by default the threshold grows to 32 MiB as blocks are
+    freed). A run whose lanes allocate weights on several threads then holds no freed weights in one
+    thread's arena while another's allocates afresh: the default run's peak was 0.99 to 1.03 GB without
+    it, 0.90 GB with it. For the process, from a command, not for a library's caller."""
+    if _libc is not None:
+        _libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, for malloc_trim and mallopt; None where the C library is another (nothing to tune)."""
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
         return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
-_malloc_trim = _glibc_malloc_trim()
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+_libc = _glibc()

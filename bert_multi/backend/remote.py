@@ -231,9 +231,6 @@ class RemoteModel(BackendModel):
             raise self.worker.failure(f"its reply to 'export' does not hold the model's weights: {error}") from None
         return {name: read_only(array) for name, array in weights.items()} if share else weights
 
-    def save_weights(self, path: str | os.PathLike) -> None:
-        self.worker.call("save_weights", model=self.id, path=str(Path(path).absolute()))
-
     def framework_info(self) -> dict[str, object]:
         return dict(self.info)
 

@@ -99,10 +99,6 @@ class Session:
         np.savez(out, **self.models[model].export_weights(share=True))
         return {}
 
-    def save_weights(self, model: int, path: str) -> dict[str, Any]:
-        self.models[model].save_weights(path)
-        return {}
-
     def save_checkpoint(self, path: str, config: dict[str, Any], weights: str) -> dict[str, Any]:
         self._loaded().save_checkpoint(path, BERTConfig.from_dict(config), read_arrays(weights))
         return {}
@@ -160,7 +156,6 @@ OPERATIONS = (
     "build",
     "forward",
     "export",
-    "save_weights",
     "save_checkpoint",
     "read_checkpoint",
     "trainer",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..backend.memory import large_blocks_from_the_system
 from ..display import format_table
 from ..errors import UsageError
 from ..spec.config import CONFIGS
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_cases())
         return 0
     check_report_outputs(args)
+    large_blocks_from_the_system()  # the run's lanes allocate weights on several threads
     targets = parse_targets(args)
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
     if args.preset == "all" and args.config not in CONFIGS:

@@ -23,7 +23,6 @@ from bert_multi.errors import UserCodeError
 MODE = os.environ.get("HOSTILE_WORKER", "")
 Session = worker.Session
 honest_load, honest_forward, honest_step, honest_state = Session.load, Session.forward, Session.step, Session.state
-honest_save_weights = Session.save_weights
 
 
 def mark() -> None:
@@ -86,17 +85,7 @@ def state(self, trainer, out):
     return reply
 
 
-def save_weights(self, model, path):
-    reply = honest_save_weights(self, model, path)
-    if MODE == "saves damaged weights":  # one byte of a tensor changed, the manifest's hash left as it was
-        data = bytearray(Path(path).read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        Path(path).write_bytes(bytes(data))
-    return reply
-
-
 Session.load, Session.forward, Session.step, Session.state = load, forward, step, state
-Session.save_weights = save_weights
 
 if __name__ == "__main__":
     worker.main()

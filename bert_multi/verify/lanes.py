@@ -1,0 +1,147 @@
+"""The conformance engine's schedule of one dtype, on lanes: a backend in another environment's worker
+runs its part of the run on a thread of its own, beside this process's (``conform`` runs the rest)."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..files.weights import load_weights
+from ..spec.config import BERTConfig
+from .results import Target
+
+if TYPE_CHECKING:
+    from .conform import _Run as Run
+
+
+class Lanes:
+    """One dtype's part of a run: each target alone, and each pair of targets (a before b) both ways: b
+    rebuilt from a's weights in memory, a from b's through a file; on lanes, so that a worker computes
+    while this process does. This process's targets take their part on this thread, in the order one
+    process would (for each target: the pairs rebuilding it from the targets before it, then it alone,
+    then those targets rebuilt from its file). A backend in another environment's worker takes its own
+    on a thread of its own: its targets alone first, then its pairs. A pair waits only for the target it
+    is rebuilt from to have run alone, and the first steps of a worker's lane wait for nothing, so the
+    lanes never wait on each other in a circle.
+
+    Memory, per process: a lane builds one model at a time; a target's exported weights are held while
+    a target still to be rebuilt from them in memory is, its file kept while one still to be rebuilt from
+    the file is, and its outputs kept while a pair still to be compared with them is."""
+
+    def __init__(self, run: Run, ran: list[Target], weights: dict[str, np.ndarray]) -> None:
+        self.run_, self.weights = run, weights
+        self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-pairs-")
+        # Each target's part: ("alone", target, None) or ("pair", rebuilt target, source, how).
+        steps: list[tuple[str, Target, Target | None, str]] = []
+        for position, target in enumerate(ran):
+            before = ran[:position] if run.pairs else []
+            steps += [("pair", target, source, "memory") for source in before]
+            steps.append(("alone", target, None, ""))
+            steps += [("pair", source, target, "file") for source in before]
+        # What each target's alone run leaves for the pairs: its outputs, its weights in memory, its file.
+        self.uses = {(what, source): 0 for source in ran for what in ("outputs", "memory", "file")}
+        for _, _, source, how in steps:
+            if source is not None:
+                self.uses["outputs", source] += 1
+                self.uses[how, source] += 1
+        self.lanes: dict[str | None, list[tuple[str, Target, Target | None, str]]] = {}
+        for step in steps:
+            self.lanes.setdefault(self.lane(step[1]), []).append(step)
+        # A worker's lane starts at once, with what needs nothing from the others, and this process's
+        # pairs with its targets find them run.
+        for lane, taken in self.lanes.items():
+            if lane is not None:
+                taken.sort(key=lambda step: step[0] != "alone")
+        self.alone = {target: threading.Event() for target in ran}  # set once it has run alone (or failed)
+        self.exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}
+        self.files: dict[Target, Path] = {}
+        self.lock = threading.Lock()
+        self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
+
+    def lane(self, target: Target) -> str | None:
+        """The lane of a target's models: None for this process, else its backend's worker."""
+        backend = self.run_.backends.get(target)
+        return None if backend is None or backend.elsewhere is None else target.backend
+
+    def run(self) -> None:
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=self.lane_thread, args=(steps, stop), daemon=True)
+            for lane, steps in self.lanes.items()
+            if lane is not None
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            self.take(self.lanes.get(None, []), stop)
+            for thread in threads:
+                thread.join()
+        finally:
+            stop.set()  # a lane stops at its next step once this thread is interrupted, or fails
+            for ran_alone in self.alone.values():  # and none waits on a target that will not run now
+                ran_alone.set()
+            self.directory.cleanup()
+            for target in self.alone:  # pairs are of one dtype: its outputs are not asked for again
+                self.run_.results.pop(target, None)
+        if self.failures:
+            raise self.failures[0]
+
+    def lane_thread(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
+        try:
+            self.take(steps, stop)
+        except BaseException as error:  # noqa: BLE001 - the engine's own failure, raised on the run's thread
+            self.failures.append(error)
+            for kind, target, _, _ in steps:  # the other lanes' pairs with its targets wait no longer
+                if kind == "alone":
+                    self.alone[target].set()
+
+    def take(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
+        run = self.run_
+        for kind, target, source, how in steps:
+            if stop.is_set():
+                return
+            if kind == "alone":
+                if target in run.backends:
+                    run.attempt(target, self.run_alone, target)
+                self.alone[target].set()
+                continue
+            assert source is not None
+            self.alone[source].wait()
+            if stop.is_set():
+                return
+            if target in run.backends and source in run.results:
+                run.attempt(target, self.run_pair, target, source, how)
+            self.used(source, how)
+
+    def run_alone(self, target: Target) -> None:
+        run, uses = self.run_, self.uses
+        file = Path(self.directory.name) / f"{target.backend}-{target.device}.npz" if uses["file", target] else None
+        export = run.run_alone(target, self.weights, uses["memory", target] > 0, file, uses["outputs", target] > 0)
+        if export is not None:
+            self.exports[target] = export
+        if file is not None:
+            self.files[target] = file
+
+    def run_pair(self, target: Target, source: Target, how: str) -> None:
+        if how == "memory":
+            self.run_.run_pair(target, source, how, self.exports[source])
+            return
+        with self.run_.holding:
+            self.run_.run_pair(target, source, how, load_weights(self.files[source]))
+
+    def used(self, source: Target, how: str) -> None:
+        """A pair rebuilt from ``source`` is over: what nothing else needs of ``source`` is let go."""
+        with self.lock:
+            for what in ("outputs", how):
+                self.uses[what, source] -= 1
+            outputs, memory, file = (self.uses[what, source] for what in ("outputs", "memory", "file"))
+        if not outputs:
+            self.run_.results.pop(source, None)
+        if not memory:
+            self.exports.pop(source, None)
+        if not file and source in self.files:
+            self.files.pop(source).unlink(missing_ok=True)
