@@ -49,7 +49,8 @@ def test_every_preset_conforms_in_both_dtypes_and_pairs_with_torch(backend, pres
     assert all(check.intermediates for check in report.checks)  # every activation compared
 
 
-def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend, device):
     # prepare compiles from shapes alone; only if it lowers for the device, dtypes and inputs a built model
     # calls with does the run find its executables in jit's cache. A fresh config, so nothing is compiled yet.
     config = BERTConfig(vocab_size=23, num_hiddens=12, ffn_num_hiddens=7, num_heads=3, num_blks=1, max_len=70)
@@ -65,13 +66,16 @@ def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend):
 
     jax.monitoring.register_event_duration_secs_listener(count)
     try:
-        backend.prepare(config, sorted(groups.items(), reverse=True), ["float32", "float64"], "cpu")
+        try:
+            backend.prepare(config, sorted(groups.items(), reverse=True), ["float32", "float64"], device)
+        except CannotRunHere as error:  # no such device here: say why
+            pytest.skip(str(error))
         ahead = sum(compiled.values())
         for dtype in ("float32", "float64"):
             weights = random_weights(config, seed=2, dtype=dtype)
             for case in cases:
                 cut, cut_weights = cut_max_len(config, weights, case.max_len or config.max_len)
-                backend.build(cut, cut_weights, dtype=dtype)(**case.batch, intermediates=True)
+                backend.build(cut, cut_weights, device, dtype)(**case.batch, intermediates=True)
     finally:
         jax.monitoring.unregister_event_duration_listener(count)
     assert ahead == 2 * len({signature(case) for case in cases})
