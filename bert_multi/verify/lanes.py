@@ -30,7 +30,8 @@ class Lanes:
 
     Memory, per process: a lane builds one model at a time; a target's exported weights are held while
     a target still to be rebuilt from them in memory is, its file kept while one still to be rebuilt from
-    the file is, and its outputs kept while a pair still to be compared with them is."""
+    the file is, and its outputs kept while a pair still to be compared with them is; and one set of
+    weights beyond the run's own is held at a time in this process, across the lanes (``holding``)."""
 
     def __init__(self, run: Run, ran: list[Target], weights: dict[str, np.ndarray]) -> None:
         self.run_, self.weights = run, weights
