@@ -136,13 +136,14 @@ class Lanes:
 
     def used(self, source: Target, how: str) -> None:
         """A pair rebuilt from ``source`` is over: what nothing else needs of ``source`` is let go."""
-        with self.lock:
+        with self.lock:  # two lanes may finish pairs of one source at once: one of them lets each thing go
             for what in ("outputs", how):
                 self.uses[what, source] -= 1
             outputs, memory, file = (self.uses[what, source] for what in ("outputs", "memory", "file"))
+            path = None if file else self.files.pop(source, None)
         if not outputs:
             self.run_.results.pop(source, None)
         if not memory:
             self.exports.pop(source, None)
-        if not file and source in self.files:
-            self.files.pop(source).unlink(missing_ok=True)
+        if path is not None:
+            path.unlink(missing_ok=True)
