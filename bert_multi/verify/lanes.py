@@ -65,8 +65,7 @@ class Lanes:
 
     def lane(self, target: Target) -> str | None:
         """The lane of a target's models: None for this process, else its backend's worker."""
-        backend = self.run_.backends.get(target)
-        return None if backend is None or backend.elsewhere is None else target.backend
+        return None if self.run_.backends[target].elsewhere is None else target.backend
 
     def run(self) -> None:
         stop = threading.Event()
