@@ -31,9 +31,10 @@ def test_every_section_sets_pytorch_beside_another_framework():
 
 
 @pytest.mark.parametrize("framework", frameworks())
-def test_every_sample_prints_what_the_guide_says(framework):
+def test_every_sample_prints_what_the_guide_says(framework, tmp_path, monkeypatch):
     if not_in_process(framework):  # the samples run in this process
         pytest.skip(not_in_process(framework))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the samples' children make their temporary files
     outcomes = lessons.check(SECTIONS, (framework,))
     if not outcomes:
         pytest.skip(f"the guide has no {framework} samples yet")
@@ -41,6 +42,9 @@ def test_every_sample_prints_what_the_guide_says(framework):
     assert not wrong, "\n".join(
         f"guide line {o.sample.line}: printed\n{o.printed}\nwhere the guide says\n{o.sample.expected}" for o in wrong
     )
+    # A reader who runs a sample is left nothing to clean up (Inductor's cache is PyTorch's own, kept on purpose).
+    left = sorted(path.name for path in tmp_path.iterdir() if not path.name.startswith("torchinductor_"))
+    assert not left, f"the {framework} samples left {left} in the temporary directory"
 
 
 def test_a_false_claim_in_the_guide_fails(tmp_path):
