@@ -142,6 +142,37 @@ def test_the_frameworks_are_told_to_share_the_process_unless_the_user_said_other
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
 
 
+def test_a_backend_that_a_worker_runs_starts_loading_while_this_process_imports_its_own(monkeypatch):
+    """``load_backends`` starts another environment's worker first, on a thread of its own: a framework
+    imported here finds it already starting. Loaded one after the other, in the order asked, the import
+    here would wait for it in vain."""
+    from bert_multi.backend import registry, remote
+    from bert_multi.backend.registrations import Registration
+
+    starting = threading.Event()
+
+    def started_elsewhere(name, environment, unavailable):
+        starting.set()
+        raise unavailable  # no worker is really started: only the order is looked at
+
+    def imported_here():
+        raise ImportError("no such framework" if starting.wait(10) else "the worker was not starting")
+
+    def not_here():
+        raise ImportError("no module named 'no_such_framework'")
+
+    monkeypatch.setattr(remote, "load_elsewhere", started_elsewhere)
+    known = registry._REGISTRY.all()
+    monkeypatch.setitem(known, "here", Registration("here", imported_here, "a test", "code"))
+    elsewhere = Registration(
+        "there", not_here, "a test", "bert_multi", environment=".venv-other", packages=("no_such_framework",)
+    )
+    monkeypatch.setitem(known, "there", elsewhere)
+    loaded = registry.load_backends(["here", "there"])
+    assert "(no such framework)" in str(loaded["here"])
+    assert "no_such_framework" in str(loaded["there"]) and starting.is_set()
+
+
 class EndOfRun(BaseException):
     """What a caller's progress callback raises to end a run early (as gpu-check's budget does)."""
 

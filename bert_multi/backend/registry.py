@@ -19,10 +19,12 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -159,6 +161,45 @@ def load_backend(name: str) -> LoadedBackend:
             ) from error
         _REGISTRY.loaded[name] = LoadedBackend(registration, target)
     return _REGISTRY.loaded[name]
+
+
+def load_backends(names: Iterable[str]) -> dict[str, LoadedBackend | Exception]:
+    """Each of ``names`` loaded, or the exception its loading raised (``load_backend``'s). Those whose
+    framework is not installed here, and that another environment's worker will run, are loaded first on
+    a thread of their own: their workers start while this process imports its own frameworks."""
+    names = list(dict.fromkeys(names))
+    check_names(names)
+    registrations = _REGISTRY.all()
+    elsewhere = [name for name in names if name not in _REGISTRY.loaded and _installed_elsewhere(registrations[name])]
+    loaded: dict[str, LoadedBackend | Exception] = {}
+
+    def load(name: str) -> None:
+        try:
+            loaded[name] = load_backend(name)
+        except Exception as error:  # noqa: BLE001 - the caller reports it, as it would load_backend's
+            loaded[name] = error
+
+    def load_elsewhere() -> None:
+        for name in elsewhere:
+            load(name)
+
+    starting = threading.Thread(target=load_elsewhere, daemon=True)
+    starting.start()
+    try:
+        for name in names:
+            if name not in elsewhere:
+                load(name)
+    finally:  # even on Ctrl-C: a worker started is one this process knows, and stops as it exits
+        starting.join()
+    return {name: loaded[name] for name in names}
+
+
+def _installed_elsewhere(registration: Registration) -> bool:
+    """Whether a backend is sure to run in its environment's worker: it has one, and its framework's first
+    package cannot be imported here (asked without importing anything)."""
+    if not (registration.environment and registration.packages) or os.environ.get(remote.WORKER_VARIABLE):
+        return False
+    return importlib.util.find_spec(registration.packages[0]) is None
 
 
 def label_of(name: str) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backend.contract import BackendModel, BERTOutput, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
-from ..backend.registry import LoadedBackend, check_names, load_backend
+from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
 from ..errors import CannotRunHere, InputError, UsageError
 from ..files.weights import save_weights
 from ..spec.config import BERTConfig
@@ -150,8 +150,9 @@ class _Run:
         self.holding = threading.Lock()
         self.doing = threading.local()  # what each lane is doing, for a RunError
         self.during = "loading its backend"
+        loaded = load_backends(target.backend for target in targets)
         for target in targets:
-            self.attempt(target, self.load, target)
+            self.attempt(target, self.load, target, loaded[target.backend])
 
     @property
     def during(self) -> str:
@@ -162,8 +163,10 @@ class _Run:
     def during(self, what: str) -> None:
         self.doing.what = what
 
-    def load(self, target: Target) -> None:
-        self.backends[target] = load_backend(target.backend)
+    def load(self, target: Target, loaded: LoadedBackend | Exception) -> None:
+        if isinstance(loaded, Exception):
+            raise loaded
+        self.backends[target] = loaded
 
     def attempt(self, target: Target, work: Callable[..., object], *arguments: Any) -> bool:
         """``work(*arguments)`` for ``target``; whether it finished. ``CannotRunHere`` skips the target with
