@@ -13,14 +13,17 @@ VENV_DOCS := .venv-docs
 
 run: packages venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
+run: PACKAGES := $(VENV)/.packages $(VENV_NUMPY2)/.packages
 
 test: packages check docs test-main test-numpy2
 
-# Every environment's packages from its lock file, installed side by side (pip spends much of its time
-# writing files): on the reference VM the three take 70 s so, against 97 s one after the other. This
-# checkout then goes into each in turn as a target needs it (pip install -e writes its egg-info here).
+# The environments' packages from their lock files (all three, or those a target names), installed side
+# by side (pip spends much of its time writing files): on the reference VM the three take 70 s so,
+# against 97 s one after the other. This checkout then goes into each in turn as a target needs it
+# (pip install -e writes its egg-info here).
+PACKAGES := $(VENV)/.packages $(VENV_NUMPY2)/.packages $(VENV_DOCS)/.installed
 packages:
-	@$(MAKE) --no-print-directory -j3 $(VENV)/.packages $(VENV_NUMPY2)/.packages $(VENV_DOCS)/.installed
+	@$(MAKE) --no-print-directory -q $(PACKAGES) || $(MAKE) --no-print-directory -j3 $(PACKAGES)
 
 # Lint, formatting and types, before any test: a red check fails the run at once.
 check: venv
