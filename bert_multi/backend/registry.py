@@ -220,12 +220,13 @@ def backends() -> dict[str, BackendStatus]:
     """Every registered backend, with whether it loads here and, if not, why. Never raises: a backend
     that breaks the contract is listed as unavailable, saying so."""
     status: dict[str, BackendStatus] = {}
+    loaded = load_backends(_REGISTRY.all())
     for name, registration in _REGISTRY.all().items():
-        label = label_of(name)
-        try:
-            backend = load_backend(name)
-        except (CannotRunHere, BackendContractError) as error:
-            status[name] = BackendStatus(False, str(error), registration.role, label, registration.where)
+        backend = loaded[name]
+        if isinstance(backend, (CannotRunHere, BackendContractError)):
+            status[name] = BackendStatus(False, str(backend), registration.role, label_of(name), registration.where)
+        elif isinstance(backend, Exception):
+            raise backend
         else:
             status[name] = BackendStatus(True, None, backend.role, backend.label, backend.where)
     return status
