@@ -1,7 +1,7 @@
 """The backend contract, written once: what a backend provides and what its models return.
 
 A backend is a module (or any object) with ``NAME`` and ``build``; ``Backend`` below states both and
-every optional capability, and ``bert_multi.backend.registry.LoadedBackend`` is the one place where each
+every optional capability, and ``bert_multi.backend.loaded.LoadedBackend`` is the one place where each
 capability is looked up, with its default. The project's own backends register in
 ``bert_multi.backend.registry``; other packages add theirs through the ``bert_multi.backends``
 entry-point group.
