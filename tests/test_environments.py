@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
+from bert_multi.backend.channel import Worker
 from bert_multi.backend.registry import load_backend, registrations
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
 from bert_multi.verify.cases import CASES
@@ -44,6 +45,7 @@ def test_a_model_in_a_worker_computes_exactly_what_it_computes_here(remote_oracl
     assert list(exported) == list(weights) and all(np.array_equal(exported[n], weights[n]) for n in weights)
     assert not any(array.flags.writeable for array in exported.values())
     assert there.runtime_info()["python"] == sys.executable
+    assert there.cut(5) is None  # the oracle's models do not cut themselves: the caller builds the shorter one
 
 
 def test_the_worker_raises_bert_multis_own_exceptions_and_shows_others_with_their_traceback(remote_oracle):
@@ -161,6 +163,30 @@ def test_mxnet_and_jax_pair_across_their_environments():
     pairs = {(c.target.backend, c.reference.split()[0]) for c in report.checks if not c.against_oracle}
     assert pairs == {("mxnet", "jax"), ("jax", "mxnet")}
     assert any(" in " in load_backend(name).where for name in ("mxnet", "jax"))  # one ran elsewhere
+
+
+def test_a_workers_model_takes_its_weights_once_and_cuts_the_shorter_model_itself(monkeypatch):
+    """A case on a model cut to 64 positions (``max_len``): a worker whose models cut themselves (JAX's) is
+    sent each target's weights once, and makes the shorter model from the one it holds."""
+    if backends()["jax"].available and load_backend("jax").elsewhere is None:
+        pytest.skip("JAX runs in this process here: its models' cut is tested in tests/test_jax_backend.py")
+    if not backends()["jax"].available:
+        pytest.skip(backends()["jax"].reason)
+    asked = []
+    call = Worker.call
+
+    def counted(worker, op, **arguments):
+        asked.append(op)
+        return call(worker, op, **arguments)
+
+    monkeypatch.setattr(Worker, "call", counted)
+    config = BERTConfig(vocab_size=23, num_hiddens=12, ffn_num_hiddens=7, num_heads=3, num_blks=1, max_len=70)
+    cases = [case.input(config, seed=2) for case in CASES]
+    assert len({case.max_len for case in cases}) == 2  # the max_len case runs on a model cut to 64 positions
+    weights = random_weights(config, seed=2, dtype="float64")
+    report = run_conformance(config, weights, [Target("jax", "float64")], cases, pairs=False)
+    assert report.passed and len(report.checks) == len(CASES), report.failures()
+    assert (asked.count("build"), asked.count("cut")) == (1, 1)
 
 
 def test_bad_input_is_refused_the_same_wherever_the_backend_runs(remote_oracle):

@@ -75,6 +75,15 @@ def test_a_reply_that_does_not_check_out_is_an_error_naming_the_worker(monkeypat
     assert_stopped(backend)
 
 
+def test_a_reply_describing_no_model_is_an_error_naming_the_worker(monkeypatch, hostile_python):
+    backend, model = hostile(monkeypatch, hostile_python, "")
+    assert model.cut(8) is None  # the oracle's models do not cut themselves
+    backend, model = hostile(monkeypatch, hostile_python, "describes a model it does not hold")
+    with pytest.raises(RemoteFailure, match=r"its reply to 'cut' describes no model: \{'ok': True, 'model': '7', "):
+        model.cut(8)
+    assert_stopped(backend)
+
+
 def test_a_worker_that_hangs_costs_its_deadline_and_no_more(monkeypatch, hostile_python):
     backend, model = hostile(monkeypatch, hostile_python, "hangs", timeout="2")
     started = time.monotonic()

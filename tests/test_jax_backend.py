@@ -82,6 +82,44 @@ def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend, 
     assert sum(compiled.values()) == ahead, "the run compiled again what prepare compiled"
 
 
+@pytest.mark.parametrize("preset", ["d2l", "d2l-0.11"])  # a learned positional table; sinusoidal positions
+def test_a_model_cut_from_another_shares_its_weights_and_is_the_model_built_from_cut_weights(backend, preset):
+    # The conformance engine makes a case's shorter model so; built from weights, a worker's would take
+    # every weight again. A config no other test uses, so that what the cut model compiles is counted.
+    config = BERTConfig(vocab_size=19, num_hiddens=8, ffn_num_hiddens=5, num_heads=2, num_blks=1, max_len=15)
+    config = config.with_semantics(preset)
+    weights = random_weights(config, seed=5, dtype="float64")
+    model = backend.build(config, weights, dtype="float64")
+    cut = model.cut(9)
+    built = backend.build(*cut_max_len(config, weights, 9), dtype="float64")
+    assert cut.config == built.config and model.cut(16) is None
+    compiled = collections.Counter()
+
+    def count(event, seconds, **_):
+        compiled[event] += event.endswith("backend_compile_duration")
+
+    batch = CASES[0].batch(cut.config, seed=5)
+    got = cut(**batch, intermediates=True)
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        expected = built(**batch, intermediates=True)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert not compiled, "the cut model's executable is not the one a built model calls"
+    assert np.array_equal(got.encoded, expected.encoded) and np.array_equal(got.nsp, expected.nsp)
+    assert all(np.array_equal(got.intermediates[name], a) for name, a in expected.intermediates.items())
+
+    # Every parameter but the positional table is the model's own array, not a copy.
+    def leaf(params, path):
+        for part in path:
+            params = params[part]
+        return params
+
+    paths = bert_multi.jax.backend.flax_paths(config)
+    apart = [name for name, (path, _) in paths.items() if leaf(model.params, path) is not leaf(cut.params, path)]
+    assert apart == (["encoder.pos_embedding"] if PRESETS[preset].positions == "learned" else [])
+
+
 def test_a_users_flax_module_given_alone_is_initialised_by_one_compilation(backend):
     # Run operation by operation, Flax's init compiles each operation at each new shape: over a hundred
     # compilations for d2l's BERT, most of a verify's time. A config no other test uses, so nothing is

@@ -275,6 +275,12 @@ class BackendModel(abc.ABC):
     def framework_info(self) -> dict[str, object]:
         """The framework's version and the settings that move numbers or timings (threads, TF32)."""
 
+    def cut(self, max_len: int) -> BackendModel | None:
+        """This model on its first ``max_len`` positions, as its backend builds it from the weights
+        ``schema.cut_max_len`` cuts, made from this one and sharing every weight the cut leaves whole; or
+        None (the default) where the caller is to build it so."""
+        return None
+
     def runtime_info(self) -> dict[str, object]:
         """Everything a report needs to say how this model ran."""
         return {"backend": self.backend, "dtype": self.dtype, "device": str(self.device), **self.framework_info()}

@@ -17,6 +17,7 @@ in the framework's own environment. What the worker sends back is checked agains
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import weakref
@@ -31,7 +32,7 @@ from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.loss import BatchTotals, LossValues, check_batch
 from ..spec.optimizer import adam_stepped, check_optimizer_state
-from ..spec.schema import param_shapes, validate_weights
+from ..spec.schema import SUPPORTED_DTYPES, param_shapes, validate_weights
 from .channel import SOURCE_ROOT, WORKER_VARIABLE, RemoteFailure, Worker
 from .contract import BackendModel, BERTOutput, CaseGroups, parse_device, read_only
 
@@ -179,9 +180,18 @@ class RemoteModel(BackendModel):
 
     module = None
 
-    def __init__(self, backend: RemoteBackend, config: BERTConfig, reply: dict[str, Any]) -> None:
+    def __init__(self, backend: RemoteBackend, config: BERTConfig, reply: dict[str, Any], op: str = "build") -> None:
+        recorded = reply.get("recorded")
+        if not (
+            type(reply.get("model")) is int
+            and reply.get("dtype") in SUPPORTED_DTYPES
+            and _is_text(reply.get("device"))
+            and (recorded is None or (isinstance(recorded, list) and all(map(_is_text, recorded))))
+            and isinstance(reply.get("info"), dict)
+        ):
+            raise backend.worker.failure(f"its reply to {op!r} describes no model: {str(reply)[:200]}")
         super().__init__(config, reply["dtype"], parse_device(reply["device"]))
-        self.backend, self.worker, self.id = backend.NAME, backend.worker, int(reply["model"])
+        self.remote, self.backend, self.worker, self.id = backend, backend.NAME, backend.worker, int(reply["model"])
         self.recorded = None if reply["recorded"] is None else tuple(reply["recorded"])
         self.info: dict[str, object] = {**reply["info"], "python": backend.ENVIRONMENT}
         weakref.finalize(self, self.worker.drop, self.id)
@@ -230,6 +240,13 @@ class RemoteModel(BackendModel):
         except errors.WeightsError as error:
             raise self.worker.failure(f"its reply to 'export' does not hold the model's weights: {error}") from None
         return {name: read_only(array) for name, array in weights.items()} if share else weights
+
+    def cut(self, max_len: int) -> RemoteModel | None:
+        """The worker's own model cut from this one, where its backend makes one: no weights cross."""
+        reply = self.worker.call("cut", model=self.id, max_len=int(max_len))
+        if reply.get("model") is None:
+            return None
+        return RemoteModel(self.remote, dataclasses.replace(self.config, max_len=int(max_len)), reply, "cut")
 
     def framework_info(self) -> dict[str, object]:
         return dict(self.info)

@@ -79,6 +79,14 @@ class Session:
         with np.load(weights, allow_pickle=False) as received:
             model = self._loaded().build(BERTConfig.from_dict(config), received, device, dtype, **options)
         release_memory()  # the weights received, where the model copied them
+        return self._held(model)
+
+    def cut(self, model: int, max_len: int) -> dict[str, Any]:
+        made = self.models[model].cut(max_len)
+        return {"model": None} if made is None else self._held(made)
+
+    def _held(self, model: BackendModel) -> dict[str, Any]:
+        """A model now held here, under a number of its own, as the caller's ``RemoteModel`` knows it."""
         number = next(self.numbers)
         self.models[number] = model
         recorded = None if model.recorded is None else list(model.recorded)
@@ -154,6 +162,7 @@ OPERATIONS = (
     "supports",
     "kernel_eps",
     "build",
+    "cut",
     "forward",
     "export",
     "save_checkpoint",

@@ -214,6 +214,26 @@ class JaxBERT(BackendModel):
                 weights[name] = contiguous_transpose(array) if turned else np.array(array)
         return weights
 
+    def cut(self, max_len: int) -> JaxBERT | None:
+        """Framework difference: the parameters are a tree apart from the module, so the shorter model is
+        a module of that max_len with the same tree, its positional table's leaf sliced: every other
+        parameter is shared, and nothing is copied or moved."""
+        if not 1 <= max_len <= self.config.max_len:
+            return None
+        config = dataclasses.replace(self.config, max_len=max_len)
+        shapes = param_shapes(config)
+        leaves = {}
+        with self.computing():  # a float64 table is sliced in float64
+            for name, (path, turned) in flax_paths(config).items():
+                node = self.params
+                for part in path:
+                    node = node[part]
+                shape = shapes[name][::-1] if turned else shapes[name]
+                leaves[".".join(path)] = node if node.shape == shape else node[tuple(slice(n) for n in shape)]
+        module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+        params = flax_format.nested(leaves)
+        return JaxBERT(config, module, params, self.dtype, self.device, self.place, self.tf32, self.mixed_precision)
+
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
         info["threads"] = xla_threads()

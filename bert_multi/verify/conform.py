@@ -303,15 +303,22 @@ class _Run:
         self, build: Build, config: BERTConfig, weights: dict[str, np.ndarray], rebuilt_from: str = ""
     ) -> Iterator[tuple[BackendModel, list[int]]]:
         """A model of ``build`` for each group of cases, cut to the group's max_len, with the group. The
-        caller drops each before asking for the next, which is built only once the one before is freed."""
+        caller drops each before asking for the next. A model that cuts itself (``BackendModel.cut``: it
+        shares the weights it keeps; a worker's takes none again) makes the next; any other is freed
+        before the next is built."""
+        previous: BackendModel | None = None
         for max_len, indices in self.groups.items():
             self.during = f"building its model (max_len {max_len}" + (
                 f", from {rebuilt_from})" if rebuilt_from else ")"
             )
-            model = build(*cut_max_len(config, weights, max_len))
+            model = None if previous is None else previous.cut(max_len)
+            previous = None
+            if model is None:
+                release_memory()
+                model = build(*cut_max_len(config, weights, max_len))
             yield model, indices
+            previous = model
             del model
-            release_memory()
 
     def builder(self, target: Target) -> Build:
         """How ``target``'s models are built: only run, sharing the weights they are given."""

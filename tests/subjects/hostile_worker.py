@@ -23,6 +23,7 @@ from bert_multi.errors import UserCodeError
 MODE = os.environ.get("HOSTILE_WORKER", "")
 Session = worker.Session
 honest_load, honest_forward, honest_step, honest_state = Session.load, Session.forward, Session.step, Session.state
+honest_cut = Session.cut
 
 
 def mark() -> None:
@@ -85,7 +86,13 @@ def state(self, trainer, out):
     return reply
 
 
-Session.load, Session.forward, Session.step, Session.state = load, forward, step, state
+def cut(self, model, max_len):
+    if MODE == "describes a model it does not hold":  # a number that is text, and no dtype
+        return {"model": "7", "device": "cpu", "recorded": None, "info": {}}
+    return honest_cut(self, model, max_len)
+
+
+Session.load, Session.forward, Session.step, Session.state, Session.cut = load, forward, step, state, cut
 
 if __name__ == "__main__":
     worker.main()
