@@ -129,6 +129,27 @@ def flax_paths(config: BERTConfig) -> dict[str, tuple[tuple[str, ...], bool]]:
     return {name: (tuple(dotted.split(".")), flax_format.transposed(dotted)) for name, dotted in names.items()}
 
 
+def flax_shapes(config: BERTConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Canonical name -> (its path in the Flax parameter tree, its shape there: a kernel's reversed)."""
+    shapes = param_shapes(config)
+    return {
+        name: (path, shapes[name][::-1] if turned else shapes[name])
+        for name, (path, turned) in flax_paths(config).items()
+    }
+
+
+def _module(config: BERTConfig) -> BERTModel:
+    """The d2l ``BERTModel`` of ``config``, every generation's rules included; its parameters live apart."""
+    return BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+
+
+def _leaf(params: Any, path: tuple[str, ...]) -> Any:
+    """The parameter at ``path`` in a Flax parameter tree."""
+    for part in path:
+        params = params[part]
+    return params
+
+
 def _activations(collected: dict[str, Any]) -> OrderedDict[str, np.ndarray]:
     """Flax's intermediates collection as the named activations, in computation order."""
     found: dict[str, np.ndarray] = {}
@@ -203,11 +224,8 @@ class JaxBERT(BackendModel):
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         weights = {}
         for name, (path, turned) in flax_paths(self.config).items():
-            node = self.params
-            for part in path:
-                node = node[part]
             # On the CPU np.asarray is a read-only view of JAX's own buffer, which it keeps alive.
-            array = np.asarray(node)
+            array = np.asarray(_leaf(self.params, path))
             if share:
                 weights[name] = read_only(array.T if turned else array)
             else:
@@ -221,18 +239,15 @@ class JaxBERT(BackendModel):
         if not 1 <= max_len <= self.config.max_len:
             return None
         config = dataclasses.replace(self.config, max_len=max_len)
-        shapes = param_shapes(config)
         leaves = {}
         with self.computing():  # a float64 table is sliced in float64
-            for name, (path, turned) in flax_paths(config).items():
-                node = self.params
-                for part in path:
-                    node = node[part]
-                shape = shapes[name][::-1] if turned else shapes[name]
+            for path, shape in flax_shapes(config).values():
+                node = _leaf(self.params, path)
                 leaves[".".join(path)] = node if node.shape == shape else node[tuple(slice(n) for n in shape)]
-        module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
         params = flax_format.nested(leaves)
-        return JaxBERT(config, module, params, self.dtype, self.device, self.place, self.tf32, self.mixed_precision)
+        return JaxBERT(
+            config, _module(config), params, self.dtype, self.device, self.place, self.tf32, self.mixed_precision
+        )
 
     def framework_info(self) -> dict[str, object]:
         info: dict[str, object] = {"framework": f"jax {jax.__version__} (flax {flax.__version__})"}
@@ -254,13 +269,12 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
     for dtype in dtypes:
         for max_len, batches in groups:
             cut = dataclasses.replace(config, max_len=max_len)
-            module = BERTModel(*cut.d2l_args(), semantics=cut.semantics, heads=cut.heads)
-            shapes = param_shapes(cut)
+            module = _module(cut)
             with precision(dtype):
-                leaves = {}
-                for name, (path, turned) in flax_paths(cut).items():
-                    shape = shapes[name][::-1] if turned else shapes[name]
-                    leaves[".".join(path)] = jax.ShapeDtypeStruct(shape, dtype, sharding=on_place)
+                leaves = {
+                    ".".join(path): jax.ShapeDtypeStruct(shape, dtype, sharding=on_place)
+                    for path, shape in flax_shapes(cut).values()
+                }
                 params = flax_format.nested(leaves)
                 for batch in batches:
                     inputs = check_inputs(cut, **batch)
@@ -336,7 +350,7 @@ def build(
     if mixed_precision is not None and target.kind == "cpu":
         # Measured: XLA's CPU backend takes BF16_BF16_F32 and computes the products in float32.
         raise CannotRunHere(f"JAX computes {mixed_precision} products on a GPU only: XLA's CPU backend keeps float32")
-    module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+    module = _module(config)
     paths = flax_paths(config)
     leaves = {}
     with precision(dtype):
