@@ -192,9 +192,9 @@ def load_backends(names: Iterable[str]) -> dict[str, LoadedBackend | Exception]:
 
 
 def _installed_elsewhere(registration: Registration) -> bool:
-    """Whether a backend is sure to run in its environment's worker: it has one, and its framework's first
-    package cannot be imported here (asked without importing anything)."""
-    if not (registration.environment and registration.packages) or os.environ.get(remote.WORKER_VARIABLE):
+    """Whether loading a backend will go to its environment's worker (``remote.load_elsewhere``): it has
+    one, and its framework's first package cannot be imported here (asked without importing anything)."""
+    if not (registration.environment and registration.packages):
         return False
     return importlib.util.find_spec(registration.packages[0]) is None
 
