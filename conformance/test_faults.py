@@ -273,19 +273,17 @@ def _plant_flax(mp, **classes):
     Framework difference: Flax modules are dataclasses whose methods Flax wraps when the class is made, so
     a fault is a subclass, not a patched method; and the forward is compiled once per module, so a fault
     needs a forward of its own (restored with everything else)."""
-    import jax
-
     import bert_multi.jax.backend as backend
     import bert_multi.jax.model as model
 
     for name, cls in classes.items():
         mp.setattr(model, name, cls)
-    traced = backend.apply.__wrapped__
+    traced = backend._apply
 
     def apply(*arguments):  # a function of its own: jit caches compiled code by the function it wraps
         return traced(*arguments)
 
-    mp.setattr(backend, "apply", jax.jit(apply, static_argnums=(0, 1)))
+    mp.setattr(backend, "apply", backend.jitted(apply, static_argnums=(0, 1)))
 
 
 def jax_faults():
@@ -365,7 +363,7 @@ def jax_faults():
             mutable = {"mutable": ["intermediates"]} if record else {}
             return module.apply({"params": params}, *inputs, True, rngs={"dropout": jax.random.key(0)}, **mutable)
 
-        mp.setattr(backend, "apply", jax.jit(apply, static_argnums=(0, 1)))
+        mp.setattr(backend, "apply", backend.jitted(apply, static_argnums=(0, 1)))
 
     def _projections(mp, project):  # W_q, W_k, W_v and W_o computed by ``project``: layers of their own
         class Projection(nn.Module):  # a Dense's parameters, kernel and bias, with another product

@@ -176,13 +176,14 @@ def test_the_forward_is_compiled_once_per_shape(backend):
     batch = CASES[0].batch(config)
     from bert_multi.jax.backend import apply
 
-    apply.clear_cache()
+    forward = apply[False]  # a model is built untuned unless autotune=True
+    forward.clear_cache()
     model(**batch)
     model(**batch)
     backend.build(config, random_weights(config, seed=3), dtype="float32")(**batch)  # another model, same module
-    assert apply._cache_size() == 1
+    assert forward._cache_size() == 1
     model(**{**batch, "pred_positions": None})  # another input structure: traced again
-    assert apply._cache_size() == 2
+    assert forward._cache_size() == 2
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -320,7 +321,7 @@ def test_float32_products_are_full_float32_in_the_compiled_code_unless_tf32_is_a
             model(**batch, intermediates=True)
             backend.Pretrainer(model, optimizer="sgd").step(next(data.batches(4, seed=0)))
             jax.jit(jnp.matmul)(jnp.ones((2, 2)), jnp.ones((2, 2)))  # the user's own code
-        forward, step = (dot_precisions(tmp_path / str(tf32), name) for name in ("apply", "_gradients"))
+        forward, step = (dot_precisions(tmp_path / str(tf32), name) for name in ("_apply", "_loss_and_gradients"))
         assert set(forward) == set(step) == {expected} and forward[expected] >= 4 * config.num_blks
         assert set(dot_precisions(tmp_path / str(tf32), "matmul")) == {"DEFAULT"}  # bfloat16's
         info = model.runtime_info()
@@ -333,6 +334,42 @@ def test_every_model_states_its_matmul_precision(backend):
     for dtype in ("float32", "float64"):
         info = backend.build(config, random_weights(config), dtype=dtype).runtime_info()
         assert (info["tf32"], info["matmul precision"]) == (False, dtype)
+
+
+AUTOTUNED_AND_NOT = """
+import json
+from bert_multi import CONFIGS, load_backend, random_weights
+from bert_multi.verify.cases import CASES
+backend, config = load_backend("jax"), CONFIGS["tiny"]
+models = [backend.build(config, random_weights(config), autotune=autotune) for autotune in (False, True, False)]
+print(json.dumps([model(**CASES[0].batch(config)).mlm.tolist() for model in models]))
+"""
+
+
+def test_autotune_reaches_the_compiler_and_only_when_asked(backend, tmp_path):
+    """Compiler options are part of the key of JAX's persistent cache, so a forward compiled with and
+    without autotuning is two entries there, and a second untuned model finds the first's executable (in
+    a process of its own, with a cache of its own). XLA's CPU compiler does not autotune: the numbers are
+    the same, bit for bit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "BERT_MULTI_CACHE_DIR": str(tmp_path)}
+    printed = subprocess.run([sys.executable, "-c", AUTOTUNED_AND_NOT], env=environment, capture_output=True, text=True)
+    assert printed.returncode == 0, printed.stderr
+    untuned, tuned, again = json.loads(printed.stdout)
+    assert untuned == tuned == again
+    assert len({path.name.rsplit("-", 1)[0] for path in (tmp_path / "jax").glob("jit__apply-*")}) == 2
+    config = BERTConfig(vocab_size=29, num_hiddens=12, ffn_num_hiddens=5, num_heads=2, num_blks=1, max_len=9)
+    for autotune in (False, True):  # a config of its own: nothing compiled for it yet
+        model = backend.build(config, random_weights(config), autotune=autotune)
+        forward = bert_multi.jax.backend.apply[autotune]
+        before = forward._cache_size()
+        model(**CASES[1].batch(config))
+        assert (model.autotune, forward._cache_size()) == (autotune, before + 1)
+        assert "autotune" not in model.runtime_info()  # stated on a GPU, where it means something
 
 
 def test_a_users_flax_model_runs_at_full_float32_and_the_report_says_so(a_user_default, tmp_path):

@@ -51,6 +51,9 @@ BUILD_OPTIONS: dict[str, Option] = {
     "mixed_precision": Option(
         None, False, "'bfloat16': matrix products in bfloat16 with float32 weights and sums, in all the model computes"
     ),
+    "autotune": Option(
+        False, True, "True: the compiler times candidate kernels for each shape and keeps the fastest (XLA on a GPU)"
+    ),
 }
 # The precisions mixed_precision may name: float32 weights, their products in this dtype.
 MIXED_PRECISIONS = ("bfloat16",)

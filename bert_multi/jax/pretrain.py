@@ -6,7 +6,6 @@ Parallel to ``bert_multi/torch/pretrain.py`` and ``bert_multi/mxnet/pretrain.py`
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import multiprocessing
 import os
@@ -34,7 +33,7 @@ from ..training import (
     watch_workers,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, JaxBERT
+from .backend import NAME_RULES, JaxBERT, jitted
 from .model import BERTModel
 
 
@@ -80,13 +79,14 @@ def pretraining_loss(
     return mlm_l + nsp_l, mlm_l, nsp_l
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _loss(module: BERTModel, mlm_normalization: str, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+def _losses(module: BERTModel, mlm_normalization: str, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
     return jnp.stack(pretraining_loss(module, params, batch, mlm_normalization))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _gradients(
+_loss = jitted(_losses, static_argnums=(0, 1))
+
+
+def _loss_and_gradients(
     module: BERTModel,
     mlm_normalization: str,
     params: Any,
@@ -106,6 +106,9 @@ def _gradients(
     return jnp.stack(losses), gradients
 
 
+_gradients = jitted(_loss_and_gradients, static_argnums=(0, 1))
+
+
 def transformation(settings: tuple) -> optax.GradientTransformation:
     """The optax transformation that ``settings`` (optimizer, lr, beta1, beta2, epsilon, epsilon style) name."""
     name, lr, beta1, beta2, epsilon, style = settings
@@ -123,10 +126,12 @@ def transformation(settings: tuple) -> optax.GradientTransformation:
 # Framework difference: the optimizer's state is a value like the parameters, passed in and returned;
 # donating both lets XLA write the new ones over the old. A buffer a NumPy view still reads (an
 # ``export_weights(share=True)``) is not donated: JAX copies instead.
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(1, 3))
-def _updated(settings: tuple, params: Any, gradients: Any, state: Any) -> tuple[Any, Any]:
+def _update_step(settings: tuple, params: Any, gradients: Any, state: Any) -> tuple[Any, Any]:
     updates, state = transformation(settings).update(gradients, state, params)
     return optax.apply_updates(params, updates), state
+
+
+_updated = jitted(_update_step, static_argnums=0, donate_argnums=(1, 3))
 
 
 class Pretrainer(Trainer):
@@ -177,7 +182,9 @@ class Pretrainer(Trainer):
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
         with self.model.computing():
-            values = _loss(self.module, self.mlm_normalization, self.model.params, self._arrays(batch))
+            values = _loss[self.model.autotune](
+                self.module, self.mlm_normalization, self.model.params, self._arrays(batch)
+            )
         return LossValues(*np.asarray(values).tolist())
 
     def seed(self, value: int) -> None:
@@ -188,7 +195,7 @@ class Pretrainer(Trainer):
         self.key, dropout_key = jax.random.split(self.key)
         with self.model.computing():
             arrays = self._arrays(batch)
-            losses, gradients = _gradients(
+            losses, gradients = _gradients[self.model.autotune](
                 self.module, self.mlm_normalization, self.model.params, arrays, totals, dropout_key
             )
             if self.workers > 1:  # the workers' shares add up to the whole batch's loss and gradient
@@ -201,7 +208,7 @@ class Pretrainer(Trainer):
     def _update(self) -> None:
         with self.model.computing():
             gradients = jax.device_put(self.last_gradients, self.model.place)
-            updated = _updated(self.settings, self.model.params, gradients, self.optimizer_state)
+            updated = _updated[self.model.autotune](self.settings, self.model.params, gradients, self.optimizer_state)
         self.model.params, self.optimizer_state = updated
 
     def _leaf(self, tree: Any, own_name: str) -> np.ndarray:

@@ -228,7 +228,8 @@ def run_pretraining(
     backend's ``Pretrainer`` (optimizer, lr, mlm_normalization, adam_epsilon, adam_epsilon_style,
     train_positions).
     ``on_step(step, losses)`` is called after each step. ``compile``: the model is built with
-    ``compile=True`` (its framework's opt-in compiler, where it has one) and trains compiled.
+    ``compile=True`` (its framework's opt-in compiler, where it has one) and trains compiled. A training
+    run takes many steps of one shape, so its compiler may time candidate kernels (``autotune``).
 
     With ``workers`` > 1 this process is worker ``rank`` of a data-parallel run whose process group the
     caller has set up: it draws every batch of ``batch_size`` as one process would and trains on its
@@ -250,7 +251,7 @@ def run_pretraining(
         weights = state.weights
     start = state.step if state else 0
     backend = _trainable_backend(backend_name, options.get("mixed_precision"), dtype)
-    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile)
+    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile, autotune=True)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
         trainer.load_state(state.optimizer, start)

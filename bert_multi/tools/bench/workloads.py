@@ -41,6 +41,8 @@ GPU_PRECISIONS: dict[str, dict[str, object]] = {
     "tf32": {"tf32": True},
     "bfloat16": {"mixed_precision": "bfloat16"},
 }
+# A timed model runs many times, so it is built as one: its compiler may time candidate kernels.
+TIMED: dict[str, object] = {"autotune": True}
 # NVIDIA's data-sheet peaks, dense (sparsity doubles TF32's and bfloat16's, and no model here is
 # sparse), in TFLOP/s by the precision of the products; float64's is the tensor cores'. The first
 # fragment found in a GPU's name picks its row.
@@ -240,11 +242,12 @@ def gpu_workloads(
 
 def _variants(backend: LoadedBackend, compiled: bool) -> dict[str, dict[str, object]]:
     """Each variant of ``backend`` to time, by name ("" for the plain build), with the build options that
-    make it: compiled where asked for and its build takes ``compile``, then its ``BENCH_VARIANTS``."""
+    make it: compiled where asked for and its build takes ``compile``, then its ``BENCH_VARIANTS``; all
+    ``TIMED``."""
     found: dict[str, dict[str, object]] = {"": {}}
     if compiled and backend.takes("compile"):
         found[COMPILED] = {"compile": True}
-    return found | backend.bench_variants
+    return {variant: TIMED | options for variant, options in (found | backend.bench_variants).items()}
 
 
 def _on(device: str) -> str:
