@@ -77,7 +77,7 @@ def test_standard_options_are_taken_dropped_or_refused_by_one_rule(registered):
     wide = registered(SimpleNamespace(NAME="wide", build=build))
     weights = random_weights(CONFIG)
     # Permissions ("may share", "need not keep gradients") and defaults are dropped where not taken ...
-    narrow.build(CONFIG, weights, share=True, gradients=False, tf32=False, compile=True, autotune=True)
+    narrow.build(CONFIG, weights, share=True, gradients=False, tf32=False, compile=True, optimize=True)
     # ... a demand a backend cannot meet is "cannot run here", and a name no backend knows is an error.
     with pytest.raises(CannotRunHere, match="backend 'narrow' has no 'tf32' option"):
         narrow.build(CONFIG, weights, tf32=True)

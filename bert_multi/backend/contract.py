@@ -51,8 +51,8 @@ BUILD_OPTIONS: dict[str, Option] = {
     "mixed_precision": Option(
         None, False, "'bfloat16': matrix products in bfloat16 with float32 weights and sums, in all the model computes"
     ),
-    "autotune": Option(
-        False, True, "True: the compiler times candidate kernels for each shape and keeps the fastest (XLA on a GPU)"
+    "optimize": Option(
+        False, True, "True: the compiler takes its time to make fast code, for a model run many times (XLA's defaults)"
     ),
 }
 # The precisions mixed_precision may name: float32 weights, their products in this dtype.

@@ -171,18 +171,22 @@ def _activation_name(path: tuple[str, ...]) -> str:
     return f"blks.{block.removeprefix('blks_')}.{path[-1].removesuffix('_out')}"
 
 
-# Compiling for a GPU, XLA times candidate kernels for each matrix product and fusion and keeps the
-# fastest (autotuning). Measured on an H100: 10.7 s a forward program of the chapter's model, against 1 s
-# with none, and the kernels it keeps depend on those timings. A model built to be checked runs each
-# shape a few times, so it compiles with XLA's default kernels; one built to be timed or trained asks for
-# autotuning (autotune=True). XLA's CPU compiler does not autotune: there the two compile alike.
-UNTUNED = {"xla_gpu_autotune_level": 0}
+# A model built to be checked runs each shape a few times, so it is compiled quickly, by device kind: on
+# a GPU without XLA's autotuning (compiling and timing candidate kernels for every matrix product, 10.7 s
+# a forward program of the chapter's model on an H100, against 1 s without; the kernels it keeps depend
+# on those timings), on a CPU with XLA's backend at optimisation level 0 (30 to 45% less compiling, 11%
+# slower to run, measured on the reference VM). Either moves results by rounding only (3e-6 at most in
+# float32 on the chapter's outputs). A model built to be timed or trained asks for XLA's defaults (optimize=True).
+QUICK = {"cpu": {"xla_backend_optimization_level": 0}, "gpu": {"xla_gpu_autotune_level": 0}}
+OPTIMIZED = "optimized"
 
 
-def jitted(function: Callable[..., Any], **arguments: Any) -> dict[bool, Any]:
-    """``function`` under ``jax.jit(**arguments)``, by autotune: True with XLA's autotuning, False without.
-    Framework difference: compiler options belong to a jitted function (the outermost one), not to a call."""
-    return {True: jax.jit(function, **arguments), False: jax.jit(function, compiler_options=UNTUNED, **arguments)}
+def jitted(function: Callable[..., Any], **arguments: Any) -> dict[str, Any]:
+    """``function`` under ``jax.jit(**arguments)`` for each way a model compiles (``JaxBERT.compiled``):
+    with XLA's defaults (``OPTIMIZED``), or quickly for a device kind (``QUICK``). Framework difference:
+    compiler options belong to a jitted function (the outermost one), not to a call."""
+    quick = {kind: jax.jit(function, compiler_options=options, **arguments) for kind, options in QUICK.items()}
+    return {OPTIMIZED: jax.jit(function, **arguments), **quick}
 
 
 def _apply(module: BERTModel, record: bool, params: Any, *inputs: Any) -> Any:
@@ -214,11 +218,12 @@ class JaxBERT(BackendModel):
         place: jax.Device,
         tf32: bool = False,
         mixed_precision: str | None = None,
-        autotune: bool = False,
+        optimize: bool = False,
     ) -> None:
         super().__init__(config, dtype, device)
         self.module, self.params, self.place = module, params, place
-        self.tf32, self.mixed_precision, self.autotune = tf32, mixed_precision, autotune
+        self.tf32, self.mixed_precision, self.optimize = tf32, mixed_precision, optimize
+        self.compiled = OPTIMIZED if optimize else device.kind  # which of each jitted function it calls
 
     def computing(self) -> contextlib.AbstractContextManager[None]:
         """The precision this model computes in (its dtype and its products'), for the duration: every
@@ -229,11 +234,11 @@ class JaxBERT(BackendModel):
         with self.computing():
             arrays = [None if a is None else jax.device_put(a, self.place) for a in inputs]
             if intermediates:
-                (encoded, mlm, nsp), state = apply[self.autotune](self.module, True, self.params, *arrays)
+                (encoded, mlm, nsp), state = apply[self.compiled](self.module, True, self.params, *arrays)
                 found = _activations(state["intermediates"])
                 record = OrderedDict((name, found.get(name)) for name in intermediate_names(self.config))
             else:
-                encoded, mlm, nsp = apply[self.autotune](self.module, False, self.params, *arrays)
+                encoded, mlm, nsp = apply[self.compiled](self.module, False, self.params, *arrays)
                 record = None
             return BERTOutput(np.asarray(encoded), _to_numpy(mlm), _to_numpy(nsp), record)
 
@@ -270,7 +275,7 @@ class JaxBERT(BackendModel):
             self.place,
             self.tf32,
             self.mixed_precision,
-            self.autotune,
+            self.optimize,
         )
 
     def framework_info(self) -> dict[str, object]:
@@ -278,9 +283,10 @@ class JaxBERT(BackendModel):
         info["threads"] = xla_threads()
         info["compilation cache"] = described(jax.config.jax_compilation_cache_dir)
         info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
+        quick = ", ".join(f"{option} {value}" for option, value in QUICK[self.device.kind].items())
+        info["compiled"] = "with XLA's defaults" if self.optimize else f"quickly ({quick})"
         if self.device.kind == "gpu":
             info["gpu"] = self.place.device_kind
-            info["autotune"] = self.autotune
         return info
 
 
@@ -288,7 +294,8 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
     """Compile ahead the forward with activations that a conformance run asks for, for each dtype, group's
     max_len and batch, from the parameters' shapes alone: no weights are made and nothing runs. Lowered
     for the parameters' device and dtype as a built model's are, it is the executable the run's own calls
-    find in jit's cache (``apply`` is shared by every model of a module; the run's are built untuned)."""
+    find in jit's cache (``apply`` is shared by every model of a module; the run's compile quickly)."""
+    kind = parse_device(device).kind
     place = to_framework_device(parse_device(device))
     on_place = jax.sharding.SingleDeviceSharding(place)
     for dtype in dtypes:
@@ -304,7 +311,7 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
                 for batch in batches:
                     inputs = check_inputs(cut, **batch)
                     arrays = [None if a is None else jax.device_put(a, place) for a in inputs]
-                    apply[False].lower(module, True, params, *arrays).compile()
+                    apply[kind].lower(module, True, params, *arrays).compile()
 
 
 def xla_threads() -> int:
@@ -362,14 +369,14 @@ def build(
     gradients: bool = True,
     share: bool = False,
     mixed_precision: str | None = None,
-    autotune: bool = False,
+    optimize: bool = False,
 ) -> JaxBERT:
     """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
     float32 products are full float32 unless ``tf32`` (which only a GPU computes: JAX's own default
     there) or ``mixed_precision="bfloat16"`` (bfloat16 products summed in float32, on a GPU, in the
     forward and in training). ``gradients`` changes nothing: gradients are taken by transforming a
     function, not kept on the parameters. The forward is always compiled (``jax.jit``), so there is no
-    ``compile`` to ask for; ``autotune`` has XLA time its candidate kernels on a GPU (``UNTUNED``)."""
+    ``compile`` to ask for; it is compiled quickly (``QUICK``) unless ``optimize``."""
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)
@@ -388,4 +395,4 @@ def build(
                 array = contiguous_transpose(array) if turned else array.copy()
             leaves[name] = jax.device_put(array, place)
     params = flax_format.nested({".".join(paths[name][0]): leaves[name] for name in paths})
-    return JaxBERT(config, module, params, dtype, target, place, tf32, mixed_precision, autotune)
+    return JaxBERT(config, module, params, dtype, target, place, tf32, mixed_precision, optimize)

@@ -182,7 +182,7 @@ class Pretrainer(Trainer):
 
     def loss(self, batch: dict[str, np.ndarray]) -> LossValues:
         with self.model.computing():
-            values = _loss[self.model.autotune](
+            values = _loss[self.model.compiled](
                 self.module, self.mlm_normalization, self.model.params, self._arrays(batch)
             )
         return LossValues(*np.asarray(values).tolist())
@@ -195,7 +195,7 @@ class Pretrainer(Trainer):
         self.key, dropout_key = jax.random.split(self.key)
         with self.model.computing():
             arrays = self._arrays(batch)
-            losses, gradients = _gradients[self.model.autotune](
+            losses, gradients = _gradients[self.model.compiled](
                 self.module, self.mlm_normalization, self.model.params, arrays, totals, dropout_key
             )
             if self.workers > 1:  # the workers' shares add up to the whole batch's loss and gradient
@@ -208,7 +208,7 @@ class Pretrainer(Trainer):
     def _update(self) -> None:
         with self.model.computing():
             gradients = jax.device_put(self.last_gradients, self.model.place)
-            updated = _updated[self.model.autotune](self.settings, self.model.params, gradients, self.optimizer_state)
+            updated = _updated[self.model.compiled](self.settings, self.model.params, gradients, self.optimizer_state)
         self.model.params, self.optimizer_state = updated
 
     def _leaf(self, tree: Any, own_name: str) -> np.ndarray:

@@ -33,7 +33,7 @@ from ..verify.subject import (
     in_call_order,
     outputs_of,
 )
-from .backend import precision, to_framework_device
+from .backend import QUICK, precision, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
 USER_MODELS = ("flax.linen.module.Module",)
@@ -113,6 +113,7 @@ class WrappedModel:
 
     def __init__(self, model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> None:
         self.place = to_framework_device(parse_device(device))
+        self.quick = QUICK[parse_device(device).kind]  # checked: a few calls a shape
         self.dtype = dtype
         self.framework = f"Flax {flax.__version__} (JAX {jax.__version__})"
         # Framework difference: the parameters live outside the module, so the user hands both over (a
@@ -127,7 +128,7 @@ class WrappedModel:
         if variables is None:
             # Compiled whole: run as it is, init compiles each operation at each shape it meets (over a
             # hundred compilations for d2l's BERT, most of a verify's time).
-            init = jax.jit(functools.partial(module.init, **self.flags))
+            init = jax.jit(functools.partial(module.init, **self.flags), compiler_options=self.quick)
             with precision(dtype), _explained():
                 variables = call_user("your module's init", init, jax.random.key(0), *self._arrays(example))
         variables = flax.core.unfreeze(variables)
@@ -137,7 +138,7 @@ class WrappedModel:
         # Compiled once per set of taps (and, by jit, per input shape): a first call on a shape costs one
         # compilation instead of one per operation.
         self.forwards: dict[tuple, Any] = {}
-        self.gradient = jax.jit(jax.grad(self._projected))
+        self.gradient = jax.jit(jax.grad(self._projected), compiler_options=self.quick)
         self.isolated: dict[tuple, Any] = {}  # isolated_vjp's gradient, compiled once per set of taps
 
     def _arrays(self, inputs: ModelInputs) -> list[jax.Array | None]:
@@ -213,7 +214,7 @@ class WrappedModel:
                 returned = self.module.apply({"params": params}, *arrays, **self.flags)
             return returned, record
 
-        return jax.jit(forward)
+        return jax.jit(forward, compiler_options=self.quick)
 
     def vjp(self, inputs: ModelInputs, cotangents: Cotangents) -> Gradients:
         """Each parameter's gradient of sum(cotangent * output), by ``jax.grad`` of that sum as a function
@@ -279,7 +280,7 @@ class WrappedModel:
             pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
             return sum((o * c.astype(o.dtype)).sum() for o, c in pairs), (computed, returned[1], returned[2])
 
-        return jax.jit(jax.grad(projected, has_aux=True))
+        return jax.jit(jax.grad(projected, has_aux=True), compiler_options=self.quick)
 
     def _first_readers(self, inputs: ModelInputs, taps: Taps) -> dict[str, str]:
         """For each activation tapped at a module's input, the module whose call first takes that very

@@ -229,7 +229,7 @@ def run_pretraining(
     train_positions).
     ``on_step(step, losses)`` is called after each step. ``compile``: the model is built with
     ``compile=True`` (its framework's opt-in compiler, where it has one) and trains compiled. A training
-    run takes many steps of one shape, so its compiler may time candidate kernels (``autotune``).
+    run takes many steps of one shape, so its compiler takes its time to make fast code (``optimize``).
 
     With ``workers`` > 1 this process is worker ``rank`` of a data-parallel run whose process group the
     caller has set up: it draws every batch of ``batch_size`` as one process would and trains on its
@@ -251,7 +251,7 @@ def run_pretraining(
         weights = state.weights
     start = state.step if state else 0
     backend = _trainable_backend(backend_name, options.get("mixed_precision"), dtype)
-    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile, autotune=True)
+    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile, optimize=True)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
         trainer.load_state(state.optimizer, start)
