@@ -17,6 +17,40 @@ if os.environ.get("CI"):
 # The tests run every framework in one process, on one GPU where there is one (pytest -m cuda).
 share_the_process()
 
+# Under pytest-xdist (`make test`: --dist loadfile) each process takes a whole file at a time, in the
+# order collected, so a long file collected last keeps one process busy while the others idle: the
+# files that took 15 s or more in either environment (CI, 2026-11-26) go first, the longest first.
+LONGEST_FIRST = [
+    "conformance/test_suite.py",
+    "tests/test_verify.py",
+    "conformance/test_faults.py",
+    "conformance/test_properties.py",
+    "tests/test_jax_backend.py",
+    "tests/test_distributed.py",
+    "tests/test_hostile_files.py",
+    "tests/test_kernels.py",
+    "tests/test_huggingface.py",
+    "conformance/test_fixtures.py",
+    "tests/test_resume.py",
+    "tests/test_backends.py",
+    "tests/test_pretraining.py",
+    "conformance/test_original_d2l.py",
+    "tests/test_hostile_worker.py",
+    "tests/test_cli.py",
+    "tests/test_environments.py",
+    "tests/test_lessons.py",
+    "tests/test_gpu_check.py",
+]
+
+
+def pytest_collection_modifyitems(items):
+    """The files of ``LONGEST_FIRST`` first, in its order; each file's tests stay together, in their order."""
+    missing = [path for path in LONGEST_FIRST if not os.path.isfile(os.path.join(os.path.dirname(__file__), path))]
+    if missing:
+        raise pytest.UsageError(f"conftest.py's LONGEST_FIRST names files that are not here: {missing}")
+    rank = {path: position for position, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
 
 @pytest.fixture(params=frameworks())
 def framework(request):
