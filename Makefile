@@ -15,7 +15,10 @@ run: packages venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
 run: PACKAGES := $(VENV)/.packages $(VENV_NUMPY2)/.packages
 
-test: packages check docs test-main test-numpy2
+# The checks (one core, mostly mypy) beside the site (the guide's samples), then the tests.
+test: packages venv $(VENV_NUMPY2)/.installed $(VENV_DOCS)/.installed
+	@$(MAKE) --no-print-directory -j2 check docs
+	@$(MAKE) --no-print-directory test-main test-numpy2
 
 # The environments' packages from their lock files (all three, or those a target names), installed side
 # by side (pip spends much of its time writing files): on the reference VM the three take 70 s so,

@@ -35,6 +35,7 @@ LONGEST_FIRST = [
     "tests/test_backends.py",
     "tests/test_pretraining.py",
     "conformance/test_original_d2l.py",
+    "tests/test_torch_backend.py",
     "tests/test_hostile_worker.py",
     "tests/test_cli.py",
     "tests/test_environments.py",

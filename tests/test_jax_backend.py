@@ -23,6 +23,7 @@ from bert_multi import (
 from bert_multi.spec.schema import cut_max_len, param_shapes
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.verify.cases import CASES
+from bert_multi.verify.results import assert_conforms
 
 jax = pytest.importorskip("jax", reason="JAX lives in the NumPy-2 environment (.venv-numpy2)")
 pytest.importorskip("flax", reason="JAX lives in the NumPy-2 environment (.venv-numpy2)")
@@ -349,8 +350,8 @@ print(json.dumps([model(**CASES[0].batch(config)).mlm.tolist() for model in mode
 def test_a_model_is_compiled_quickly_unless_asked_to_optimize(backend, tmp_path):
     """Compiler options are part of the key of JAX's persistent cache, so a forward compiled quickly and
     one optimised are two entries there, and a second quick model finds the first's executable (in a
-    process of its own, with a cache of its own). The two compute the same numbers but for rounding, and
-    each model says how it was compiled."""
+    process of its own, with a cache of its own). Both hold to the policy in both dtypes, activations
+    included, and each model says how it was compiled."""
     import json
     import os
     import subprocess
@@ -363,12 +364,16 @@ def test_a_model_is_compiled_quickly_unless_asked_to_optimize(backend, tmp_path)
     assert quick == again and np.allclose(quick, optimized, rtol=1e-5, atol=1e-5)
     assert len({path.name.rsplit("-", 1)[0] for path in (tmp_path / "jax").glob("jit__apply-*")}) == 2
     config = BERTConfig(vocab_size=29, num_hiddens=12, ffn_num_hiddens=5, num_heads=2, num_blks=1, max_len=9)
+    weights, batch = random_weights(config, seed=4, dtype="float64"), CASES[1].batch(config)
+    reference = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
     for optimize, compiled in ((False, "quickly (xla_backend_optimization_level 0)"), (True, "with XLA's defaults")):
-        model = backend.build(config, random_weights(config), optimize=optimize)  # a config of its own: nothing
-        forward = bert_multi.jax.backend.apply["optimized" if optimize else "cpu"]  # compiled for it yet
-        before = forward._cache_size()
-        model(**CASES[1].batch(config))
-        assert (model.runtime_info()["compiled"], forward._cache_size()) == (compiled, before + 1)
+        forward = bert_multi.jax.backend.apply["optimized" if optimize else "cpu"]
+        before = forward._cache_size()  # a config of its own: nothing compiled for it yet
+        for dtype in ("float32", "float64"):
+            model = backend.build(config, weights, dtype=dtype, optimize=optimize)
+            assert_conforms(model(**batch, intermediates=True), reference, dtype)
+            assert model.runtime_info()["compiled"] == compiled
+        assert forward._cache_size() == before + 2
 
 
 def test_a_users_flax_model_runs_at_full_float32_and_the_report_says_so(a_user_default, tmp_path):

@@ -224,6 +224,12 @@ def test_a_checkpoint_of_named_parameters_loads(tmp_path):
     assert all(np.array_equal(loaded[n], random_weights(CONFIG, seed=3)[n]) for n in loaded)
 
 
+# torch.compile's graphs take tensors, never NumPy's arrays: the same PyTorch in both environments
+# compiles the same graphs, so these run once, from the main environment.
+once = pytest.mark.skipif(bool(not_in_process("mxnet")), reason="run once, from the main environment")
+
+
+@once
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_compiled_forward_computes_what_the_oracle_does(dtype):
     """torch.compile's graphs (fullgraph, so nothing runs eagerly unseen) within the dtype's tolerance of
@@ -242,6 +248,7 @@ def test_a_compiled_forward_computes_what_the_oracle_does(dtype):
     assert counters["stats"]["unique_graphs"] > compiled_before, "nothing was compiled"
 
 
+@once
 def test_compiled_training_takes_the_steps_eager_training_takes():
     """A model built with compile=True trains through torch.compile (forward, loss and backward): its
     losses and weights after Adam's steps are eager training's within the float64 bound."""
