@@ -176,7 +176,8 @@ def _activation_name(path: tuple[str, ...]) -> str:
 # a forward program of the chapter's model on an H100, against 1 s without; the kernels it keeps depend
 # on those timings), on a CPU with XLA's backend at optimisation level 0 (30 to 45% less compiling, 11%
 # slower to run, measured on the reference VM). Either moves results by rounding only (3e-6 at most in
-# float32 on the chapter's outputs). A model built to be timed or trained asks for XLA's defaults (optimize=True).
+# float32 on the chapter's outputs). A model built to be timed or trained asks for XLA's defaults
+# (optimize=True).
 QUICK = {"cpu": {"xla_backend_optimization_level": 0}, "gpu": {"xla_gpu_autotune_level": 0}}
 OPTIMIZED = "optimized"
 
@@ -295,8 +296,8 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
     max_len and batch, from the parameters' shapes alone: no weights are made and nothing runs. Lowered
     for the parameters' device and dtype as a built model's are, it is the executable the run's own calls
     find in jit's cache (``apply`` is shared by every model of a module; the run's compile quickly)."""
-    kind = parse_device(device).kind
-    place = to_framework_device(parse_device(device))
+    target = parse_device(device)
+    place = to_framework_device(target)
     on_place = jax.sharding.SingleDeviceSharding(place)
     for dtype in dtypes:
         for max_len, batches in groups:
@@ -311,7 +312,7 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
                 for batch in batches:
                     inputs = check_inputs(cut, **batch)
                     arrays = [None if a is None else jax.device_put(a, place) for a in inputs]
-                    apply[kind].lower(module, True, params, *arrays).compile()
+                    apply[target.kind].lower(module, True, params, *arrays).compile()
 
 
 def xla_threads() -> int:

@@ -112,8 +112,9 @@ class WrappedModel:
     module alone, whose ``init`` on a small batch makes the parameters."""
 
     def __init__(self, model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> None:
-        self.place = to_framework_device(parse_device(device))
-        self.quick = QUICK[parse_device(device).kind]  # checked: a few calls a shape
+        target = parse_device(device)
+        self.place = to_framework_device(target)
+        self.quick = QUICK[target.kind]  # a checked model: a few calls a shape, compiled quickly
         self.dtype = dtype
         self.framework = f"Flax {flax.__version__} (JAX {jax.__version__})"
         # Framework difference: the parameters live outside the module, so the user hands both over (a
