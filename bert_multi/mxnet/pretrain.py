@@ -263,6 +263,10 @@ def train_data_parallel(
                     process.start()
             watch_workers(processes, progress, on_step)
             return load_run(out, "mxnet")
+    except BaseException:
+        for helper in helpers:  # they would wait for the workers that are gone
+            helper.kill()
+        raise
     finally:
         for helper in helpers:
             try:
