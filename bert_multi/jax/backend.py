@@ -224,7 +224,11 @@ class JaxBERT(BackendModel):
         super().__init__(config, dtype, device)
         self.module, self.params, self.place = module, params, place
         self.tf32, self.mixed_precision, self.optimize = tf32, mixed_precision, optimize
-        self.compiled = OPTIMIZED if optimize else device.kind  # which of each jitted function it calls
+
+    @property
+    def compiled(self) -> str:
+        """Which of each ``jitted`` function it calls: ``OPTIMIZED``, or its device kind's quick one."""
+        return OPTIMIZED if self.optimize else self.device.kind
 
     def computing(self) -> contextlib.AbstractContextManager[None]:
         """The precision this model computes in (its dtype and its products'), for the duration: every
