@@ -373,7 +373,12 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         assert (row["peak_share"] is None) == (not row["workload"].startswith("forward"))
         assert row["peak_source"] == ("same-process GEMM" if row["peak_share"] is not None else None)
         assert (row["first_s"] is not None) == model and (not model or row["first_s"] > 0)
-    assert "tokens/s" in capsys.readouterr().out and "threads" in document["threads"]
+    printed = capsys.readouterr()
+    assert "tokens/s" in printed.out and "threads" in document["threads"]
+    # A line as each workload starts, which a log keeps (no terminal here, so no bar).
+    started = [line.removeprefix("bench: ").split(" (")[0] for line in printed.err.splitlines()]
+    expected = {f"{row['workload']} {row['dtype']}" if row["tokens_per_s"] else row["workload"] for row in rows}
+    assert len(started) == len(expected) and set(started) == expected
     trained = {row["backend"] for row in rows if row["workload"].startswith("train step")}
     assert trained == {name for name in here if load_backend(name).can_train}
     # Each model workload against its fastest framework: that one at 1, every other row at its own ratio.

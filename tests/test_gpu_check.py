@@ -4,6 +4,7 @@ progress, its reports rewritten after every part, and its budget."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -315,6 +316,11 @@ def test_the_prepared_gpu_run_leaves_a_few_files_and_a_summary(tmp_path, capsys)
     summary = (tmp_path / "summary.md").read_text()
     verdict = json.loads((tmp_path / "gpu-check.json").read_text())["verdict"]
     assert "`gpu-check` (" in summary and verdict in summary and "`pytest -m cuda`: " in summary
+    assert re.search(
+        r"^\[ *[0-9.]+ s\] conformance/test_fixtures.py::\S+ (PASSED|SKIPPED)",
+        (tmp_path / "pytest-cuda.txt").read_text(),
+        re.M,
+    )
     if not nvidia_smi():
         assert code == 0 and "skipped" in summary and verdict == "nothing checked on a GPU: none found"
     assert capsys.readouterr().out.strip().endswith(f"gpu-check: {verdict}")
@@ -327,6 +333,18 @@ def test_a_step_of_the_gpu_run_is_stopped_at_its_time(tmp_path):
         command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"]
         code, took = _stream(command, 1.0, log, copy, dict(os.environ))
     assert code == 124 and took < 10 and (tmp_path / "copy").read_text() == "started\n"
+
+
+def test_a_stamped_step_says_when_each_line_came(tmp_path):
+    from bert_multi.tools.gpu_run import _stream
+
+    with open(tmp_path / "log", "w") as log, open(tmp_path / "copy", "w") as copy:
+        command = [sys.executable, "-c", "import time; print('one', flush=True); time.sleep(1.5); print('two')"]
+        code, _ = _stream(command, 30, log, copy, dict(os.environ), stamped=True)
+    lines = (tmp_path / "copy").read_text().splitlines()
+    assert code == 0 and [line.split("] ", 1)[1] for line in lines] == ["one", "two"]
+    first, second = (float(line[1:].split(" s]")[0]) for line in lines)
+    assert first < 1.5 <= second
 
 
 @pytest.mark.parametrize("stand_in", [("torch", None)], indirect=True)

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from ..backend.contract import parse_device
 from ..backend.registry import check_names, not_in_process
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     for device in args.devices:
         parse_device(device)
     bar = ProgressBar()
+    progress = _Progress(bar)
     rows: list[bench.Row] = []
     try:
         for device in args.devices:
@@ -84,18 +86,18 @@ def run(args: argparse.Namespace) -> int:
                     args.dtypes,
                     rounds,
                     train=not args.no_train,
-                    progress=lambda label: bar(0, 1, label),
+                    progress=progress,
                     files=not args.no_files,
                     only=args.backends,
                     compiled=not args.no_compile,
                 )
             else:
-                timed = bench.run_gpu_bench(device, args.backends, args.quick, rounds, lambda label: bar(0, 1, label))
+                timed = bench.run_gpu_bench(device, args.backends, args.quick, rounds, progress)
                 if not timed:
                     bar.print(f"nothing timed on {device}: no backend of this environment can use it")
                 rows += timed
         if args.verify:
-            rows += bench.verify_rows(shapes[0], rounds, lambda label: bar(0, 1, label))
+            rows += bench.verify_rows(shapes[0], rounds, progress)
     finally:
         bar.close()
     if not rows:
@@ -117,3 +119,17 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot written to {bench.plot_rows(rows, args.plot)}")
     return 0
+
+
+class _Progress:
+    """The bar on a terminal for each round, and a line on standard error as each workload starts, which
+    a log keeps too: on a GPU a bench runs for minutes, most of them compiling."""
+
+    def __init__(self, bar: ProgressBar) -> None:
+        self.bar, self.started = bar, time.perf_counter()
+
+    def __call__(self, label: str) -> None:
+        if " round " in label:
+            self.bar(0, 1, label)
+        else:
+            self.bar.note(f"bench: {label} ({time.perf_counter() - self.started:.0f} s in)")

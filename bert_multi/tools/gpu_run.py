@@ -34,10 +34,13 @@ CACHE = {
 }
 
 
-def _stream(command: list[str], seconds: float, log: TextIO, copy: TextIO, env: dict[str, str]) -> tuple[int, float]:
+def _stream(
+    command: list[str], seconds: float, log: TextIO, copy: TextIO, env: dict[str, str], stamped: bool = False
+) -> tuple[int, float]:
     """Run ``command`` in the source tree, each line it prints shown at once and written to ``log`` and
-    ``copy``; stopped (its whole process group) after ``seconds``. Its exit status (124 when stopped) and
-    how long it took."""
+    ``copy`` (``stamped``: after the seconds since it started, for a command that does not say when);
+    stopped (its whole process group) after ``seconds``. Its exit status (124 when stopped) and how long
+    it took."""
     started = time.perf_counter()
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -47,6 +50,8 @@ def _stream(command: list[str], seconds: float, log: TextIO, copy: TextIO, env: 
         watchdog.start()
         try:
             for line in process.stdout:
+                if stamped:
+                    line = f"[{time.perf_counter() - started:6.1f} s] {line}"
                 for stream in (sys.stdout, log, copy):
                     stream.write(line)
                     stream.flush()
@@ -113,10 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**CACHE, **env}  # the user's own settings first
     with open(out / "gpu-run.log", "w") as log:
         with open(out / "pytest-cuda.txt", "w") as copy:
-            command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", *args.tests]
-            code, took = _stream(command, min(PYTEST_S, args.total / 3), log, copy, env)
+            # A test a line, each stamped, and the slowest at the end: a run stopped at its limit still
+            # shows where its time went.
+            command = [sys.executable, "-m", "pytest", "-m", "cuda", "-v", "--durations=15", "-p", "no:cacheprovider"]
+            code, took = _stream(command + args.tests, min(PYTEST_S, args.total / 3), log, copy, env, stamped=True)
         printed = (out / "pytest-cuda.txt").read_text().strip().splitlines()
-        pytest = (code, took, printed[-1] if printed else "printed nothing")
+        last = printed[-1].split("] ", 1)[-1].strip("= ") if printed else "printed nothing"  # less its stamp
+        pytest = (code, took, last)
         budget = max(args.total - (time.perf_counter() - started) - 20, 10)  # 20 s for the reports and the exit
         command = [sys.executable, "-m", "bert_multi.cli", "gpu-check", "--out", str(out), "--budget", f"{budget:.0f}"]
         with open(out / "gpu-check.txt", "w") as copy:

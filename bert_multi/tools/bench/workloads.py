@@ -115,9 +115,12 @@ def _interleave(
     """Seconds of ``calls[name](round)`` for rounds 1..``rounds``, every backend in turn each round,
     and apart from them the seconds of each one's first call (round 0: first calls allocate and
     compile). Each timing includes ``wait(name)`` (a backend's queued work); ``after(name)`` runs
-    outside the timings."""
+    outside the timings. ``progress`` is told ``label`` as the first calls start, then each round's
+    ``"{label} round i/n: name"``."""
     timings: dict[str, list[float]] = {name: [] for name in calls}
     first: dict[str, float] = {}
+    if progress:
+        progress(label)  # the workload alone as it starts, then each of its rounds
     for name, call in calls.items():
         started = time.perf_counter()
         call(0)
