@@ -31,3 +31,18 @@ def contiguous_transpose(array: np.ndarray, rows: int = 128) -> np.ndarray:
     for start in range(0, array.shape[0], rows):
         out[:, start : start + rows] = array[start : start + rows].T
     return out
+
+
+def same_bits(given: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> bool:
+    """Whether two sets of named arrays hold the same names, dtypes, shapes and bits: 0.0 is not -0.0,
+    and a NaN is equal only to the same NaN."""
+    if given.keys() != expected.keys():
+        return False
+    for name, array in given.items():
+        other = expected[name]
+        if array.dtype != other.dtype or array.shape != other.shape:
+            return False
+        bits = np.dtype(f"u{array.dtype.itemsize}")
+        if not np.array_equal(np.ascontiguousarray(array).view(bits), np.ascontiguousarray(other).view(bits)):
+            return False
+    return True

@@ -21,6 +21,7 @@ from bert_multi import BERTConfig, BERTOutput, CannotRunHere, load_backend, rand
 from bert_multi.backend import registry
 from bert_multi.backend.oracle import LAYER_NORM_EPS, NumpyBERT
 from bert_multi.errors import InputError
+from bert_multi.verify import conform
 from bert_multi.verify import lanes as engine_lanes
 from bert_multi.verify.cases import CASES, CaseInput, get_case
 from bert_multi.verify.conform import run_conformance
@@ -160,8 +161,8 @@ def test_checks_keep_the_order_asked_for_although_each_dtype_runs_alone(register
     report = run_conformance(CONFIG, WEIGHTS, targets, cases)
     expected = [(str(target), "oracle", name) for target in targets for name, _ in cases]
     for a, b in ((targets[0], targets[2]), (targets[1], targets[3])):  # same-dtype pairs, in target order
-        expected += [(str(b), f"{a} (weights via memory)", name) for name, _ in cases]
-        expected += [(str(a), f"{b} (weights via file)", name) for name, _ in cases]
+        expected += [(str(b), f"{a} (weights via memory, bit-exact)", name) for name, _ in cases]
+        expected += [(str(a), f"{b} (weights via file, bit-exact)", name) for name, _ in cases]
     assert [(str(c.target), c.reference, c.case) for c in report.checks] == expected
     without_pairs = run_conformance(CONFIG, WEIGHTS, targets, cases, pairs=False)
     assert [(str(c.target), c.case) for c in without_pairs.checks] == [(e[0], e[2]) for e in expected[:8]]
@@ -274,9 +275,13 @@ def test_a_case_with_its_own_max_len_runs_on_the_model_cut_to_it_oracle_included
     assert {name for name, max_len, _ in seen if max_len == 5} == {"numpy", "a", "b"}
 
 
-def test_each_model_is_freed_before_the_next_is_built(register, monkeypatch):
+@pytest.mark.parametrize("exact, builds", [(True, 8), (False, 16)])
+def test_each_model_is_freed_before_the_next_is_built(register, monkeypatch, exact, builds):
     """One model at a time, even one the cycle collector alone can free: the chapter's float64 model
-    is 196 MB, and the default run builds sixteen."""
+    is 196 MB. A pair whose weights arrive bit-exact builds no model; made to rebuild, each pair builds
+    its own."""
+    if not exact:
+        monkeypatch.setattr(conform, "same_bits", lambda given, expected: False)
     alive, most = weakref.WeakSet(), []
     seen = []
     for name in ("a", "b"):
@@ -294,7 +299,7 @@ def test_each_model_is_freed_before_the_next_is_built(register, monkeypatch):
     cases = [*CASE_LIST[:2], CaseInput("max_len", get_case("max_len").batch(cut, seed=11), 5)]
     targets = [Target(name, dtype) for dtype in ("float32", "float64") for name in ("a", "b")]
     assert run_conformance(CONFIG, WEIGHTS, targets, cases).passed
-    assert len(most) == 16 and max(most) == 0
+    assert len(most) == builds and max(most) == 0
 
 
 def test_a_target_that_cannot_build_here_is_skipped_and_its_neighbours_still_pair(register):
@@ -311,8 +316,8 @@ def test_a_target_that_cannot_build_here_is_skipped_and_its_neighbours_still_pai
     assert report.skipped == {targets[1]: "device cuda:0 asked for, but there is none here"}
     names = [name for name, _ in CASE_LIST[:2]]
     expected = [(str(t), "oracle", name) for t in (targets[0], targets[2]) for name in names]
-    expected += [(str(targets[2]), f"{targets[0]} (weights via memory)", name) for name in names]
-    expected += [(str(targets[0]), f"{targets[2]} (weights via file)", name) for name in names]
+    expected += [(str(targets[2]), f"{targets[0]} (weights via memory, bit-exact)", name) for name in names]
+    expected += [(str(targets[0]), f"{targets[2]} (weights via file, bit-exact)", name) for name in names]
     assert [(str(c.target), c.reference, c.case) for c in report.checks] == expected and report.passed
 
 
@@ -353,13 +358,17 @@ def traced(*args, **kwargs):
         tracemalloc.stop()
 
 
-def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(register):
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(register, monkeypatch, exact):
     """Built with ``share`` and exporting with it, a model that can keep the weights it is given (torch)
     costs no copy and one that cannot (Gluon) costs one: in the default order (torch first) a pair holds
     one set of weights beyond the caller's, not three (the chapter's float64 model is 196 MB a set). In
-    the other order the Gluon-like model is rebuilt from a file, which it copies: two sets. NumPy's
-    allocations are traced, so with models of NumPy arrays the peak counts every copy the engine makes;
-    a positional table of 100,000 rows makes the weights dwarf the cases' activations."""
+    the other order the Gluon-like model's file is read, one set: it is rebuilt from it, a copy, only
+    where the weights do not arrive bit-exact (made so here), two sets. NumPy's allocations are traced,
+    so with models of NumPy arrays the peak counts every copy the engine makes; a positional table of
+    100,000 rows makes the weights dwarf the cases' activations."""
+    if not exact:
+        monkeypatch.setattr(conform, "same_bits", lambda given, expected: False)
     real = load_backend("numpy")
 
     def numpy_backend(name, copies, kernel_eps):
@@ -377,7 +386,7 @@ def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(regist
     weights = random_weights(config, seed=11, dtype="float64")
     size = sum(array.nbytes for array in weights.values())
     cases = [(case.name, case.batch(CONFIG, seed=11)) for case in CASES[:4]]
-    for order, sets in ((("lender", "copier"), 1), (("copier", "lender"), 2)):
+    for order, sets in ((("lender", "copier"), 1), (("copier", "lender"), 1 if exact else 2)):
         report, peak = traced(config, weights, [Target(name, "float64") for name in order], cases)
         assert report.passed and len(report.checks) == 4 * 4
         assert sets * size < peak < (sets + 0.5) * size, order  # the copies, and little else
@@ -417,7 +426,8 @@ def test_weights_from_a_source_are_asked_for_per_dtype_and_held_one_dtype_at_a_t
 
 def test_outputs_are_kept_only_for_a_pair_to_compare_with(register):
     """A target's outputs, intermediates included, are as large as the oracle's: they are kept only
-    while a pair is still to be compared with them. With MLM logits over a
+    while a pair of it is still to be compared (with them, or with the other side's where the weights
+    arrive bit-exact and they stand for the rebuilt model's). With MLM logits over a
     50,000-token vocabulary the outputs dwarf the weights, 24 cases dwarf what one case needs while it
     runs, and NumPy's allocations are traced."""
     register(fake_backend("other"))
@@ -428,9 +438,9 @@ def test_outputs_are_kept_only_for_a_pair_to_compare_with(register):
     outputs = [oracle(**batch, intermediates=True) for _, batch in cases]
     size = sum(a.nbytes for out in outputs for a in (out.encoded, out.mlm, out.nsp, *out.intermediates.values()))
     both = [Target(name, dtype) for dtype in ("float32", "float64") for name in ("numpy", "other")]
-    # (targets, pairs, how many sets of float64 outputs are held at the peak: the oracle's, and one
-    # target's: a target's go once the last pair compared with them is done, before the next runs alone)
-    for targets, pairs, sets in (([both[2]], True, 1), (both[2:], False, 1), (both, True, 2)):
+    # (targets, pairs, how many sets of float64 outputs are held at the peak: the oracle's, and those of
+    # the targets of a pair still to be compared: a target's go once the last pair of it is done)
+    for targets, pairs, sets in (([both[2]], True, 1), (both[2:], False, 1), (both, True, 3)):
         report, peak = traced(config, weights, targets, cases, pairs=pairs)
         assert report.passed
         assert sets * size < peak < (sets + 0.5) * size, (targets, pairs)  # and what one case needs

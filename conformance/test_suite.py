@@ -6,6 +6,7 @@ import pytest
 from bert_multi import BERTConfig, frameworks, load_backend, random_weights
 from bert_multi.backend.registry import not_in_process
 from bert_multi.spec.semantics import PRESETS
+from bert_multi.verify import conform
 from bert_multi.verify.cases import CASES
 from bert_multi.verify.conform import run_conformance
 from bert_multi.verify.report import failure_details
@@ -58,10 +59,33 @@ def test_every_backend_conforms_on_every_case(config_name, preset):
     assert oracle_checks == {(str(t), case.name) for t in targets for case in CASES}
     if {"torch", "mxnet"} <= set(AVAILABLE):  # both directions, both ways of moving weights, for each dtype
         references = {(str(c.target), c.reference) for c in report.checks if not c.against_oracle}
-        # The two frameworks' LayerNorm eps differ (MXNet keeps it as a C float): pairs say they corrected it.
-        assert ("mxnet float64 cpu", "torch float64 cpu (weights via memory, LayerNorm eps corrected)") in references
-        assert ("torch float64 cpu", "mxnet float64 cpu (weights via file, LayerNorm eps corrected)") in references
-        assert ("mxnet float32 cpu", "torch float32 cpu (weights via memory, LayerNorm eps corrected)") in references
+        # Every framework exports exactly the weights it was given; the two frameworks' LayerNorm eps
+        # differ (MXNet keeps it as a C float): pairs say both.
+        corrected = "bit-exact, LayerNorm eps corrected)"
+        assert ("mxnet float64 cpu", f"torch float64 cpu (weights via memory, {corrected}") in references
+        assert ("torch float64 cpu", f"mxnet float64 cpu (weights via file, {corrected}") in references
+        assert ("mxnet float32 cpu", f"torch float32 cpu (weights via memory, {corrected}") in references
+
+
+@pytest.mark.skipif(len(AVAILABLE) < 2, reason="needs two frameworks in this environment")
+def test_a_pair_reports_what_a_model_rebuilt_from_the_weights_computes(monkeypatch):
+    """A pair whose weights arrive bit-exact is compared with the outputs of its target's own run, not of
+    a model rebuilt from them: right only if each framework's model rebuilt from the same bits computes
+    the same bits. Made to rebuild every time, the run reports the same numbers, check for check."""
+    config = CONFIGS["many_heads_three_blocks"]
+    targets = [Target(name, dtype) for name in AVAILABLE for dtype in ("float32", "float64")] + gpu_targets()
+    cases = [(case.name, case.batch(config, seed=4)) for case in CASES]
+    weights = random_weights(config, seed=4, dtype="float64")
+    exact = run_conformance(config, weights, targets, cases)
+    monkeypatch.setattr(conform, "same_bits", lambda given, expected: False)
+    rebuilt = run_conformance(config, weights, targets, cases)
+    pairs = [check for check in exact.checks if not check.against_oracle]
+    assert pairs and all(", bit-exact" in check.reference for check in pairs)
+    assert not any("bit-exact" in check.reference for check in rebuilt.checks)
+    assert [(c.target, c.case, c.reference.replace(", bit-exact", "")) for c in exact.checks] == [
+        (c.target, c.case, c.reference) for c in rebuilt.checks
+    ]
+    assert [c.outputs + c.intermediates for c in exact.checks] == [c.outputs + c.intermediates for c in rebuilt.checks]
 
 
 def test_missing_devices_are_skipped_with_their_reason():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_multi import Tolerance, compare_arrays, tolerance_for
-from bert_multi.arrays import all_finite, contiguous_transpose
+from bert_multi.arrays import all_finite, contiguous_transpose, same_bits
 from bert_multi.verify.compare import POLICY
 
 
@@ -97,3 +97,25 @@ def test_a_contiguous_transpose_is_the_transpose(shape):
     assert turned.flags.c_contiguous and turned.dtype == array.dtype
     np.testing.assert_array_equal(turned, array.T)
     assert not np.shares_memory(turned, array)
+
+
+def test_same_bits_means_every_bit():
+    """What lets a pair's target stand for its rebuilt model: equal values are not enough."""
+    weights = {"a": np.linspace(-1, 1, 12).reshape(3, 4), "b": np.arange(5, dtype=np.float32)}
+    assert same_bits(weights, {name: array.copy() for name, array in weights.items()})
+    assert same_bits(weights, {"a": np.asfortranarray(weights["a"]), "b": weights["b"]})  # layout is not value
+    one_ulp = weights["a"].copy()
+    one_ulp[1, 2] = np.nextafter(one_ulp[1, 2], 2.0)
+    zeros, negative_zeros = np.zeros(3), -np.zeros(3)
+    nan = np.array([np.nan, 1.0])
+    for given, expected in (
+        ({**weights, "a": one_ulp}, weights),
+        ({**weights, "a": weights["a"].astype(np.float32)}, weights),  # the same values in another dtype
+        ({**weights, "a": weights["a"].reshape(4, 3)}, weights),
+        ({"a": weights["a"]}, weights),  # a name missing
+        ({**weights, "c": zeros}, weights),  # one too many
+        ({"z": negative_zeros}, {"z": zeros}),  # equal, not the same bits
+        ({"n": nan}, {"n": -nan}),  # a NaN of another sign
+    ):
+        assert not same_bits(given, expected) and not same_bits(expected, given)
+    assert same_bits({"n": nan}, {"n": nan.copy()})  # the same NaN is the same bits

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import same_bits
 from ..backend.contract import BackendModel, BERTOutput, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
@@ -141,6 +142,7 @@ class _Run:
         self.oracle = load_backend("numpy")
         self.references: dict[float, dict[int, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
         self.results: dict[Target, dict[int, BERTOutput]] = {}  # target -> case -> its outputs
+        self.recorded: dict[Target, dict[int, tuple[str, ...] | None]] = {}  # and the activations it recorded
         self.keyed_checks: list[tuple[tuple[int, ...], Check]] = []  # keyed to sort into the order asked for
         self.eps: dict[Target, float] = {}  # each target's LayerNorm eps, as its framework computes it
         self.done = 0
@@ -180,6 +182,7 @@ class _Run:
             self.report.errors.append(RunError(target, self.during, _describe_exception(error)))
         self.backends.pop(target, None)
         self.results.pop(target, None)
+        self.recorded.pop(target, None)
         return False
 
     def all(self) -> Report:
@@ -251,7 +254,7 @@ class _Run:
         eps = self.kernel_eps(target)
         label = "oracle" if eps == self.config.semantics.layer_norm_eps else f"oracle (LayerNorm eps {eps:.9g})"
         export = None
-        self.results[target] = {}
+        self.results[target], self.recorded[target] = {}, {}
         lends = keep or file is not None
         # Not enumerate(): it would hold each model until the next was built.
         for model, indices in self.models(self.builder(target), self.config, weights):
@@ -267,8 +270,8 @@ class _Run:
                     export = None
             for index in indices:
                 out = self.run_case(model, index, str(target))
-                if paired:  # what the other targets of its dtype are compared with
-                    self.results[target][index] = out
+                if paired:  # what the other targets of its dtype are compared with, or stand for it
+                    self.results[target][index], self.recorded[target][index] = out, model.recorded
                 expected = self.references[eps][index]
                 key = (0, self.targets.index(target), index)
                 self.check(key, target, label, index, out, expected, tolerance, model.recorded)
@@ -276,27 +279,50 @@ class _Run:
         return export
 
     def run_pair(
-        self, target: Target, source: Target, how: str, lent: tuple[BERTConfig, dict[str, np.ndarray]]
+        self,
+        target: Target,
+        source: Target,
+        how: str,
+        lent: tuple[BERTConfig, dict[str, np.ndarray]],
+        weights: dict[str, np.ndarray],
     ) -> None:
         """Run every case on ``target``'s model of the weights ``source`` exported, moved ``how``
-        ("memory" or "file"), and compare with ``source``'s own outputs."""
+        ("memory" or "file"), and compare with ``source``'s own outputs. Weights that arrive bit for bit
+        as ``weights``, which ``target`` ran alone, would rebuild the model that run had: its outputs are
+        the rebuilt model's, and are not computed again (``bit-exact`` in the report)."""
         kind = "gpu" if "gpu" in (target.device_kind, source.device_kind) else "cpu"
         tolerance = tolerance_for(target.dtype, kind, pair=True)
         # Each side agrees with the oracle at its own LayerNorm eps, so the pair may differ by what the
         # oracle itself computes differently at the two: that known gap is added to the source's outputs
         # before comparing (triangle inequality), and only what remains counts.
         eps, source_eps = self.kernel_eps(target), self.kernel_eps(source)
-        label = f"{source} (weights via {how}" + (", LayerNorm eps corrected)" if eps != source_eps else ")")
+        own = self.results.get(target)
+        self.during = f"comparing {source}'s weights via {how} with its own"
+        exact = own is not None and lent[0] == self.config and same_bits(lent[1], weights)
+        label = f"{source} (weights via {how}" + ", bit-exact" * exact
+        label += ", LayerNorm eps corrected)" if eps != source_eps else ")"
         first, second = sorted((self.targets.index(target), self.targets.index(source)))
         outputs = self.results[source]  # held for the pair, whatever the source's own lane does meanwhile
+        for index, out, recorded in self.rebuilt_outputs(target, source, how, lent, exact):
+            expected = outputs[index]
+            if eps != source_eps:
+                expected = shifted(expected, self.references[eps][index], self.references[source_eps][index])
+            key = (1, first, second, 0 if how == "memory" else 1, index)
+            self.check(key, target, label, index, out, expected, tolerance, recorded)
+
+    def rebuilt_outputs(
+        self, target: Target, source: Target, how: str, lent: tuple[BERTConfig, dict[str, np.ndarray]], exact: bool
+    ) -> Iterator[tuple[int, BERTOutput, tuple[str, ...] | None]]:
+        """Each case's outputs, and the activations recorded, of ``target`` rebuilt from ``lent``: its own
+        run's where the weights are ``exact``ly those it ran alone with."""
+        if exact:
+            for index, out in self.results[target].items():
+                self.tick(index, f"{target} <- {source} ({how}, bit-exact)")
+                yield index, out, self.recorded[target][index]
+            return
         for model, indices in self.models(self.builder(target), *lent, rebuilt_from=f"{source}'s weights via {how}"):
             for index in indices:
-                out = self.run_case(model, index, f"{target} <- {source} ({how})")
-                expected = outputs[index]
-                if eps != source_eps:
-                    expected = shifted(expected, self.references[eps][index], self.references[source_eps][index])
-                key = (1, first, second, 0 if how == "memory" else 1, index)
-                self.check(key, target, label, index, out, expected, tolerance, model.recorded)
+                yield index, self.run_case(model, index, f"{target} <- {source} ({how})"), model.recorded
             del model
 
     def models(
@@ -356,14 +382,18 @@ class _Run:
         return self.eps[target]
 
     def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
+        self.tick(index, label)
+        self.during = f"running case {self.cases[index].name}"
+        return model(**self.cases[index].batch, intermediates=True)
+
+    def tick(self, index: int, label: str) -> None:
+        """A step of the progress: case ``index`` of ``label``."""
         with self.counting:
             if self.progress:
                 alive = [target for target in self.targets if target in self.backends]  # not skipped, not broken
                 planned = _planned_steps(alive, len(self.cases), self.pairs)
                 self.progress(self.done, planned, f"{label}: {self.cases[index].name}")
             self.done += 1
-        self.during = f"running case {self.cases[index].name}"
-        return model(**self.cases[index].batch, intermediates=True)
 
     def check(
         self,

@@ -22,15 +22,15 @@ class Lanes:
     """One dtype's part of a run: each target alone, and each pair of targets (a before b) both ways: b
     rebuilt from a's weights in memory, a from b's through a file; on lanes, so that a worker computes
     while this process does. This process's targets take their part on this thread, in the order one
-    process would (for each target: the pairs rebuilding it from the targets before it, then it alone,
+    process would (for each target: it alone, then the pairs rebuilding it from the targets before it,
     then those targets rebuilt from its file). A backend in another environment's worker takes its own
-    on a thread of its own: its targets alone first, then its pairs. A pair waits only for the target it
-    is rebuilt from to have run alone, and the first steps of a worker's lane wait for nothing, so the
-    lanes never wait on each other in a circle.
+    on a thread of its own: its targets alone first, then its pairs. A pair waits only for its two
+    targets to have run alone, each on its own lane before any pair there, and the first steps of a
+    worker's lane wait for nothing, so the lanes never wait on each other in a circle.
 
     Memory, per process: a lane builds one model at a time; a target's exported weights are held while
     a target still to be rebuilt from them in memory is, its file kept while one still to be rebuilt from
-    the file is, and its outputs kept while a pair still to be compared with them is; and one set of
+    the file is, and its outputs kept while a pair of it, either side, is still to be compared; and one set of
     weights beyond the run's own is held at a time in this process, across the lanes (``holding``)."""
 
     def __init__(self, run: Run, ran: list[Target], weights: dict[str, np.ndarray]) -> None:
@@ -40,14 +40,17 @@ class Lanes:
         steps: list[tuple[str, Target, Target | None, str]] = []
         for position, target in enumerate(ran):
             before = ran[:position] if run.pairs else []
-            steps += [("pair", target, source, "memory") for source in before]
             steps.append(("alone", target, None, ""))
+            steps += [("pair", target, source, "memory") for source in before]
             steps += [("pair", source, target, "file") for source in before]
-        # What each target's alone run leaves for the pairs: its outputs, its weights in memory, its file.
+        # What each target's alone run leaves for the pairs: its outputs (which a pair compares with, or
+        # which stand for the rebuilt model's where its weights arrive bit-exact), its weights in memory,
+        # its file.
         self.uses = {(what, source): 0 for source in ran for what in ("outputs", "memory", "file")}
-        for _, _, source, how in steps:
+        for _, target, source, how in steps:
             if source is not None:
                 self.uses["outputs", source] += 1
+                self.uses["outputs", target] += 1
                 self.uses[how, source] += 1
         self.lanes: dict[str | None, list[tuple[str, Target, Target | None, str]]] = {}
         for step in steps:
@@ -87,6 +90,7 @@ class Lanes:
             self.directory.cleanup()
             for target in self.alone:  # pairs are of one dtype: its outputs are not asked for again
                 self.run_.results.pop(target, None)
+                self.run_.recorded.pop(target, None)
         if self.failures:
             raise self.failures[0]
 
@@ -111,11 +115,12 @@ class Lanes:
                 continue
             assert source is not None
             self.alone[source].wait()
+            self.alone[target].wait()
             if stop.is_set():
                 return
             if target in run.backends and source in run.results:
                 run.attempt(target, self.run_pair, target, source, how)
-            self.used(source, how)
+            self.used(target, source, how)
 
     def run_alone(self, target: Target) -> None:
         run, uses = self.run_, self.uses
@@ -128,20 +133,22 @@ class Lanes:
 
     def run_pair(self, target: Target, source: Target, how: str) -> None:
         if how == "memory":
-            self.run_.run_pair(target, source, how, self.exports[source])
+            self.run_.run_pair(target, source, how, self.exports[source], self.weights)
             return
         with self.run_.holding:
-            self.run_.run_pair(target, source, how, load_weights(self.files[source]))
+            self.run_.run_pair(target, source, how, load_weights(self.files[source]), self.weights)
 
-    def used(self, source: Target, how: str) -> None:
-        """A pair rebuilt from ``source`` is over: what nothing else needs of ``source`` is let go."""
+    def used(self, target: Target, source: Target, how: str) -> None:
+        """A pair rebuilt from ``source`` is over: what nothing else needs of either is let go."""
         with self.lock:  # two lanes may finish pairs of one source at once: one of them lets each thing go
-            for what in ("outputs", how):
-                self.uses[what, source] -= 1
-            outputs, memory, file = (self.uses[what, source] for what in ("outputs", "memory", "file"))
+            for what, of in (("outputs", source), ("outputs", target), (how, source)):
+                self.uses[what, of] -= 1
+            done = [of for of in (source, target) if not self.uses["outputs", of]]
+            memory, file = (self.uses[what, source] for what in ("memory", "file"))
             path = None if file else self.files.pop(source, None)
-        if not outputs:
-            self.run_.results.pop(source, None)
+        for of in done:
+            self.run_.results.pop(of, None)
+            self.run_.recorded.pop(of, None)
         if not memory:
             self.exports.pop(source, None)
         if path is not None:
