@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
+from bert_multi.arrays import same_bits
 from bert_multi.backend.channel import Worker
 from bert_multi.backend.registry import load_backend, registrations
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
+from bert_multi.files.weights import load_weights
 from bert_multi.verify.cases import CASES
 
 
@@ -46,6 +48,23 @@ def test_a_model_in_a_worker_computes_exactly_what_it_computes_here(remote_oracl
     assert not any(array.flags.writeable for array in exported.values())
     assert there.runtime_info()["python"] == sys.executable
     assert there.cut(5) is None  # the oracle's models do not cut themselves: the caller builds the shorter one
+
+
+def test_a_workers_model_writes_its_weight_file_there(remote_oracle, tmp_path, monkeypatch):
+    """``save`` on a worker's model: the worker writes the canonical file, so no weights cross between the
+    processes, and it reads back here bit for bit."""
+    config = CONFIGS["tiny"]
+    weights = random_weights(config, seed=3, dtype="float32")
+    there = remote_oracle.build(config, weights, dtype="float32")
+    sent = []
+    exchange = Worker.exchange
+    monkeypatch.setattr(
+        Worker, "exchange", lambda worker, op, *args, **kwargs: sent.append(op) or exchange(worker, op, *args, **kwargs)
+    )
+    there.save(tmp_path / "weights.npz")
+    assert sent == []
+    read_config, read = load_weights(tmp_path / "weights.npz")
+    assert read_config == config and same_bits(read, weights)
 
 
 def test_the_worker_raises_bert_multis_own_exceptions_and_shows_others_with_their_traceback(remote_oracle):
@@ -162,6 +181,8 @@ def test_mxnet_and_jax_pair_across_their_environments():
     assert report.passed, report.failures()
     pairs = {(c.target.backend, c.reference.split()[0]) for c in report.checks if not c.against_oracle}
     assert pairs == {("mxnet", "jax"), ("jax", "mxnet")}
+    # Each side's file, written in its own environment's NumPy, reads in the other's bit for bit.
+    assert all(", bit-exact" in c.reference for c in report.checks if not c.against_oracle)
     assert any(" in " in load_backend(name).where for name in ("mxnet", "jax"))  # one ran elsewhere
 
 

@@ -17,7 +17,9 @@ LAYERS = [
         "base",
         ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display", "bert_multi.cache", "bert_multi.files.safe"),
     ),
-    ("spec", ("bert_multi.spec",)),
+    # The canonical weight file is the schema on disk: every layer that holds weights may write one (a
+    # worker writes its model's, in its own environment).
+    ("spec", ("bert_multi.spec", "bert_multi.files.weights")),
     ("backend", ("bert_multi.backend",)),
     ("files", ("bert_multi.files",)),
     ("verify", ("bert_multi.verify", "bert_multi.testing")),

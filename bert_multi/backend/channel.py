@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,8 @@ class Worker:
         self.stderr_reader = threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True)
         self.stderr_reader.start()
         self.lock = threading.Lock()
+        # Requests waiting for the worker, which a request made in the background lets go first.
+        self.waiting, self.turn = 0, threading.Condition()
         self.files = itertools.count()
         atexit.register(self.close)
 
@@ -119,7 +123,12 @@ class Worker:
         return Path(self.directory.name) / f"{kind}-{next(self.files)}.npz"
 
     def exchange(
-        self, op: str, sent: dict[str, dict[str, np.ndarray]], received: bool, **arguments: Any
+        self,
+        op: str,
+        sent: dict[str, dict[str, np.ndarray]],
+        received: bool,
+        background: bool = False,
+        **arguments: Any,
     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """``call`` with arrays: each of ``sent`` written to a file named by that argument, and, if
         ``received``, the arrays the worker writes to the file named by ``out``; the files removed after."""
@@ -129,7 +138,8 @@ class Worker:
         try:
             for argument, arrays in sent.items():
                 np.savez(paths[argument], **arrays)
-            reply = self.call(op, **arguments, **{argument: str(path) for argument, path in paths.items()})
+            files = {argument: str(path) for argument, path in paths.items()}
+            reply = self.call(op, background=background, **arguments, **files)
             if not received:
                 return reply, {}
             try:
@@ -140,10 +150,11 @@ class Worker:
             for path in paths.values():
                 path.unlink(missing_ok=True)
 
-    def call(self, op: str, **arguments: Any) -> dict[str, Any]:
+    def call(self, op: str, background: bool = False, **arguments: Any) -> dict[str, Any]:
         """Send one request and return its reply; the worker's exception raised here as the same
-        bert_multi exception, or a ``RemoteFailure`` with its traceback."""
-        with self.lock:
+        bert_multi exception, or a ``RemoteFailure`` with its traceback. A request made in the
+        ``background`` (compiling ahead) lets every other waiting go first: it fills the worker's idle time."""
+        with self.turn_for(background):
             if self.stopped:
                 raise RemoteFailure(f"the worker ({self.python}) was stopped: {self.stopped}")
             try:
@@ -156,6 +167,26 @@ class Worker:
         if reply.get("ok") is False:
             raise _exception(reply)
         raise self.failure(f"its reply to {op!r} is not one: {str(reply)[:200]}")
+
+    @contextlib.contextmanager
+    def turn_for(self, background: bool) -> Iterator[None]:
+        """The worker to this thread's request alone, once no request it must let go first is waiting."""
+        with self.turn:
+            if background:
+                self.turn.wait_for(lambda: not self.waiting)
+            else:
+                self.waiting += 1
+        try:
+            self.lock.acquire()
+        finally:
+            if not background:
+                with self.turn:
+                    self.waiting -= 1
+                    self.turn.notify_all()
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     def failure(self, what: str) -> RemoteFailure:
         """A ``RemoteFailure`` naming the worker; the worker, no longer trusted, is stopped."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from ..errors import UsageError
+from ..files.weights import save_weights
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
@@ -273,6 +275,11 @@ class BackendModel(abc.ABC):
         """The model's weights as a canonical dict (schema names and order, NumPy arrays): copies, or with
         ``share`` read-only views of the model's own storage where the framework lends them (valid until
         the model changes), which cost no memory."""
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the weights it exports (``export_weights``) to a canonical weight file, atomically; a
+        model in another environment's worker writes it there."""
+        save_weights(path, self.config, self.export_weights(share=True))
 
     @abc.abstractmethod
     def framework_info(self) -> dict[str, object]:

@@ -141,8 +141,15 @@ class RemoteBackend:
                 fields.append(list(given))
                 arrays.update({f"{g}/{b}/{field}": array for field, array in given.items()})
             layout.append([max_len, fields])
-        self.worker.exchange(
-            "prepare", {"inputs": arrays}, False, config=config.to_dict(), layout=layout, dtypes=dtypes, device=device
+        self.worker.exchange(  # compiling ahead: the run's own requests go first
+            "prepare",
+            {"inputs": arrays},
+            False,
+            True,
+            config=config.to_dict(),
+            layout=layout,
+            dtypes=dtypes,
+            device=device,
         )
 
     def train_data_parallel(self, workers: int, threads_per_worker: int = 1, **arguments: Any) -> Any:
@@ -240,6 +247,11 @@ class RemoteModel(BackendModel):
         except errors.WeightsError as error:
             raise self.worker.failure(f"its reply to 'export' does not hold the model's weights: {error}") from None
         return {name: read_only(array) for name, array in weights.items()} if share else weights
+
+    def save(self, path: str | os.PathLike) -> None:
+        """The worker writes the file: the weights do not cross, and its environment's NumPy writes what
+        this one reads."""
+        self.worker.call("save", model=self.id, path=os.fspath(path))
 
     def cut(self, max_len: int) -> RemoteModel | None:
         """The worker's own model cut from this one, where its backend makes one: no weights cross."""

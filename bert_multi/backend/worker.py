@@ -107,6 +107,10 @@ class Session:
         np.savez(out, **self.models[model].export_weights(share=True))
         return {}
 
+    def save(self, model: int, path: str) -> dict[str, Any]:
+        self.models[model].save(path)
+        return {}
+
     def save_checkpoint(self, path: str, config: dict[str, Any], weights: str) -> dict[str, Any]:
         self._loaded().save_checkpoint(path, BERTConfig.from_dict(config), read_arrays(weights))
         return {}
@@ -165,6 +169,7 @@ OPERATIONS = (
     "cut",
     "forward",
     "export",
+    "save",
     "save_checkpoint",
     "read_checkpoint",
     "trainer",

@@ -23,7 +23,6 @@ from ..backend.contract import BackendModel, BERTOutput, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
 from ..errors import CannotRunHere, InputError, UsageError
-from ..files.weights import save_weights
 from ..spec.config import BERTConfig
 from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
@@ -136,11 +135,14 @@ class _Run:
         self.source: WeightsSource | None = weights if callable(weights) else None
         self.pairs, self.progress = pairs, progress
         self.groups = _max_len_groups(config, cases)
+        # The dtypes in the order they run: float64 first, on the weights the oracle's outputs are made from.
+        self.dtypes = sorted(dict.fromkeys(target.dtype for target in targets), key=lambda dtype: dtype != "float64")
         self.report = Report(config, [case.name for case in cases])
         self.report.cut = {case.name: cut for case in cases if (cut := case.cut(config)) is not None}
         self.backends: dict[Target, LoadedBackend] = {}
         self.oracle = load_backend("numpy")
         self.references: dict[float, dict[int, BERTOutput]] = {}  # LayerNorm eps -> case -> float64 oracle outputs
+        self.referenced = threading.Event()  # set once they are made
         self.results: dict[Target, dict[int, BERTOutput]] = {}  # target -> case -> its outputs
         self.recorded: dict[Target, dict[int, tuple[str, ...] | None]] = {}  # and the activations it recorded
         self.keyed_checks: list[tuple[tuple[int, ...], Check]] = []  # keyed to sort into the order asked for
@@ -208,13 +210,13 @@ class _Run:
     def prepare(self, stop: threading.Event) -> list[threading.Thread]:
         """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
         dtypes and devices asked of it, while the engine computes the oracle's outputs and runs the
-        others. It is asked for one dtype and group at a time, until ``stop`` is set, and compiles
-        wherever the backend runs; its failures are not the run's (the run's own models meet them, and
-        report them)."""
-        groups = [(max_len, [self.cases[index].batch for index in indices]) for max_len, indices in self.groups.items()]
+        others. It is asked for one dtype and case at a time (a worker's run comes first between two),
+        until ``stop`` is set, and compiles wherever the backend runs; its failures are not the run's
+        (the run's own models meet them, and report them)."""
+        groups = [(max_len, [self.cases[index].batch]) for max_len, indices in self.groups.items() for index in indices]
         asked: dict[tuple[str, str], tuple[LoadedBackend, list[str]]] = {}  # (backend, device) -> it, its dtypes
-        for target, backend in self.backends.items():
-            if backend.prepares:
+        for target, backend in sorted(self.backends.items(), key=lambda item: self.dtypes.index(item[0].dtype)):
+            if backend.prepares:  # each dtype in the order the run needs it
                 asked.setdefault((target.backend, target.device), (backend, []))[1].append(target.dtype)
         threads = []
         for (_, device), (backend, dtypes) in asked.items():
@@ -224,20 +226,27 @@ class _Run:
         return threads
 
     def scheduled(self) -> Report:
-        # The oracle's outputs first, so that the float64 weights need not be held after (from a source).
-        weights = self.weights_in("float64")
-        self.during = "computing the oracle's outputs at its LayerNorm eps"
-        for target in list(self.backends):
-            self.attempt(target, self.compute_reference, target, weights)
-        del weights
-        release_memory()
-        for dtype in dict.fromkeys(target.dtype for target in self.targets):
+        # The float64 weights first: made once (from a source: drawn once, and cast for the other dtypes),
+        # never two sets at once. The oracle's outputs are computed from them on this thread as the
+        # float64 targets' lanes start, so that a worker's lane builds and runs meanwhile (its checks
+        # wait for them), and before any cast.
+        held = self.weights_in("float64")
+        references: Callable[[], None] | None = functools.partial(self.compute_references, held)
+        if "float64" not in self.dtypes:
+            self.compute_references(held)
+            references = None
+        for dtype in self.dtypes:
             ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
             if ran:
-                weights = self.weights_in(dtype)
-                Lanes(self, ran, weights).run()
+                weights = held if dtype == "float64" else self.cast_away(held, dtype)
+                Lanes(self, ran, weights).run(first=references)
+                references = None
                 del weights  # before the next dtype's are made
+        if references is not None:  # nothing ran: there is nothing to compare with them either
+            self.referenced.set()
         self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
+        ran_on = self.report.runtime  # in the order asked for, as the checks are
+        self.report.runtime = {str(target): ran_on[str(target)] for target in self.targets if str(target) in ran_on}
         if self.progress:
             self.progress(self.done, self.done, "done")
         return self.report
@@ -263,16 +272,15 @@ class _Run:
                 lends = False
                 self.during = "exporting its weights"
                 with self.holding if file is not None else contextlib.nullcontext():
-                    export = (model.config, model.export_weights(share=True))
                     if file is not None:
-                        save_weights(file, *export)
-                if not keep:
-                    export = None
+                        model.save(file)
+                if keep:
+                    export = (model.config, model.export_weights(share=True))
             for index in indices:
                 out = self.run_case(model, index, str(target))
                 if paired:  # what the other targets of its dtype are compared with, or stand for it
                     self.results[target][index], self.recorded[target][index] = out, model.recorded
-                expected = self.references[eps][index]
+                expected = self.reference(eps, index)
                 key = (0, self.targets.index(target), index)
                 self.check(key, target, label, index, out, expected, tolerance, model.recorded)
             del model  # so that it is freed before the next is built
@@ -360,6 +368,30 @@ class _Run:
         weights = self.source(dtype)
         validate_weights(self.config, weights)
         return weights
+
+    def cast_away(self, held: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+        """The weights in ``dtype`` from the float64 ``held``, each tensor let go of once it is cast. From
+        a source the cast is what it would give (``WeightsSource``), without drawing them again."""
+        if self.source is None:
+            held.clear()
+            release_memory()
+            return self.weights_in(dtype)
+        return {name: held.pop(name).astype(dtype) for name in list(held)}
+
+    def compute_references(self, weights: dict[str, np.ndarray]) -> None:
+        """The oracle's outputs at each target's LayerNorm eps, from the float64 ``weights``; then the
+        checks waiting for them go on, whether they were all made or not."""
+        try:
+            self.during = "computing the oracle's outputs at its LayerNorm eps"
+            for target in list(self.backends):
+                self.attempt(target, self.compute_reference, target, weights)
+        finally:
+            self.referenced.set()
+
+    def reference(self, eps: float, index: int) -> BERTOutput:
+        """The oracle's outputs for case ``index`` at ``eps``, once they are made."""
+        self.referenced.wait()
+        return self.references[eps][index]
 
     def compute_reference(self, target: Target, weights: dict[str, np.ndarray]) -> None:
         """The oracle's float64 outputs for every case at ``target``'s LayerNorm eps, from the float64

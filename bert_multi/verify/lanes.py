@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,7 +71,9 @@ class Lanes:
         """The lane of a target's models: None for this process, else its backend's worker."""
         return None if self.run_.backends[target].elsewhere is None else target.backend
 
-    def run(self) -> None:
+    def run(self, first: Callable[[], None] | None = None) -> None:
+        """Every step, each lane's in order; ``first`` on this thread before its own, once the others'
+        lanes have started."""
         stop = threading.Event()
         threads = [
             threading.Thread(target=self.lane_thread, args=(steps, stop), daemon=True)
@@ -80,6 +83,8 @@ class Lanes:
         try:
             for thread in threads:
                 thread.start()
+            if first is not None:
+                first()
             self.take(self.lanes.get(None, []), stop)
             for thread in threads:
                 thread.join()
