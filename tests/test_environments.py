@@ -5,6 +5,8 @@ very interpreter, which every machine has; the real pairing where both environme
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +67,26 @@ def test_a_workers_model_writes_its_weight_file_there(remote_oracle, tmp_path, m
     assert sent == []
     read_config, read = load_weights(tmp_path / "weights.npz")
     assert read_config == config and same_bits(read, weights)
+
+
+def test_compiling_ahead_lets_the_runs_own_requests_go_first(remote_oracle, monkeypatch):
+    """A request made in the background (``prepare``) waits while another is waiting for the worker, so
+    that compiling ahead fills the worker's idle time and never holds up the run's own work."""
+    worker, asked = remote_oracle.worker, []
+    request = Worker._request
+    monkeypatch.setattr(Worker, "_request", lambda self, op, line: asked.append(op) or request(self, op, line))
+    background = threading.Thread(target=worker.call, args=("kernel_eps",), kwargs={"eps": 1.0, "background": True})
+    with worker.turn_for(background=False):  # a request under way
+        background.start()
+        with worker.turn:
+            worker.waiting += 1  # and one of the run's own waiting for it
+    time.sleep(0.2)
+    assert asked == []  # the worker is free, but a request is waiting: the background one lets it go first
+    with worker.turn:
+        worker.waiting -= 1
+        worker.turn.notify_all()
+    background.join()
+    assert asked == ["kernel_eps"]
 
 
 def test_the_worker_raises_bert_multis_own_exceptions_and_shows_others_with_their_traceback(remote_oracle):

@@ -112,9 +112,8 @@ class Worker:
         self.stderr_tail: collections.deque[bytes] = collections.deque()
         self.stderr_reader = threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True)
         self.stderr_reader.start()
-        self.lock = threading.Lock()
-        # Requests waiting for the worker, which a request made in the background lets go first.
-        self.waiting, self.turn = 0, threading.Condition()
+        # One request at a time (``busy``); a request made in the background lets those waiting go first.
+        self.busy, self.waiting, self.turn = False, 0, threading.Condition()
         self.files = itertools.count()
         atexit.register(self.close)
 
@@ -173,20 +172,18 @@ class Worker:
         """The worker to this thread's request alone, once no request it must let go first is waiting."""
         with self.turn:
             if background:
-                self.turn.wait_for(lambda: not self.waiting)
+                self.turn.wait_for(lambda: not self.busy and not self.waiting)
             else:
                 self.waiting += 1
-        try:
-            self.lock.acquire()
-        finally:
-            if not background:
-                with self.turn:
-                    self.waiting -= 1
-                    self.turn.notify_all()
+                self.turn.wait_for(lambda: not self.busy)
+                self.waiting -= 1
+            self.busy = True
         try:
             yield
         finally:
-            self.lock.release()
+            with self.turn:
+                self.busy = False
+                self.turn.notify_all()
 
     def failure(self, what: str) -> RemoteFailure:
         """A ``RemoteFailure`` naming the worker; the worker, no longer trusted, is stopped."""
@@ -279,7 +276,7 @@ class Worker:
     def close(self) -> None:
         """End the worker as it ends by itself (its requests end), stopping it if it has not within 10 s;
         at once if another thread's request is under way (its caller is ending): no one will read the reply."""
-        if self.process.poll() is None and not self.lock.locked():
+        if self.process.poll() is None and not self.busy:
             try:
                 assert self.process.stdin is not None
                 self.process.stdin.close()  # end of requests: the worker exits
