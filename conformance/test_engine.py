@@ -21,7 +21,6 @@ from bert_multi import BERTConfig, BERTOutput, CannotRunHere, load_backend, rand
 from bert_multi.backend import registry
 from bert_multi.backend.oracle import LAYER_NORM_EPS, NumpyBERT
 from bert_multi.errors import InputError
-from bert_multi.verify import conform
 from bert_multi.verify import lanes as engine_lanes
 from bert_multi.verify.cases import CASES, CaseInput, get_case
 from bert_multi.verify.conform import run_conformance
@@ -114,6 +113,26 @@ def test_pairs_rebuild_from_the_weights_the_other_backend_exported(register, ord
     how = "memory" if order == "leaky first" else "file"  # the first target's weights move in memory
     assert all(f"(weights via {how}" in c.reference for c in rebuilt_from_leaky)
     assert all(c.first_divergence.name == "nsp" for c in rebuilt_from_leaky)
+
+
+def test_a_file_two_pairs_are_rebuilt_from_is_read_once_when_it_holds_the_runs_weights(register, monkeypatch):
+    """Three targets: the second's file is read for one pair, the third's for two. Read once and found
+    bit-exact, a file stands for the run's weights for its next pair; one that is not is read again."""
+    read = []
+    load = engine_lanes.load_weights
+    monkeypatch.setattr(engine_lanes, "load_weights", lambda path: read.append(path) or load(path))
+    register(fake_backend("second"))
+    register(fake_backend("third"))
+    report = run("numpy", "second", "third")
+    assert report.passed and len(read) == 2 and len(set(read)) == 2
+    pairs = [c for c in report.checks if not c.against_oracle]
+    assert len(pairs) == 6 * len(CASE_LIST) and all(", bit-exact" in c.reference for c in pairs)
+    register(fake_backend("leaky", nudge_export=1e-3))  # its file is not the run's weights: each pair reads it
+    read.clear()
+    report = run("numpy", "second", "leaky")
+    assert len(read) == 3 and len(set(read)) == 2
+    from_leaky = [c for c in report.checks if c.reference.startswith("leaky float64 cpu (weights via file)")]
+    assert len(from_leaky) == 2 * len(CASE_LIST) and not any(c.passed for c in from_leaky)
 
 
 def test_each_backend_is_held_to_the_oracle_at_its_own_layer_norm_eps(register):
@@ -281,7 +300,7 @@ def test_each_model_is_freed_before_the_next_is_built(register, monkeypatch, exa
     is 196 MB. A pair whose weights arrive bit-exact builds no model; made to rebuild, each pair builds
     its own."""
     if not exact:
-        monkeypatch.setattr(conform, "same_bits", lambda given, expected: False)
+        monkeypatch.setattr(engine_lanes, "same_bits", lambda given, expected: False)
     alive, most = weakref.WeakSet(), []
     seen = []
     for name in ("a", "b"):
@@ -368,7 +387,7 @@ def test_a_run_holds_as_few_copies_of_the_weights_as_the_frameworks_allow(regist
     so with models of NumPy arrays the peak counts every copy the engine makes; a positional table of
     100,000 rows makes the weights dwarf the cases' activations."""
     if not exact:
-        monkeypatch.setattr(conform, "same_bits", lambda given, expected: False)
+        monkeypatch.setattr(engine_lanes, "same_bits", lambda given, expected: False)
     real = load_backend("numpy")
 
     def numpy_backend(name, copies, kernel_eps):

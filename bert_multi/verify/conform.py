@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import same_bits
 from ..backend.contract import BackendModel, BERTOutput, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
@@ -291,22 +290,20 @@ class _Run:
         target: Target,
         source: Target,
         how: str,
-        lent: tuple[BERTConfig, dict[str, np.ndarray]],
-        weights: dict[str, np.ndarray],
+        lent: tuple[BERTConfig, dict[str, np.ndarray]] | None,
+        exact: bool,
     ) -> None:
-        """Run every case on ``target``'s model of the weights ``source`` exported, moved ``how``
-        ("memory" or "file"), and compare with ``source``'s own outputs. Weights that arrive bit for bit
-        as ``weights``, which ``target`` ran alone, would rebuild the model that run had: its outputs are
-        the rebuilt model's, and are not computed again (``bit-exact`` in the report)."""
+        """Run every case on ``target``'s model of the weights ``source`` exported, ``lent`` moved ``how``
+        ("memory" or "file"), and compare with ``source``'s own outputs. Weights that arrived ``exact``,
+        bit for bit those ``target`` ran alone, would rebuild the model that run had: its outputs are the
+        rebuilt model's, and are not computed again (``bit-exact`` in the report; ``lent`` may be None)."""
         kind = "gpu" if "gpu" in (target.device_kind, source.device_kind) else "cpu"
         tolerance = tolerance_for(target.dtype, kind, pair=True)
         # Each side agrees with the oracle at its own LayerNorm eps, so the pair may differ by what the
         # oracle itself computes differently at the two: that known gap is added to the source's outputs
         # before comparing (triangle inequality), and only what remains counts.
         eps, source_eps = self.kernel_eps(target), self.kernel_eps(source)
-        own = self.results.get(target)
-        self.during = f"comparing {source}'s weights via {how} with its own"
-        exact = own is not None and lent[0] == self.config and same_bits(lent[1], weights)
+        exact = exact and target in self.results
         label = f"{source} (weights via {how}" + ", bit-exact" * exact
         label += ", LayerNorm eps corrected)" if eps != source_eps else ")"
         first, second = sorted((self.targets.index(target), self.targets.index(source)))
@@ -319,7 +316,12 @@ class _Run:
             self.check(key, target, label, index, out, expected, tolerance, recorded)
 
     def rebuilt_outputs(
-        self, target: Target, source: Target, how: str, lent: tuple[BERTConfig, dict[str, np.ndarray]], exact: bool
+        self,
+        target: Target,
+        source: Target,
+        how: str,
+        lent: tuple[BERTConfig, dict[str, np.ndarray]] | None,
+        exact: bool,
     ) -> Iterator[tuple[int, BERTOutput, tuple[str, ...] | None]]:
         """Each case's outputs, and the activations recorded, of ``target`` rebuilt from ``lent``: its own
         run's where the weights are ``exact``ly those it ran alone with."""
@@ -328,6 +330,7 @@ class _Run:
                 self.tick(index, f"{target} <- {source} ({how}, bit-exact)")
                 yield index, out, self.recorded[target][index]
             return
+        assert lent is not None  # the weights are lent unless they are known to be the target's own
         for model, indices in self.models(self.builder(target), *lent, rebuilt_from=f"{source}'s weights via {how}"):
             for index in indices:
                 yield index, self.run_case(model, index, f"{target} <- {source} ({how})"), model.recorded

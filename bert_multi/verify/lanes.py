@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..arrays import same_bits
 from ..files.weights import load_weights
 from ..spec.config import BERTConfig
 from .results import Target
@@ -64,6 +65,7 @@ class Lanes:
         self.alone = {target: threading.Event() for target in ran}  # set once it has run alone (or failed)
         self.exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}
         self.files: dict[Target, Path] = {}
+        self.exact_files: dict[Target, bool] = {}  # whether a target's file, once read, held the run's weights
         self.lock = threading.Lock()
         self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
 
@@ -138,10 +140,20 @@ class Lanes:
 
     def run_pair(self, target: Target, source: Target, how: str) -> None:
         if how == "memory":
-            self.run_.run_pair(target, source, how, self.exports[source], self.weights)
+            lent = self.exports[source]
+            self.run_.run_pair(target, source, how, lent, self.arrived_exact(lent))
+            return
+        if self.exact_files.get(source):  # read for a pair before: the run's weights, bit for bit
+            self.run_.run_pair(target, source, how, None, True)
             return
         with self.run_.holding:
-            self.run_.run_pair(target, source, how, load_weights(self.files[source]), self.weights)
+            lent = load_weights(self.files[source])
+            exact = self.exact_files[source] = self.arrived_exact(lent)
+            self.run_.run_pair(target, source, how, lent, exact)
+
+    def arrived_exact(self, lent: tuple[BERTConfig, dict[str, np.ndarray]]) -> bool:
+        """Whether weights that moved are the config and the very bits every target of the dtype ran alone."""
+        return lent[0] == self.run_.config and same_bits(lent[1], self.weights)
 
     def used(self, target: Target, source: Target, how: str) -> None:
         """A pair rebuilt from ``source`` is over: what nothing else needs of either is let go."""
