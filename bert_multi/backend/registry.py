@@ -191,6 +191,13 @@ def load_backends(names: Iterable[str]) -> dict[str, LoadedBackend | Exception]:
     return {name: loaded[name] for name in names}
 
 
+def processes_for(names: Iterable[str]) -> int:
+    """How many processes run these backends, known without importing a framework: this one, and a
+    worker for each other environment that runs one of them."""
+    registrations = _REGISTRY.all()
+    return 1 + len({registrations[name].environment for name in names if _installed_elsewhere(registrations[name])})
+
+
 def _installed_elsewhere(registration: Registration) -> bool:
     """Whether loading a backend will go to its environment's worker (``remote.load_elsewhere``): it has
     one, and its framework's first package cannot be imported here (asked without importing anything)."""

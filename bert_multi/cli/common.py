@@ -4,18 +4,20 @@ checking output paths before any work, and running and reporting a conformance r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..backend.registry import backend_names, check_names, frameworks
+from ..backend.registry import backend_names, check_names, frameworks, processes_for
 from ..backend.remote import use_python
 from ..display import ProgressBar
 from ..errors import InputError, StatementsMissing, UsageError
@@ -32,6 +34,23 @@ from ..verify.results import Report, Target
 # The exit status of a command that found, checked or timed nothing: what it was asked to look at is
 # not here (no section has those words, no backend could run, nothing could be timed on that device).
 NOTHING_FOUND = 1
+
+
+@contextlib.contextmanager
+def cores_shared(targets: list[Target]) -> Iterator[None]:
+    """This process its share of the cores where a worker runs some of ``targets`` beside it: the
+    frameworks here start their thread pools with ``OMP_NUM_THREADS`` (PyTorch, MXNet, OpenBLAS), unless
+    the user set it; a worker inherits it, and XLA's pool takes the cores it may run on whatever it says.
+    On 2 cores, threads of both processes would otherwise wait for the same cores, spinning."""
+    processes = processes_for(target.backend for target in targets)
+    if processes < 2 or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
+    try:
+        yield
+    finally:  # a caller in this process (a test) keeps its own environment
+        del os.environ["OMP_NUM_THREADS"]
 
 
 def positive_int(text: str) -> int:

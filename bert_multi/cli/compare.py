@@ -6,11 +6,13 @@ import argparse
 
 from ..errors import UsageError
 from ..verify.cases import CASE_NAMES, CASES, get_case
+from ..verify.results import Target
 from .common import (
     add_checkpoint_options,
     add_run_options,
     check_report_outputs,
     comma_list,
+    cores_shared,
     load_as_stated,
     parse_targets,
     read_inputs,
@@ -59,6 +61,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     targets = parse_targets(args)
+    with cores_shared(targets):
+        return _run(args, targets)
+
+
+def _run(args: argparse.Namespace, targets: list[Target]) -> int:
     if args.inputs and args.cases != ["all"]:
         raise UsageError("--cases chooses among the built-in cases; with --inputs your batch is the case")
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]

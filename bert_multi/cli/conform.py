@@ -10,11 +10,13 @@ from ..errors import UsageError
 from ..spec.config import CONFIGS
 from ..spec.semantics import PRESETS, releases_of
 from ..verify.cases import CASES, get_case
+from ..verify.results import Target
 from .common import (
     add_checkpoint_options,
     add_run_options,
     check_report_outputs,
     comma_list,
+    cores_shared,
     model_and_weights,
     parse_targets,
     run_and_report,
@@ -58,6 +60,11 @@ def run(args: argparse.Namespace) -> int:
     check_report_outputs(args)
     large_blocks_from_the_system()  # the run's lanes allocate weights on several threads
     targets = parse_targets(args)
+    with cores_shared(targets):
+        return _run(args, targets)
+
+
+def _run(args: argparse.Namespace, targets: list[Target]) -> int:
     chosen = CASES if args.cases == ["all"] else [get_case(name) for name in args.cases]
     if args.preset == "all" and args.config not in CONFIGS:
         raise UsageError("--preset all needs a built-in --config: a weights file holds one generation's tensors")
