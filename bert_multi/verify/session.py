@@ -300,6 +300,10 @@ def verify(
         targets = [Target(given.label, dtype, device) for device in devices for dtype in dtypes]
         inputs = [case.input(config, seed) for case in chosen]
         forward = run_conformance(config, weights, targets, inputs, pairs=True, progress=progress)
+        # The set-up model, for the checks below, given the float64 weights anew: a model the user gave as
+        # one instance holds whatever the run's last build gave it.
+        backend.keep_spare(probe)
+        probe = backend.build(config, weights, "cpu", "float64")
         report = VerifyReport(given.label, config, probe.mapping, probe.activation_names(), forward, seed=seed)
         report.map_file = map_file
         report.diagnoses = diagnose_divergences(report, backend, weights)
