@@ -175,8 +175,10 @@ class Worker:
                 self.turn.wait_for(lambda: not self.busy and not self.waiting)
             else:
                 self.waiting += 1
-                self.turn.wait_for(lambda: not self.busy)
-                self.waiting -= 1
+                try:
+                    self.turn.wait_for(lambda: not self.busy)
+                finally:  # even interrupted: a request in the background must not wait for it
+                    self.waiting -= 1
             self.busy = True
         try:
             yield

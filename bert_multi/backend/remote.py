@@ -145,7 +145,7 @@ class RemoteBackend:
             "prepare",
             {"inputs": arrays},
             False,
-            True,
+            background=True,
             config=config.to_dict(),
             layout=layout,
             dtypes=dtypes,
