@@ -116,9 +116,8 @@ def test_pairs_rebuild_from_the_weights_the_other_backend_exported(register, ord
 
 
 def test_a_file_two_pairs_are_rebuilt_from_is_read_once_when_it_holds_the_runs_weights(register, monkeypatch):
-    """Three targets: the second's file is read for one pair, the third's for two. Read once (ahead, as
-    here, where the model lends the run's memory) and found bit-exact, a file stands for the run's
-    weights for every pair; one that is not is read again by each."""
+    """Three targets: the second's file is read for one pair, the third's for two. Read once and found
+    bit-exact, a file stands for the run's weights for its next pair; one that is not is read again."""
     read = []
     load = engine_lanes.load_weights
     monkeypatch.setattr(engine_lanes, "load_weights", lambda path: read.append(path) or load(path))

@@ -251,17 +251,11 @@ class _Run:
         return self.report
 
     def run_alone(
-        self,
-        target: Target,
-        weights: dict[str, np.ndarray],
-        keep: bool,
-        file: Path | None,
-        paired: bool,
-        saved: Callable[[BackendModel], None] | None = None,
+        self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None, paired: bool
     ) -> tuple[BERTConfig, dict[str, np.ndarray]] | None:
         """Run every case on ``target``'s model of ``weights`` and compare with the oracle, keeping its
         outputs if ``paired`` (other targets are compared with them). Its model of the longest max_len is
-        exported: written to ``file`` if given (then ``saved(model)`` is called), and returned if ``keep``."""
+        exported: written to ``file`` if given, and returned if ``keep``."""
         tolerance = tolerance_for(target.dtype, target.device_kind)
         # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
         # oracle computed with the eps it really uses, and the report says so.
@@ -281,8 +275,6 @@ class _Run:
                 with self.holding if here else contextlib.nullcontext():
                     if file is not None:
                         model.save(file)
-                if file is not None and saved is not None:
-                    saved(model)
                 if keep:
                     export = (model.config, model.export_weights(share=True))
             for index in indices:

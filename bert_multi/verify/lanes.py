@@ -3,7 +3,6 @@ runs its part of the run on a thread of its own, beside this process's (``confor
 
 from __future__ import annotations
 
-import functools
 import tempfile
 import threading
 from collections.abc import Callable
@@ -18,7 +17,6 @@ from ..spec.config import BERTConfig
 from .results import Target
 
 if TYPE_CHECKING:
-    from ..backend.contract import BackendModel
     from .conform import _Run as Run
 
 
@@ -68,7 +66,6 @@ class Lanes:
         self.exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}
         self.files: dict[Target, Path] = {}
         self.exact_files: dict[Target, bool] = {}  # whether a target's file, once read, held the run's weights
-        self.reading: dict[Target, threading.Thread] = {}  # each file read ahead as it is written
         self.lock = threading.Lock()
         self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
 
@@ -95,8 +92,6 @@ class Lanes:
                 thread.join()
         finally:
             stop.set()  # a lane stops at its next step once this thread is interrupted, or fails
-            for reading in list(self.reading.values()):  # nothing reads a file once its directory is gone
-                reading.join()
             for ran_alone in self.alone.values():  # and none waits on a target that will not run now
                 ran_alone.set()
             self.directory.cleanup()
@@ -137,54 +132,24 @@ class Lanes:
     def run_alone(self, target: Target) -> None:
         run, uses = self.run_, self.uses
         file = Path(self.directory.name) / f"{target.backend}-{target.device}.npz" if uses["file", target] else None
-        if file is not None:
-            self.files[target] = file
-        saved = functools.partial(self.read_ahead, target)
-        export = run.run_alone(
-            target, self.weights, uses["memory", target] > 0, file, uses["outputs", target] > 0, saved
-        )
+        export = run.run_alone(target, self.weights, uses["memory", target] > 0, file, uses["outputs", target] > 0)
         if export is not None:
             self.exports[target] = export
-
-    def read_ahead(self, target: Target, model: BackendModel) -> None:
-        """``target``'s file, just written by ``model``, read on a thread of its own while the lanes go on,
-        to know whether it holds the run's weights bit for bit before a pair needs it; only while this
-        process holds no weights beyond the run's own (the model, if it runs here, and the exports kept
-        for pairs lend the run's memory), so that the read is the one set beyond them (``holding``)."""
-        held = [] if self.run_.backends[target].elsewhere is not None else [model.export_weights(share=True)]
-        held += [weights for _, weights in list(self.exports.values())]
-        if not all(self.lends(weights) for weights in held):
-            return
-
-        def read() -> None:
-            with self.run_.holding:
-                try:
-                    lent = load_weights(self.files[target])
-                except Exception:  # noqa: BLE001, S110 - the pair reads it again, and reports what it meets
-                    return
-                self.exact_files[target] = self.arrived_exact(lent)
-
-        self.reading[target] = threading.Thread(target=read, daemon=True)
-        self.reading[target].start()
+        if file is not None:
+            self.files[target] = file
 
     def run_pair(self, target: Target, source: Target, how: str) -> None:
         if how == "memory":
             lent = self.exports[source]
             self.run_.run_pair(target, source, how, lent, self.arrived_exact(lent))
             return
-        if source in self.reading:
-            self.reading[source].join()
-        if self.exact_files.get(source):  # read ahead or for a pair before: the run's weights, bit for bit
+        if self.exact_files.get(source):  # read for a pair before: the run's weights, bit for bit
             self.run_.run_pair(target, source, how, None, True)
             return
         with self.run_.holding:
             lent = load_weights(self.files[source])
             exact = self.exact_files[source] = self.arrived_exact(lent)
             self.run_.run_pair(target, source, how, lent, exact)
-
-    def lends(self, weights: dict[str, np.ndarray]) -> bool:
-        """Whether ``weights`` are the run's own memory, not a copy of it."""
-        return all(np.may_share_memory(weights[name], array) for name, array in self.weights.items())
 
     def arrived_exact(self, lent: tuple[BERTConfig, dict[str, np.ndarray]]) -> bool:
         """Whether weights that moved are the config and the very bits every target of the dtype ran alone."""
