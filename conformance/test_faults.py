@@ -283,7 +283,7 @@ def _plant_flax(mp, **classes):
     def apply(*arguments):  # a function of its own: jit caches compiled code by the function it wraps
         return traced(*arguments)
 
-    mp.setattr(backend, "apply", backend.jitted(apply, static_argnums=(0, 1)))
+    mp.setattr(backend, "apply", backend.Jitted(apply, static_argnums=(0, 1)))
 
 
 def jax_faults():
@@ -363,7 +363,7 @@ def jax_faults():
             mutable = {"mutable": ["intermediates"]} if record else {}
             return module.apply({"params": params}, *inputs, True, rngs={"dropout": jax.random.key(0)}, **mutable)
 
-        mp.setattr(backend, "apply", backend.jitted(apply, static_argnums=(0, 1)))
+        mp.setattr(backend, "apply", backend.Jitted(apply, static_argnums=(0, 1)))
 
     def _projections(mp, project):  # W_q, W_k, W_v and W_o computed by ``project``: layers of their own
         class Projection(nn.Module):  # a Dense's parameters, kernel and bias, with another product

@@ -366,7 +366,13 @@ def test_a_model_is_compiled_quickly_unless_asked_to_optimize(backend, tmp_path)
     config = BERTConfig(vocab_size=29, num_hiddens=12, ffn_num_hiddens=5, num_heads=2, num_blks=1, max_len=9)
     weights, batch = random_weights(config, seed=4, dtype="float64"), CASES[1].batch(config)
     reference = load_backend("numpy").build(config, weights)(**batch, intermediates=True)
-    for optimize, compiled in ((False, "quickly (xla_backend_optimization_level 0)"), (True, "with XLA's defaults")):
+    options = (
+        "xla_backend_optimization_level 0",
+        "xla_cpu_use_fusion_emitters False",
+        "xla_cpu_parallel_codegen_split_count 1",
+    )
+    quickly = f"quickly ({', '.join(options)})"
+    for optimize, compiled in ((False, quickly), (True, "with XLA's defaults")):
         forward = bert_multi.jax.backend.apply["optimized" if optimize else "cpu"]
         before = forward._cache_size()  # a config of its own: nothing compiled for it yet
         for dtype in ("float32", "float64"):
@@ -374,6 +380,17 @@ def test_a_model_is_compiled_quickly_unless_asked_to_optimize(backend, tmp_path)
             assert_conforms(model(**batch, intermediates=True), reference, dtype)
             assert model.runtime_info()["compiled"] == compiled
         assert forward._cache_size() == before + 2
+
+
+def test_a_compiler_option_this_xla_does_not_know_is_left_out_not_fatal(backend):
+    """XLA refuses to compile with an option it does not know: one a later XLA retires must cost speed,
+    not every quick compile."""
+    from bert_multi.jax.backend import options_xla_takes
+
+    known = {"xla_backend_optimization_level": 0, "xla_cpu_parallel_codegen_split_count": 1}
+    assert options_xla_takes(known) == known
+    assert options_xla_takes({"xla_cpu_no_such_option": True, **known}) == known
+    assert options_xla_takes({"xla_cpu_no_such_option": True}) == {}
 
 
 def test_a_users_flax_model_runs_at_full_float32_and_the_report_says_so(a_user_default, tmp_path):

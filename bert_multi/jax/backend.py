@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -174,20 +176,62 @@ def _activation_name(path: tuple[str, ...]) -> str:
 # A model built to be checked runs each shape a few times, so it is compiled quickly, by device kind: on
 # a GPU without XLA's autotuning (compiling and timing candidate kernels for every matrix product, 10.7 s
 # a forward program of the chapter's model on an H100, against 1 s without; the kernels it keeps depend
-# on those timings), on a CPU with XLA's backend at optimisation level 0 (30 to 45% less compiling, 11%
-# slower to run, measured on the reference VM). Either moves results by rounding only (3e-6 at most in
-# float32 on the chapter's outputs). A model built to be timed or trained asks for XLA's defaults
-# (optimize=True).
-QUICK = {"cpu": {"xla_backend_optimization_level": 0}, "gpu": {"xla_gpu_autotune_level": 0}}
+# on those timings); on a CPU with XLA's backend at optimisation level 0, its loop emitters rather than
+# its fusion emitters, and its code generated in one piece rather than split across threads (a quarter
+# of the compiling time, in CPU seconds, of XLA's defaults: 0.09 s against 0.31 s for the chapter's
+# forward, about 7% slower to run, measured on the reference VM). Either moves results by rounding only
+# (3.2e-6 at most in float32 on the chapter's outputs). A model built to be timed or trained asks for
+# XLA's defaults (optimize=True).
+QUICK_CPU = {
+    "xla_backend_optimization_level": 0,
+    "xla_cpu_use_fusion_emitters": False,
+    "xla_cpu_parallel_codegen_split_count": 1,
+}
+QUICK_GPU = {"xla_gpu_autotune_level": 0}
 OPTIMIZED = "optimized"
 
 
-def jitted(function: Callable[..., Any], **arguments: Any) -> dict[str, Any]:
-    """``function`` under ``jax.jit(**arguments)`` for each way a model compiles (``JaxBERT.compiled``):
-    with XLA's defaults (``OPTIMIZED``), or quickly for a device kind (``QUICK``). Framework difference:
-    compiler options belong to a jitted function (the outermost one), not to a call."""
-    quick = {kind: jax.jit(function, compiler_options=options, **arguments) for kind, options in QUICK.items()}
-    return {OPTIMIZED: jax.jit(function, **arguments), **quick}
+def options_xla_takes(options: dict[str, Any]) -> dict[str, Any]:
+    """Those of the CPU compiler ``options`` this jaxlib's XLA knows, tried on a program of one addition:
+    XLA refuses a compile with an option it does not know, and a later one may retire a flag."""
+    lowered = jax.jit(lambda x: x + 1).lower(jax.device_put(np.float32(0), jax.devices("cpu")[0]))
+
+    def taken(chosen: dict[str, Any]) -> bool:
+        try:
+            lowered.compile(compiler_options=chosen)
+        except jax.errors.JaxRuntimeError:
+            return False
+        return True
+
+    if taken(options):
+        return options
+    return {option: value for option, value in options.items() if taken({option: value})}
+
+
+@functools.cache
+def quick_options(kind: str) -> dict[str, Any]:
+    """The compiler options of a model built to be checked on a device kind ("cpu", "gpu"). Asked for at
+    the first compile, not at import: trying an option starts XLA's backend, which a process that joins a
+    distributed run must not have done before ``jax.distributed.initialize``."""
+    return options_xla_takes(QUICK_CPU) if kind == "cpu" else QUICK_GPU
+
+
+class Jitted(dict[str, Any]):
+    """A function under ``jax.jit`` for each way a model compiles (``JaxBERT.compiled``): with XLA's
+    defaults (``OPTIMIZED``), or quickly for a device kind (``quick_options``), made at its first use, once
+    for all threads. Framework difference: compiler options belong to a jitted function (the outermost
+    one), not to a call."""
+
+    def __init__(self, function: Callable[..., Any], **arguments: Any) -> None:
+        super().__init__({OPTIMIZED: jax.jit(function, **arguments)})
+        self.function, self.arguments = function, arguments
+        self.lock = threading.Lock()
+
+    def __missing__(self, kind: str) -> Any:
+        with self.lock:
+            if kind not in self:
+                self[kind] = jax.jit(self.function, compiler_options=quick_options(kind), **self.arguments)
+            return dict.__getitem__(self, kind)
 
 
 def _apply(module: BERTModel, record: bool, params: Any, *inputs: Any) -> Any:
@@ -200,7 +244,7 @@ def _apply(module: BERTModel, record: bool, params: Any, *inputs: Any) -> Any:
     return module.apply({"params": params}, *inputs)
 
 
-apply = jitted(_apply, static_argnums=(0, 1))
+apply = Jitted(_apply, static_argnums=(0, 1))
 
 
 class JaxBERT(BackendModel):
@@ -227,7 +271,7 @@ class JaxBERT(BackendModel):
 
     @property
     def compiled(self) -> str:
-        """Which of each ``jitted`` function it calls: ``OPTIMIZED``, or its device kind's quick one."""
+        """Which of each ``Jitted`` function it calls: ``OPTIMIZED``, or its device kind's quick one."""
         return OPTIMIZED if self.optimize else self.device.kind
 
     def computing(self) -> contextlib.AbstractContextManager[None]:
@@ -288,7 +332,7 @@ class JaxBERT(BackendModel):
         info["threads"] = xla_threads()
         info["compilation cache"] = described(jax.config.jax_compilation_cache_dir)
         info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
-        quick = ", ".join(f"{option} {value}" for option, value in QUICK[self.device.kind].items())
+        quick = ", ".join(f"{option} {value}" for option, value in quick_options(self.device.kind).items())
         info["compiled"] = "with XLA's defaults" if self.optimize else f"quickly ({quick})"
         if self.device.kind == "gpu":
             info["gpu"] = self.place.device_kind
@@ -381,7 +425,7 @@ def build(
     there) or ``mixed_precision="bfloat16"`` (bfloat16 products summed in float32, on a GPU, in the
     forward and in training). ``gradients`` changes nothing: gradients are taken by transforming a
     function, not kept on the parameters. The forward is always compiled (``jax.jit``), so there is no
-    ``compile`` to ask for; it is compiled quickly (``QUICK``) unless ``optimize``."""
+    ``compile`` to ask for; it is compiled quickly (``quick_options``) unless ``optimize``."""
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)

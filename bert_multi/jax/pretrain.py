@@ -33,7 +33,7 @@ from ..training import (
     watch_workers,
 )
 from ..training.trainer import Trainer
-from .backend import NAME_RULES, JaxBERT, jitted
+from .backend import NAME_RULES, JaxBERT, Jitted
 from .model import BERTModel
 
 
@@ -83,7 +83,7 @@ def _losses(module: BERTModel, mlm_normalization: str, params: Any, batch: dict[
     return jnp.stack(pretraining_loss(module, params, batch, mlm_normalization))
 
 
-_loss = jitted(_losses, static_argnums=(0, 1))
+_loss = Jitted(_losses, static_argnums=(0, 1))
 
 
 def _loss_and_gradients(
@@ -106,7 +106,7 @@ def _loss_and_gradients(
     return jnp.stack(losses), gradients
 
 
-_gradients = jitted(_loss_and_gradients, static_argnums=(0, 1))
+_gradients = Jitted(_loss_and_gradients, static_argnums=(0, 1))
 
 
 def transformation(settings: tuple) -> optax.GradientTransformation:
@@ -131,7 +131,7 @@ def _update_step(settings: tuple, params: Any, gradients: Any, state: Any) -> tu
     return optax.apply_updates(params, updates), state
 
 
-_updated = jitted(_update_step, static_argnums=0, donate_argnums=(1, 3))
+_updated = Jitted(_update_step, static_argnums=0, donate_argnums=(1, 3))
 
 
 class Pretrainer(Trainer):

@@ -33,7 +33,7 @@ from ..verify.subject import (
     in_call_order,
     outputs_of,
 )
-from .backend import QUICK, precision, to_framework_device
+from .backend import precision, quick_options, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
 USER_MODELS = ("flax.linen.module.Module",)
@@ -114,7 +114,7 @@ class WrappedModel:
     def __init__(self, model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> None:
         target = parse_device(device)
         self.place = to_framework_device(target)
-        self.quick = QUICK[target.kind]  # a checked model: a few calls a shape, compiled quickly
+        self.quick = quick_options(target.kind)  # a checked model: a few calls a shape, compiled quickly
         self.dtype = dtype
         self.framework = f"Flax {flax.__version__} (JAX {jax.__version__})"
         # Framework difference: the parameters live outside the module, so the user hands both over (a
