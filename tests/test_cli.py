@@ -534,15 +534,20 @@ ELSEWHERE = [name for name in frameworks() if backends()[name].available and not
 @pytest.mark.skipif(not ELSEWHERE, reason="no backend runs in another environment's worker here")
 def test_a_run_with_a_worker_beside_it_shares_the_cores(tmp_path, monkeypatch):
     """Where a worker runs beside this process, this process's frameworks start with half the cores
-    (``OMP_NUM_THREADS``, unless the user set it), as the report says; alone, the user's environment is
-    left as it is."""
+    (``OMP_NUM_THREADS``, unless the user set it), as the report says, and NumPy's BLAS, loaded before,
+    is set to them too; alone, the user's environment is left as it is."""
     import os
     import subprocess
     import sys
 
+    from threadpoolctl import threadpool_info
+
     from bert_multi.backend.registry import processes_for
     from bert_multi.cli.common import cores_shared
     from bert_multi.verify.results import Target
+
+    def paths(pools):
+        return {pool["filepath"] for pool in pools}
 
     assert processes_for(["torch"]) == 1 and processes_for(["torch", ELSEWHERE[0]]) == 2
     cores = os.cpu_count() or 1
@@ -556,9 +561,16 @@ def test_a_run_with_a_worker_beside_it_shares_the_cores(tmp_path, monkeypatch):
     alone, pair = [Target("torch", "float32")], [Target("torch", "float32"), Target(ELSEWHERE[0], "float32")]
     with cores_shared(alone):
         assert "OMP_NUM_THREADS" not in os.environ
+    numpy_blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas" and "numpy" in pool["filepath"]]
+    assert numpy_blas, threadpool_info()  # loaded with NumPy, as the oracle's is
+    before = [pool["num_threads"] for pool in numpy_blas]
     with cores_shared(pair):
         assert os.environ["OMP_NUM_THREADS"] == str(max(1, cores // 2))
+        assert {pool["num_threads"] for pool in threadpool_info() if pool["filepath"] in paths(numpy_blas)} == {
+            max(1, cores // 2)
+        }
     assert "OMP_NUM_THREADS" not in os.environ  # a caller in the same process keeps its environment
+    assert [pool["num_threads"] for pool in threadpool_info() if pool["filepath"] in paths(numpy_blas)] == before
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with cores_shared(pair):
         assert os.environ["OMP_NUM_THREADS"] == "3"  # the user's own setting

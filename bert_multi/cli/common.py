@@ -17,6 +17,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # a dependency; a source tree run where it is not installed leaves BLAS its own threads
+    import threadpoolctl
+except ImportError:
+    threadpoolctl = None
+
 from ..backend.registry import backend_names, check_names, frameworks, processes_for
 from ..backend.remote import use_python
 from ..display import ProgressBar
@@ -38,17 +43,21 @@ NOTHING_FOUND = 1
 
 @contextlib.contextmanager
 def cores_shared(targets: list[Target]) -> Iterator[None]:
-    """This process its share of the cores where a worker runs some of ``targets`` beside it: the
-    frameworks here start their thread pools with ``OMP_NUM_THREADS`` (PyTorch, MXNet, OpenBLAS), unless
-    the user set it; a worker inherits it, and XLA's pool takes the cores it may run on whatever it says.
-    On 2 cores, threads of both processes would otherwise wait for the same cores, spinning."""
+    """This process its share of the cores where a worker runs some of ``targets`` beside it, unless the
+    user set ``OMP_NUM_THREADS``: the frameworks here start their thread pools with it (PyTorch, MXNet),
+    and the BLAS libraries already loaded (NumPy's, for the oracle, loads with NumPy, before the command
+    knows its targets) are set to it where threadpoolctl is installed. A worker inherits it, and XLA's
+    pool takes the cores it may run on whatever it says. On 2 cores, threads of both processes would
+    otherwise wait for the same cores, spinning: the oracle took twice as long beside JAX's worker."""
     processes = processes_for(target.backend for target in targets)
     if processes < 2 or "OMP_NUM_THREADS" in os.environ:
         yield
         return
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
+    share = max(1, (os.cpu_count() or 1) // processes)
+    os.environ["OMP_NUM_THREADS"] = str(share)
     try:
-        yield
+        with contextlib.nullcontext() if threadpoolctl is None else threadpoolctl.threadpool_limits(share, "blas"):
+            yield
     finally:  # a caller in this process (a test) keeps its own environment
         del os.environ["OMP_NUM_THREADS"]
 
