@@ -179,6 +179,41 @@ class EndOfRun(BaseException):
     """What a caller's progress callback raises to end a run early (as gpu-check's budget does)."""
 
 
+def test_a_dtypes_shapes_are_compiled_ahead_once_its_lane_is_done_with_the_dtype_before(registered):
+    """Compiling ahead fills a backend's idle time: float32's shapes are not asked for while the same
+    backend's lane still runs float64 (a worker serves one request at a time, so each would hold up one of
+    the run's), and are asked for once it is done."""
+    from bert_multi import Target, run_conformance
+    from bert_multi.verify.cases import CASES
+
+    events, float32_asked = [], threading.Event()
+
+    def prepare(config, groups, dtypes, device):
+        events.append(("prepare", *dtypes))
+        if dtypes == ["float32"]:
+            float32_asked.set()
+
+    def build(config, weights, device="cpu", dtype="float64", gradients=True):
+        model, forward = oracle_build(config, weights, device, dtype), None
+
+        def recorded(inputs, intermediates):
+            if ("forward", dtype) not in events:  # time for float32's to be asked, were they not held back
+                float32_asked.wait(0.5 if dtype == "float64" else 10)
+            events.append(("forward", dtype))
+            return forward(inputs, intermediates)
+
+        model._forward, forward = recorded, model._forward
+        return model
+
+    backend = registered(SimpleNamespace(NAME="prepares", build=build, prepare=prepare))
+    cases = [case.input(CONFIG) for case in CASES]
+    targets = [Target(backend.name, dtype) for dtype in ("float32", "float64")]
+    assert run_conformance(CONFIG, random_weights(CONFIG), targets, cases, False).passed
+    last_float64 = max(at for at, event in enumerate(events) if event == ("forward", "float64"))
+    assert ("prepare", "float32") in events
+    assert events.index(("prepare", "float32")) > last_float64, events
+
+
 @pytest.mark.parametrize("ended", ["finished", "stopped"])
 def test_compiling_ahead_is_asked_a_group_at_a_time_and_ends_with_the_run(registered, ended):
     """A backend's ``prepare`` runs on a thread beside the run, one dtype and max_len group per call; once

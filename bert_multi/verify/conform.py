@@ -27,7 +27,7 @@ from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
 from .cases import Batch, CaseInput
 from .compare import Tolerance, tolerance_for
-from .lanes import Lanes
+from .lanes import Lanes, LanesDone, lane_of
 from .results import Check, Report, RunError, Target, compare_outputs, shifted
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)
@@ -152,6 +152,7 @@ class _Run:
         # export written to a file (a worker's is a copy), or a file's weights a pair is rebuilt from.
         self.holding = threading.Lock()
         self.doing = threading.local()  # what each lane is doing, for a RunError
+        self.lanes_done = LanesDone()
         self.during = "loading its backend"
         loaded = load_backends(target.backend for target in targets)
         for target in targets:
@@ -190,8 +191,7 @@ class _Run:
         self.during = "asking its LayerNorm eps"
         for target in list(self.backends):  # asked once, before a worker is busy compiling ahead
             self.attempt(target, self.kernel_eps, target)
-        stop = threading.Event()
-        preparing = self.prepare(stop)
+        preparing = self.prepare()
         interrupted = False
         try:
             return self.scheduled()
@@ -202,15 +202,16 @@ class _Run:
             # Nothing compiling ahead outlives the run, whether it finished or a caller stopped it: a
             # worker's channel would wait on it, and a thread still compiling in this process as it exits
             # crashes it. Each stops at its next group.
-            stop.set()
+            self.lanes_done.stop()
             for thread in [] if interrupted else preparing:
                 thread.join()
 
-    def prepare(self, stop: threading.Event) -> list[threading.Thread]:
+    def prepare(self) -> list[threading.Thread]:
         """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
         dtypes and devices asked of it, while the engine computes the oracle's outputs and runs the
         others. It is asked for one dtype and case at a time (a worker's run comes first between two),
-        until ``stop`` is set, and compiles wherever the backend runs; its failures are not the run's
+        a dtype's once its lane has finished the dtype before (else they would stand in that one's way),
+        until the run is over, and compiles wherever the backend runs; its failures are not the run's
         (the run's own models meet them, and report them)."""
         groups = [(max_len, [self.cases[index].batch]) for max_len, indices in self.groups.items() for index in indices]
         asked: dict[tuple[str, str], tuple[LoadedBackend, list[str]]] = {}  # (backend, device) -> it, its dtypes
@@ -218,9 +219,14 @@ class _Run:
             if backend.prepares:  # each dtype in the order the run needs it
                 asked.setdefault((target.backend, target.device), (backend, []))[1].append(target.dtype)
         threads = []
-        for (_, device), (backend, dtypes) in asked.items():
-            work = [(backend.prepare, self.config, [group], [dtype], device) for dtype in dtypes for group in groups]
-            threads.append(threading.Thread(target=_until, args=(stop, work), daemon=True))
+        for (name, device), (backend, dtypes) in asked.items():
+            lane = lane_of(Target(name, dtypes[0], device), backend)
+            work: list[tuple[Any, ...]] = []
+            for before, dtype in zip([None, *dtypes], dtypes):
+                if before is not None:
+                    work.append((self.lanes_done.wait, lane, before))
+                work += [(backend.prepare, self.config, [group], [dtype], device) for group in groups]
+            threads.append(threading.Thread(target=_until, args=(self.lanes_done, work), daemon=True))
             threads[-1].start()
         return threads
 
@@ -236,11 +242,13 @@ class _Run:
             references = None
         for dtype in self.dtypes:
             ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
-            if ran:
-                weights = held if dtype == "float64" else self.cast_away(held, dtype)
-                Lanes(self, ran, weights).run(first=references)
-                references = None
-                del weights  # before the next dtype's are made
+            if not ran:
+                self.lanes_done.finish("*", dtype)
+                continue
+            weights = held if dtype == "float64" else self.cast_away(held, dtype)
+            Lanes(self, ran, weights).run(first=references)
+            references = None
+            del weights  # before the next dtype's are made
         if references is not None:  # nothing ran: there is nothing to compare with them either
             self.referenced.set()
         self.report.checks = [check for _, check in sorted(self.keyed_checks, key=lambda keyed: keyed[0])]
@@ -447,11 +455,11 @@ class _Run:
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
 
 
-def _until(stop: threading.Event, work: list[tuple[Any, ...]]) -> None:
-    """Each ``function(*arguments)`` of ``work`` in turn until ``stop`` is set, a failure left for the work
+def _until(lanes_done: LanesDone, work: list[tuple[Any, ...]]) -> None:
+    """Each ``function(*arguments)`` of ``work`` in turn until the run is over, a failure left for the work
     that follows to meet and report."""
     for function, *arguments in work:
-        if stop.is_set():
+        if lanes_done.stopped:
             return
         try:
             function(*arguments)

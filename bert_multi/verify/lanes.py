@@ -12,12 +12,44 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..arrays import same_bits
+from ..backend.registry import LoadedBackend
 from ..files.weights import load_weights
 from ..spec.config import BERTConfig
 from .results import Target
 
 if TYPE_CHECKING:
     from .conform import _Run as Run
+
+
+class LanesDone:
+    """Which lanes have finished their steps of which dtype, for work that waits on them (compiling a
+    dtype's shapes ahead, so that it does not stand in the way of the dtype before), and whether the run
+    is over (then nothing waits)."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.done: set[tuple[str | None, str]] = set()  # (lane, dtype), lane "*": every lane
+        self.stopped = False
+
+    def finish(self, lane: str | None, dtype: str) -> None:
+        with self.changed:
+            self.done.add((lane, dtype))
+            self.changed.notify_all()
+
+    def stop(self) -> None:
+        with self.changed:
+            self.stopped = True
+            self.changed.notify_all()
+
+    def wait(self, lane: str | None, dtype: str) -> None:
+        """Until ``lane`` has finished its steps of ``dtype`` (or every lane has, or the run is over)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.stopped or not {(lane, dtype), ("*", dtype)}.isdisjoint(self.done))
+
+
+def lane_of(target: Target, backend: LoadedBackend) -> str | None:
+    """The lane of a target's models: None for this process, else its backend's worker."""
+    return None if backend.elsewhere is None else target.backend
 
 
 class Lanes:
@@ -36,7 +68,7 @@ class Lanes:
     weights beyond the run's own is held at a time in this process, across the lanes (``holding``)."""
 
     def __init__(self, run: Run, ran: list[Target], weights: dict[str, np.ndarray]) -> None:
-        self.run_, self.weights = run, weights
+        self.run_, self.weights, self.dtype = run, weights, ran[0].dtype
         self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-pairs-")
         # Each target's part: ("alone", target, None) or ("pair", rebuilt target, source, how).
         steps: list[tuple[str, Target, Target | None, str]] = []
@@ -70,15 +102,14 @@ class Lanes:
         self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
 
     def lane(self, target: Target) -> str | None:
-        """The lane of a target's models: None for this process, else its backend's worker."""
-        return None if self.run_.backends[target].elsewhere is None else target.backend
+        return lane_of(target, self.run_.backends[target])
 
     def run(self, first: Callable[[], None] | None = None) -> None:
         """Every step, each lane's in order; ``first`` on this thread before its own, once the others'
         lanes have started."""
         stop = threading.Event()
         threads = [
-            threading.Thread(target=self.lane_thread, args=(steps, stop), daemon=True)
+            threading.Thread(target=self.lane_thread, args=(lane, steps, stop), daemon=True)
             for lane, steps in self.lanes.items()
             if lane is not None
         ]
@@ -88,9 +119,11 @@ class Lanes:
             if first is not None:
                 first()
             self.take(self.lanes.get(None, []), stop)
+            self.run_.lanes_done.finish(None, self.dtype)
             for thread in threads:
                 thread.join()
         finally:
+            self.run_.lanes_done.finish("*", self.dtype)
             stop.set()  # a lane stops at its next step once this thread is interrupted, or fails
             for ran_alone in self.alone.values():  # and none waits on a target that will not run now
                 ran_alone.set()
@@ -101,7 +134,9 @@ class Lanes:
         if self.failures:
             raise self.failures[0]
 
-    def lane_thread(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
+    def lane_thread(
+        self, lane: str, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event
+    ) -> None:
         try:
             self.take(steps, stop)
         except BaseException as error:  # noqa: BLE001 - the engine's own failure, raised on the run's thread
@@ -109,6 +144,8 @@ class Lanes:
             for kind, target, _, _ in steps:  # the other lanes' pairs with its targets wait no longer
                 if kind == "alone":
                     self.alone[target].set()
+        finally:
+            self.run_.lanes_done.finish(lane, self.dtype)
 
     def take(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
         run = self.run_
