@@ -574,3 +574,32 @@ def test_a_run_with_a_worker_beside_it_shares_the_cores(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with cores_shared(pair):
         assert os.environ["OMP_NUM_THREADS"] == "3"  # the user's own setting
+
+
+ENDING = """
+import atexit, logging, sys
+from bert_multi.display import printable_output
+from bert_multi.ending import end_process
+handled, lines = sys.argv[1:]
+atexit.register(lambda: open(handled, "w").write("ran"))
+class Closing(logging.StreamHandler):  # as absl's handler closes a stream that is not sys.stderr now
+    def close(self):
+        self.stream.close()
+with printable_output():  # a handler made meanwhile holds the wrapper, which logging's exit handler closes
+    logging.getLogger("x").addHandler(Closing())
+print("line\\n" * int(lines), end="")
+end_process(3)
+"""
+
+
+def test_a_command_ends_with_its_status_its_output_out_and_its_exit_handlers_run(tmp_path):
+    """The command skips the interpreter's teardown (``bert_multi.ending``), not what an exit owes: the
+    exit handlers run, standard output, buffered into a pipe, arrives whole, and the status is the
+    command's, even where an exit handler closed standard error first."""
+    import subprocess
+    import sys
+
+    handled = tmp_path / "handled"
+    ended = subprocess.run([sys.executable, "-c", ENDING, str(handled), "100000"], capture_output=True, timeout=60)
+    assert (ended.returncode, ended.stderr, handled.read_text()) == (3, b"", "ran")
+    assert ended.stdout == b"line\n" * 100_000

@@ -15,7 +15,14 @@ LAYERS = [
     # and writes files through it.
     (
         "base",
-        ("bert_multi.errors", "bert_multi.arrays", "bert_multi.display", "bert_multi.cache", "bert_multi.files.safe"),
+        (
+            "bert_multi.errors",
+            "bert_multi.arrays",
+            "bert_multi.display",
+            "bert_multi.cache",
+            "bert_multi.ending",
+            "bert_multi.files.safe",
+        ),
     ),
     # The canonical weight file is the schema on disk: every layer that holds weights may write one (a
     # worker writes its model's, in its own environment).

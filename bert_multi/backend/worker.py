@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..ending import end_process
 from ..spec.config import BERTConfig
 from ..spec.loss import BatchTotals
 from .channel import HEARTBEAT_VARIABLE, read_arrays
@@ -251,6 +252,7 @@ def main() -> None:
             channel.write(json.dumps(message) + "\n")
 
     serve(sys.stdin, reply, float(os.environ.get(HEARTBEAT_VARIABLE, "5")))
+    end_process(0)
 
 
 if __name__ == "__main__":

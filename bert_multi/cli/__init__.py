@@ -7,10 +7,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..backend.registry import share_the_process
 from ..cache import CACHE_VARIABLE, cache_root, turn_off
 from ..display import printable_output
+from ..ending import end_process
 from ..errors import (
     BackendContractError,
     CannotRunHere,
@@ -74,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 # The project's own errors: each says what is wrong and what was expected, in one line (a user's code's
 # exception with the frames of their code, which is where to look).
 EXPECTED = (UsageError, InputError, WeightsError, CannotRunHere, BackendContractError, WorkerFailed, UserCodeError)
+
+
+def command() -> NoReturn:
+    """The ``bert-multi`` command (``main``, then the process ends without the frameworks' teardown)."""
+    end_process(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

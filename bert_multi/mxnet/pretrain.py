@@ -5,6 +5,8 @@ Parallel to ``bert_multi/torch/pretrain.py``.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import math
 import multiprocessing
 import os
@@ -81,7 +83,16 @@ def dist_kvstore() -> mx.kvstore.KVStore:
     """This process's distributed key-value store, created once: each creation joins the scheduler."""
     if not _KVSTORE:
         _KVSTORE.append(mx.kv.create("dist_sync"))
+        # Framework difference: the store leaves the run (ps-lite's finalize, a barrier with the other
+        # processes) only as it is freed, so it is freed by an exit handler, not left to the interpreter's
+        # teardown, which a finished command skips (bert_multi.ending): the others would wait for it.
+        atexit.register(_free_kvstore)
     return _KVSTORE[0]
+
+
+def _free_kvstore() -> None:
+    _KVSTORE.clear()
+    gc.collect()  # a trainer in a reference cycle may still hold it
 
 
 class Pretrainer(Trainer):
