@@ -220,7 +220,7 @@ class _Run:
                 asked.setdefault((target.backend, target.device), (backend, []))[1].append(target.dtype)
         threads = []
         for (name, device), (backend, dtypes) in asked.items():
-            lane = lane_of(Target(name, dtypes[0], device), backend)
+            lane = lane_of(name, backend)
             work: list[tuple[Any, ...]] = []
             for before, dtype in zip([None, *dtypes], dtypes):
                 if before is not None:

@@ -47,9 +47,9 @@ class LanesDone:
             self.changed.wait_for(lambda: self.stopped or not {(lane, dtype), ("*", dtype)}.isdisjoint(self.done))
 
 
-def lane_of(target: Target, backend: LoadedBackend) -> str | None:
-    """The lane of a target's models: None for this process, else its backend's worker."""
-    return None if backend.elsewhere is None else target.backend
+def lane_of(name: str, backend: LoadedBackend) -> str | None:
+    """The lane of a backend's models: None for this process, else its worker's (by the backend's name)."""
+    return None if backend.elsewhere is None else name
 
 
 class Lanes:
@@ -102,7 +102,7 @@ class Lanes:
         self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
 
     def lane(self, target: Target) -> str | None:
-        return lane_of(target, self.run_.backends[target])
+        return lane_of(target.backend, self.run_.backends[target])
 
     def run(self, first: Callable[[], None] | None = None) -> None:
         """Every step, each lane's in order; ``first`` on this thread before its own, once the others'
