@@ -34,6 +34,11 @@ import bert_multi.jax  # noqa: E402
 
 @pytest.fixture(scope="module")
 def backend():
+    from bert_multi.jax.backend import quick_options
+
+    # The compiler options are tried once a process, by its first quick compile: here, before the tests
+    # that count what a step compiles.
+    quick_options("cpu")
     return load_backend("jax")
 
 
