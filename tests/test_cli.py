@@ -546,8 +546,11 @@ def test_a_run_with_a_worker_beside_it_shares_the_cores(tmp_path, monkeypatch):
     from bert_multi.cli.common import cores_shared
     from bert_multi.verify.results import Target
 
-    def paths(pools):
-        return {pool["filepath"] for pool in pools}
+    def numpy_blas_threads():
+        """The threads of each BLAS NumPy loaded (as the oracle computes with)."""
+        pools = [pool for pool in threadpool_info() if pool["user_api"] == "blas" and "numpy" in pool["filepath"]]
+        assert pools, threadpool_info()
+        return [pool["num_threads"] for pool in pools]
 
     assert processes_for(["torch"]) == 1 and processes_for(["torch", ELSEWHERE[0]]) == 2
     cores = os.cpu_count() or 1
@@ -561,16 +564,12 @@ def test_a_run_with_a_worker_beside_it_shares_the_cores(tmp_path, monkeypatch):
     alone, pair = [Target("torch", "float32")], [Target("torch", "float32"), Target(ELSEWHERE[0], "float32")]
     with cores_shared(alone):
         assert "OMP_NUM_THREADS" not in os.environ
-    numpy_blas = [pool for pool in threadpool_info() if pool["user_api"] == "blas" and "numpy" in pool["filepath"]]
-    assert numpy_blas, threadpool_info()  # loaded with NumPy, as the oracle's is
-    before = [pool["num_threads"] for pool in numpy_blas]
+    before = numpy_blas_threads()
     with cores_shared(pair):
         assert os.environ["OMP_NUM_THREADS"] == str(max(1, cores // 2))
-        assert {pool["num_threads"] for pool in threadpool_info() if pool["filepath"] in paths(numpy_blas)} == {
-            max(1, cores // 2)
-        }
+        assert set(numpy_blas_threads()) == {max(1, cores // 2)}
     assert "OMP_NUM_THREADS" not in os.environ  # a caller in the same process keeps its environment
-    assert [pool["num_threads"] for pool in threadpool_info() if pool["filepath"] in paths(numpy_blas)] == before
+    assert numpy_blas_threads() == before
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with cores_shared(pair):
         assert os.environ["OMP_NUM_THREADS"] == "3"  # the user's own setting

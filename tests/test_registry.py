@@ -194,7 +194,8 @@ def test_a_dtypes_shapes_are_compiled_ahead_once_its_lane_is_done_with_the_dtype
             float32_asked.set()
 
     def build(config, weights, device="cpu", dtype="float64", gradients=True):
-        model, forward = oracle_build(config, weights, device, dtype), None
+        model = oracle_build(config, weights, device, dtype)
+        forward = model._forward
 
         def recorded(inputs, intermediates):
             if ("forward", dtype) not in events:  # time for float32's to be asked, were they not held back
@@ -202,7 +203,7 @@ def test_a_dtypes_shapes_are_compiled_ahead_once_its_lane_is_done_with_the_dtype
             events.append(("forward", dtype))
             return forward(inputs, intermediates)
 
-        model._forward, forward = recorded, model._forward
+        model._forward = recorded
         return model
 
     backend = registered(SimpleNamespace(NAME="prepares", build=build, prepare=prepare))
