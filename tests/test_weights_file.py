@@ -125,6 +125,23 @@ def test_npz_members_read_as_numpy_reads_them_and_a_flipped_byte_fails_the_crc(t
         read_all()
 
 
+def test_a_tensor_in_another_layout_is_hashed_and_written_as_its_c_ordered_copy(tmp_path):
+    """A transposed tensor (as a Flax kernel is exported) is hashed and written a few rows at a time:
+    the digest and the file's bytes are those of its C-ordered copy, in any number of pieces."""
+    import hashlib
+    import io
+
+    kernel = np.random.default_rng(0).standard_normal((300, 2000))  # 4.8 MB: ten pieces and more
+    for array in (kernel.T, kernel.T.astype(">f8"), kernel[::2, ::3], np.asfortranarray(kernel[:7, :5])):
+        copy = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+        assert weights_module.tensor_sha256(array) == hashlib.sha256(copy.tobytes()).hexdigest()
+        written = io.BytesIO()
+        weights_module.write_archive(written, {"w": array})
+        read = np.load(io.BytesIO(written.getvalue()))["w"]
+        assert read.flags.c_contiguous and read.dtype == array.dtype and np.array_equal(read, array)
+    assert kernel.T.nbytes > 8 * weights_module.PIECE_BYTES
+
+
 def test_truncated_file(tmp_path, weights):
     path = save_weights(tmp_path / "w.npz", CONFIG, weights)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])

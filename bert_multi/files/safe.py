@@ -229,22 +229,24 @@ class NpzReader:
             )
         return header
 
-    def read(self, name: str, header: NpyHeader) -> np.ndarray:
-        """The member's array (writable, in the file's byte order), read in bounded chunks."""
+    def read(self, name: str, header: NpyHeader, check_crc: bool = True) -> np.ndarray:
+        """The member's array (writable, in the file's byte order), read in bounded chunks. Without
+        ``check_crc`` a stored member's CRC-32 is not computed: for a caller that checks a stronger digest of
+        the data itself (the canonical weight file's SHA-256), which the CRC would only repeat."""
         info = self._infos[name]
         array = np.empty(header.nbytes, dtype=np.uint8)  # not bytearray(n), which writes zeros first
         try:
             if info.compress_type == zipfile.ZIP_STORED:
-                self._read_stored(info, header, array.data)
+                self._read_stored(info, header, array.data, check_crc)
             else:
                 self._read_deflated(info, header, array.data)
         except Exception as failure:  # noqa: BLE001 - includes zipfile's CRC and decompression errors
             raise self._fail(name, failure) from None
         return array.view(header.dtype).reshape(header.shape, order="F" if header.fortran_order else "C")
 
-    def _read_stored(self, info: zipfile.ZipInfo, header: NpyHeader, buffer: memoryview) -> None:
+    def _read_stored(self, info: zipfile.ZipInfo, header: NpyHeader, buffer: memoryview, check_crc: bool) -> None:
         # Straight from the file into the array, one copy (zipfile's reader makes two), with the
-        # member's CRC-32 checked as zipfile would.
+        # member's CRC-32 checked as zipfile would, if asked.
         self._file.seek(info.header_offset)
         signature, name_length, extra_length = LOCAL_HEADER.unpack(self._file.read(LOCAL_HEADER.size).ljust(30))
         if signature != ZIP_MAGIC:
@@ -257,9 +259,10 @@ class NpzReader:
             count = self._file.readinto(buffer[filled : filled + min(READ_CHUNK_BYTES, len(buffer) - filled)])
             if not count:
                 raise EOFError(f"the data ends after {filled} of {len(buffer)} bytes")
-            crc = zlib.crc32(buffer[filled : filled + count], crc)
+            if check_crc:
+                crc = zlib.crc32(buffer[filled : filled + count], crc)
             filled += count
-        if len(npy_header) != header.data_offset or crc != info.CRC:
+        if len(npy_header) != header.data_offset or (check_crc and crc != info.CRC):
             raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
 
     def _read_deflated(self, info: zipfile.ZipInfo, header: NpyHeader, buffer: memoryview) -> None:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,12 +32,33 @@ MANIFEST_KEY = "__manifest__"
 MAX_MANIFEST_BYTES = 1 << 24  # a BERT-base manifest is about 20 KB
 
 
+# Below glibc's threshold for serving a block straight from the system (``memory``), so that each piece
+# reuses the memory the one before it freed.
+PIECE_BYTES = 1 << 19
+
+
+def c_ordered_bytes(array: np.ndarray, dtype: np.dtype | None = None) -> Iterator[memoryview]:
+    """An array's values as C-ordered bytes (in ``dtype``, default its own), in pieces: its own memory
+    when it is laid out so, else copies of a few rows at a time. A whole copy of a transposed tensor (a
+    Flax kernel, exported as a view) is fresh memory the size of it, touched once."""
+    dtype = array.dtype if dtype is None else dtype
+    if array.dtype == dtype and array.flags.c_contiguous:
+        yield array.reshape(-1).view(np.uint8).data
+        return
+    if array.size == 0:
+        return
+    array = array.reshape(1) if array.ndim == 0 else array
+    rows = max(1, PIECE_BYTES // (array[0].size * dtype.itemsize))
+    for start in range(0, len(array), rows):
+        yield np.ascontiguousarray(array[start : start + rows], dtype=dtype).reshape(-1).view(np.uint8).data
+
+
 def tensor_sha256(array: np.ndarray) -> str:
     """SHA-256 of a tensor's values as little-endian, C-ordered bytes (hashed in place when they are)."""
-    little_endian = array.dtype.newbyteorder("<")
-    if array.dtype != little_endian or not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array, dtype=little_endian)
-    return hashlib.sha256(array.data).hexdigest()
+    digest = hashlib.sha256()
+    for piece in c_ordered_bytes(array, array.dtype.newbyteorder("<")):
+        digest.update(piece)
+    return digest.hexdigest()
 
 
 # hashlib lets go of the GIL while it hashes, so threads hash tensors side by side, or hash one tensor
@@ -65,13 +87,15 @@ def write_npz(path: str | os.PathLike, manifest: dict[str, Any], arrays: dict[st
 def write_archive(file: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``file`` as the archive ``np.savez`` writes (uncompressed ``.npy`` members,
     zip64; byte for byte when the arrays are C-ordered, and others are written C-ordered), but with each
-    array's bytes handed to the file as they are, where ``np.savez`` copies them out in 16 MiB pieces."""
+    array's bytes handed to the file as they are (``c_ordered_bytes``), where ``np.savez`` copies them
+    out in 16 MiB pieces."""
     with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in arrays.items():
-            array = array if array.flags.c_contiguous else np.array(array, order="C")
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array_header_1_0(member, np.lib.format.header_data_from_array_1_0(array))
-                member.write(array.reshape(-1).view(np.uint8).data)
+                header = np.lib.format.header_data_from_array_1_0(array)
+                np.lib.format.write_array_header_1_0(member, {**header, "fortran_order": False})
+                for piece in c_ordered_bytes(array):
+                    member.write(piece)
 
 
 def save_weights(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> Path:
@@ -175,7 +199,7 @@ def load_weights(path: str | os.PathLike) -> tuple[BERTConfig, dict[str, np.ndar
                     raise WeightsError(f"{path}: tensor {name!r} has dtype {header.dtype}, the manifest says {dtype}")
                 if header.shape != expected_shape:
                     raise WeightsError(f"{path}: tensor {name!r} has shape {header.shape}, expected {expected_shape}")
-                array = archive.read(name, header)
+                array = archive.read(name, header, check_crc=False)  # its SHA-256 is checked instead
                 hashing[name] = hasher.submit(tensor_sha256, array)
                 weights[name] = array.astype(array.dtype.newbyteorder("="), copy=False)
             for name, digest in hashing.items():
