@@ -44,7 +44,14 @@ def test_nan_and_inf_are_failures_never_close(bad):
     comparison = compare_arrays("x", np.array([1.0, bad]), np.array([1.0, 2.0]), Tolerance(1e3, 1e3))
     assert not comparison.passed and comparison.nonfinite == 1 and comparison.worst_index == (1,)
     both = compare_arrays("x", np.array([bad]), np.array([bad]), Tolerance(1e3, 1e3))
-    assert not both.passed  # NaN == NaN is not agreement
+    assert not both.passed and both.nonfinite == 1  # NaN == NaN is not agreement
+    in_the_reference = compare_arrays("x", np.array([1.0, 2.0]), np.array([1.0, bad]), Tolerance(1e3, 1e3))
+    assert not in_the_reference.passed and in_the_reference.nonfinite == 1
+
+
+def test_an_error_too_large_for_float64_fails_without_calling_finite_values_non_finite():
+    comparison = compare_arrays("x", np.array([0.0, 1e308]), np.array([0.0, -1e308]), Tolerance(1e3, 1e3))
+    assert not comparison.passed and comparison.nonfinite == 0 and comparison.max_abs == math.inf
 
 
 def test_a_zero_tolerance_passes_only_exact_equality():

@@ -101,17 +101,21 @@ def compare_arrays(
     if actual.shape != expected.shape:
         problem = f"shape {actual.shape} differs from the reference's {expected.shape}"
         return Comparison.unusable(name, tolerance, problem)
-    if not (all_finite(actual) and all_finite(expected)):
-        bad = ~(np.isfinite(actual) & np.isfinite(expected))
-        first = first_index(bad)
-        return Comparison(name, actual.shape, tolerance, math.nan, math.nan, math.nan, first, math.inf, int(bad.sum()))
     if actual.size == 0:
         return Comparison(name, actual.shape, tolerance, 0.0, 0.0, 0.0, (), 0.0, 0)
     # Three temporaries, each computed in place once: the error, |expected| (then the limit), the relative error.
-    error = np.subtract(actual, expected)
+    with np.errstate(over="ignore", invalid="ignore"):
+        error = np.subtract(actual, expected)
     np.abs(error, out=error)
+    max_abs = error.max()
+    # A NaN or an infinity on either side makes the error's maximum one, so only then is each side
+    # looked at (a finite error can also overflow, which is no failure).
+    if not math.isfinite(max_abs) and not (all_finite(actual) and all_finite(expected)):
+        bad = ~(np.isfinite(actual) & np.isfinite(expected))
+        first = first_index(bad)
+        return Comparison(name, actual.shape, tolerance, math.nan, math.nan, math.nan, first, math.inf, int(bad.sum()))
     magnitude = np.abs(expected)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         max_rel = np.divide(error, magnitude, out=np.zeros_like(error), where=magnitude != 0).max()
         limit = np.multiply(magnitude, tolerance.rtol, out=magnitude)
         limit += tolerance.atol
@@ -124,7 +128,7 @@ def compare_arrays(
         name,
         actual.shape,
         tolerance,
-        float(error.max()),
+        float(max_abs),
         float(max_rel),
         float(error.mean()),
         tuple(int(i) for i in worst),
