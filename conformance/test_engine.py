@@ -135,6 +135,35 @@ def test_a_file_two_pairs_are_rebuilt_from_is_read_once_when_it_holds_the_runs_w
     assert len(from_leaky) == 2 * len(CASE_LIST) and not any(c.passed for c in from_leaky)
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_workers_file_is_read_back_here_as_it_is_written_and_its_pairs_read_it_only_if_not_exact(
+    register, monkeypatch, exact
+):
+    """A worker's model holds no memory here, so its file is read back at once, on a thread beside the run:
+    found bit-exact, it stands for the run's weights for both pairs rebuilt from it, which read nothing;
+    one that is not is read again by each of them (and its pairs fail)."""
+    read = []
+    load = engine_lanes.load_weights
+
+    def recorded(path):
+        read.append((path.name, threading.current_thread() is threading.main_thread()))
+        return load(path)
+
+    monkeypatch.setattr(engine_lanes, "load_weights", recorded)
+    register(fake_backend("second"))
+    worker_like = fake_backend("worker-like", nudge_export=0.0 if exact else 1e-3)
+    worker_like.ENVIRONMENT = "/elsewhere/bin/python"  # run by a worker: on a lane of its own
+    register(worker_like)
+    report = run("numpy", "second", "worker-like")
+    from_worker = [c for c in report.checks if c.reference.startswith("worker-like float64 cpu (weights via file")]
+    assert len(from_worker) == 2 * len(CASE_LIST)
+    its_reads = [here for name, here in read if name.startswith("worker-like")]
+    if exact:
+        assert report.passed and its_reads == [False] and all(", bit-exact" in c.reference for c in from_worker)
+    else:
+        assert its_reads == [False, True, True] and not any(c.passed for c in from_worker)
+
+
 def test_each_backend_is_held_to_the_oracle_at_its_own_layer_norm_eps(register):
     register(fake_backend("eps-1e-3", eps=1e-3))
     report = run("numpy", "eps-1e-3")

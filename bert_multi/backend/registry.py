@@ -24,7 +24,7 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -160,10 +160,14 @@ def load_backend(name: str) -> LoadedBackend:
     return _REGISTRY.loaded[name]
 
 
-def load_backends(names: Iterable[str]) -> dict[str, LoadedBackend | Exception]:
+def load_backends(
+    names: Iterable[str], then: Callable[[str, LoadedBackend], object] | None = None
+) -> dict[str, LoadedBackend | Exception]:
     """Each of ``names`` loaded, or the exception its loading raised (``load_backend``'s). Those whose
     framework is not installed here, and that another environment's worker will run, are loaded first on
-    a thread of their own: their workers start while this process imports its own frameworks."""
+    a thread of their own: their workers start while this process imports its own frameworks. ``then``
+    is called with each backend as soon as it is loaded, on the thread that loaded it, before the others
+    are (so that a worker's first work need not wait for this process's imports)."""
     names = list(dict.fromkeys(names))
     check_names(names)
     registrations = _REGISTRY.all()
@@ -172,9 +176,12 @@ def load_backends(names: Iterable[str]) -> dict[str, LoadedBackend | Exception]:
 
     def load(name: str) -> None:
         try:
-            loaded[name] = load_backend(name)
+            loaded[name] = backend = load_backend(name)
         except Exception as error:  # noqa: BLE001 - the caller reports it, as it would load_backend's
             loaded[name] = error
+            return
+        if then is not None:
+            then(name, backend)
 
     def load_elsewhere() -> None:
         for name in elsewhere:

@@ -27,7 +27,7 @@ from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
 from .cases import Batch, CaseInput
 from .compare import Tolerance, tolerance_for
-from .lanes import Lanes, LanesDone, lane_of
+from .lanes import Lanes, LaneSteps, lane_of
 from .results import Check, Report, RunError, Target, compare_outputs, shifted
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)
@@ -152,9 +152,14 @@ class _Run:
         # export written to a file (a worker's is a copy), or a file's weights a pair is rebuilt from.
         self.holding = threading.Lock()
         self.doing = threading.local()  # what each lane is doing, for a RunError
-        self.lanes_done = LanesDone()
+        self.lane_steps = LaneSteps()
+        self.preparing: list[threading.Thread] = []
         self.during = "loading its backend"
-        loaded = load_backends(target.backend for target in targets)
+        try:
+            loaded = load_backends((target.backend for target in targets), then=self.prepare)
+        except BaseException:
+            self.stop_preparing(interrupted=True)
+            raise
         for target in targets:
             self.attempt(target, self.load, target, loaded[target.backend])
 
@@ -189,46 +194,51 @@ class _Run:
 
     def all(self) -> Report:
         self.during = "asking its LayerNorm eps"
-        for target in list(self.backends):  # asked once, before a worker is busy compiling ahead
+        for target in list(self.backends):
             self.attempt(target, self.kernel_eps, target)
-        preparing = self.prepare()
         interrupted = False
         try:
             return self.scheduled()
         except KeyboardInterrupt:
-            interrupted = True  # not waited for: a worker busy compiling ahead is stopped as its process ends
+            interrupted = True
             raise
         finally:
-            # Nothing compiling ahead outlives the run, whether it finished or a caller stopped it: a
-            # worker's channel would wait on it, and a thread still compiling in this process as it exits
-            # crashes it. Each stops at its next group.
-            self.lanes_done.stop()
-            for thread in [] if interrupted else preparing:
-                thread.join()
+            self.stop_preparing(interrupted)
 
-    def prepare(self) -> list[threading.Thread]:
-        """Each backend that compiles ahead (``prepare``) starts at once, on a thread of its own, for the
-        dtypes and devices asked of it, while the engine computes the oracle's outputs and runs the
-        others. It is asked for one dtype and case at a time (a worker's run comes first between two),
-        a dtype's once its lane has finished the dtype before (else they would stand in that one's way),
-        until the run is over, and compiles wherever the backend runs; its failures are not the run's
-        (the run's own models meet them, and report them)."""
+    def stop_preparing(self, interrupted: bool) -> None:
+        """Nothing compiling ahead outlives the run, whether it finished or a caller stopped it: a worker's
+        channel would wait on it, and a thread still compiling in this process as it exits crashes it.
+        Each stops at its next group; after Ctrl-C they are not waited for (a worker busy compiling ahead
+        is stopped as its process ends)."""
+        self.lane_steps.stop()
+        for thread in [] if interrupted else self.preparing:
+            thread.join()
+
+    def prepare(self, name: str, backend: LoadedBackend) -> None:
+        """A backend that compiles ahead (``prepare``) starts as soon as it is loaded, on a thread of its
+        own, for the dtypes and devices asked of it, while this process loads the other frameworks,
+        computes the oracle's outputs and runs the others. It is asked for one dtype and case at a time
+        (a worker's run comes first between two), a later dtype's only while its lane is not at work on
+        the dtype before (it would stand in that one's way), until the run is over, and compiles wherever
+        the backend runs; its failures are not the run's (the run's own models meet them, and report
+        them)."""
+        if not backend.prepares:
+            return
         groups = [(max_len, [self.cases[index].batch]) for max_len, indices in self.groups.items() for index in indices]
-        asked: dict[tuple[str, str], tuple[LoadedBackend, list[str]]] = {}  # (backend, device) -> it, its dtypes
-        for target, backend in sorted(self.backends.items(), key=lambda item: self.dtypes.index(item[0].dtype)):
-            if backend.prepares:  # each dtype in the order the run needs it
-                asked.setdefault((target.backend, target.device), (backend, []))[1].append(target.dtype)
-        threads = []
-        for (name, device), (backend, dtypes) in asked.items():
-            lane = lane_of(name, backend)
+        asked: dict[str, list[str]] = {}  # device -> its dtypes, each in the order the run needs it
+        for target in sorted(self.targets, key=lambda target: self.dtypes.index(target.dtype)):
+            if target.backend == name:
+                asked.setdefault(target.device, []).append(target.dtype)
+        lane = lane_of(name, backend)
+        for device, dtypes in asked.items():
             work: list[tuple[Any, ...]] = []
             for before, dtype in zip([None, *dtypes], dtypes):
-                if before is not None:
-                    work.append((self.lanes_done.wait, lane, before))
-                work += [(backend.prepare, self.config, [group], [dtype], device) for group in groups]
-            threads.append(threading.Thread(target=_until, args=(self.lanes_done, work), daemon=True))
-            threads[-1].start()
-        return threads
+                for group in groups:
+                    if before is not None:
+                        work.append((self.lane_steps.wait_idle, lane, before))
+                    work.append((backend.prepare, self.config, [group], [dtype], device))
+            self.preparing.append(threading.Thread(target=_until, args=(self.lane_steps, work), daemon=True))
+            self.preparing[-1].start()
 
     def scheduled(self) -> Report:
         # The float64 weights first: made once (from a source: drawn once, and cast for the other dtypes),
@@ -243,7 +253,7 @@ class _Run:
         for dtype in self.dtypes:
             ran = [target for target in self.targets if target.dtype == dtype and target in self.backends]
             if not ran:
-                self.lanes_done.finish("*", dtype)
+                self.lane_steps.finish("*", dtype)
                 continue
             weights = held if dtype == "float64" else self.cast_away(held, dtype)
             Lanes(self, ran, weights).run(first=references)
@@ -259,11 +269,17 @@ class _Run:
         return self.report
 
     def run_alone(
-        self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None, paired: bool
+        self,
+        target: Target,
+        weights: dict[str, np.ndarray],
+        keep: bool,
+        file: Path | None,
+        paired: bool,
+        written: Callable[[], object] | None = None,
     ) -> tuple[BERTConfig, dict[str, np.ndarray]] | None:
         """Run every case on ``target``'s model of ``weights`` and compare with the oracle, keeping its
         outputs if ``paired`` (other targets are compared with them). Its model of the longest max_len is
-        exported: written to ``file`` if given, and returned if ``keep``."""
+        exported: written to ``file`` if given (then ``written`` is called), and returned if ``keep``."""
         tolerance = tolerance_for(target.dtype, target.device_kind)
         # A framework that stores LayerNorm's eps differently (MXNet: as a C float) is held to the
         # oracle computed with the eps it really uses, and the report says so.
@@ -283,6 +299,8 @@ class _Run:
                 with self.holding if here else contextlib.nullcontext():
                     if file is not None:
                         model.save(file)
+                if file is not None and written is not None:
+                    written()
                 if keep:
                     export = (model.config, model.export_weights(share=True))
             for index in indices:
@@ -455,11 +473,11 @@ class _Run:
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
 
 
-def _until(lanes_done: LanesDone, work: list[tuple[Any, ...]]) -> None:
+def _until(lane_steps: LaneSteps, work: list[tuple[Any, ...]]) -> None:
     """Each ``function(*arguments)`` of ``work`` in turn until the run is over, a failure left for the work
     that follows to meet and report."""
     for function, *arguments in work:
-        if lanes_done.stopped:
+        if lane_steps.stopped:
             return
         try:
             function(*arguments)

@@ -3,6 +3,7 @@ runs its part of the run on a thread of its own, beside this process's (``confor
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import threading
 from collections.abc import Callable
@@ -21,15 +22,20 @@ if TYPE_CHECKING:
     from .conform import _Run as Run
 
 
-class LanesDone:
-    """Which lanes have finished their steps of which dtype, for work that waits on them (compiling a
-    dtype's shapes ahead, so that it does not stand in the way of the dtype before), and whether the run
-    is over (then nothing waits)."""
+class LaneSteps:
+    """Which lanes have begun and finished their steps of which dtype, for work that waits on them
+    (compiling a dtype's shapes ahead, so that it does not stand in the way of the dtype before), and
+    whether the run is over (then nothing waits)."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
+        self.begun: set[tuple[str | None, str]] = set()  # (lane, dtype)
         self.done: set[tuple[str | None, str]] = set()  # (lane, dtype), lane "*": every lane
         self.stopped = False
+
+    def begin(self, lane: str | None, dtype: str) -> None:
+        with self.changed:
+            self.begun.add((lane, dtype))
 
     def finish(self, lane: str | None, dtype: str) -> None:
         with self.changed:
@@ -41,10 +47,17 @@ class LanesDone:
             self.stopped = True
             self.changed.notify_all()
 
-    def wait(self, lane: str | None, dtype: str) -> None:
-        """Until ``lane`` has finished its steps of ``dtype`` (or every lane has, or the run is over)."""
+    def wait_idle(self, lane: str | None, dtype: str) -> None:
+        """Until ``lane`` is not at work on ``dtype``: it has not begun it, or has finished it (or every
+        lane has, or the run is over)."""
         with self.changed:
-            self.changed.wait_for(lambda: self.stopped or not {(lane, dtype), ("*", dtype)}.isdisjoint(self.done))
+            self.changed.wait_for(
+                lambda: (
+                    self.stopped
+                    or (lane, dtype) not in self.begun
+                    or not {(lane, dtype), ("*", dtype)}.isdisjoint(self.done)
+                )
+            )
 
 
 def lane_of(name: str, backend: LoadedBackend) -> str | None:
@@ -98,6 +111,8 @@ class Lanes:
         self.exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}
         self.files: dict[Target, Path] = {}
         self.exact_files: dict[Target, bool] = {}  # whether a target's file, once read, held the run's weights
+        self.reading = {target: threading.Lock() for target in ran}  # held while a target's file is read
+        self.readers: list[threading.Thread] = []  # reading a file back as soon as it is written
         self.lock = threading.Lock()
         self.failures: list[BaseException] = []  # a lane's own exceptions, raised on this thread after
 
@@ -113,20 +128,24 @@ class Lanes:
             for lane, steps in self.lanes.items()
             if lane is not None
         ]
+        for lane in self.lanes:
+            self.run_.lane_steps.begin(lane, self.dtype)
         try:
             for thread in threads:
                 thread.start()
             if first is not None:
                 first()
             self.take(self.lanes.get(None, []), stop)
-            self.run_.lanes_done.finish(None, self.dtype)
+            self.run_.lane_steps.finish(None, self.dtype)
             for thread in threads:
                 thread.join()
         finally:
-            self.run_.lanes_done.finish("*", self.dtype)
+            self.run_.lane_steps.finish("*", self.dtype)
             stop.set()  # a lane stops at its next step once this thread is interrupted, or fails
             for ran_alone in self.alone.values():  # and none waits on a target that will not run now
                 ran_alone.set()
+            for reader in self.readers:
+                reader.join()
             self.directory.cleanup()
             for target in self.alone:  # pairs are of one dtype: its outputs are not asked for again
                 self.run_.results.pop(target, None)
@@ -145,7 +164,7 @@ class Lanes:
                 if kind == "alone":
                     self.alone[target].set()
         finally:
-            self.run_.lanes_done.finish(lane, self.dtype)
+            self.run_.lane_steps.finish(lane, self.dtype)
 
     def take(self, steps: list[tuple[str, Target, Target | None, str]], stop: threading.Event) -> None:
         run = self.run_
@@ -169,24 +188,48 @@ class Lanes:
     def run_alone(self, target: Target) -> None:
         run, uses = self.run_, self.uses
         file = Path(self.directory.name) / f"{target.backend}-{target.device}.npz" if uses["file", target] else None
-        export = run.run_alone(target, self.weights, uses["memory", target] > 0, file, uses["outputs", target] > 0)
-        if export is not None:
-            self.exports[target] = export
         if file is not None:
             self.files[target] = file
+        keep, paired = uses["memory", target] > 0, uses["outputs", target] > 0
+        # A worker's file is read back at once: its model holds nothing here (this process's holds a copy
+        # of the weights where its framework makes one, so its file is read once it is dropped).
+        written = None if self.lane(target) is None else functools.partial(self.read_back, target)
+        export = run.run_alone(target, self.weights, keep, file, paired, written)
+        if export is not None:
+            self.exports[target] = export
 
     def run_pair(self, target: Target, source: Target, how: str) -> None:
         if how == "memory":
             lent = self.exports[source]
             self.run_.run_pair(target, source, how, lent, self.arrived_exact(lent))
             return
-        if self.exact_files.get(source):  # read for a pair before: the run's weights, bit for bit
-            self.run_.run_pair(target, source, how, None, True)
-            return
-        with self.run_.holding:
-            lent = load_weights(self.files[source])
-            exact = self.exact_files[source] = self.arrived_exact(lent)
-            self.run_.run_pair(target, source, how, lent, exact)
+        with self.reading[source]:
+            if self.exact_files.get(source):  # read before: the run's weights, bit for bit
+                self.run_.run_pair(target, source, how, None, True)
+                return
+            with self.run_.holding:
+                lent = load_weights(self.files[source])
+                exact = self.exact_files[source] = self.arrived_exact(lent)
+                self.run_.run_pair(target, source, how, lent, exact)
+
+    def read_back(self, target: Target) -> None:
+        """Read ``target``'s file back as soon as it is written, on a thread beside its run's cases, to learn
+        whether it holds the run's weights bit for bit: its pairs, later, then read nothing (they wait for
+        it: the file is ``reading`` from now until it is read)."""
+        self.reading[target].acquire()
+        self.readers.append(threading.Thread(target=self.read_ahead, args=(target,), daemon=True))
+        self.readers[-1].start()
+
+    def read_ahead(self, target: Target) -> None:
+        """``read_back``'s reading, once no other weights are held (``holding``). A file that fails to read
+        is left for its pairs to read, and report."""
+        try:
+            with self.run_.holding:
+                self.exact_files[target] = self.arrived_exact(load_weights(self.files[target]))
+        except Exception:  # noqa: BLE001, S110 - its pairs read it again, and report what it raised
+            pass
+        finally:
+            self.reading[target].release()
 
     def arrived_exact(self, lent: tuple[BERTConfig, dict[str, np.ndarray]]) -> bool:
         """Whether weights that moved are the config and the very bits every target of the dtype ran alone."""
