@@ -166,8 +166,8 @@ def load_backends(
     """Each of ``names`` loaded, or the exception its loading raised (``load_backend``'s). Those whose
     framework is not installed here, and that another environment's worker will run, are loaded first on
     a thread of their own: their workers start while this process imports its own frameworks. ``then``
-    is called with each backend as soon as it is loaded, on the thread that loaded it, before the others
-    are (so that a worker's first work need not wait for this process's imports)."""
+    is called with each backend as soon as it is loaded, on the thread that loaded it, while the others
+    load (so that a worker's first work need not wait for this process's imports)."""
     names = list(dict.fromkeys(names))
     check_names(names)
     registrations = _REGISTRY.all()

@@ -39,8 +39,8 @@ PIECE_BYTES = 1 << 19
 
 def c_ordered_bytes(array: np.ndarray, dtype: np.dtype | None = None) -> Iterator[memoryview]:
     """An array's values as C-ordered bytes (in ``dtype``, default its own), in pieces: its own memory
-    when it is laid out so, else copies of a few rows at a time. A whole copy of a transposed tensor (a
-    Flax kernel, exported as a view) is fresh memory the size of it, touched once."""
+    when it is laid out so, else copies of a few rows at a time, where a whole copy of a transposed
+    tensor (a Flax kernel is exported as a view) would be fresh memory the size of it, for one pass."""
     dtype = array.dtype if dtype is None else dtype
     if array.dtype == dtype and array.flags.c_contiguous:
         yield array.reshape(-1).view(np.uint8).data

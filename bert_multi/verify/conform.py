@@ -156,7 +156,7 @@ class _Run:
         self.preparing: list[threading.Thread] = []
         self.during = "loading its backend"
         try:
-            loaded = load_backends((target.backend for target in targets), then=self.prepare)
+            loaded = load_backends((target.backend for target in targets), then=self.compile_ahead)
         except BaseException:
             self.stop_preparing(interrupted=True)
             raise
@@ -214,7 +214,7 @@ class _Run:
         for thread in [] if interrupted else self.preparing:
             thread.join()
 
-    def prepare(self, name: str, backend: LoadedBackend) -> None:
+    def compile_ahead(self, name: str, backend: LoadedBackend) -> None:
         """A backend that compiles ahead (``prepare``) starts as soon as it is loaded, on a thread of its
         own, for the dtypes and devices asked of it, while this process loads the other frameworks,
         computes the oracle's outputs and runs the others. It is asked for one dtype and case at a time

@@ -217,12 +217,13 @@ class Lanes:
         whether it holds the run's weights bit for bit: its pairs, later, then read nothing (they wait for
         it: the file is ``reading`` from now until it is read)."""
         self.reading[target].acquire()
-        self.readers.append(threading.Thread(target=self.read_ahead, args=(target,), daemon=True))
+        self.readers.append(threading.Thread(target=self.check_file, args=(target,), daemon=True))
         self.readers[-1].start()
 
-    def read_ahead(self, target: Target) -> None:
-        """``read_back``'s reading, once no other weights are held (``holding``). A file that fails to read
-        is left for its pairs to read, and report."""
+    def check_file(self, target: Target) -> None:
+        """Read ``target``'s file, once no other weights are held here (``holding``), and record whether it
+        holds the run's weights bit for bit. A file that fails to read is left for its pairs to read, and
+        report."""
         try:
             with self.run_.holding:
                 self.exact_files[target] = self.arrived_exact(load_weights(self.files[target]))
