@@ -602,3 +602,31 @@ def test_a_command_ends_with_its_status_its_output_out_and_its_exit_handlers_run
     ended = subprocess.run([sys.executable, "-c", ENDING, str(handled), "100000"], capture_output=True, timeout=60)
     assert (ended.returncode, ended.stderr, handled.read_text()) == (3, b"", "ran")
     assert ended.stdout == b"line\n" * 100_000
+
+
+READER_GONE = """
+import atexit, sys
+from bert_multi.ending import end_process
+atexit.register(lambda: open(sys.argv[1], "w").write("ran"))
+print("line\\n" * 100, end="")  # held in the buffer: standard output is a pipe
+sys.stdin.readline()  # until the reader has gone, as `| head` goes
+end_process(3)
+"""
+
+
+def test_a_command_whose_reader_has_gone_ends_with_its_status_and_no_traceback(tmp_path):
+    """What is still buffered when the reader has gone (``bert-multi conform | head``) cannot go out: the
+    command ends as it would have, its status its own, its exit handlers run, nothing on standard error."""
+    import os
+    import subprocess
+    import sys
+
+    handled = tmp_path / "handled"
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    with subprocess.Popen([sys.executable, "-c", READER_GONE, str(handled)], env=buffered, **pipes) as child:
+        child.stdout.close()
+        child.stdin.write(b"go\n")
+        child.stdin.close()
+        stderr = child.stderr.read()
+        assert (child.wait(60), stderr, handled.read_text()) == (3, b"", "ran")
