@@ -153,12 +153,12 @@ class _Run:
         self.holding = threading.Lock()
         self.doing = threading.local()  # what each lane is doing, for a RunError
         self.lane_steps = LaneSteps()
-        self.preparing: list[threading.Thread] = []
+        self.compiling_ahead: list[threading.Thread] = []
         self.during = "loading its backend"
         try:
             loaded = load_backends((target.backend for target in targets), then=self.compile_ahead)
         except BaseException:
-            self.stop_preparing(interrupted=True)
+            self.stop_compiling_ahead(interrupted=True)
             raise
         for target in targets:
             self.attempt(target, self.load, target, loaded[target.backend])
@@ -203,15 +203,15 @@ class _Run:
             interrupted = True
             raise
         finally:
-            self.stop_preparing(interrupted)
+            self.stop_compiling_ahead(interrupted)
 
-    def stop_preparing(self, interrupted: bool) -> None:
+    def stop_compiling_ahead(self, interrupted: bool) -> None:
         """Nothing compiling ahead outlives the run, whether it finished or a caller stopped it: a worker's
         channel would wait on it, and a thread still compiling in this process as it exits crashes it.
         Each stops at its next group; after Ctrl-C they are not waited for (a worker busy compiling ahead
         is stopped as its process ends)."""
         self.lane_steps.stop()
-        for thread in [] if interrupted else self.preparing:
+        for thread in [] if interrupted else self.compiling_ahead:
             thread.join()
 
     def compile_ahead(self, name: str, backend: LoadedBackend) -> None:
@@ -237,8 +237,8 @@ class _Run:
                     if before is not None:
                         work.append((self.lane_steps.wait_idle, lane, before))
                     work.append((backend.prepare, self.config, [group], [dtype], device))
-            self.preparing.append(threading.Thread(target=_until, args=(self.lane_steps, work), daemon=True))
-            self.preparing[-1].start()
+            self.compiling_ahead.append(threading.Thread(target=_until, args=(self.lane_steps, work), daemon=True))
+            self.compiling_ahead[-1].start()
 
     def scheduled(self) -> Report:
         # The float64 weights first: made once (from a source: drawn once, and cast for the other dtypes),
