@@ -27,6 +27,7 @@ from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
 from ..safe import atomic_path, check_shape, file_size, open_regular, reason, replace_text, size_field
+from ..weights import c_ordered_bytes
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -203,7 +204,8 @@ def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], metadata:
     with atomic_path(path) as tmp_path, open(tmp_path, "wb") as out:
         out.write(struct.pack("<Q", len(encoded)) + encoded)
         for array in arrays.values():
-            out.write(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
+            for piece in c_ordered_bytes(array, array.dtype.newbyteorder("<")):
+                out.write(piece)
 
 
 # --- Directories ------------------------------------------------------------------------------------------
