@@ -90,7 +90,14 @@ def parse_targets(args: argparse.Namespace) -> list[Target]:
         if args.reference not in references:
             raise UsageError(f"--reference {args.reference!r}: expected one of the references {references}")
         names = [*names, args.reference] if args.reference not in names else names
-    targets = [Target(backend, dtype, device) for device in args.devices for backend in names for dtype in args.dtypes]
+    attentions = getattr(args, "attention", ["d2l"])
+    targets = [
+        Target(backend, dtype, device, attention)
+        for device in args.devices
+        for backend in names
+        for attention in attentions
+        for dtype in args.dtypes
+    ]
     check_targets(targets)
     return targets
 
@@ -276,6 +283,13 @@ def add_run_options(parser: argparse.ArgumentParser, backends: bool = True) -> N
     if backends:
         parser.add_argument(
             "--no-pairs", action="store_true", help="compare with the oracle only, not backends with each other"
+        )
+        parser.add_argument(
+            "--attention",
+            type=comma_list,
+            default=["d2l"],
+            help="comma-separated: d2l (the default: the chapter's written-out attention), sdpa (the same function "
+            "through the framework's fused kernel, where it has one), or both",
         )
         parser.add_argument(
             "--python",

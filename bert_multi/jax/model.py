@@ -69,17 +69,60 @@ class DotProductAttention(nn.Module):
         return nn.Dropout(self.dropout, deterministic=not training)(weights) @ values
 
 
+class FusedDotProductAttention(nn.Module):
+    """``DotProductAttention``'s function through JAX's ``jax.nn.dot_product_attention``
+    (``attention="sdpa"``): no attention weights are kept.
+
+    queries, keys, values: (B, T, h, H/h), d2l's row b*h + j at [b, :, j]; valid_lens (B,) or (B, T_q), the
+    same for every head, or in d2l's row layout, (B*h,) or (B*h, T_q). Framework difference: JAX's function
+    takes the heads as an axis after the positions (torch's fused kernel before them); it has no dropout,
+    and computes its softmax in float32 whatever the inputs' dtype, so training with dropout, and float64,
+    compute d2l's expression in this layout instead."""
+
+    dropout: float
+
+    @nn.compact
+    def __call__(self, queries, keys, values, valid_lens=None, training: bool = False):
+        B, _, _, d = queries.shape
+        keep = None
+        if valid_lens is not None:
+            per_query = valid_lens.shape[-1] if valid_lens.ndim == 2 else 1
+            lens = valid_lens.reshape(B, -1, per_query, 1)  # (B, 1 or h, 1 or T_q, 1)
+            keep = jnp.arange(keys.shape[1]) < lens  # (B, h, 1 or T_q, T_k); True: the key takes part
+        if (training and self.dropout > 0) or queries.dtype == jnp.float64:
+            scores = jnp.einsum("bqhd,bkhd->bhqk", queries, keys) / math.sqrt(d)
+            # d2l's _sequence_mask, as masked_softmax applies it.
+            weights = nn.softmax(scores if keep is None else jnp.where(keep, scores, -1e6), axis=-1)
+            weights = nn.Dropout(self.dropout, deterministic=not training)(weights)
+            return jnp.einsum("bhqk,bkhd->bqhd", weights, values)
+        if keep is not None:
+            # d2l scores a masked key -1e6, so a row of valid_len 0 attends to every key alike; such a row
+            # keeps every key here, and a zero query scores them all 0: the same uniform weights.
+            empty = lens == 0
+            keep = keep | empty
+            queries = jnp.where(empty.transpose(0, 2, 1, 3), 0, queries)
+        return jax.nn.dot_product_attention(queries, keys, values, mask=keep)
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j."""
+    """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j (with
+    ``attention="sdpa"``, [b, :, j] of a (B, T, h, H/h) array, which JAX's fused function takes)."""
 
     num_hiddens: int
     num_heads: int
     dropout: float
     bias: bool = False
     valid_lens_over_heads: str = "interleaved"
+    # Framework difference: a Flax field may not share its name with a submodule, so the choice is
+    # attention_kind here (attention in torch).
+    attention_kind: str = "d2l"
+
+    @property
+    def fused(self) -> bool:
+        return self.attention_kind == "sdpa"
 
     def setup(self) -> None:
-        self.attention = DotProductAttention(self.dropout)
+        self.attention = FusedDotProductAttention(self.dropout) if self.fused else DotProductAttention(self.dropout)
         self.W_q = _dense(self.num_hiddens, self.bias)
         self.W_k = _dense(self.num_hiddens, self.bias)
         self.W_v = _dense(self.num_hiddens, self.bias)
@@ -90,8 +133,10 @@ class MultiHeadAttention(nn.Module):
         keys = self.transpose_qkv(self.W_k(keys))
         values = self.transpose_qkv(self.W_v(values))
         if valid_lens is not None and self.valid_lens_over_heads == "interleaved":
-            # (b0, b0, ..., b1, b1, ...), to match the head layout of transpose_qkv.
-            valid_lens = jnp.repeat(valid_lens, self.num_heads, axis=0)
+            # (b0, b0, ..., b1, b1, ...), to match the head layout of transpose_qkv; fused, the heads are
+            # an axis of their own, so each sequence's lengths are given once.
+            if not self.fused:
+                valid_lens = jnp.repeat(valid_lens, self.num_heads, axis=0)
         elif valid_lens is not None:
             # d2l <= 0.15 tiled them, (b0, b1, ..., b0, b1, ...): its bug, reproduced with jnp.tile (jnp.repeat
             # interleaves, as NumPy's and MXNet's do; torch's Tensor.repeat is the one that tiles).
@@ -100,15 +145,18 @@ class MultiHeadAttention(nn.Module):
         return self.W_o(self.transpose_output(output))
 
     def transpose_qkv(self, X):
-        """(B, T, H) -> (B*h, T, H/h)."""
+        """(B, T, H) -> (B*h, T, H/h); fused, (B, T, h, H/h), the same rows without moving them."""
         X = X.reshape(X.shape[0], X.shape[1], self.num_heads, -1)
+        if self.fused:
+            return X
         X = X.transpose(0, 2, 1, 3)
         return X.reshape(-1, X.shape[2], X.shape[3])
 
     def transpose_output(self, X):
-        """(B*h, T, H/h) -> (B, T, H), undoing transpose_qkv."""
-        X = X.reshape(-1, self.num_heads, X.shape[1], X.shape[2])
-        X = X.transpose(0, 2, 1, 3)
+        """(B*h, T, H/h) -> (B, T, H), undoing transpose_qkv; fused, from (B, T, h, H/h)."""
+        if not self.fused:
+            X = X.reshape(-1, self.num_heads, X.shape[1], X.shape[2])
+            X = X.transpose(0, 2, 1, 3)
         return X.reshape(X.shape[0], X.shape[1], -1)
 
 
@@ -172,10 +220,16 @@ class TransformerEncoderBlock(nn.Module):
     valid_lens_over_heads: str = "interleaved"
     activation: str = "relu"
     layer_norm_eps: float = 1e-5
+    attention_kind: str = "d2l"
 
     def setup(self) -> None:
         self.attention = MultiHeadAttention(
-            self.num_hiddens, self.num_heads, self.dropout, self.use_bias, self.valid_lens_over_heads
+            self.num_hiddens,
+            self.num_heads,
+            self.dropout,
+            self.use_bias,
+            self.valid_lens_over_heads,
+            self.attention_kind,
         )
         self.addnorm1 = AddNorm(self.dropout, self.layer_norm_eps)
         self.ffn = PositionWiseFFN(self.ffn_num_hiddens, self.num_hiddens, self.activation)
@@ -205,6 +259,7 @@ class BERTEncoder(nn.Module):
     max_len: int = 1000
     semantics: Semantics | str = PRESETS["d2l"]
     train_positions: bool = True
+    attention: str = "d2l"
 
     def setup(self) -> None:
         self.switches = semantics = semantics_for(self.semantics)
@@ -233,6 +288,7 @@ class BERTEncoder(nn.Module):
                 semantics.valid_lens_over_heads,
                 semantics.activation,
                 semantics.layer_norm_eps,
+                self.attention,
             )
             for _ in range(self.num_blks)
         ]
@@ -335,6 +391,7 @@ class BERTModel(nn.Module):
     semantics: Semantics | str = PRESETS["d2l"]
     train_positions: bool = True
     heads: tuple[str, ...] = HEADS
+    attention: str = "d2l"
 
     def setup(self) -> None:
         semantics = semantics_for(self.semantics)
@@ -348,6 +405,7 @@ class BERTModel(nn.Module):
             self.max_len,
             semantics,
             self.train_positions,
+            self.attention,
         )
         self.pooled = semantics.nsp_head == "pooler"
         tied = self.encoder.token_embedding if semantics.mlm_decoder == "tied" else None

@@ -16,6 +16,10 @@ D2L_ARGUMENTS = ("vocab_size", "num_hiddens", "ffn_num_hiddens", "num_heads", "n
 # keeps the encoder and the pooler only.
 HEADS = ("pooler", "mlm", "nsp")
 D2LArguments = tuple[int, int, int, int, int, float, int]  # their types
+# How a framework's classes compute attention, the same function either way: "d2l", the chapter's
+# written-out scores, masked softmax and product (its ``attention_weights`` kept); "sdpa", the
+# framework's fused scaled-dot-product kernel, which never materialises the scores (nothing kept).
+ATTENTIONS = ("d2l", "sdpa")
 
 
 @dataclass(frozen=True)

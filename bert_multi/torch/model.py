@@ -6,7 +6,8 @@ Constructor signatures are d2l's, so code written for ``from d2l import torch as
 Additions, all optional: ``num_inputs`` on the layers d2l builds lazily (``BERTModel`` passes it, so its
 parameters exist on construction and a state dict loads before any forward); ``semantics`` (a preset
 of ``bert_multi.semantics``) and the switches it sets, through which the same classes compute d2l 0.11
-to 1.0; ``train_positions``. The modules ``d2l_0_11``, ``d2l_0_12`` and ``d2l_0_17`` give the same
+to 1.0; ``train_positions``; ``attention`` (``bert_multi.spec.config.ATTENTIONS``: "sdpa" computes the
+same attention through PyTorch's fused kernel). The modules ``d2l_0_11``, ``d2l_0_12`` and ``d2l_0_17`` give the same
 classes each generation's constructor signatures.
 """
 
@@ -93,8 +94,40 @@ class DotProductAttention(nn.Module):
         return torch.bmm(self.dropout(self.attention_weights), values)
 
 
+class FusedDotProductAttention(nn.Module):
+    """``DotProductAttention``'s function through PyTorch's fused ``scaled_dot_product_attention``
+    (``attention="sdpa"``): the scores are never materialised, so ``attention_weights`` is None.
+
+    queries, keys, values: (B, h, T, H/h), d2l's row b*h + j at [b, j]; valid_lens (B,) or (B, T_q), the
+    same for every head, or in d2l's row layout, (B*h,) or (B*h, T_q). Framework difference: torch's fused
+    kernels take the heads as an axis before the positions; JAX's after them."""
+
+    def __init__(self, dropout: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.dropout = Dropout(dropout)
+        self.attention_weights = None
+
+    def forward(self, queries, keys, values, valid_lens=None):
+        mask = None
+        if valid_lens is not None:
+            per_query = valid_lens.shape[-1] if valid_lens.dim() == 2 else 1
+            lens = valid_lens.reshape(queries.shape[0], -1, per_query, 1)  # (B, 1 or h, 1 or T_q, 1)
+            keep = torch.arange(keys.shape[2], device=keys.device) < lens  # True: the key takes part
+            # d2l scores a masked key -1e6, so a row of valid_len 0 attends to every key alike; a mask that
+            # keeps no key is NaN or zeros in a fused kernel. Such a row keeps every key, and a zero query
+            # scores them all 0: the same uniform weights.
+            empty = lens == 0
+            queries = queries.masked_fill(empty, 0)
+            # Added to the scores, in their dtype: the kernels take it as it is (a boolean mask is converted).
+            mask = torch.zeros(keep.shape, dtype=queries.dtype, device=keys.device)
+            mask.masked_fill_(~(keep | empty), torch.finfo(queries.dtype).min)
+        dropout = self.dropout.p if self.training else 0.0
+        return nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j."""
+    """Multi-head attention; heads are split by reshaping, so row b*h + j is batch b, head j (with
+    ``attention="sdpa"``, [b, j] of a (B, h, T, H/h) view, which fused kernels take without a copy)."""
 
     def __init__(
         self,
@@ -104,12 +137,14 @@ class MultiHeadAttention(nn.Module):
         bias: bool = False,
         num_inputs: int | None = None,
         valid_lens_over_heads: str = "interleaved",
+        attention: str = "d2l",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.valid_lens_over_heads = valid_lens_over_heads
-        self.attention = DotProductAttention(dropout)
+        self.fused = attention == "sdpa"
+        self.attention = FusedDotProductAttention(dropout) if self.fused else DotProductAttention(dropout)
         self.W_q = _dense(num_hiddens, num_inputs, bias)
         self.W_k = _dense(num_hiddens, num_inputs, bias)
         self.W_v = _dense(num_hiddens, num_inputs, bias)
@@ -120,8 +155,10 @@ class MultiHeadAttention(nn.Module):
         keys = self.transpose_qkv(self.W_k(keys))
         values = self.transpose_qkv(self.W_v(values))
         if valid_lens is not None and self.valid_lens_over_heads == "interleaved":
-            # (b0, b0, ..., b1, b1, ...), to match the head layout of transpose_qkv.
-            valid_lens = torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)
+            # (b0, b0, ..., b1, b1, ...), to match the head layout of transpose_qkv; fused, the heads are
+            # an axis of their own, so each sequence's lengths are given once.
+            if not self.fused:
+                valid_lens = torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)
         elif valid_lens is not None:
             # d2l <= 0.15 tiled them, (b0, b1, ..., b0, b1, ...): its bug, reproduced. Framework
             # difference: torch's Tensor.repeat tiles (like np.tile); NumPy's and MXNet's repeat interleave
@@ -131,14 +168,15 @@ class MultiHeadAttention(nn.Module):
         return self.W_o(self.transpose_output(output))
 
     def transpose_qkv(self, X):
-        """(B, T, H) -> (B*h, T, H/h)."""
+        """(B, T, H) -> (B*h, T, H/h); fused, the (B, h, T, H/h) view of the same rows."""
         X = X.reshape(X.shape[0], X.shape[1], self.num_heads, -1)
         X = X.permute(0, 2, 1, 3)
-        return X.reshape(-1, X.shape[2], X.shape[3])
+        return X if self.fused else X.reshape(-1, X.shape[2], X.shape[3])
 
     def transpose_output(self, X):
-        """(B*h, T, H/h) -> (B, T, H), undoing transpose_qkv."""
-        X = X.reshape(-1, self.num_heads, X.shape[1], X.shape[2])
+        """(B*h, T, H/h) -> (B, T, H), undoing transpose_qkv; fused, from (B, h, T, H/h)."""
+        if not self.fused:
+            X = X.reshape(-1, self.num_heads, X.shape[1], X.shape[2])
         X = X.permute(0, 2, 1, 3)
         return X.reshape(X.shape[0], X.shape[1], -1)
 
@@ -201,6 +239,7 @@ class TransformerEncoderBlock(nn.Module):
         valid_lens_over_heads: str = "interleaved",
         activation: str = "relu",
         layer_norm_eps: float = 1e-5,
+        attention: str = "d2l",
     ) -> None:
         super().__init__()
         self.attention = MultiHeadAttention(
@@ -210,6 +249,7 @@ class TransformerEncoderBlock(nn.Module):
             use_bias,
             num_inputs=num_hiddens,
             valid_lens_over_heads=valid_lens_over_heads,
+            attention=attention,
         )
         self.addnorm1 = AddNorm(num_hiddens, dropout, layer_norm_eps)
         self.ffn = PositionWiseFFN(ffn_num_hiddens, num_hiddens, num_inputs=num_hiddens, activation=activation)
@@ -234,6 +274,7 @@ class BERTEncoder(nn.Module):
         max_len: int = 1000,
         semantics: Semantics | str = PRESETS["d2l"],
         train_positions: bool = True,
+        attention: str = "d2l",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -260,6 +301,7 @@ class BERTEncoder(nn.Module):
                 semantics.valid_lens_over_heads,
                 semantics.activation,
                 semantics.layer_norm_eps,
+                attention,
             )
             self.blks.add_module(f"{i}", block)
         if self.learned_positions:
@@ -371,6 +413,7 @@ class BERTModel(nn.Module):
         semantics: Semantics | str = PRESETS["d2l"],
         train_positions: bool = True,
         heads: tuple[str, ...] = HEADS,
+        attention: str = "d2l",
     ) -> None:
         super().__init__()
         semantics = semantics_for(semantics)
@@ -385,6 +428,7 @@ class BERTModel(nn.Module):
             max_len=max_len,
             semantics=semantics,
             train_positions=train_positions,
+            attention=attention,
         )
         # Each head is optional (a fine-tuned encoder keeps only the pooler); d2l always builds all three.
         self.pooled = semantics.nsp_head == "pooler"

@@ -187,7 +187,8 @@ class Lanes:
 
     def run_alone(self, target: Target) -> None:
         run, uses = self.run_, self.uses
-        file = Path(self.directory.name) / f"{target.backend}-{target.device}.npz" if uses["file", target] else None
+        name = f"{target.label.replace(' ', '-')}-{target.device}.npz"
+        file = Path(self.directory.name) / name if uses["file", target] else None
         if file is not None:
             self.files[target] = file
         keep, paired = uses["memory", target] > 0, uses["outputs", target] > 0

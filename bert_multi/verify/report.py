@@ -14,7 +14,7 @@ from ..display import format_table
 from ..files.safe import replace_file
 from ..spec.schema import SUPPORTED_DTYPES
 from .compare import Comparison
-from .results import OUTPUT_NAMES, Check, Report
+from .results import OUTPUT_NAMES, Check, Report, Target
 
 
 def _number(value: float) -> str:
@@ -39,7 +39,7 @@ def verdict(report: Report, subject: str) -> str:
         raised = f"{len(report.errors)} target(s) raised ({report.errors[0].target}: {report.errors[0].error})"
     if failing:
         target, reference, output, c = failing[0]
-        first = f"first {target.backend} {target.dtype} {output} against {reference}, max abs {_number(c.max_abs)}"
+        first = f"first {target.label} {target.dtype} {output} against {reference}, max abs {_number(c.max_abs)}"
         what = f"{len(failing)} of {len(rows)} comparisons are outside tolerance ({first})"
         return f"{subject} does NOT compute what the float64 oracle computes: {what}{'; ' + raised if raised else ''}"
     if raised:  # what raised proves nothing about the subject, either way
@@ -47,7 +47,7 @@ def verdict(report: Report, subject: str) -> str:
         return f"{subject} was not checked in full: {raised}{ran}"
     if not rows:
         return f"{subject}: nothing was compared (no requested backend could run here)"
-    backends = list(dict.fromkeys(label_of(target.backend) for target, *_ in rows))
+    backends = list(dict.fromkeys(_label(target) for target, *_ in rows))
     paired = any(not reference.startswith("oracle") for _, reference, _, _ in rows)
     closeness = largest_by_dtype(report)
     who = ", ".join(backends[:-1]) + (" and " if len(backends) > 1 else "") + backends[-1]
@@ -58,6 +58,11 @@ def verdict(report: Report, subject: str) -> str:
         f"on {cases} case{'s' if cases != 1 else ''}: largest difference {closeness}, every one of "
         f"{len(rows)} comparisons within tolerance"
     )
+
+
+def _label(target: Target) -> str:
+    """How people call a target's backend, and its attention where that is not d2l's: "PyTorch (sdpa)"."""
+    return label_of(target.backend) + ("" if target.attention == "d2l" else f" ({target.attention})")
 
 
 def largest_by_dtype(report: Report) -> str:
@@ -75,7 +80,7 @@ def summary_table(report: Report) -> str:
     for target, reference, output, c in report.worst():
         rows.append(
             (
-                target.backend,
+                target.label,
                 target.dtype,
                 target.device,
                 reference,
@@ -88,12 +93,10 @@ def summary_table(report: Report) -> str:
             )
         )
     for target, reason in report.skipped.items():
-        rows.append((target.backend, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"SKIP: {reason}"))
+        rows.append((target.label, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"SKIP: {reason}"))
     for error in report.errors:
         target = error.target
-        rows.append(
-            (target.backend, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"ERROR: {error.error}")
-        )
+        rows.append((target.label, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"ERROR: {error.error}"))
     return format_table(
         (
             "backend",
@@ -120,11 +123,11 @@ def failure_details(report: Report, names: Callable[[str], str] | None = None) -
     for check in report.failures():
         first = check.first_divergence
         assert first is not None
-        key = (check.target.backend, check.target.device, _without_dtype(check.reference), first.name)
+        key = (check.target.label, check.target.device, _without_dtype(check.reference), first.name)
         groups.setdefault(key, []).append(check)
     for (backend, device, reference, name), checks in groups.items():
         cases = sorted({check.case for check in checks}, key=report.cases.index)
-        run = {c.case for c in report.checks if (c.target.backend, c.target.device) == (backend, device)}
+        run = {c.case for c in report.checks if (c.target.label, c.target.device) == (backend, device)}
         dtypes = " and ".join(sorted({check.target.dtype for check in checks}))
         shown = ", ".join(cases[:3]) + (", ..." if len(cases) > 3 else "")
         where = f" (yours: {names(name)})" if names and names(name) != name else ""

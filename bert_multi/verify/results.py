@@ -26,18 +26,31 @@ OUTPUT_NAMES = ("encoded", "mlm", "nsp")
 
 @dataclass(frozen=True)
 class Target:
-    """One way of running the model: a backend at a dtype on a device."""
+    """One way of running the model: a backend at a dtype on a device, its attention written out as d2l
+    does or through the framework's fused kernel (``attention="sdpa"``, ``spec.config.ATTENTIONS``)."""
 
     backend: str
     dtype: str
     device: str = "cpu"
+    attention: str = "d2l"
 
     @property
     def device_kind(self) -> str:
         return parse_device(self.device).kind
 
+    @property
+    def label(self) -> str:
+        """The backend, and how its attention is computed where that is not d2l's way: "torch sdpa"."""
+        return self.backend if self.attention == "d2l" else f"{self.backend} {self.attention}"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The build options that make this target beyond its device and dtype (none for d2l's attention,
+        which every backend computes)."""
+        return {} if self.attention == "d2l" else {"attention": self.attention}
+
     def __str__(self) -> str:
-        return f"{self.backend} {self.dtype} {self.device}"
+        return f"{self.label} {self.dtype} {self.device}"
 
 
 @dataclass(frozen=True)
