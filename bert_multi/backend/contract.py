@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..files.weights import save_weights
-from ..spec.config import BERTConfig
+from ..spec.config import ATTENTIONS, BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
 
@@ -56,7 +56,13 @@ BUILD_OPTIONS: dict[str, Option] = {
     "optimize": Option(
         False, True, "True: the compiler takes its time to make fast code, for a model run many times (XLA's defaults)"
     ),
+    "attention": Option(
+        "d2l", False, "'sdpa': the same attention through the framework's fused kernel (spec.config.ATTENTIONS)"
+    ),
 }
+# What is run for speed on a GPU (bench, pretrain) computes its attention through the framework's fused
+# kernel where it has one: the same function, without the (B*heads, T, T) scores in memory.
+FUSED_ON_GPU: dict[str, object] = {"attention": "sdpa"}
 # The precisions mixed_precision may name: float32 weights, their products in this dtype.
 MIXED_PRECISIONS = ("bfloat16",)
 
@@ -233,6 +239,12 @@ def check_mixed_precision_option(mixed_precision: object, dtype: str) -> None:
         raise UsageError(f"mixed precision ({mixed_precision}) is for float32 weights, not {dtype} ones")
 
 
+def check_attention(attention: object) -> None:
+    """An ``attention`` build option names one of ``ATTENTIONS``."""
+    if attention not in ATTENTIONS:
+        raise UsageError(f"unknown attention {attention!r}: expected one of {list(ATTENTIONS)}")
+
+
 class BackendModel(abc.ABC):
     """A BERT model of one backend, called on NumPy arrays: what every ``build`` returns.
 
@@ -284,6 +296,18 @@ class BackendModel(abc.ABC):
     @abc.abstractmethod
     def framework_info(self) -> dict[str, object]:
         """The framework's version and the settings that move numbers or timings (threads, TF32)."""
+
+    def on_device(self, inputs: ModelInputs) -> Callable[[], object] | None:
+        """The forward (no activations) on ``inputs`` moved to the model's device once: a call that returns
+        once its outputs are computed there and leaves them there, for ``bench`` to time the device apart
+        from the common interface's NumPy round trip; or None (the default) where there is none."""
+        return None
+
+    def at_precision(self, tf32: bool = False, mixed_precision: str | None = None) -> BackendModel | None:
+        """This model with its products in another precision (``tf32``, ``mixed_precision``, as ``build``
+        takes them), sharing every weight, where its framework applies the precision at call time; or None
+        (the default) where the caller is to build it so."""
+        return None
 
     def cut(self, max_len: int) -> BackendModel | None:
         """This model on its first ``max_len`` positions, as its backend builds it from the weights

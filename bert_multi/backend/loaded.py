@@ -14,7 +14,15 @@ import numpy as np
 from ..errors import BackendContractError, CannotRunHere, UsageError
 from ..spec.config import BERTConfig
 from ..spec.schema import normalize_dtype
-from .contract import BUILD_OPTIONS, ROLES, BackendModel, CaseGroups, check_mixed_precision_option, parse_device
+from .contract import (
+    BUILD_OPTIONS,
+    FUSED_ON_GPU,
+    ROLES,
+    BackendModel,
+    CaseGroups,
+    check_mixed_precision_option,
+    parse_device,
+)
 from .registrations import Registration
 
 
@@ -101,6 +109,12 @@ class LoadedBackend:
         does not compile, or does not say how."""
         if self.prepares:
             self.module.prepare(config, groups, dtypes, device)
+
+    def fused_on(self, device: str) -> dict[str, object]:
+        """The build options that make its attention fused where speed is wanted: ``FUSED_ON_GPU`` on a GPU
+        where its build takes them, else none."""
+        fused = parse_device(device).kind == "gpu" and all(self.takes(option) for option in FUSED_ON_GPU)
+        return dict(FUSED_ON_GPU) if fused else {}
 
     def takes(self, option: str) -> bool:
         """Whether its ``build`` takes ``option`` (a backend without ``compile`` runs as it always does)."""

@@ -25,6 +25,8 @@ from ..backend.contract import (
     BERTOutput,
     CaseGroups,
     Device,
+    check_attention,
+    check_mixed_precision_option,
     framework_names,
     intermediate_names,
     matmul_precision,
@@ -139,9 +141,9 @@ def flax_shapes(config: BERTConfig) -> dict[str, tuple[tuple[str, ...], tuple[in
     }
 
 
-def _module(config: BERTConfig) -> BERTModel:
+def _module(config: BERTConfig, attention: str = "d2l") -> BERTModel:
     """The d2l ``BERTModel`` of ``config``, every generation's rules included; its parameters live apart."""
-    return BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+    return BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads, attention=attention)
 
 
 def _leaf(params: Any, path: tuple[str, ...]) -> Any:
@@ -173,28 +175,33 @@ def _activation_name(path: tuple[str, ...]) -> str:
     return f"blks.{block.removeprefix('blks_')}.{path[-1].removesuffix('_out')}"
 
 
-# A model built to be checked runs each shape a few times, so it is compiled quickly, by device kind: on
-# a GPU without XLA's autotuning (compiling and timing candidate kernels for every matrix product, 10.7 s
-# a forward program of the chapter's model on an H100, against 1 s without; the kernels it keeps depend
-# on those timings); on a CPU with XLA's backend at optimisation level 0, its loop emitters rather than
-# its fusion emitters, and its code generated in one piece rather than split across threads (a sixth of
-# the CPU time of XLA's defaults to compile the chapter's forward, 0.08 s against 0.51 s, and 30% slower
-# to run, 5.5 ms against 4.2 ms, measured on the reference VM). Either moves results by rounding only
-# (3.2e-6 at most in float32 on the chapter's outputs). A model built to be timed or trained asks for
-# XLA's defaults (optimize=True).
+# A model built to be checked runs each shape a few times, so it is compiled quickly, by device kind: on a GPU without
+# XLA's autotuning (compiling and timing candidate kernels for every matrix product, 10.7 s a forward program of the
+# chapter's model on an H100, against 1 s without; the kernels it keeps depend on those timings) and with cuBLAS's
+# products rather than Triton-generated ones (half of the rest: 1.9 s for four forward programs there, against 3.8 s);
+# on a CPU with XLA's backend at optimisation level 0, its loop emitters rather than its fusion emitters, and its code
+# generated in one piece rather than split across threads (a sixth of the CPU time of XLA's defaults to compile the
+# chapter's forward, 0.08 s against 0.51 s, and 30% slower to run, 5.5 ms against 4.2 ms, measured on the reference
+# VM). Either moves results by rounding only (3.2e-6 at most in float32 on the chapter's outputs). A model built to be
+# timed or trained asks for XLA's defaults (optimize=True).
 QUICK_CPU = {
     "xla_backend_optimization_level": 0,
     "xla_cpu_use_fusion_emitters": False,
     "xla_cpu_parallel_codegen_split_count": 1,
 }
-QUICK_GPU = {"xla_gpu_autotune_level": 0}
+QUICK_GPU = {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False}
+# A model built to be timed or trained (optimize=True) is compiled with XLA's defaults on a CPU, and on a
+# GPU as a checked one is: measured on an H100, the compiled forward ran faster so than with XLA's
+# defaults (the Triton kernels its autotuning chose), the chapter's on 512 x 64 tokens in float32 in 16.0
+# ms against 49.6 ms, BERT-base's on 64 x 128 with bfloat16 products in 7.5 ms against 17.2 ms.
 OPTIMIZED = "optimized"
+OPTIMIZED_OPTIONS: dict[str, dict[str, Any]] = {"cpu": {}, "gpu": QUICK_GPU}
 
 
-def options_xla_takes(options: dict[str, Any]) -> dict[str, Any]:
-    """Those of the CPU compiler ``options`` this jaxlib's XLA knows, tried on a program of one addition:
-    XLA refuses a compile with an option it does not know, and a later one may retire a flag."""
-    lowered = jax.jit(lambda x: x + 1).lower(jax.device_put(np.float32(0), jax.devices("cpu")[0]))
+def options_xla_takes(options: dict[str, Any], kind: str = "cpu") -> dict[str, Any]:
+    """Those of the compiler ``options`` for a device kind that this jaxlib's XLA knows, tried on a program
+    of one addition: XLA refuses a compile with an option it does not know, and a later one may retire a flag."""
+    lowered = jax.jit(lambda x: x + 1).lower(jax.device_put(np.float32(0), jax.devices(kind)[0]))
 
     def taken(chosen: dict[str, Any]) -> bool:
         try:
@@ -213,25 +220,38 @@ def quick_options(kind: str) -> dict[str, Any]:
     """The compiler options of a model built to be checked on a device kind ("cpu", "gpu"). Asked for at
     the first compile, not at import: trying an option starts XLA's backend, which a process that joins a
     distributed run must not have done before ``jax.distributed.initialize``."""
-    return options_xla_takes(QUICK_CPU) if kind == "cpu" else QUICK_GPU
+    return options_xla_takes(QUICK_CPU if kind == "cpu" else QUICK_GPU, kind)
+
+
+@functools.cache
+def optimized_options(kind: str) -> dict[str, Any]:
+    """The compiler options of a model built to be timed or trained on a device kind (``OPTIMIZED_OPTIONS``)."""
+    return options_xla_takes(OPTIMIZED_OPTIONS[kind], kind) if OPTIMIZED_OPTIONS[kind] else {}
+
+
+def compiled_as(optimize: bool, kind: str) -> str:
+    """Which of each ``Jitted`` function a model calls: "gpu", or "optimized gpu" for one built to be timed."""
+    return f"{OPTIMIZED} {kind}" if optimize else kind
 
 
 class Jitted(dict[str, Any]):
-    """A function under ``jax.jit`` for each way a model compiles (``JaxBERT.compiled``): with XLA's
-    defaults (``OPTIMIZED``), or quickly for a device kind (``quick_options``), made at its first use, once
-    for all threads. Framework difference: compiler options belong to a jitted function (the outermost
-    one), not to a call."""
+    """A function under ``jax.jit`` for each way a model compiles (``compiled_as``): quickly for a device
+    kind (``quick_options``), or to run fast (``optimized_options``), made at its first use, once for all
+    threads. Framework difference: compiler options belong to a jitted function (the outermost one), not
+    to a call."""
 
     def __init__(self, function: Callable[..., Any], **arguments: Any) -> None:
-        super().__init__({OPTIMIZED: jax.jit(function, **arguments)})
+        super().__init__()
         self.function, self.arguments = function, arguments
         self.lock = threading.Lock()
 
-    def __missing__(self, kind: str) -> Any:
+    def __missing__(self, way: str) -> Any:
         with self.lock:
-            if kind not in self:
-                self[kind] = jax.jit(self.function, compiler_options=quick_options(kind), **self.arguments)
-            return dict.__getitem__(self, kind)
+            if way not in self:
+                optimized, _, kind = way.rpartition(" ")
+                options = optimized_options(kind) if optimized else quick_options(kind)
+                self[way] = jax.jit(self.function, compiler_options=options, **self.arguments)
+            return dict.__getitem__(self, way)
 
 
 def _apply(module: BERTModel, record: bool, params: Any, *inputs: Any) -> Any:
@@ -268,11 +288,12 @@ class JaxBERT(BackendModel):
         super().__init__(config, dtype, device)
         self.module, self.params, self.place = module, params, place
         self.tf32, self.mixed_precision, self.optimize = tf32, mixed_precision, optimize
+        self.attention = module.attention
 
     @property
     def compiled(self) -> str:
-        """Which of each ``Jitted`` function it calls: ``OPTIMIZED``, or its device kind's quick one."""
-        return OPTIMIZED if self.optimize else self.device.kind
+        """Which of each ``Jitted`` function it calls (``compiled_as``)."""
+        return compiled_as(self.optimize, self.device.kind)
 
     def computing(self) -> contextlib.AbstractContextManager[None]:
         """The precision this model computes in (its dtype and its products'), for the duration: every
@@ -290,6 +311,26 @@ class JaxBERT(BackendModel):
                 encoded, mlm, nsp = apply[self.compiled](self.module, False, self.params, *arrays)
                 record = None
             return BERTOutput(np.asarray(encoded), _to_numpy(mlm), _to_numpy(nsp), record)
+
+    def on_device(self, inputs: ModelInputs) -> Callable[[], object]:
+        with self.computing():
+            arrays = [None if a is None else jax.device_put(a, self.place) for a in inputs]
+
+        def forward() -> object:
+            with self.computing():
+                outputs = apply[self.compiled](self.module, False, self.params, *arrays)
+            # Framework difference: a call returns once dispatched; its outputs are waited for, not read.
+            return jax.block_until_ready(outputs)
+
+        return forward
+
+    def at_precision(self, tf32: bool = False, mixed_precision: str | None = None) -> JaxBERT:
+        # Framework difference: the precision is a context around each call (jit compiles once for each),
+        # and the parameters live apart from the module, so both are shared.
+        check_mixed_precision_option(mixed_precision, self.dtype)
+        refuse_mixed_precision_on_cpu(mixed_precision, self.device)
+        return JaxBERT(self.config, self.module, self.params, self.dtype, self.device, self.place, tf32,
+                       mixed_precision, self.optimize)  # fmt: skip
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         weights = {}
@@ -317,7 +358,7 @@ class JaxBERT(BackendModel):
         params = flax_format.nested(leaves)
         return JaxBERT(
             config,
-            _module(config),
+            _module(config, self.attention),
             params,
             self.dtype,
             self.device,
@@ -332,8 +373,13 @@ class JaxBERT(BackendModel):
         info["threads"] = xla_threads()
         info["compilation cache"] = described(jax.config.jax_compilation_cache_dir)
         info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
+        info["attention"] = self.attention
         quick = ", ".join(f"{option} {value}" for option, value in quick_options(self.device.kind).items())
-        info["compiled"] = "with XLA's defaults" if self.optimize else f"quickly ({quick})"
+        if self.optimize:
+            changed = ", ".join(f"{option} {value}" for option, value in optimized_options(self.device.kind).items())
+            info["compiled"] = "with XLA's defaults" + (f" but {changed}" if changed else "")
+        else:
+            info["compiled"] = f"quickly ({quick})"
         if self.device.kind == "gpu":
             info["gpu"] = self.place.device_kind
         return info
@@ -409,6 +455,12 @@ def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, *
     return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 
 
+def refuse_mixed_precision_on_cpu(mixed_precision: str | None, device: Device) -> None:
+    if mixed_precision is not None and device.kind == "cpu":
+        # Measured: XLA's CPU backend takes BF16_BF16_F32 and computes the products in float32.
+        raise CannotRunHere(f"JAX computes {mixed_precision} products on a GPU only: XLA's CPU backend keeps float32")
+
+
 def build(
     config: BERTConfig,
     weights: dict[str, np.ndarray],
@@ -419,20 +471,21 @@ def build(
     share: bool = False,
     mixed_precision: str | None = None,
     optimize: bool = False,
+    attention: str = "d2l",
 ) -> JaxBERT:
     """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
     float32 products are full float32 unless ``tf32`` (which only a GPU computes: JAX's own default
     there) or ``mixed_precision="bfloat16"`` (bfloat16 products summed in float32, on a GPU, in the
     forward and in training). ``gradients`` changes nothing: gradients are taken by transforming a
     function, not kept on the parameters. The forward is always compiled (``jax.jit``), so there is no
-    ``compile`` to ask for; it is compiled quickly (``quick_options``) unless ``optimize``."""
+    ``compile`` to ask for; it is compiled quickly (``quick_options``) unless ``optimize``.
+    ``attention="sdpa"`` computes the attention through ``jax.nn.dot_product_attention`` (``ATTENTIONS``)."""
+    check_attention(attention)
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     place = to_framework_device(target)
-    if mixed_precision is not None and target.kind == "cpu":
-        # Measured: XLA's CPU backend takes BF16_BF16_F32 and computes the products in float32.
-        raise CannotRunHere(f"JAX computes {mixed_precision} products on a GPU only: XLA's CPU backend keeps float32")
-    module = _module(config)
+    refuse_mixed_precision_on_cpu(mixed_precision, target)
+    module = _module(config, attention)
     paths = flax_paths(config)
     leaves = {}
     with precision(dtype):

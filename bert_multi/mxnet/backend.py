@@ -151,6 +151,19 @@ class MXNetBERT(BackendModel):
             )
         return BERTOutput(encoded.asnumpy(), _to_numpy(mlm), _to_numpy(nsp), record)
 
+    def on_device(self, inputs: ModelInputs) -> Callable[[], object]:
+        tokens, segments, valid_lens, pred_positions = inputs
+        arrays = (self._to_array(tokens), self._to_array(segments), self._to_array(valid_lens, self.dtype),
+                  self._to_array(pred_positions))  # fmt: skip
+
+        def forward() -> object:
+            outputs = self.module(*arrays)
+            # Framework difference: MXNet's engine returns before the work is done.
+            mx.nd.waitall()
+            return outputs
+
+        return forward
+
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         params = _parameters(self.module)
         arrays = {

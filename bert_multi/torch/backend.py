@@ -22,6 +22,8 @@ from ..backend.contract import (
     BERTOutput,
     Device,
     Hook,
+    check_attention,
+    check_mixed_precision_option,
     framework_names,
     matmul_precision,
     parse_device,
@@ -106,6 +108,15 @@ def tf32_enabled(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+def gpu_info(device: Device) -> dict[str, object]:
+    """What a model's runtime info says of the GPU it runs on (nothing on the CPU)."""
+    if device.kind != "gpu":
+        return {}
+    properties = torch.cuda.get_device_properties(device.index)
+    memory = round(properties.total_memory / 2**30, 1)
+    return {"gpu": properties.name, "gpu memory GiB": memory, "CUDA": torch.version.cuda}
+
+
 @overload
 def to_numpy(tensor: torch.Tensor) -> np.ndarray: ...
 @overload
@@ -144,6 +155,7 @@ class TorchBERT(BackendModel):
         tf32: bool,
         compiled: Callable[..., Any] | None = None,
         mixed_precision: str | None = None,
+        attention: str = "d2l",
     ) -> None:
         super().__init__(config, dtype, device)
         self.module = module
@@ -151,6 +163,7 @@ class TorchBERT(BackendModel):
         self.tf32 = tf32
         self.compiled = compiled  # torch.compile's module, sharing the parameters of ``module``
         self.mixed_precision = mixed_precision
+        self.attention = attention
 
     def _to_tensor(self, array: np.ndarray | None) -> torch.Tensor | None:
         return None if array is None else torch.from_numpy(array).to(self.torch_device)
@@ -179,6 +192,30 @@ class TorchBERT(BackendModel):
             record.update((name, to_numpy(tensor)) for name, tensor in kept.items())
         return BERTOutput(to_numpy(encoded), to_numpy(mlm), to_numpy(nsp), record)
 
+    def on_device(self, inputs: ModelInputs) -> Callable[[], object]:
+        tensors = [self._to_tensor(array) for array in inputs]
+        run = self.module if self.compiled is None else self.compiled
+
+        def forward() -> object:
+            self.module.eval()
+            with (
+                torch.no_grad(),
+                tf32_enabled(self.tf32),
+                autocast(self.torch_device, self.mixed_precision),
+                compiled_run(self.compiled is not None),
+            ):
+                outputs = run(*tensors)
+            synchronize()
+            return outputs
+
+        return forward
+
+    def at_precision(self, tf32: bool = False, mixed_precision: str | None = None) -> TorchBERT:
+        # Framework difference: TF32 and autocast are switched around each call, so the module is shared.
+        check_mixed_precision_option(mixed_precision, self.dtype)
+        return TorchBERT(self.config, self.module, self.dtype, self.device, self.torch_device, tf32, self.compiled,
+                         mixed_precision, self.attention)  # fmt: skip
+
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
         arrays = {
@@ -193,12 +230,8 @@ class TorchBERT(BackendModel):
         if self.compiled is not None:
             info["compilation cache"] = described(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
         info.update(matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision))
-        if self.device.kind == "gpu":
-            properties = torch.cuda.get_device_properties(self.device.index)
-            info["gpu"] = properties.name
-            info["gpu memory GiB"] = round(properties.total_memory / 2**30, 1)
-            info["CUDA"] = torch.version.cuda
-        return info
+        info["attention"] = self.attention
+        return info | gpu_info(self.device)
 
 
 def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
@@ -419,6 +452,7 @@ def build(
     share: bool = False,
     compile: bool = False,
     mixed_precision: str | None = None,
+    attention: str = "d2l",
 ) -> TorchBERT:
     """A PyTorch d2l ``BERTModel`` on ``device`` computing in ``dtype``, holding exactly ``weights``.
 
@@ -431,8 +465,10 @@ def build(
     (TorchInductor; on the CPU it needs a C++ compiler), compiled on the first call of each new kind of
     input (shape, dtype, optional inputs present or not) and reused after; ``.module`` stays eager.
     ``mixed_precision="bfloat16"`` runs the forward, and training, under ``torch.autocast``: the
-    products in bfloat16, the weights float32; the outputs come back float32.
+    products in bfloat16, the weights float32; the outputs come back float32. ``attention="sdpa"``
+    computes the attention through ``scaled_dot_product_attention`` (``ATTENTIONS``).
     """
+    check_attention(attention)
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)
     torch_device = to_framework_device(target)
@@ -440,7 +476,7 @@ def build(
     # parameters' storage instead of copying them in. An array stream_weights had to cast is already the
     # model's own; the caller's own arrays are copied, once, unless shared.
     with SkipInitialisers():
-        module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads)
+        module = BERTModel(*config.d2l_args(), semantics=config.semantics, heads=config.heads, attention=attention)
     names = framework_names(config, NAME_RULES)
     state = {}
     with warnings.catch_warnings():
@@ -457,4 +493,4 @@ def build(
     if compile and cache_for(NAME) is not None:  # Inductor's cache, in bert_multi's unless one is set
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_for(NAME)))
     compiled = torch.compile(module, fullgraph=True) if compile else None
-    return TorchBERT(config, module, dtype, target, torch_device, tf32, compiled, mixed_precision)
+    return TorchBERT(config, module, dtype, target, torch_device, tf32, compiled, mixed_precision, attention)

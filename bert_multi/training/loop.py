@@ -251,7 +251,8 @@ def run_pretraining(
         weights = state.weights
     start = state.step if state else 0
     backend = _trainable_backend(backend_name, options.get("mixed_precision"), dtype)
-    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile, optimize=True)
+    fused = backend.fused_on(device)  # on a GPU, the framework's fused attention kernel
+    model = backend.build(config, weights, device=device, dtype=dtype, compile=compile, optimize=True, **fused)
     trainer = backend.trainer(model, **options, **({"distributed": True} if workers > 1 else {}))
     if state:
         trainer.load_state(state.optimizer, start)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from ..backend.contract import (
     BackendModel,
     BERTOutput,
     Device,
+    check_mixed_precision_option,
     matmul_precision,
     parse_device,
     prepare_weights,
@@ -29,6 +31,7 @@ from ..torch.backend import (
     autocast,
     devices,
     gemm,
+    gpu_info,
     synchronize,
     tf32_enabled,
     to_framework_device,
@@ -95,7 +98,6 @@ class TransformersBERT(BackendModel):
         return sources
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        tokens, segments, valid_lens, pred_positions = inputs
         record: OrderedDict[str, np.ndarray | None] = OrderedDict()
         hooks = []
         if intermediates:
@@ -106,30 +108,12 @@ class TransformersBERT(BackendModel):
                     record[name] = to_numpy(output[0] if isinstance(output, tuple) else output)
 
                 hooks.append(module.register_forward_hook(keep))
-        arguments = {
-            "input_ids": torch.from_numpy(tokens).to(self.torch_device),
-            "token_type_ids": torch.from_numpy(segments).to(self.torch_device),
-            "attention_mask": attention_mask(valid_lens, tokens.shape[1], TORCH_DTYPES[self.dtype], self.torch_device),
-        }
-        mlm: torch.Tensor | None = None
-        nsp: torch.Tensor | None = None
         try:
-            with torch.no_grad(), tf32_enabled(self.tf32), autocast(self.torch_device, self.mixed_precision):
-                out = self.bert(**arguments)
-                if self.module is not self.bert:
-                    # BertForPreTraining's own heads (its cls), the MLM head on the predicted positions only,
-                    # as d2l's MaskLM gathers before its MLP: the head is position-wise, so the values are
-                    # those of its forward, without computing and copying vocabulary logits for every token.
-                    nsp = self.module.cls.seq_relationship(out.pooler_output)
-                    if pred_positions is not None:
-                        positions = torch.from_numpy(pred_positions).to(self.torch_device)
-                        rows = torch.arange(len(positions), device=self.torch_device)[:, None]
-                        mlm = self.module.cls.predictions(out.last_hidden_state[rows, positions])
+            encoded, mlm, nsp = self._run(*self._placed(inputs))
         finally:
             for hook in hooks:
                 hook.remove()
-        encoded = to_numpy(out.last_hidden_state)
-        return BERTOutput(encoded, to_numpy(mlm), to_numpy(nsp), record if intermediates else None)
+        return BERTOutput(to_numpy(encoded), to_numpy(mlm), to_numpy(nsp), record if intermediates else None)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
         state = self.module.state_dict()
@@ -147,7 +131,47 @@ class TransformersBERT(BackendModel):
             **matmul_precision(self.dtype, self.device, self.tf32, self.mixed_precision),
             "attention": self.bert.config._attn_implementation,
         }
-        return info
+        return info | gpu_info(self.device)
+
+    def _placed(self, inputs: ModelInputs) -> tuple[dict[str, torch.Tensor | None], torch.Tensor | None]:
+        """transformers' arguments on the model's device, and the predicted positions there."""
+        tokens, segments, valid_lens, pred_positions = inputs
+        arguments = {
+            "input_ids": torch.from_numpy(tokens).to(self.torch_device),
+            "token_type_ids": torch.from_numpy(segments).to(self.torch_device),
+            "attention_mask": attention_mask(valid_lens, tokens.shape[1], TORCH_DTYPES[self.dtype], self.torch_device),
+        }
+        positions = None if pred_positions is None else torch.from_numpy(pred_positions).to(self.torch_device)
+        return arguments, positions
+
+    def _run(self, arguments: dict[str, Any], positions: torch.Tensor | None) -> tuple[Any, Any, Any]:
+        """The forward: the encoding, and BertForPreTraining's own heads (its cls) where it has them, the MLM
+        head on the predicted positions only, as d2l's MaskLM gathers before its MLP: the head is
+        position-wise, so the values are those of its forward, without vocabulary logits for every token."""
+        mlm = nsp = None
+        with torch.no_grad(), tf32_enabled(self.tf32), autocast(self.torch_device, self.mixed_precision):
+            out = self.bert(**arguments)
+            if self.module is not self.bert:
+                nsp = self.module.cls.seq_relationship(out.pooler_output)
+                if positions is not None:
+                    rows = torch.arange(len(positions), device=self.torch_device)[:, None]
+                    mlm = self.module.cls.predictions(out.last_hidden_state[rows, positions])
+        return out.last_hidden_state, mlm, nsp
+
+    def on_device(self, inputs: ModelInputs) -> Callable[[], object]:
+        arguments, positions = self._placed(inputs)
+
+        def forward() -> object:
+            outputs = self._run(arguments, positions)
+            synchronize()
+            return outputs
+
+        return forward
+
+    def at_precision(self, tf32: bool = False, mixed_precision: str | None = None) -> TransformersBERT:
+        check_mixed_precision_option(mixed_precision, self.dtype)
+        return TransformersBERT(self.config, self.module, self.dtype, self.device, self.torch_device, tf32,
+                                mixed_precision)  # fmt: skip
 
 
 def build(

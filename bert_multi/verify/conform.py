@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend.contract import BackendModel, BERTOutput, parse_device
+from ..backend.contract import BackendModel, BERTOutput, check_attention, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
 from ..errors import CannotRunHere, InputError, UsageError
@@ -107,6 +107,7 @@ def check_targets(targets: Sequence[Target]) -> None:
         if target.dtype not in SUPPORTED_DTYPES:
             raise UsageError(f"unknown dtype {target.dtype!r} in {target}: expected one of {list(SUPPORTED_DTYPES)}")
         parse_device(target.device)
+        check_attention(target.attention)
     if len(set(targets)) != len(targets):
         raise UsageError(f"a target is asked for twice: {[str(t) for t in targets if list(targets).count(t) > 1]}")
 
@@ -388,7 +389,10 @@ class _Run:
     def builder(self, target: Target) -> Build:
         """How ``target``'s models are built: only run, sharing the weights they are given."""
         backend = self.backends[target]
-        return functools.partial(backend.build, device=target.device, dtype=target.dtype, gradients=False, share=True)
+        options: dict[str, Any] = dict(target.options)
+        return functools.partial(
+            backend.build, device=target.device, dtype=target.dtype, gradients=False, share=True, **options
+        )
 
     def weights_in(self, dtype: str) -> dict[str, np.ndarray]:
         """The weights in ``dtype``: cast once for every build of that dtype (the cast each build would
