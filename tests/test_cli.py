@@ -375,10 +375,14 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         assert (row["first_s"] is not None) == model and (not model or row["first_s"] > 0)
     printed = capsys.readouterr()
     assert "tokens/s" in printed.out and "threads" in document["threads"]
-    # A line as each workload starts, which a log keeps (no terminal here, so no bar).
-    started = [line.removeprefix("bench: ").split(" (")[0] for line in printed.err.splitlines()]
+    # A line as each workload starts, and one for each row as its workload ends, which a log keeps (no
+    # terminal here, so no bar).
+    lines = [line.removeprefix("bench: ") for line in printed.err.splitlines()]
+    started = [line.split(" (")[0] for line in lines if line.endswith(" s in)")]
     expected = {f"{row['workload']} {row['dtype']}" if row["tokens_per_s"] else row["workload"] for row in rows}
     assert len(started) == len(expected) and set(started) == expected
+    told = [line.split(": ")[0] for line in lines if not line.endswith(" s in)")]
+    assert sorted(told) == sorted(f"{row['workload']} {row['dtype']}, {row['backend']}" for row in rows)
     trained = {row["backend"] for row in rows if row["workload"].startswith("train step")}
     assert trained == {name for name in here if load_backend(name).can_train}
     # Each model workload against its fastest framework: that one at 1, every other row at its own ratio.

@@ -357,12 +357,17 @@ class SdpaTransformers:
 
 def test_bench_times_transformers_fused_attention_beside_its_eager_model():
     """Its BENCH_VARIANTS reach bench through the registry: a forward row for eager attention and one for
-    sdpa, the same workload, both timed."""
+    sdpa, the same workload, both timed (and the eager model's NumPy round trip beside it)."""
     transformers_or_skip()
-    from bert_multi.tools.bench import run_bench
+    from bert_multi.tools.bench import workloads
 
-    rows = run_bench(["tiny"], ["float32"], rounds=1, train=False, files=False, only=["transformers"])
-    assert sorted(row.backend for row in rows) == ["transformers", "transformers sdpa"]
+    timed = workloads("cpu", ["tiny"], ["float32"], rounds=1, train=False, only=["transformers"])
+    rows = [row for _, workload in timed for row in workload()]
+    assert sorted(row.backend for row in rows) == [
+        "transformers",
+        "transformers (NumPy round trip)",
+        "transformers sdpa",
+    ]
     assert all(len(row.seconds) == 1 and row.tokens == 4 * 16 for row in rows)
 
 

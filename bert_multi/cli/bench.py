@@ -27,15 +27,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "compiled variants where a framework can compile; transformers as a reference where installed.",
     )
     parser.add_argument(
-        "--shapes", type=comma_list, default=["chapter"], help="comma-separated: chapter (8x64), base (8x128)"
+        "--shapes",
+        type=comma_list,
+        help="comma-separated models: chapter, base, tiny; each at its device's batch (the CPU: chapter 8x64, "
+        "base 8x128; a GPU: base 64x128, its training step 128x128, chapter 512x64) (default: chapter on the "
+        "CPU, base,chapter on a GPU)",
     )
     parser.add_argument("--dtypes", type=comma_list, default=list(SUPPORTED_DTYPES), help="comma-separated, on the CPU")
     parser.add_argument(
         "--devices",
         type=comma_list,
         default=["cpu"],
-        help="comma-separated: cpu (the default), cuda or cuda:N: on a GPU, BERT-base's forward and training "
-        "step and d2l's pretraining step, products in float32, TF32 and bfloat16, each with its MFU",
+        help="comma-separated: cpu (the default), cuda or cuda:N: on a GPU the products in float32, TF32 and "
+        "bfloat16, the attention fused where a framework can, each row with its MFU",
     )
     parser.add_argument(
         "--backends",
@@ -53,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-compile", action="store_true", help="no compiled variants (torch.compile, Gluon's hybridize)"
     )
-    parser.add_argument("--quick", action="store_true", help="a tiny shape, two rounds: a smoke test")
+    parser.add_argument("--quick", action="store_true", help="the tiny shape, two rounds: a smoke test")
     parser.add_argument("--json", metavar="PATH", help="write every timing as JSON")
     parser.add_argument(
         "--plot", metavar="PATH", help="write a PNG of each row's time against the fastest framework's, with the goal"
@@ -64,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     check_output(args.json, "--json")
     check_plot(args.plot)
-    shapes, rounds = (["tiny"], 2) if args.quick else (args.shapes, args.rounds)
-    for shape in shapes:
+    shapes, rounds = (bench.QUICK_SHAPES, 2) if args.quick else (args.shapes, args.rounds)
+    for shape in shapes or []:
         if shape not in bench.SHAPES:
             raise UsageError(f"unknown shape {shape!r}: expected some of {list(bench.SHAPES)}")
     for name in args.backends or []:
@@ -80,26 +84,26 @@ def run(args: argparse.Namespace) -> int:
     rows: list[bench.Row] = []
     try:
         for device in args.devices:
-            if parse_device(device).kind == "cpu":
-                rows += bench.run_bench(
-                    shapes,
-                    args.dtypes,
-                    rounds,
-                    train=not args.no_train,
-                    progress=progress,
-                    files=not args.no_files,
-                    only=args.backends,
-                    compiled=not args.no_compile,
-                )
-            else:
-                timed = bench.run_gpu_bench(device, args.backends, args.quick, rounds, progress)
-                if not timed:
-                    bar.print(f"nothing timed on {device}: no backend of this environment can use it")
-                rows += timed
+            on_cpu = parse_device(device).kind == "cpu"
+            timed: list[bench.Row] = []
+            found = bench.workloads(device, shapes, args.dtypes if on_cpu else None, rounds, not args.no_train,
+                                    args.backends, not args.no_compile, progress)  # fmt: skip
+            for _, workload in found:
+                progress.finished(workload())
+                timed += progress.rows[-1]
+            if not timed:
+                bar.print(f"nothing timed on {device}: no backend of this environment can use it")
+            elif on_cpu and not args.no_files:  # at the last shape's size
+                shape = (shapes or bench.DEFAULT_SHAPES["cpu"])[-1]
+                progress.finished(bench.file_rows(bench.SHAPES[shape][0], shape, rounds, progress))
+                timed += progress.rows[-1]
+            rows += timed
         if args.verify:
-            rows += bench.verify_rows(shapes[0], rounds, progress)
+            shape = (shapes or bench.DEFAULT_SHAPES["cpu"])[0]
+            rows += bench.verify_rows(bench.SHAPES[shape][0], shape, rounds, progress)
     finally:
         bar.close()
+    rows = bench.against_fastest(rows)
     if not rows:
         print(f"bert-multi: nothing was timed on {', '.join(args.devices)}", file=sys.stderr)
         return NOTHING_FOUND
@@ -122,14 +126,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """The bar on a terminal for each round, and a line on standard error as each workload starts, which
-    a log keeps too: on a GPU a bench runs for minutes, most of them compiling."""
+    """The bar on a terminal for each round, and a line on standard error as each workload starts and for
+    each row as its workload ends, which a log keeps too: on a GPU a bench runs for minutes, and a run
+    stopped early shows what it timed."""
 
     def __init__(self, bar: ProgressBar) -> None:
         self.bar, self.started = bar, time.perf_counter()
+        self.rows: list[list[bench.Row]] = []
 
     def __call__(self, label: str) -> None:
         if " round " in label:
             self.bar(0, 1, label)
         else:
             self.bar.note(f"bench: {label} ({time.perf_counter() - self.started:.0f} s in)")
+
+    def finished(self, rows: list[bench.Row]) -> None:
+        self.rows.append(rows)
+        for row in rows:
+            self.bar.note(f"bench: {bench.describe_row(row)}")
