@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, InputError, init_weights, load_backend, random_weights
-from bert_multi.verify.cases import CASES
+from bert_multi.verify.cases import CASE_NAMES, CASES, KERNEL_PATHS
 from bert_multi.verify.results import assert_conforms
 
 SMALL_CONFIGS = {
@@ -239,9 +239,40 @@ def test_on_a_gpu_float32_products_are_full_float32_unless_tf32_is_asked_for(fra
     if framework.takes("tf32"):
         info = framework.build(config, weights, device=gpus[0], dtype="float32", tf32=True).runtime_info()
         assert (info["tf32"], info["matmul precision"]) == (True, "tf32")
-    if framework.takes("optimize"):
-        optimized = framework.build(config, weights, device=gpus[0], dtype="float32", gradients=False, optimize=True)
+    if framework.takes("optimize"):  # on the tiny model: XLA's autotuning takes seconds a product's shape
+        tiny = CONFIGS["tiny"]
+        weights = random_weights(tiny, seed=0, dtype="float64")
+        batch = CASES[0].batch(tiny)
+        reference = load_backend("numpy").build(tiny, weights)(**batch, intermediates=True)
+        optimized = framework.build(tiny, weights, device=gpus[0], dtype="float32", gradients=False, optimize=True)
         assert_conforms(optimized(**batch, intermediates=True), reference, "float32", device="cuda")
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_fused_attention_computes_d2ls_in_every_precision(framework):
+    """What bench and pretrain run on a GPU: the fused attention, held to the oracle in float32 and float64
+    (every case where nothing is compiled per shape, the cases of distinct kernel paths where it is), and in
+    bfloat16 products as far from it as bfloat16 moves outputs, no further."""
+    gpus = [device for device in framework.devices() if device != "cpu"]
+    if not gpus or not framework.takes("attention"):
+        pytest.skip(f"backend {framework.name!r} sees no GPU here or has no fused attention")
+    config = CONFIGS["chapter"]
+    weights = random_weights(config, seed=0, dtype="float64")
+    oracle = load_backend("numpy").build(config, weights)
+    # Every case but max_len, a rule of the positional table's, not of attention (and a model cut to 64).
+    kept = KERNEL_PATHS if framework.prepares else CASE_NAMES
+    cases = [case for case in CASES if case.name in kept and case.name != "max_len"]
+    for dtype in ("float32", "float64"):
+        model = framework.build(config, weights, device=gpus[0], dtype=dtype, gradients=False, attention="sdpa")
+        for case in cases:
+            batch = case.batch(config)
+            assert_conforms(model(**batch, intermediates=True), oracle(**batch, intermediates=True), dtype, "cuda")
+    lower = framework.build(config, weights, device=gpus[0], gradients=False, attention="sdpa",
+                            mixed_precision="bfloat16")  # fmt: skip
+    batch = CASES[0].batch(config)
+    out, expected = lower(**batch), oracle(**batch)
+    error = max(float(np.abs(getattr(out, name) - getattr(expected, name)).max()) for name in ("encoded", "nsp"))
+    assert 1e-4 < error < 0.25
 
 
 def test_mixed_precision_computes_bfloat16_products_on_float32_weights_or_is_refused(framework):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,12 +103,13 @@ def fixture_failures(
     device: str,
     dtype: str,
     progress: Callable[[int, int, str], None] | None = None,
+    cases: Sequence[str] | None = None,
 ) -> list[str]:
-    """Where ``backend`` on ``device`` in ``dtype`` misses the fixtures: one line per case out of the
-    policy's tolerance (none: it matches them all). ``CannotRunHere`` if it cannot run there. The fixtures
-    hold the oracle at the stated LayerNorm eps; for a framework whose kernels use another (MXNet's C
-    float), the oracle's own difference between the two is added, as the engine does for pairs.
-    ``progress(done, planned, label)`` hears of each fixture as it starts."""
+    """Where ``backend`` on ``device`` in ``dtype`` misses the fixtures (their ``cases``, default all): one
+    line per case out of the policy's tolerance (none: it matches them all). ``CannotRunHere`` if it cannot
+    run there. The fixtures hold the oracle at the stated LayerNorm eps; for a framework whose kernels use
+    another (MXNet's C float), the oracle's own difference between the two is added, as the engine does for
+    pairs. ``progress(done, planned, label)`` hears of each fixture as it starts."""
     oracle = load_backend("numpy")
     failures = []
     for number, fixture in enumerate(fixtures):
@@ -121,6 +122,8 @@ def fixture_failures(
             for eps in (backend.kernel_eps(stated), stated)
         )
         for case, (batch, expected) in fixture.cases.items():
+            if cases is not None and case not in cases:
+                continue
             if backend.kernel_eps(stated) != stated:
                 expected = shifted(expected, own(**batch, intermediates=True), at_stated(**batch, intermediates=True))
             try:

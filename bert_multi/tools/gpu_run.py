@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parents[2]
-TOTAL_S = 450  # under 8 minutes with the machine's start and the copies: 15 minutes hold a run and a rerun
-PYTEST_S = 150
+TOTAL_S = 360  # 6 minutes: with the machine's start and the copies, 15 minutes hold a run and a rerun
+PYTEST_S = 90
 MAX_FILES = 8
 # JAX's compiled code kept between runs on the same machine, so that a rerun does not compile again (a
 # first run's compiling is most of JAX's time); bounded by the machine's lease, not by us.

@@ -151,6 +151,11 @@ CASES: tuple[Case, ...] = (
     Case("no_pred_positions", "pred_positions None: no MLM output", _no_predictions),
 )
 CASE_NAMES = tuple(case.name for case in CASES)
+# The cases that take distinct paths through a model's kernels: one length per sequence (T, T/2, 1 and 0,
+# so a masked key and a row that masks every key), one per query, none. On a GPU, where a backend that
+# compiles a program for each input shape pays about a second for each, its earlier generations and its
+# fixtures are checked on these (the CPU suite checks every case).
+KERNEL_PATHS = ("mixed_valid_lens", "valid_lens_2d", "no_valid_lens")
 
 
 def get_case(name: str) -> Case:

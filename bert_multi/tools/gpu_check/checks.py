@@ -15,7 +15,7 @@ from ...backend.registry import LoadedBackend, load_backend
 from ...spec.config import CONFIGS, BERTConfig
 from ...spec.schema import SUPPORTED_DTYPES, random_weights
 from ...training import PretrainingData, builtin_corpus, paragraphs_from_lines
-from ...verify.cases import CASES, CaseInput
+from ...verify.cases import CASES, KERNEL_PATHS, CaseInput
 from ...verify.compare import compare_arrays, tolerance_for
 from ...verify.conform import run_conformance
 from ...verify.report import failure_details
@@ -44,6 +44,7 @@ class Setting:
     config: BERTConfig
     bench_rounds: int
     step: Callable[[int, int, str], None]
+    note: Callable[[str], None] = lambda line: None  # a line for the log: a bench row as it is timed
 
 
 # A check runs on the backends it is given (one, or for a check of them ``together``, every one on the
@@ -90,6 +91,12 @@ def conformance_summary(report: Report) -> dict[str, Any]:
     }
 
 
+def attentions(backend: LoadedBackend, pairs: bool) -> list[str]:
+    """How the check runs ``backend``'s attention: d2l's way, and for d2l 1.0's check (the one with pairs)
+    also its fused kernel, where it has one (``bench`` and ``pretrain`` use it on a GPU)."""
+    return ["d2l", "sdpa"] if pairs and backend.takes("attention") else ["d2l"]
+
+
 def conformance(preset: str, pairs: bool) -> CheckRun:
     """The check of ``preset`` against the oracle on the GPU, in both dtypes; with ``pairs``, on the CPU too
     and GPU against CPU (the weights moved both ways)."""
@@ -103,8 +110,16 @@ def conformance(preset: str, pairs: bool) -> CheckRun:
             return
         weights = random_weights(config, seed=0, dtype="float64")
         places = ("cpu", device) if pairs else (device,)
-        targets = [Target(backend.name, dtype, where) for where in places for dtype in SUPPORTED_DTYPES]
-        report = run_conformance(config, weights, targets, _cases(config), pairs=pairs, progress=setting.step)
+        targets = [
+            Target(backend.name, dtype, where, attention)
+            for attention in attentions(backend, pairs)
+            for where in places
+            for dtype in SUPPORTED_DTYPES
+        ]
+        # A generation's rules are each a branch of the model, whose kernels its three paths cover; where a
+        # program is compiled for every shape, the other cases would only compile more.
+        cases = _cases(config, None if pairs or not backend.prepares else KERNEL_PATHS)
+        report = run_conformance(config, weights, targets, cases, pairs=pairs, progress=setting.step)
         worst = max((c.ratio for *_, c in report.worst()), default=float("inf"))
         detail = f"{len(report.checks)} checks, worst uses {worst:.2g}x its tolerance" + (
             f"; {len(report.failures())} failing, {len(report.errors)} errors" if not report.passed else ""
@@ -122,10 +137,11 @@ def check_fixtures(setting: Setting, backends: list[LoadedBackend], device: str)
         yield Part("fixtures", backend.name, device, SKIP, f"no fixtures at {FIXTURES} (not a source tree)")
         return
     fixtures = read_fixtures(FIXTURES)
+    cases = KERNEL_PATHS if backend.prepares else tuple(fixtures[0].cases)  # as for the generations
     failures = []
     for dtype in SUPPORTED_DTYPES:
-        failures += fixture_failures(backend, fixtures, device, dtype, progress=setting.step)
-    detail = f"{len(fixtures)} fixtures x {len(fixtures[0].cases)} cases x 2 dtypes" + (
+        failures += fixture_failures(backend, fixtures, device, dtype, setting.step, cases)
+    detail = f"{len(fixtures)} fixtures x {len(cases)} cases x 2 dtypes" + (
         f"; {len(failures)} out of tolerance, first: {failures[0]}" if failures else ", all within the policy"
     )
     yield Part("fixtures", backend.name, device, FAIL if failures else PASS, detail, {"failures": failures[:20]})
@@ -211,21 +227,28 @@ def check_training(setting: Setting, backends: list[LoadedBackend], device: str)
 
 
 def check_bench(setting: Setting, backends: list[LoadedBackend], device: str) -> Iterator[Part]:
-    """``bench`` on the GPU, every backend there side by side (``bench.run_gpu_bench``). Stopped by the
-    budget between two workloads, it keeps the rows it has and lists the rest as NOT RUN."""
+    """``bench`` on the GPU, every backend there side by side (``bench.workloads``), each row told as its
+    workload ends. Stopped by the budget between two workloads, it keeps the rows it has and lists the rest
+    as NOT RUN."""
     names = [backend.name for backend in backends]
     label = "+".join(names)
-    workloads = bench.gpu_workloads(device, names, setting.quick, setting.bench_rounds,
-                                    lambda text: setting.step(0, 0, text))  # fmt: skip
+    shapes = bench.QUICK_SHAPES if setting.quick else None
+    # Without torch.compile's variants (tens of seconds a graph, and a graph for each precision): bench
+    # --devices cuda times them.
+    workloads = bench.workloads(device, shapes, None, setting.bench_rounds, True, names, False,
+                                lambda text: setting.step(0, 0, text))  # fmt: skip
     rows: list[bench.Row] = []
     stopped = None
     for number, (what, timed) in enumerate(workloads):
         try:
             setting.step(number, len(workloads), what)
-            rows += timed()
+            made = timed()
         except BudgetSpent:
             stopped = [what for what, _ in workloads[number:]]
             break
+        for row in made:
+            setting.note(f"bench: {bench.describe_row(row)}")
+        rows += made
     rows = bench.against_fastest(rows)
     timed_rows = [row for row in rows if row.tokens]
     if timed_rows:

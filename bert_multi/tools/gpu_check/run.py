@@ -195,7 +195,7 @@ def run_gpu_check(
         deadline.check()
         listen.step(done, planned, label)
 
-    setting = Setting(quick, CONFIGS["tiny" if quick else "chapter"], bench_rounds, step)
+    setting = Setting(quick, CONFIGS["tiny" if quick else "chapter"], bench_rounds, step, listen.line)
     slot = len(skipped)  # where the next unit's NOT RUN stands in the report, to be replaced by its parts
     for index, unit in enumerate(units):
         if deadline.spent():
