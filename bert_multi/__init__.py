@@ -15,6 +15,9 @@ from .backend.registry import (
     register_backend,
     unregister_backend,
 )
+from .engine.compare import Comparison, Tolerance, compare_arrays, tolerance_for
+from .engine.conform import run_conformance
+from .engine.results import Report, RunError, Target, assert_conforms, compare_outputs
 from .errors import (
     BackendContractError,
     BackendUnavailable,
@@ -33,15 +36,12 @@ from .files.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from .files.weights import load_weights, save_weights
 from .spec.config import CONFIGS, BERTConfig
 from .spec.inputs import ModelInputs, check_inputs, get_tokens_and_segments, valid_lens_from_attention_mask
 from .spec.schema import init_weights, param_shapes, random_weights, validate_weights
-from .verify.compare import Comparison, Tolerance, compare_arrays, tolerance_for
-from .verify.conform import run_conformance
+from .spec.weight_file import load_weights, save_weights
 from .verify.mapping import MappingError
 from .verify.masking import MaskingReport, verify_masking
-from .verify.results import Report, RunError, Target, assert_conforms, compare_outputs
 from .verify.session import VerifyReport, verify
 
 __version__ = "0.1.0"

@@ -35,11 +35,11 @@ from bert_multi import (
 )
 from bert_multi.backend import ROLES, registry
 from bert_multi.cli import main
+from bert_multi.engine.cases import get_case
+from bert_multi.engine.results import assert_conforms
 from bert_multi.spec.schema import SUPPORTED_DTYPES
 from bert_multi.spec.semantics import PRESETS
 from bert_multi.training import LossValues, PretrainingData, builtin_corpus, paragraphs_from_lines
-from bert_multi.verify.cases import get_case
-from bert_multi.verify.results import assert_conforms
 
 SIZES = dict(num_hiddens=12, ffn_num_hiddens=20, num_heads=3, num_blks=2, max_len=16)
 

@@ -20,12 +20,12 @@ import pytest
 from bert_multi import BERTConfig, BERTOutput, CannotRunHere, load_backend, random_weights
 from bert_multi.backend import registry
 from bert_multi.backend.oracle import LAYER_NORM_EPS, NumpyBERT
+from bert_multi.engine import lanes as engine_lanes
+from bert_multi.engine.cases import CASES, CaseInput, get_case
+from bert_multi.engine.conform import run_conformance
+from bert_multi.engine.report import failure_details, summary_table
+from bert_multi.engine.results import Target, assert_conforms
 from bert_multi.errors import InputError
-from bert_multi.verify import lanes as engine_lanes
-from bert_multi.verify.cases import CASES, CaseInput, get_case
-from bert_multi.verify.conform import run_conformance
-from bert_multi.verify.report import failure_details, summary_table
-from bert_multi.verify.results import Target, assert_conforms
 
 CONFIG = BERTConfig(vocab_size=23, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=12)
 WEIGHTS = random_weights(CONFIG, seed=11, dtype="float64")

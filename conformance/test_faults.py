@@ -17,10 +17,10 @@ import pytest
 
 from bert_multi import BERTConfig, random_weights
 from bert_multi.backend.registry import not_in_process
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import run_conformance
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.conform import run_conformance
+from bert_multi.engine.results import Target
 from bert_multi.verify.mistakes import CATALOGUE
-from bert_multi.verify.results import Target
 from bert_multi.verify.session import verify
 
 # Several heads (so the head layout matters) and dropout configured (so a dropout left on shows).

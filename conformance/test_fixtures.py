@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bert_multi import CannotRunHere, load_backend
+from bert_multi.engine.cases import CASE_NAMES, KERNEL_PATHS
+from bert_multi.engine.results import assert_conforms
 from bert_multi.tools.fixtures import FIXTURE_CONFIGS, fixture_failures, read_fixtures, write_fixtures
-from bert_multi.verify.cases import CASE_NAMES, KERNEL_PATHS
-from bert_multi.verify.results import assert_conforms
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGENERATE = (

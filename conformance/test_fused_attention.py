@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from bert_multi import BERTConfig, CannotRunHere, random_weights
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import run_conformance
-from bert_multi.verify.report import failure_details
-from bert_multi.verify.results import Target
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.conform import run_conformance
+from bert_multi.engine.report import failure_details
+from bert_multi.engine.results import Target
 
 # Several heads, so that how lengths are laid out over them matters; an even width for d2l 0.11's table.
 CONFIG = BERTConfig(vocab_size=29, num_hiddens=12, ffn_num_hiddens=10, num_heads=3, num_blks=2, max_len=14)

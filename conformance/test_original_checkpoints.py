@@ -18,9 +18,9 @@ import pytest
 import bert_multi
 from bert_multi import WeightsError, backends, convert, inspect_checkpoint, load_checkpoint, load_weights
 from bert_multi.backend.registry import not_in_process
+from bert_multi.engine.compare import compare_arrays, tolerance_for
 from bert_multi.errors import StatementsMissing
 from bert_multi.files.formats.gluon import read_params
-from bert_multi.verify.compare import compare_arrays, tolerance_for
 
 HERE = Path(__file__).parent / "original_d2l"
 FILES = HERE / "checkpoints"

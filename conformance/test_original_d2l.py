@@ -12,7 +12,7 @@ import pytest
 
 from bert_multi import load_backend, load_weights
 from bert_multi.backend import BERTOutput
-from bert_multi.verify.results import OUTPUT_NAMES, assert_conforms, shifted
+from bert_multi.engine.results import OUTPUT_NAMES, assert_conforms, shifted
 
 HERE = Path(__file__).parent / "original_d2l"
 sys.path.insert(0, str(HERE))

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bert_multi import BERTConfig, load_backend, random_weights
+from bert_multi.engine.compare import tolerance_for
+from bert_multi.engine.results import assert_conforms, compare_outputs
 from bert_multi.spec.semantics import PRESETS
-from bert_multi.verify.compare import tolerance_for
-from bert_multi.verify.results import assert_conforms, compare_outputs
 
 
 @st.composite

@@ -5,12 +5,12 @@ import pytest
 
 from bert_multi import BERTConfig, frameworks, load_backend, random_weights
 from bert_multi.backend.registry import not_in_process
+from bert_multi.engine import lanes
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.conform import run_conformance
+from bert_multi.engine.report import failure_details
+from bert_multi.engine.results import Target
 from bert_multi.spec.semantics import PRESETS
-from bert_multi.verify import lanes
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import run_conformance
-from bert_multi.verify.report import failure_details
-from bert_multi.verify.results import Target
 
 CONFIGS = {
     "one_head_one_block": BERTConfig(

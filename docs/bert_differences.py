@@ -13,7 +13,7 @@ import numpy as np
 
 import bert_multi as bm
 from bert_multi.display import format_table
-from bert_multi.verify.cases import get_case
+from bert_multi.engine.cases import get_case
 
 DIFFERENCES = {
     "no LayerNorm after the embedding sum": dict(embedding_norm=False),

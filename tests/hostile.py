@@ -33,7 +33,7 @@ import numpy as np
 
 from bert_multi import BERTConfig, InputError, UsageError, WeightsError, random_weights, save_weights
 from bert_multi.backend.channel import DamagedFile
-from bert_multi.files.safe import MXNET_LIST_MAGIC
+from bert_multi.safe_files import MXNET_LIST_MAGIC
 
 HERE = Path(__file__).resolve()
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)

@@ -29,6 +29,25 @@ def test_public_names_are_exported():
         assert hasattr(bert_multi, name), name
 
 
+def test_the_engines_modules_import_under_their_old_names_as_the_same_modules():
+    """The conformance engine's modules lived in bert_multi.verify: users' imports of them still work, in a
+    fresh process (as a user's script runs), and give the engine's own modules, not copies."""
+    names = ("cases", "compare", "conform", "lanes", "results", "report")
+    code = (
+        "import importlib\n"
+        "from bert_multi.verify.results import Target\n"
+        "from bert_multi.verify.cases import CASES\n"
+        "import bert_multi.engine.results, bert_multi.engine.cases\n"
+        "assert Target is bert_multi.engine.results.Target and CASES is bert_multi.engine.cases.CASES\n"
+        "module = importlib.import_module\n"
+        f"same = [module('bert_multi.verify.' + n) is module('bert_multi.engine.' + n) for n in {names!r}]\n"
+        "print(all(same), len(same))"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "6"]
+
+
 def test_backends_lists_every_backend_with_its_status():
     status = backends()
     assert list(status) == ["numpy", "torch", "mxnet", "jax", "transformers"]

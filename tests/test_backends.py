@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, InputError, init_weights, load_backend, random_weights
-from bert_multi.verify.cases import CASE_NAMES, CASES, KERNEL_PATHS
-from bert_multi.verify.results import assert_conforms
+from bert_multi.engine.cases import CASE_NAMES, CASES, KERNEL_PATHS
+from bert_multi.engine.results import assert_conforms
 
 SMALL_CONFIGS = {
     "one_head_one_block": BERTConfig(

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import bert_multi as bm
-from bert_multi.verify.cases import CASES
+from bert_multi.engine.cases import CASES
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "backends.md"
 

@@ -14,8 +14,8 @@ import pytest
 from bert_multi import BERTConfig, load_backend, random_weights
 from bert_multi.backend import BERTOutput, framework_names
 from bert_multi.backend.registry import not_in_process
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.results import assert_conforms
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.results import assert_conforms
 
 CHAPTER = Path(__file__).parent / "chapter"
 SEEDS = json.loads((CHAPTER / "cells.json").read_text(encoding="utf-8"))

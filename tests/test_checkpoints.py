@@ -26,12 +26,12 @@ from bert_multi import (
 )
 from bert_multi.backend import framework_names
 from bert_multi.cli import main
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.conform import run_conformance
+from bert_multi.engine.results import Target
 from bert_multi.files.formats.gluon import NAME_RULES
 from bert_multi.spec.config import HEADS
 from bert_multi.spec.semantics import PRESETS
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import run_conformance
-from bert_multi.verify.results import Target
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
 FRAMEWORKS = sorted(AVAILABLE & {"torch", "mxnet"})

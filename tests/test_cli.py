@@ -548,7 +548,7 @@ def test_a_run_with_a_worker_beside_it_shares_the_cores(tmp_path, monkeypatch):
 
     from bert_multi.backend.registry import processes_for
     from bert_multi.cli.common import cores_shared
-    from bert_multi.verify.results import Target
+    from bert_multi.engine.results import Target
 
     def numpy_blas_threads():
         """The threads of each BLAS NumPy loaded (as the oracle computes with)."""

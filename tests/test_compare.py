@@ -7,7 +7,7 @@ import pytest
 
 from bert_multi import Tolerance, compare_arrays, tolerance_for
 from bert_multi.arrays import all_finite, contiguous_transpose, same_bits
-from bert_multi.verify.compare import POLICY
+from bert_multi.engine.compare import POLICY
 
 
 def test_the_relative_tolerance_is_taken_against_the_reference():

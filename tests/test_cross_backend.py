@@ -12,8 +12,8 @@ from bert_multi import (
     save_weights,
 )
 from bert_multi.backend.registry import not_in_process
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.results import assert_conforms
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.results import assert_conforms
 
 missing = [reason for name in ("torch", "mxnet") if (reason := not_in_process(name))]
 if missing:  # where one runs in another environment's worker, tests/test_environments.py pairs them

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bert_multi import BERTConfig, init_weights
+from bert_multi.engine.compare import compare_arrays, tolerance_for
 from bert_multi.training import (
     MLM_NORMALIZATIONS,
     BatchTotals,
@@ -14,7 +15,6 @@ from bert_multi.training import (
     run_pretraining,
     shard,
 )
-from bert_multi.verify.compare import compare_arrays, tolerance_for
 
 pytestmark = pytest.mark.needs("Pretrainer", "train_data_parallel")  # on each framework's own engine
 

@@ -7,8 +7,8 @@ import pytest
 from bert_multi import BERTConfig, load_backend, param_shapes, random_weights
 from bert_multi.backend import framework_names
 from bert_multi.backend.registry import not_in_process
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.results import assert_conforms
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.results import assert_conforms
 
 # How each release's pretraining section builds its model (num_hiddens 128, as there), per signature style.
 GLUON_STYLE = "d2l.BERTModel(vocab, num_hiddens=128, ffn_num_hiddens=256, num_heads=2, num_layers=2, dropout=0.2)"

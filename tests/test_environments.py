@@ -17,8 +17,8 @@ from bert_multi.arrays import same_bits
 from bert_multi.backend.channel import Worker
 from bert_multi.backend.registry import load_backend, registrations
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
-from bert_multi.files.weights import load_weights
-from bert_multi.verify.cases import CASES
+from bert_multi.engine.cases import CASES
+from bert_multi.spec.weight_file import load_weights
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_a_configured_interpreter_is_used_where_the_framework_is_missing(tmp_pat
         "backend = bm.load_backend('torch')\n"
         "print(backend.where)\n"
         "config = bm.CONFIGS['tiny']\n"
-        "from bert_multi.verify.cases import CASES\n"
+        "from bert_multi.engine.cases import CASES\n"
         "cases = [case.input(config) for case in CASES]\n"
         "report = bm.run_conformance(config, bm.random_weights(config), [bm.Target('torch', 'float64')], cases)\n"
         "print(report.passed, len(report.checks))\n"

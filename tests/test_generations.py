@@ -222,7 +222,7 @@ def test_weight_files_carry_the_preset(tmp_path, preset):
 
 
 def test_a_reader_that_predates_generations_refuses_their_files(tmp_path, monkeypatch):
-    import bert_multi.files.weights as weights_module
+    import bert_multi.spec.weight_file as weights_module
 
     config = config_for("d2l-0.11")
     path = save_weights(tmp_path / "w.npz", config, random_weights(config))

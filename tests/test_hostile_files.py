@@ -156,7 +156,7 @@ DIMENSIONS = st.sampled_from([0, 1, 3, -1, -2, 2**31, 2**32, 2**62, 2**63 - 1])
     version=st.sampled_from([(1, 0), (2, 0), (3, 0), (0, 0)]),
 )
 def test_any_npy_header_parses_within_its_limits_or_is_a_value_error(descr, fortran, shape, version):
-    from bert_multi.files.safe import MAX_NPY_HEADER_BYTES, parse_npy_header
+    from bert_multi.safe_files import MAX_NPY_HEADER_BYTES, parse_npy_header
 
     stream = io.BytesIO(
         npy_bytes(repr({"descr": descr, "fortran_order": fortran, "shape": shape}).encode(), b"", version)

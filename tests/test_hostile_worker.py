@@ -18,7 +18,7 @@ from bert_multi import CONFIGS, UserCodeError, random_weights
 from bert_multi.backend import channel, remote
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
-from bert_multi.verify.cases import CASES
+from bert_multi.engine.cases import CASES
 
 SUBJECT = Path(__file__).parent / "subjects" / "hostile_worker.py"
 CONFIG = CONFIGS["tiny"]

@@ -12,9 +12,9 @@ import pytest
 
 import bert_multi as bm
 from bert_multi import InputError, WeightsError, backends
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.compare import compare_arrays, tolerance_for
 from bert_multi.files.formats.huggingface import read_safetensors, write_safetensors
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.compare import compare_arrays, tolerance_for
 
 AVAILABLE = [name for name, status in backends().items() if status.available]
 

@@ -20,10 +20,10 @@ from bert_multi import (
     random_weights,
     run_conformance,
 )
+from bert_multi.engine.cases import CASE_NAMES, CASES, KERNEL_PATHS
+from bert_multi.engine.results import assert_conforms
 from bert_multi.spec.schema import cut_max_len, param_shapes
 from bert_multi.spec.semantics import PRESETS
-from bert_multi.verify.cases import CASE_NAMES, CASES, KERNEL_PATHS
-from bert_multi.verify.results import assert_conforms
 
 jax = pytest.importorskip("jax", reason="JAX lives in the NumPy-2 environment (.venv-numpy2)")
 pytest.importorskip("flax", reason="JAX lives in the NumPy-2 environment (.venv-numpy2)")
@@ -350,7 +350,7 @@ def test_every_model_states_its_matmul_precision(backend):
 OPTIMIZED_AND_NOT = """
 import json
 from bert_multi import CONFIGS, load_backend, random_weights
-from bert_multi.verify.cases import CASE_NAMES, CASES, KERNEL_PATHS
+from bert_multi.engine.cases import CASE_NAMES, CASES, KERNEL_PATHS
 backend, config = load_backend("jax"), CONFIGS["tiny"]
 models = [backend.build(config, random_weights(config), optimize=optimize) for optimize in (False, True, False)]
 print(json.dumps([model(**CASES[0].batch(config)).mlm.tolist() for model in models]))

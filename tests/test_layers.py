@@ -8,11 +8,12 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bert_multi"
 
-# Bottom to top. The framework backends use the layers below them; nothing below imports them by name
-# (the registry loads them), and the command line and the tools reach them only through the registry.
+# Bottom to top, each a package (the base: the package's own modules), so that the tree shows the floors.
+# The framework backends use the layers below them; nothing below imports them by name (the registry
+# loads them), and the command line and the tools reach them only through the registry.
 LAYERS = [
-    # files.safe (reading hostile files, writing atomically) needs nothing of bert_multi: every layer reads
-    # and writes files through it.
+    # Exceptions, messages, where compiled code is kept, and files read as hostile and written atomically
+    # (safe_files), which every layer uses.
     (
         "base",
         (
@@ -21,21 +22,24 @@ LAYERS = [
             "bert_multi.display",
             "bert_multi.cache",
             "bert_multi.ending",
-            "bert_multi.files.safe",
+            "bert_multi.safe_files",
         ),
     ),
-    # The canonical weight file is the schema on disk: every layer that holds weights may write one (a
-    # worker writes its model's, in its own environment).
-    ("spec", ("bert_multi.spec", "bert_multi.files.weights")),
+    # What the model is, and its canonical weights in memory and on disk (every layer that holds weights
+    # may write the file: a worker writes its model's, in its own environment).
+    ("spec", ("bert_multi.spec",)),
     ("backend", ("bert_multi.backend",)),
     ("files", ("bert_multi.files",)),
+    # The conformance engine, then port verification on top of it: the engine knows a model only through
+    # the backend contract.
+    ("engine", ("bert_multi.engine",)),
     ("verify", ("bert_multi.verify", "bert_multi.testing")),
     ("training", ("bert_multi.training",)),
     ("frameworks", ("bert_multi.torch", "bert_multi.mxnet", "bert_multi.jax", "bert_multi.transformers")),
     ("tools", ("bert_multi.tools",)),
     ("cli", ("bert_multi.cli",)),
 ]
-FRAMEWORKS = LAYERS[6][1]
+FRAMEWORKS = LAYERS[7][1]
 
 
 def module_name(path: Path) -> str:
@@ -96,20 +100,96 @@ def test_a_module_imports_only_from_its_layer_and_those_below(path):
     by_name = [
         f"line {line}: {target}, a framework backend, imported by name (ask the registry)"
         for line, target in imports(path)
-        if own != LAYERS.index(LAYERS[6]) and any(target.startswith(name) for name in FRAMEWORKS)
+        if own != LAYERS.index(LAYERS[7]) and any(target.startswith(name) for name in FRAMEWORKS)
     ]
     assert not upward + by_name, "\n".join(upward + by_name)
 
 
 def test_the_check_sees_an_import_that_reaches_up(tmp_path, monkeypatch):
-    """The check above can fail: a spec module importing the verification engine is caught."""
-    spec = PACKAGE / "spec" / "config.py"
-    fake = tmp_path / "bert_multi" / "spec" / "config.py"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(spec.read_text() + "\n\ndef late():\n    from ..verify.conform import Report\n")
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "bert_multi")
-    with pytest.raises(AssertionError, match=r"bert_multi\.verify\.conform \(verify\) from spec"):
-        test_a_module_imports_only_from_its_layer_and_those_below(fake)
+    """The check above can fail: a spec module importing the conformance engine is caught, and so is the
+    engine importing port verification."""
+    real = PACKAGE
+    for path, late, caught in (
+        ("spec/config.py", "from ..engine.conform import Report", r"bert_multi\.engine\.conform \(engine\) from spec"),
+        (
+            "engine/conform.py",
+            "from ..verify.session import verify",
+            r"bert_multi\.verify\.session \(verify\) from engine",
+        ),
+    ):
+        fake = tmp_path / "bert_multi" / path
+        fake.parent.mkdir(parents=True, exist_ok=True)
+        fake.write_text((real / path).read_text() + f"\n\ndef late():\n    {late}\n")
+        monkeypatch.setattr(__import__(__name__), "PACKAGE", tmp_path / "bert_multi")
+        with pytest.raises(AssertionError, match=caught):
+            test_a_module_imports_only_from_its_layer_and_those_below(fake)
+
+
+def import_graph(modules: list[Path]) -> dict[str, set[str]]:
+    """Each module of bert_multi and the modules of bert_multi it imports, at the top or lazily (an import
+    of a name inside a module is an arrow to that module; of a package, to its ``__init__``)."""
+    names = {module_name(path) for path in modules}
+
+    def resolved(target: str) -> str:
+        while target not in names and "." in target:
+            target = target.rsplit(".", 1)[0]
+        return target
+
+    return {
+        module_name(path): {resolved(target) for _, target in imports(path)} - {module_name(path)} for path in modules
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each set of modules that reach one another (Tarjan's components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_modules_import_each_other():
+    """Whatever a module needs of another goes one way: a circle of imports, even a lazy one, is a sign that
+    two modules hold one idea between them."""
+    assert not cycles(import_graph(MODULES)), cycles(import_graph(MODULES))
+
+
+def test_the_cycle_check_sees_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]] and not cycles({"a": {"b"}, "b": set()})
+
+
+def test_a_frameworks_user_model_wrapper_imports_only_the_ports_contract():
+    """A framework's ``user.py`` builds what port verification wraps a user's model into, ``subject``'s
+    contract, and nothing else of it; the engine below knows nothing of users' models."""
+    reaching = [
+        f"{module_name(path)} line {line}: {target}"
+        for path in (PACKAGE / name / "user.py" for name in ("torch", "mxnet", "jax", "transformers"))
+        for line, target in imports(path)
+        if target.startswith("bert_multi.verify") and target != "bert_multi.verify.subject"
+    ]
+    assert not reaching, reaching
 
 
 MAX_FUNCTION_LINES, MAX_MODULE_LINES = 80, 500

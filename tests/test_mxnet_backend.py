@@ -10,9 +10,9 @@ import pytest
 
 from bert_multi import BERTConfig, WeightsError, init_weights, load_backend, random_weights
 from bert_multi.backend.registry import not_in_process
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.conform import run_conformance
-from bert_multi.verify.results import Target, assert_conforms
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.conform import run_conformance
+from bert_multi.engine.results import Target, assert_conforms
 
 if not_in_process("mxnet"):
     pytest.skip(not_in_process("mxnet"), allow_module_level=True)

@@ -185,7 +185,7 @@ def test_compiling_ahead_starts_as_its_backend_is_loaded_before_the_others_are(r
     from bert_multi import Target, run_conformance
     from bert_multi.backend import registry
     from bert_multi.backend.registrations import Registration
-    from bert_multi.verify.cases import CASES
+    from bert_multi.engine.cases import CASES
 
     asked = threading.Event()
     backend = registered(SimpleNamespace(NAME="prepares", build=oracle_build, prepare=lambda *_: asked.set()))
@@ -207,7 +207,7 @@ def test_a_dtypes_shapes_are_not_compiled_ahead_while_its_lane_runs_the_dtype_be
     begins float64, or once it is done with it, never in between (a worker serves one request at a time,
     so each would hold up one of the run's)."""
     from bert_multi import Target, run_conformance
-    from bert_multi.verify.cases import CASES
+    from bert_multi.engine.cases import CASES
 
     events, first_forward, float32_again = [], threading.Event(), threading.Event()
 
@@ -250,7 +250,7 @@ def test_compiling_ahead_is_asked_a_group_at_a_time_and_ends_with_the_run(regist
     the run ends, finished or stopped by an exception, it is asked nothing more, and its thread is over
     before the run returns (a thread still compiling as the process exits can crash it)."""
     from bert_multi import Target, run_conformance
-    from bert_multi.verify.cases import CASES
+    from bert_multi.engine.cases import CASES
 
     config = dataclasses.replace(CONFIG, max_len=128)  # longer than the cases cut to: two groups
     calls, asked = [], threading.Event()

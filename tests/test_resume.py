@@ -12,7 +12,7 @@ import pytest
 
 from bert_multi import BERTConfig, WeightsError
 from bert_multi.backend.registry import not_in_process
-from bert_multi.files.safe import unnamed_file
+from bert_multi.safe_files import unnamed_file
 from bert_multi.training import STATE_FILE, load_training_state, run_pretraining
 
 pytestmark = pytest.mark.needs("Pretrainer")  # training: each framework's own Pretrainer
@@ -48,7 +48,7 @@ def killed_run(framework, optimizer, directory, kill):
         if kill[0] == "after step":
             on_step = lambda step, losses: die() if step == kill[1] else None
         else:  # "writing checkpoint": the kill-th checkpoint dies halfway through its file
-            import bert_multi.files.weights as weights_module
+            import bert_multi.spec.weight_file as weights_module
             on_step, written, write_archive = None, [], weights_module.write_archive
             def half_then_die(file, arrays):
                 written.append(1)

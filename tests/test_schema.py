@@ -14,8 +14,8 @@ from bert_multi import (
     validate_weights,
 )
 from bert_multi.backend.contract import shareable, stream_weights
+from bert_multi.engine.cases import CUT_MAX_LEN, get_case
 from bert_multi.spec.schema import cut_max_len
-from bert_multi.verify.cases import CUT_MAX_LEN, get_case
 
 CONFIGS = [
     BERTConfig(vocab_size=10000, num_hiddens=768, ffn_num_hiddens=1024, num_heads=4, num_blks=2),

@@ -15,8 +15,8 @@ from bert_multi import (
     random_weights,
 )
 from bert_multi.backend.registry import not_in_process
-from bert_multi.verify.cases import CASES
-from bert_multi.verify.results import assert_conforms
+from bert_multi.engine.cases import CASES
+from bert_multi.engine.results import assert_conforms
 
 if not_in_process("torch"):
     pytest.skip(not_in_process("torch"), allow_module_level=True)

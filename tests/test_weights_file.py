@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import bert_multi.files.safe as files
-import bert_multi.files.weights as weights_module
+import bert_multi.safe_files as files
+import bert_multi.spec.weight_file as weights_module
 from bert_multi import BERTConfig, WeightsError, init_weights, load_weights, random_weights, save_weights
-from bert_multi.files.weights import FORMAT_VERSION, make_manifest, write_npz
+from bert_multi.spec.weight_file import FORMAT_VERSION, make_manifest, write_npz
 
 CONFIG = BERTConfig(vocab_size=13, num_hiddens=6, ffn_num_hiddens=10, num_heads=2, num_blks=2, max_len=9)
 
@@ -383,9 +383,9 @@ def test_leftovers_of_dead_writers_are_removed_and_a_live_writers_file_is_kept(t
 
 KILLED_WRITER = """
 import sys, time
-import bert_multi.files.safe
-import bert_multi.files.weights as weights_module
-bert_multi.files.safe.UNNAMED_WRITES = {unnamed}
+import bert_multi.safe_files
+import bert_multi.spec.weight_file as weights_module
+bert_multi.safe_files.UNNAMED_WRITES = {unnamed}
 from bert_multi import BERTConfig, init_weights, save_weights
 
 def write_then_hang(file, arrays):

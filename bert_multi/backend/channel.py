@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import errors
 from ..errors import UsageError, WorkerFailed
-from ..files.safe import NpzReader, open_regular
+from ..safe_files import NpzReader, open_regular
 
 # Set in a worker: a backend that cannot load there is unavailable, never sent on to yet another process.
 WORKER_VARIABLE = "BERT_MULTI_WORKER"

@@ -23,10 +23,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from ..errors import UsageError
-from ..files.weights import save_weights
 from ..spec.config import ATTENTIONS, BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.schema import normalize_dtype, nsp_layers, param_shapes, validate_weights
+from ..spec.weight_file import save_weights
 
 
 class Option(NamedTuple):

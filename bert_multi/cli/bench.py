@@ -12,7 +12,7 @@ from ..backend.contract import parse_device
 from ..backend.registry import check_names, not_in_process
 from ..display import ProgressBar
 from ..errors import UsageError
-from ..files.safe import replace_text
+from ..safe_files import replace_text
 from ..spec.schema import SUPPORTED_DTYPES
 from ..tools import bench
 from .common import NOTHING_FOUND, check_output, check_plot, comma_list

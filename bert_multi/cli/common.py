@@ -25,16 +25,16 @@ except ImportError:
 from ..backend.registry import backend_names, check_names, frameworks, processes_for
 from ..backend.remote import use_python
 from ..display import ProgressBar
+from ..engine.cases import Batch, CaseInput
+from ..engine.conform import WeightsSource, check_targets, run_conformance
+from ..engine.report import failure_details, plot_report, runtime_lines, summary_table, verdict
+from ..engine.results import Report, Target
 from ..errors import InputError, StatementsMissing, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
-from ..files.safe import NpzReader, open_regular, replace_text
+from ..safe_files import NpzReader, open_regular, replace_text
 from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, random_weights
 from ..spec.semantics import PRESETS
-from ..verify.cases import Batch, CaseInput
-from ..verify.conform import WeightsSource, check_targets, run_conformance
-from ..verify.report import failure_details, plot_report, runtime_lines, summary_table, verdict
-from ..verify.results import Report, Target
 
 # The exit status of a command that found, checked or timed nothing: what it was asked to look at is
 # not here (no section has those words, no backend could run, nothing could be timed on that device).

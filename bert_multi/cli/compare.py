@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine.cases import CASE_NAMES, CASES, get_case
+from ..engine.results import Target
 from ..errors import UsageError
-from ..verify.cases import CASE_NAMES, CASES, get_case
-from ..verify.results import Target
 from .common import (
     add_checkpoint_options,
     add_run_options,

@@ -6,11 +6,11 @@ import argparse
 
 from ..backend.memory import large_blocks_from_the_system
 from ..display import format_table
+from ..engine.cases import CASES, get_case
+from ..engine.results import Target
 from ..errors import UsageError
 from ..spec.config import CONFIGS
 from ..spec.semantics import PRESETS, releases_of
-from ..verify.cases import CASES, get_case
-from ..verify.results import Target
 from .common import (
     add_checkpoint_options,
     add_run_options,

@@ -7,15 +7,15 @@ import argparse
 
 from ..backend.registry import backends, label_of, load_backend
 from ..display import ProgressBar
+from ..engine.cases import CASES
+from ..engine.compare import Comparison, tolerance_for
+from ..engine.conform import run_conformance
+from ..engine.report import largest_by_dtype, verdict
+from ..engine.results import Target, compare_outputs
 from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, output_format, save_checkpoint
 from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output
 from ..files.formats.d2l import read_vocab
 from ..files.layout import STATED_BY
-from ..verify.cases import CASES
-from ..verify.compare import Comparison, tolerance_for
-from ..verify.conform import run_conformance
-from ..verify.report import largest_by_dtype, verdict
-from ..verify.results import Target, compare_outputs
 from .common import add_checkpoint_options, check_output, config_line, load_as_stated
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..display import ProgressBar
 from ..errors import UsageError
-from ..files.safe import replace_text
+from ..safe_files import replace_text
 from ..tools.gpu_check import EXIT_INCOMPLETE, GpuReport, Listener, run_gpu_check
 from .common import check_output
 

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..files.checkpoints import inspect_checkpoint
-from ..files.safe import replace_text
+from ..safe_files import replace_text
 from .common import check_output
 
 

@@ -9,13 +9,14 @@ import numpy as np
 
 from ..backend.registry import backends, check_names, frameworks, load_backend
 from ..display import ProgressBar, format_table
+from ..engine.report import plot_training
 from ..errors import InputError, UsageError
-from ..files.safe import open_regular
-from ..files.weights import save_weights
+from ..safe_files import open_regular
 from ..spec.config import BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS
 from ..spec.schema import SUPPORTED_DTYPES, init_weights
 from ..spec.semantics import PRESETS, semantics_for
+from ..spec.weight_file import save_weights
 from ..training import (
     ADAM_EPSILON_STYLES,
     MIXED_PRECISIONS,
@@ -28,7 +29,6 @@ from ..training import (
     paragraphs_from_lines,
     run_pretraining,
 )
-from ..verify.report import plot_training
 from .common import check_output, check_plot, positive_int
 
 

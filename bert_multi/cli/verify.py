@@ -12,14 +12,14 @@ from pathlib import Path
 from ..backend.channel import WORKER_VARIABLE, worker_environment
 from ..backend.registry import environment_for
 from ..display import ProgressBar, format_table
+from ..engine.cases import CASE_NAMES
+from ..engine.report import failure_details, plot_report, runtime_lines, summary_table
 from ..errors import UserCodeError
-from ..files.safe import replace_text
+from ..safe_files import replace_text
 from ..spec.loss import MLM_NORMALIZATIONS
 from ..spec.semantics import PRESETS
-from ..verify.cases import CASE_NAMES
 from ..verify.map_file import write_map
 from ..verify.mapping import MappingError
-from ..verify.report import failure_details, plot_report, runtime_lines, summary_table
 from ..verify.repro import save_repro
 from ..verify.session import VerifyReport, load_factory, verify
 from .common import (

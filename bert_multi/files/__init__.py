@@ -1,3 +1,4 @@
-"""Files: reading hostile files and writing atomically (``safe``), the canonical weight file
-(``weights``), the checkpoint formats, one module each behind one registry (``formats``), and loading,
-inspecting and converting any checkpoint with what its tensors imply (``checkpoints``)."""
+"""Checkpoints: the formats, one module each behind one registry (``formats``), where a checkpoint's
+tensors belong and what they imply (``layout``), and loading, inspecting and converting any checkpoint
+(``checkpoints``). Reading a hostile file and writing atomically are the base's (``bert_multi.safe_files``),
+and the canonical weight file is the schema's on disk (``bert_multi.spec.weight_file``)."""

@@ -29,13 +29,14 @@ from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, valid
 from ..spec.semantics import PRESETS, Semantics, releases_of, semantics_for
 from .formats import (
     DESCRIPTIONS,
+    DIRECTORY,
     DIRECTORY_FRAMEWORKS,
     PARAMS_FILE,
     VOCAB_FILE,
+    ZIP,
     CheckpointFormat,
     Probe,
     Raw,
-    d2l,
     for_output,
     huggingface,
     of_framework,
@@ -295,7 +296,7 @@ def load_checkpoint(
     dtype = None if dtype is None else normalize_dtype(dtype)
     semantics = _statement(preset, d2l_version)
     own = sniff(path)
-    if framework is not None and own is not d2l.ZIP:  # a zip's framework is that of the file inside
+    if framework is not None and own is not ZIP:  # a zip's framework is that of the file inside
         _check_framework(path, own.kind, own.framework_of(path), framework)
     raw = _read(path, key, own)
     if framework is not None:
@@ -368,7 +369,7 @@ def save_checkpoint(
     """
     own = for_output(path, framework)
     validate_weights(config, weights)
-    if own is d2l.DIRECTORY and framework not in DIRECTORY_FRAMEWORKS:
+    if own is DIRECTORY and framework not in DIRECTORY_FRAMEWORKS:
         raise UsageError(
             f"{path}: a directory is a d2l pretrained-model directory, holding one framework's {PARAMS_FILE}, "
             f"or a HuggingFace one: say which with framework= (--framework), one of {DIRECTORY_FRAMEWORKS}"

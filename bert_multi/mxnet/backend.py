@@ -30,7 +30,7 @@ from ..errors import CannotRunHere
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
 from ..files.formats import gluon
-from ..files.safe import atomic_path
+from ..safe_files import atomic_path
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from .model import BERTModel

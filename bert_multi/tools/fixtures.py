@@ -16,13 +16,13 @@ import numpy as np
 
 from ..backend.contract import BERTOutput, intermediate_names
 from ..backend.registry import LoadedBackend, load_backend
-from ..files.safe import atomic_path
-from ..files.weights import load_weights, save_weights
+from ..engine.cases import CASES, Batch
+from ..engine.results import OUTPUT_NAMES, assert_conforms, shifted
+from ..safe_files import atomic_path
 from ..spec.config import BERTConfig
 from ..spec.schema import random_weights
 from ..spec.semantics import PRESETS
-from ..verify.cases import CASES, Batch
-from ..verify.results import OUTPUT_NAMES, assert_conforms, shifted
+from ..spec.weight_file import load_weights, save_weights
 
 DEFAULT_DIRECTORY = Path("conformance") / "fixtures"
 SEED = 0

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..backend.channel import SOURCE_ROOT
 from ..backend.registry import backends, frameworks, label_of
 from ..errors import UsageError
-from ..files.safe import replace_text
+from ..safe_files import replace_text
 from .lessons import python_for
 
 PREFIX = "bert_multi-"

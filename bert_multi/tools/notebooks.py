@@ -14,7 +14,7 @@ from typing import Any
 
 from ..backend.registry import label_of
 from ..errors import UsageError
-from ..files.safe import replace_text
+from ..safe_files import replace_text
 from .kernels import kernel_for
 from .lessons import Outcome, Sample, Section, run
 

@@ -37,7 +37,7 @@ from ..cache import cache_for, described
 from ..errors import CannotRunHere, WeightsError
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
-from ..files.safe import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
+from ..safe_files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from .model import BERTModel

@@ -19,10 +19,10 @@ import numpy as np
 from ..backend.contract import check_mixed_precision_option
 from ..backend.registry import LoadedBackend, backends, load_backend
 from ..errors import UsageError, WorkerFailed
-from ..files.safe import replace_text
-from ..files.weights import load_weights, save_weights
+from ..safe_files import replace_text
 from ..spec.config import HEADS, BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues
+from ..spec.weight_file import load_weights, save_weights
 from .data import PretrainingData, shard
 from .state import TrainingState, load_training_state, save_training_state
 

@@ -10,11 +10,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import WeightsError
-from ..files.safe import NpzReader, open_regular, size_field
-from ..files.weights import MANIFEST_KEY, read_json_manifest, write_npz
+from ..safe_files import NpzReader, open_regular, size_field
 from ..spec.config import BERTConfig
 from ..spec.optimizer import adam_stepped, check_optimizer_state
 from ..spec.schema import validate_weights
+from ..spec.weight_file import MANIFEST_KEY, read_json_manifest, write_npz
 
 STATE_FILE = "state.npz"
 STATE_FORMAT = "bert_multi.training_state"

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backend import backward, oracle
+from ..engine.cases import get_case
+from ..engine.compare import Comparison, Tolerance, compare_arrays, tolerance_for
 from ..errors import UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs, check_inputs
 from ..spec.loss import MLM_NORMALIZATIONS
-from .cases import get_case
-from .compare import Comparison, Tolerance, compare_arrays, tolerance_for
-from .mapping import ParameterMap
+from .placement import ParameterMap
 from .subject import Cotangents, Subject, Taps, activation_of, call_user
 
 # Measured (docs/tolerances.md, "Gradients"): PyTorch's and MXNet's float64 autograd agree with the

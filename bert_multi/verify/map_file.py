@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError, WeightsError
-from ..files.safe import open_regular, replace_text
-from .mapping import Placement
+from ..safe_files import open_regular, replace_text
+from .placement import Placement
 
 MAX_MAP_BYTES = 1 << 20
 # A fused tensor has a few parts (3 for a QKV, 3 per block where blocks are fused too); the count sizes

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..backend import oracle
+from ..engine.compare import Tolerance, tolerance_for
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.schema import nsp_layers
 from ..spec.semantics import sinusoidal_positions
-from .compare import Tolerance, tolerance_for
 
 # Changes to the oracle's rules at one site, by keyword of ``compute``.
 Rule = dict[str, Any]

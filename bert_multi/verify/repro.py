@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from ..backend.oracle import build as build_oracle
-from ..files.safe import replace_arrays, replace_text
-from ..files.weights import save_weights
+from ..engine.cases import get_case
+from ..engine.results import OUTPUT_NAMES
+from ..safe_files import replace_arrays, replace_text
 from ..spec.schema import cut_max_len
-from .cases import get_case
-from .results import OUTPUT_NAMES
+from ..spec.weight_file import save_weights
 from .user import Given, UserBackend
 
 SCRIPT = '''"""{title}

@@ -19,12 +19,12 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from ..engine.compare import tolerance_for
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.schema import param_shapes
-from .compare import tolerance_for
-from .mapping import ParameterMap, Placement
 from .mistakes import Mistake, Rule, Site, compute, tries_at
+from .placement import ParameterMap, Placement
 from .subject import activation_of
 
 Shape = tuple[int, ...]

@@ -17,20 +17,20 @@ import numpy as np
 
 from ..backend.contract import BERTOutput, intermediate_names
 from ..backend.registry import register_backend, unregister_backend
+from ..engine.cases import CASES, get_case
+from ..engine.compare import Comparison, tolerance_for
+from ..engine.conform import Progress, run_conformance
+from ..engine.report import failure_details
+from ..engine.results import OUTPUT_NAMES, Report, Target
 from ..errors import CannotRunHere, UsageError
 from ..spec.config import CONFIGS, BERTConfig
 from ..spec.inputs import check_inputs
 from ..spec.schema import cut_max_len, random_weights, validate_weights
 from ..spec.semantics import releases_of
-from .cases import CASES, get_case
-from .compare import Comparison, tolerance_for
-from .conform import Progress, run_conformance
 from .gradients import CAUSES, GradientCheck, LossCheck, check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
-from .mapping import ParameterMap
 from .mistakes import MISTAKES, Diagnosis, Site, diagnose, nondeterminism
-from .report import failure_details
-from .results import OUTPUT_NAMES, Report, Target
+from .placement import ParameterMap
 from .roles import decide_roles
 from .subject import activation_of, call_user
 from .user import Given, UserBackend, UserBERT

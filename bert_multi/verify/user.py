@@ -20,7 +20,8 @@ from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.schema import param_shapes
 from .map_file import MapFile
-from .mapping import ParameterMap, map_parameters
+from .mapping import map_parameters
+from .placement import ParameterMap
 from .subject import NumpyProtocol, ProtocolSubject, Subject, accepts, call_user, tap_sources
 
 ROLE = "subject"

@@ -56,7 +56,7 @@ def _child_setup():
 
     sys.meta_path.insert(0, _StubFinder())
     from bert_multi import load_weights
-    from bert_multi.verify.cases import get_case
+    from bert_multi.engine.cases import get_case
 
     config, weights = load_weights(HERE / "weights-d2l.npz")
     batch = get_case("mixed_valid_lens").batch(config, SEED)
@@ -165,7 +165,7 @@ def write_release(release: str, framework: str, preset: str, build: str) -> None
     sys.meta_path.insert(0, _StubFinder())
     from bert_multi import load_weights
     from bert_multi.backend import framework_names
-    from bert_multi.verify.cases import get_case
+    from bert_multi.engine.cases import get_case
 
     d2l = importlib.import_module("d2l" if release.startswith("0.11") else f"d2l.{framework}")
     config, weights = load_weights(HERE / f"weights-{preset}.npz")

@@ -84,7 +84,7 @@ def run_release(release: str, framework: str, preset: str, build: str, out: Path
     sys.meta_path.insert(0, _StubFinder())
     from bert_multi import BERTConfig, load_weights
     from bert_multi.backend import framework_names
-    from bert_multi.verify.cases import get_case
+    from bert_multi.engine.cases import get_case
 
     d2l = importlib.import_module("d2l") if release.startswith("0.11") else None
     if d2l is None:

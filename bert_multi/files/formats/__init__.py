@@ -7,10 +7,13 @@ import zipfile
 from pathlib import Path
 
 from ...errors import UsageError, WeightsError
-from ..safe import ZIP_MAGIC, describe_format, open_regular, reason
+from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
 from . import d2l, flax, gluon, huggingface, npz, pytorch
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
 
+# d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read).
+DIRECTORY = d2l.Directory(lambda path: sniff(path))
+ZIP = d2l.Zip(DIRECTORY)
 # Every format, in the order a file is tried against them.
 FORMATS: tuple[CheckpointFormat, ...] = (
     npz.FORMAT,
@@ -18,8 +21,8 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     gluon.FORMAT,
     flax.FORMAT,
     huggingface.FORMAT,
-    d2l.DIRECTORY,
-    d2l.ZIP,
+    DIRECTORY,
+    ZIP,
 )
 BY_KIND = {own.kind: own for own in FORMATS}
 DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people
@@ -78,7 +81,7 @@ def for_output(path: str | Path, framework: str | None = None) -> CheckpointForm
             f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory name "
             "(a d2l pretrained-model directory)"
         )
-    return huggingface.FORMAT if framework == "huggingface" else d2l.DIRECTORY
+    return huggingface.FORMAT if framework == "huggingface" else DIRECTORY
 
 
 def of_framework(framework: str) -> CheckpointFormat:
@@ -89,11 +92,13 @@ def of_framework(framework: str) -> CheckpointFormat:
 __all__ = [
     "BY_KIND",
     "DESCRIPTIONS",
+    "DIRECTORY",
     "DIRECTORY_FRAMEWORKS",
     "FORMATS",
     "FRAMEWORK_FORMATS",
     "PARAMS_FILE",
     "VOCAB_FILE",
+    "ZIP",
     "CheckpointFormat",
     "Probe",
     "Raw",

@@ -9,14 +9,15 @@ import re
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
+from ...safe_files import open_regular, reason, replace_text
 from ...spec.config import BERTConfig
-from ..safe import open_regular, reason, replace_text
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory
 
 MAX_ZIP_RATIO = 20  # weights hardly compress; a member that claims to expand more is refused
@@ -51,30 +52,33 @@ def read_vocab(path: str | Path, shown_as: str | Path | None = None) -> list[str
     return _parse_vocab(Path(shown_as or path), data)
 
 
-def _params_format(path: Path) -> CheckpointFormat:
-    """The framework format of the directory's ``pretrained.params``."""
-    from . import DESCRIPTIONS, sniff  # the registry holds this module: asked when needed
-
-    own = sniff(path)
-    if own.framework is None:
-        raise WeightsError(f"{path}: a {DESCRIPTIONS[own.kind]}, not a framework's parameter file")
-    return own
-
-
 class Directory(CheckpointFormat):
+    """A d2l pretrained-model directory: a framework's parameter file, whose format ``sniff`` (the
+    registry's, which holds this one) tells, and d2l's vocabulary."""
+
     kind = "d2l-dir"
     description = "d2l pretrained-model directory (pretrained.params + vocab.json)"
     directory = True
 
+    def __init__(self, sniff: Callable[[Path], CheckpointFormat]) -> None:
+        self.sniff = sniff
+
     def recognizes(self, probe: Probe) -> bool:
         return is_directory(probe.path) and (probe.path / PARAMS_FILE).is_file()
 
+    def params_format(self, path: Path) -> CheckpointFormat:
+        """The framework format of the directory's ``pretrained.params``."""
+        own = self.sniff(path)
+        if own.framework is None:
+            raise WeightsError(f"{path}: a {own.description}, not a framework's parameter file")
+        return own
+
     def framework_of(self, path: Path) -> str | None:
-        return _params_format(path / PARAMS_FILE).framework
+        return self.params_format(path / PARAMS_FILE).framework
 
     def read(self, path: Path, key: str | None, shown_as: Path | None = None) -> Raw:
         try:
-            raw = _params_format(path / PARAMS_FILE).read(path / PARAMS_FILE, key)
+            raw = self.params_format(path / PARAMS_FILE).read(path / PARAMS_FILE, key)
         except WeightsError as error:  # name the file the user gave, not a scratch copy
             raise WeightsError(str(error).replace(str(path), str(shown_as or path))) from None
         if os.path.lexists(path / VOCAB_FILE):  # a link to nothing is a broken vocabulary, not none
@@ -116,9 +120,14 @@ def _extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, pa
 
 
 class Zip(CheckpointFormat):
+    """A d2l pretrained-model zip: a ``Directory``'s files, read as that directory once extracted."""
+
     kind = "d2l-zip"
     description = "d2l pretrained-model zip (pretrained.params + vocab.json)"
     zip_marker = f"a d2l pretrained-model zip (no {PARAMS_FILE})"
+
+    def __init__(self, directory: Directory) -> None:
+        self.directory_format = directory
 
     def recognizes(self, probe: Probe) -> bool:
         return any(Path(name).name == PARAMS_FILE for name in probe.members)
@@ -142,10 +151,6 @@ class Zip(CheckpointFormat):
                 raise
             except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
                 raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
-            raw = DIRECTORY.read(Path(scratch), key, shown_as=path)
+            raw = self.directory_format.read(Path(scratch), key, shown_as=path)
         raw.format = self.kind
         return raw
-
-
-DIRECTORY = Directory()
-ZIP = Zip()

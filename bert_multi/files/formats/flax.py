@@ -27,8 +27,8 @@ import numpy as np
 from ...arrays import contiguous_transpose
 from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
+from ...safe_files import check_shape, describe_format, file_size, open_regular, replace_file
 from ...spec.config import BERTConfig
-from ..safe import check_shape, describe_format, file_size, open_regular, replace_file
 from .base import FrameworkFile, Probe, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to the Flax tree's dotted paths: a

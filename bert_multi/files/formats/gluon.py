@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import WeightsError
-from ..safe import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
+from ...safe_files import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
 from .base import FrameworkFile, Probe, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what

@@ -23,11 +23,11 @@ import numpy as np
 
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
+from ...safe_files import atomic_path, check_shape, file_size, open_regular, reason, replace_text, size_field
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from ..safe import atomic_path, check_shape, file_size, open_regular, reason, replace_text, size_field
-from ..weights import c_ordered_bytes
+from ...spec.weight_file import c_ordered_bytes
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"

@@ -1,4 +1,4 @@
-"""bert_multi's own weight file (an ``.npz`` with a manifest, ``bert_multi.files.weights``) as a
+"""bert_multi's own weight file (an ``.npz`` with a manifest, ``bert_multi.spec.weight_file``) as a
 checkpoint format: it records the whole config, so nothing needs stating."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ...spec.config import BERTConfig
-from ..weights import MANIFEST_KEY, load_weights, save_weights
+from ...spec.weight_file import MANIFEST_KEY, load_weights, save_weights
 from .base import CheckpointFormat, Probe, Raw, no_key
 
 

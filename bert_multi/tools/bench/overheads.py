@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from ...backend.registry import load_backend
-from ...files.weights import load_weights, save_weights
 from ...spec.config import BERTConfig
 from ...spec.schema import SUPPORTED_DTYPES, random_weights
+from ...spec.weight_file import load_weights, save_weights
 from .results import Row
 from .rounds import Progress, every_round, interleave
 
@@ -55,9 +55,9 @@ def verify_rows(config: BERTConfig, shape: str, rounds: int, progress: Progress 
     """What ``bert-multi verify`` costs beside a plain forward of the same model: d2l's PyTorch classes
     stand for the user's model (built by a factory, as a user's is), over the conformance cases in float32
     and float64; ``conform`` on the torch backend over the same cases is the engine's own cost."""
-    from ...verify.cases import CASES
-    from ...verify.conform import run_conformance
-    from ...verify.results import Target
+    from ...engine.cases import CASES
+    from ...engine.conform import run_conformance
+    from ...engine.results import Target
     from ...verify.session import verify
 
     torch_backend = load_backend("torch")

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 from ...backend.registry import frameworks, label_of
-from ...verify.report import save_figure
+from ...engine.report import save_figure
 
 # The goal every framework's best variant is held to: within this factor of the fastest framework's time.
 GOAL = 1.15

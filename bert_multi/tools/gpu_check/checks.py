@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 
 from ...backend.registry import LoadedBackend, load_backend
+from ...engine.cases import CASES, KERNEL_PATHS, CaseInput
+from ...engine.compare import compare_arrays, tolerance_for
+from ...engine.conform import run_conformance
+from ...engine.report import failure_details
+from ...engine.results import Report, Target, compare_outputs
 from ...spec.config import CONFIGS, BERTConfig
 from ...spec.schema import SUPPORTED_DTYPES, random_weights
 from ...training import PretrainingData, builtin_corpus, paragraphs_from_lines
-from ...verify.cases import CASES, KERNEL_PATHS, CaseInput
-from ...verify.compare import compare_arrays, tolerance_for
-from ...verify.conform import run_conformance
-from ...verify.report import failure_details
-from ...verify.results import Report, Target, compare_outputs
 from .. import bench
 from ..fixtures import DEFAULT_DIRECTORY, fixture_failures, read_fixtures
 from .report import FAIL, NOT_RUN, PASS, SKIP, Part, finite

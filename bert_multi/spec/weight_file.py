@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import WeightsError
-from ..spec.config import D2L_ARGUMENTS, BERTConfig
-from ..spec.schema import SUPPORTED_DTYPES, check_names, param_shapes_within, validate_weights
-from .safe import NpzReader, open_regular, replace_file
+from ..safe_files import NpzReader, open_regular, replace_file
+from .config import D2L_ARGUMENTS, BERTConfig
+from .schema import SUPPORTED_DTYPES, check_names, param_shapes_within, validate_weights
 
 FORMAT_NAME = "bert_multi.weights"
 # The newest version this bert_multi reads. Version 2 adds the config's semantics (a d2l generation

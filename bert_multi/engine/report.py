@@ -11,7 +11,7 @@ from typing import Any
 from ..backend.contract import intermediate_names
 from ..backend.registry import label_of
 from ..display import format_table
-from ..files.safe import replace_file
+from ..safe_files import replace_file
 from ..spec.schema import SUPPORTED_DTYPES
 from .compare import Comparison
 from .results import OUTPUT_NAMES, Check, Report, Target

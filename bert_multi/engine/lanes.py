@@ -7,19 +7,50 @@ import functools
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..arrays import same_bits
+from ..backend.contract import BERTOutput
 from ..backend.registry import LoadedBackend
-from ..files.weights import load_weights
 from ..spec.config import BERTConfig
+from ..spec.weight_file import load_weights
 from .results import Target
 
-if TYPE_CHECKING:
-    from .conform import _Run as Run
+Lent = tuple[BERTConfig, dict[str, np.ndarray]]  # a target's model's config and exported weights
+
+
+class Run(Protocol):
+    """What lanes ask of the run they are a part of (``conform``'s): its model, targets' backends and
+    outputs, the work of one target alone and of one pair, and what the lanes share."""
+
+    config: BERTConfig
+    pairs: bool
+    backends: dict[Target, LoadedBackend]
+    results: dict[Target, dict[int, BERTOutput]]  # target -> case -> its outputs, kept for its pairs
+    recorded: dict[Target, dict[int, tuple[str, ...] | None]]  # and the activations each recorded
+    lane_steps: LaneSteps
+
+    @property
+    def holding(self) -> AbstractContextManager[Any]:
+        """Held while this process holds one set of weights beyond the run's own, whichever lane needs it."""
+        ...
+
+    def attempt(self, target: Target, work: Callable[..., object], *arguments: Any) -> bool:
+        """``work(*arguments)``, a backend's failure recorded against ``target``; whether it succeeded."""
+        ...
+
+    def run_alone(self, target: Target, weights: dict[str, np.ndarray], keep: bool, file: Path | None,
+                  paired: bool, written: Callable[[], object] | None = None) -> Lent | None:  # fmt: skip
+        """Every case on ``target`` against the oracle; its exported weights where ``keep``."""
+        ...
+
+    def run_pair(self, target: Target, source: Target, how: str, lent: Lent | None, exact: bool) -> None:
+        """Every case on ``target`` rebuilt from ``source``'s weights, moved ``how``, against its outputs."""
+        ...
 
 
 class LaneSteps:
@@ -108,7 +139,7 @@ class Lanes:
             if lane is not None:
                 taken.sort(key=lambda step: step[0] != "alone")
         self.alone = {target: threading.Event() for target in ran}  # set once it has run alone (or failed)
-        self.exports: dict[Target, tuple[BERTConfig, dict[str, np.ndarray]]] = {}
+        self.exports: dict[Target, Lent] = {}
         self.files: dict[Target, Path] = {}
         self.exact_files: dict[Target, bool] = {}  # whether a target's file, once read, held the run's weights
         self.reading = {target: threading.Lock() for target in ran}  # held while a target's file is read
@@ -233,7 +264,7 @@ class Lanes:
         finally:
             self.reading[target].release()
 
-    def arrived_exact(self, lent: tuple[BERTConfig, dict[str, np.ndarray]]) -> bool:
+    def arrived_exact(self, lent: Lent) -> bool:
         """Whether weights that moved are the config and the very bits every target of the dtype ran alone."""
         return lent[0] == self.run_.config and same_bits(lent[1], self.weights)
 

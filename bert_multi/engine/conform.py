@@ -25,9 +25,10 @@ from ..errors import CannotRunHere, InputError, UsageError
 from ..spec.config import BERTConfig
 from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
+from .ahead import CompilingAhead
 from .cases import Batch, CaseInput
 from .compare import Tolerance, tolerance_for
-from .lanes import Lanes, LaneSteps, lane_of
+from .lanes import Lanes, LaneSteps
 from .results import Check, Report, RunError, Target, compare_outputs, shifted
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)
@@ -154,12 +155,13 @@ class _Run:
         self.holding = threading.Lock()
         self.doing = threading.local()  # what each lane is doing, for a RunError
         self.lane_steps = LaneSteps()
-        self.compiling_ahead: list[threading.Thread] = []
+        batches = [case.batch for case in cases]
+        self.ahead = CompilingAhead(config, batches, self.groups, targets, self.dtypes, self.lane_steps)
         self.during = "loading its backend"
         try:
-            loaded = load_backends((target.backend for target in targets), then=self.compile_ahead)
+            loaded = load_backends((target.backend for target in targets), then=self.ahead.start)
         except BaseException:
-            self.stop_compiling_ahead(interrupted=True)
+            self.ahead.stop(interrupted=True)
             raise
         for target in targets:
             self.attempt(target, self.load, target, loaded[target.backend])
@@ -204,42 +206,7 @@ class _Run:
             interrupted = True
             raise
         finally:
-            self.stop_compiling_ahead(interrupted)
-
-    def stop_compiling_ahead(self, interrupted: bool) -> None:
-        """Nothing compiling ahead outlives the run, whether it finished or a caller stopped it: a worker's
-        channel would wait on it, and a thread still compiling in this process as it exits crashes it.
-        Each stops at its next group; after Ctrl-C they are not waited for (a worker busy compiling ahead
-        is stopped as its process ends)."""
-        self.lane_steps.stop()
-        for thread in [] if interrupted else self.compiling_ahead:
-            thread.join()
-
-    def compile_ahead(self, name: str, backend: LoadedBackend) -> None:
-        """A backend that compiles ahead (``prepare``) starts as soon as it is loaded, on a thread of its
-        own, for the dtypes and devices asked of it, while this process loads the other frameworks,
-        computes the oracle's outputs and runs the others. It is asked for one dtype and case at a time
-        (a worker's run comes first between two), a later dtype's only while its lane is not at work on
-        the dtype before (it would stand in that one's way), until the run is over, and compiles wherever
-        the backend runs; its failures are not the run's (the run's own models meet them, and report
-        them)."""
-        if not backend.prepares:
-            return
-        groups = [(max_len, [self.cases[index].batch]) for max_len, indices in self.groups.items() for index in indices]
-        asked: dict[str, list[str]] = {}  # device -> its dtypes, each in the order the run needs it
-        for target in sorted(self.targets, key=lambda target: self.dtypes.index(target.dtype)):
-            if target.backend == name:
-                asked.setdefault(target.device, []).append(target.dtype)
-        lane = lane_of(name, backend)
-        for device, dtypes in asked.items():
-            work: list[tuple[Any, ...]] = []
-            for before, dtype in zip([None, *dtypes], dtypes):
-                for group in groups:
-                    if before is not None:
-                        work.append((self.lane_steps.wait_idle, lane, before))
-                    work.append((backend.prepare, self.config, [group], [dtype], device))
-            self.compiling_ahead.append(threading.Thread(target=_until, args=(self.lane_steps, work), daemon=True))
-            self.compiling_ahead[-1].start()
+            self.ahead.stop(interrupted)
 
     def scheduled(self) -> Report:
         # The float64 weights first: made once (from a source: drawn once, and cast for the other dtypes),
@@ -475,18 +442,6 @@ class _Run:
     ) -> None:
         outputs = compare_outputs(out, expected, tolerance, recorded)
         self.keyed_checks.append((key, Check(self.cases[index].name, target, label, *outputs)))
-
-
-def _until(lane_steps: LaneSteps, work: list[tuple[Any, ...]]) -> None:
-    """Each ``function(*arguments)`` of ``work`` in turn until the run is over, a failure left for the work
-    that follows to meet and report."""
-    for function, *arguments in work:
-        if lane_steps.stopped:
-            return
-        try:
-            function(*arguments)
-        except Exception:  # noqa: BLE001, S110 - compiling ahead is an optimization; the run reports failures
-            pass
 
 
 def _describe_exception(error: BaseException) -> str:
