@@ -28,7 +28,7 @@ from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
 from .ahead import CompilingAhead
 from .cases import Batch, CaseInput
 from .compare import Tolerance, tolerance_for
-from .lanes import Lanes, LaneSteps
+from .lanes import Lanes, LaneSteps, Lent
 from .results import Check, Report, RunError, Target, compare_outputs, shifted
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps planned, what runs now)
@@ -244,7 +244,7 @@ class _Run:
         file: Path | None,
         paired: bool,
         written: Callable[[], object] | None = None,
-    ) -> tuple[BERTConfig, dict[str, np.ndarray]] | None:
+    ) -> Lent | None:
         """Run every case on ``target``'s model of ``weights`` and compare with the oracle, keeping its
         outputs if ``paired`` (other targets are compared with them). Its model of the longest max_len is
         exported: written to ``file`` if given (then ``written`` is called), and returned if ``keep``."""
@@ -286,7 +286,7 @@ class _Run:
         target: Target,
         source: Target,
         how: str,
-        lent: tuple[BERTConfig, dict[str, np.ndarray]] | None,
+        lent: Lent | None,
         exact: bool,
     ) -> None:
         """Run every case on ``target``'s model of the weights ``source`` exported, ``lent`` moved ``how``
@@ -316,7 +316,7 @@ class _Run:
         target: Target,
         source: Target,
         how: str,
-        lent: tuple[BERTConfig, dict[str, np.ndarray]] | None,
+        lent: Lent | None,
         exact: bool,
     ) -> Iterator[tuple[int, BERTOutput, tuple[str, ...] | None]]:
         """Each case's outputs, and the activations recorded, of ``target`` rebuilt from ``lent``: its own
