@@ -92,6 +92,18 @@ def torch_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
+    def masked_rows_zero(mp):  # a row whose every key is masked attends to nothing, as key_padding_mask does
+        original = model.masked_softmax
+
+        def masked_softmax(X, valid_lens):
+            weights = original(X, valid_lens)
+            if valid_lens is None:
+                return weights
+            lens = torch.repeat_interleave(valid_lens, X.shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
+            return weights * (lens > 0).reshape(X.shape[0], X.shape[1], 1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
     def score_scale(mp):  # by the full width, not a head's
         def forward(self, queries, keys, values, valid_lens=None):
             scores = torch.bmm(queries, keys.transpose(1, 2)) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
@@ -114,6 +126,17 @@ def torch_faults():
             return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
 
         mp.setattr(model.BERTModel, "forward", forward)
+
+    def padded_positions_zero(mp):  # the encoder's output zero past each valid_len, as nested tensors give
+        original = model.BERTEncoder.forward
+
+        def forward(self, tokens, segments, valid_lens):
+            X = original(self, tokens, segments, valid_lens)
+            if valid_lens is None or valid_lens.dim() != 1:
+                return X
+            return X * (torch.arange(X.shape[1])[None, :] < valid_lens[:, None])[:, :, None]
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
 
     def dropout_at_inference(mp):
         mp.setattr(nn.Dropout, "forward", lambda self, X: nn.functional.dropout(X, self.p, training=True))
@@ -201,6 +224,18 @@ def mxnet_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
+    def masked_rows_zero(mp):  # a row whose every key is masked attends to nothing, as key_padding_mask does
+        original = model.masked_softmax
+
+        def masked_softmax(X, valid_lens):
+            weights = original(X, valid_lens)
+            if valid_lens is None:
+                return weights
+            lens = valid_lens.repeat(X.shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
+            return weights * (lens > 0).astype(weights.dtype).reshape(X.shape[0], X.shape[1], 1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
     def score_scale(mp):  # by the full width, not a head's
         def forward(self, queries, keys, values, valid_lens=None):
             scores = npx.batch_dot(queries, keys, transpose_b=True) / math.sqrt(queries.shape[-1] * CONFIG.num_heads)
@@ -223,6 +258,18 @@ def mxnet_faults():
             return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
 
         mp.setattr(model.BERTModel, "forward", forward)
+
+    def padded_positions_zero(mp):  # the encoder's output zero past each valid_len, as nested tensors give
+        original = model.BERTEncoder.forward
+
+        def forward(self, tokens, segments, valid_lens):
+            X = original(self, tokens, segments, valid_lens)
+            if valid_lens is None or valid_lens.ndim != 1:
+                return X
+            keep = np.arange(X.shape[1], ctx=X.ctx, dtype=X.dtype)[None, :] < valid_lens[:, None].astype(X.dtype)
+            return X * keep.astype(X.dtype)[:, :, None]
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
 
     def dropout_at_inference(mp):
         mp.setattr(
@@ -331,6 +378,19 @@ def jax_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
         _plant_flax(mp)
 
+    def masked_rows_zero(mp):  # a row whose every key is masked attends to nothing, as key_padding_mask does
+        original = model.masked_softmax
+
+        def masked_softmax(X, valid_lens):
+            weights = original(X, valid_lens)
+            if valid_lens is None:
+                return weights
+            lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
+            return weights * (lens > 0)[:, :, None]
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+        _plant_flax(mp)
+
     def score_scale(mp):  # by the full width, not a head's
         class FullWidth(model.DotProductAttention):
             def __call__(self, queries, keys, values, valid_lens=None, training=False):
@@ -357,6 +417,16 @@ def jax_faults():
 
         _plant_flax(mp)
         mp.setattr(backend, "BERTModel", LastPosition)
+
+    def padded_positions_zero(mp):  # the encoder's output zero past each valid_len, as nested tensors give
+        class Zeroed(model.BERTEncoder):
+            def __call__(self, tokens, segments, valid_lens, training=False):
+                X = super().__call__(tokens, segments, valid_lens, training)
+                if valid_lens is None or valid_lens.ndim != 1:
+                    return X
+                return X * (jnp.arange(X.shape[1])[None, :] < valid_lens[:, None])[:, :, None]
+
+        _plant_flax(mp, BERTEncoder=Zeroed)
 
     def dropout_at_inference(mp):  # JAX's way to leave dropout on: the call says training=True
         def apply(module, record, params, *inputs):

@@ -69,6 +69,8 @@ DIAGNOSED = {
     "no_segments": ("segments_ignored", "leaves the segment embedding out of the embedding sum"),
     "last_position": ("pooler_position", "the input of nsp_out pools the last position"),
     "dropout_on": ("dropout_at_inference", "layers.0.attn.out leaves dropout on at inference"),
+    "empty_rows_zero": ("masked_rows_zero", "layers.0.attn.out gives a row whose every key is masked no attention"),
+    "padded_zero": ("padded_positions_zero", "the encoding your model returns returns zeros at the padded positions"),
 }  # fmt: skip
 
 
@@ -101,7 +103,11 @@ def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
     assert diagnosis.mistake is None and diagnosis.activation == "blks.0.output"
     text = diagnosis.describe()
     assert text.startswith("layers.0.norm2: no known mistake reproduces its output (d2l's rule is off by ")
-    assert ", the closest, " in text and "its input is yours, so the difference is in this module" in text
+    assert (
+        "; the closest known mistake, that it " in text
+        and "its input is yours, so the difference is in this module" in text
+    )
+    assert "{" not in text  # plain words, no rule as a dict
     assert report.verdict().endswith("float64 on cpu.")  # no mistake named where none fits
 
 

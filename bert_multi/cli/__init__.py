@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .. import __version__
 from ..backend.registry import share_the_process
 from ..cache import CACHE_VARIABLE, cache_root, turn_off
 from ..display import printable_output
@@ -85,8 +88,9 @@ def command() -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command ``argv`` asks for; its exit status. The project's own errors, and an ``OSError`` on a
-    path (one the user gave, or one written for them), are one line on standard error and status 2;
-    anything else shows its traceback, as the bug it is."""
+    path (one the user gave, or one written for them), are one line on standard error and status 2; so is
+    anything else, a bug of bert_multi's, its traceback written to a file the line names (never status 1,
+    which says a model does not conform)."""
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # a command run again elsewhere is run as given
     if args.no_cache:
@@ -106,10 +110,25 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as error:
-        if error.filename is None:
-            raise
-        print(f"bert-multi: error: {error}", file=sys.stderr)
+        # One on a path the user gave, or one written for them, is theirs to fix; any other is a bug's.
+        print(f"bert-multi: error: {error if error.filename else bug_report(error, args.argv)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bert-multi: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # noqa: BLE001 - a bug of bert_multi's is said as one, not as a verdict
+        print(f"bert-multi: error: {bug_report(error, args.argv)}", file=sys.stderr)
+        return 2
+
+
+def bug_report(error: BaseException, argv: Sequence[str]) -> str:
+    """One line saying that ``error`` is a bug of bert_multi's, naming the file its traceback is written
+    to, with the command and versions, for a report to the project."""
+    said = (str(error).splitlines() or [""])[0][:200]
+    with tempfile.NamedTemporaryFile("w", prefix="bert_multi-bug-", suffix=".txt", delete=False) as file:
+        file.write(f"bert-multi {' '.join(argv)}\nbert_multi {__version__}, Python {sys.version.split()[0]}\n\n")
+        file.write("".join(traceback.format_exception(error)))
+    return (
+        f"an internal error, a bug in bert_multi and not in your model or files: {type(error).__name__}: {said} "
+        f"(its traceback is in {file.name}: please report it with the command you ran)"
+    )

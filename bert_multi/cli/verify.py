@@ -4,6 +4,7 @@ and say where it goes wrong in your names."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,9 @@ from ..engine.cases import CASE_NAMES
 from ..engine.report import failure_details, plot_report, runtime_lines, summary_table
 from ..errors import UserCodeError
 from ..safe_files import replace_text
+from ..spec.config import HEADS
 from ..spec.loss import MLM_NORMALIZATIONS
+from ..spec.schema import param_shapes
 from ..spec.semantics import PRESETS
 from ..verify.map_file import write_map
 from ..verify.mapping import MappingError
@@ -46,6 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--preset", help=f"the d2l generation your model computes: {', '.join(PRESETS)} (default d2l)")
     parser.add_argument("--cases", type=comma_list, default=["all"], help=f"comma-separated: {', '.join(CASE_NAMES)}")
     parser.add_argument("--map", metavar="FILE", help="a JSON map file placing the canonical tensors (docs/verify.md)")
+    parser.add_argument(
+        "--heads",
+        type=comma_list,
+        help=f"the parts after the encoder your model has, comma-separated: some of {', '.join(HEADS)}, or none "
+        "(default: found from its parameters; a part it has no parameters for is reported as not checked)",
+    )
     parser.add_argument(
         "--write-map",
         metavar="FILE",
@@ -83,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_elsewhere(args, *elsewhere)
     loss = load_factory(args.loss)[0] if args.loss else None
     config, weights = model_and_weights(args, args.config, args.preset)
+    if args.heads is not None:
+        config = dataclasses.replace(config, heads=tuple(head for head in args.heads if head != "none"))
+        weights = {name: weights[name] for name in param_shapes(config)}
     print(f"verifying {label} against the oracle; config: {config}")
     bar = ProgressBar()
     try:

@@ -21,7 +21,7 @@ import numpy as np
 from ..backend.contract import BackendModel, BERTOutput, check_attention, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
-from ..errors import CannotRunHere, InputError, UsageError
+from ..errors import CannotRunHere, InputError, UsageError, UserCodeError
 from ..spec.config import BERTConfig
 from ..spec.inputs import check_inputs
 from ..spec.schema import SUPPORTED_DTYPES, cut_max_len, validate_weights
@@ -272,7 +272,9 @@ class _Run:
                 if keep:
                     export = (model.config, model.export_weights(share=True))
             for index in indices:
-                out = self.run_case(model, index, str(target))
+                out = self.run_case(model, index, str(target), target)
+                if out is None:
+                    continue
                 if paired:  # what the other targets of its dtype are compared with, or stand for it
                     self.results[target][index], self.recorded[target][index] = out, model.recorded
                 expected = self.reference(eps, index)
@@ -305,6 +307,8 @@ class _Run:
         first, second = sorted((self.targets.index(target), self.targets.index(source)))
         outputs = self.results[source]  # held for the pair, whatever the source's own lane does meanwhile
         for index, out, recorded in self.rebuilt_outputs(target, source, how, lent, exact):
+            if index not in outputs:  # the source raised on it: its error is reported
+                continue
             expected = outputs[index]
             if eps != source_eps:
                 expected = shifted(expected, self.references[eps][index], self.references[source_eps][index])
@@ -329,7 +333,9 @@ class _Run:
         assert lent is not None  # the weights are lent unless they are known to be the target's own
         for model, indices in self.models(self.builder(target), *lent, rebuilt_from=f"{source}'s weights via {how}"):
             for index in indices:
-                yield index, self.run_case(model, index, f"{target} <- {source} ({how})"), model.recorded
+                rebuilt = self.run_case(model, index, f"{target} <- {source} ({how})", target)
+                if rebuilt is not None:
+                    yield index, rebuilt, model.recorded
             del model
 
     def models(
@@ -415,10 +421,16 @@ class _Run:
             self.eps[target] = self.backends[target].kernel_eps(self.config.semantics.layer_norm_eps)
         return self.eps[target]
 
-    def run_case(self, model: BackendModel, index: int, label: str) -> BERTOutput:
+    def run_case(self, model: BackendModel, index: int, label: str, target: Target) -> BERTOutput | None:
+        """Case ``index`` on ``model``; None where code a user wrote raised on it (a 2-D valid_lens that
+        its mask cannot express, say): that case's error is reported, and the other cases still run."""
         self.tick(index, label)
         self.during = f"running case {self.cases[index].name}"
-        return model(**self.cases[index].batch, intermediates=True)
+        try:
+            return model(**self.cases[index].batch, intermediates=True)
+        except UserCodeError as error:
+            self.report.errors.append(RunError(target, self.during, str(error), self.cases[index].name))
+            return None
 
     def tick(self, index: int, label: str) -> None:
         """A step of the progress: case ``index`` of ``label``."""

@@ -36,7 +36,11 @@ def verdict(report: Report, subject: str) -> str:
     failing = [(target, reference, output, c) for target, reference, output, c in rows if not c.passed]
     raised = ""
     if report.errors:
-        raised = f"{len(report.errors)} target(s) raised ({report.errors[0].target}: {report.errors[0].error})"
+        error = report.errors[0]
+        on = f" on case {error.case}" if error.case else ""
+        targets = len({error.target for error in report.errors})
+        said = (error.error.splitlines() or [""])[0]
+        raised = f"{targets} target(s) raised ({error.target}{on}: {said})"
     if failing:
         target, reference, output, c = failing[0]
         first = f"first {target.label} {target.dtype} {output} against {reference}, max abs {_number(c.max_abs)}"

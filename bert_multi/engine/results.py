@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -74,11 +75,22 @@ class Check:
 
     @property
     def first_divergence(self) -> Comparison | None:
-        """The first activation, in computation order, outside its tolerance; then the first output."""
-        for comparison in self.intermediates + self.outputs:
-            if not comparison.passed:
-                return comparison
-        return None
+        """The first activation or output, in computation order (``computation_rank``), outside its
+        tolerance."""
+        ordered = sorted(self.intermediates + self.outputs, key=lambda comparison: computation_rank(comparison.name))
+        return next((comparison for comparison in ordered if not comparison.passed), None)
+
+
+def computation_rank(name: str) -> tuple[int, ...]:
+    """Where an activation or output is computed: the embedding, each block's parts, the encoder's output,
+    the masked LM, the pooler, the NSP classifier (a missing record of activations first of all)."""
+    block = re.fullmatch(r"blks\.(\d+)\.(\w+)", name)
+    if block:
+        return 1, int(block[1]), BLOCK_PARTS.index(block[2]) if block[2] in BLOCK_PARTS else len(BLOCK_PARTS)
+    return {"intermediates": (-1,), "embedding": (0,), "encoded": (2,), "mlm": (3,), "pooler": (4,)}.get(name, (5,))
+
+
+BLOCK_PARTS = ("attention", "addnorm1", "ffn", "output")
 
 
 def compare_outputs(
@@ -131,6 +143,7 @@ class RunError:
     target: Target
     during: str
     error: str
+    case: str | None = None  # the case it raised on, where it raised on one case and ran the others
 
     def describe(self) -> str:
         return f"ERROR {self.target}, {self.during}: {self.error}"
@@ -182,7 +195,9 @@ class Report:
             "environment": environment(),
             "runtime": self.runtime,
             "skipped": {str(target): reason for target, reason in self.skipped.items()},
-            "errors": [{"target": str(e.target), "during": e.during, "error": e.error} for e in self.errors],
+            "errors": [
+                {"target": str(e.target), "during": e.during, "error": e.error, "case": e.case} for e in self.errors
+            ],
             "checks": [
                 {
                     "case": check.case,

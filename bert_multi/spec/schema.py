@@ -95,6 +95,25 @@ def nsp_layers(config: BERTConfig) -> tuple[str, str]:
     return "nsp.mlp.0", "nsp.mlp.2"  # d2l 0.11: NextSentencePred's own MLP reads <cls>
 
 
+def head_of(config: BERTConfig, name: str) -> str | None:
+    """The part after the encoder that the canonical tensor ``name`` belongs to ("pooler", "mlm" or "nsp",
+    of ``HEADS``), or None for one of the encoder's."""
+    pooler, classifier = nsp_layers(config)
+    for head, prefix in (("pooler", pooler), ("nsp", classifier), ("mlm", "mlm")):
+        if name.startswith(prefix + "."):
+            return head
+    return None
+
+
+def without_heads(config: BERTConfig, absent: Iterable[str]) -> BERTConfig:
+    """``config`` without the ``absent`` parts, and the NSP classifier too where its pooler is absent (it
+    reads the pooler's output; in d2l 0.11 the two are one head)."""
+    gone = set(absent)
+    if "pooler" in gone or (config.semantics.nsp_head == "mlp" and "nsp" in gone):
+        gone |= {"pooler", "nsp"}
+    return dataclasses.replace(config, heads=tuple(head for head in config.heads if head not in gone))
+
+
 def param_specs(config: BERTConfig) -> dict[str, ParamSpec]:
     """Ordered canonical schema with each tensor's role (what kind of initialisation it gets)."""
     return dict(iter_param_specs(config))

@@ -6,6 +6,7 @@ Parallel to ``bert_multi/mxnet/user.py``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,6 +23,44 @@ from .backend import TORCH_DTYPES, tf32_enabled, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
 USER_MODELS = ("torch.nn.modules.module.Module",)
+
+# PyTorch's own blocks as ports use them, under their own names (map-file rules: {i} a block, {p} weight or
+# bias): the layers of an nn.TransformerEncoder, each an nn.TransformerEncoderLayer whose self_attn is an
+# nn.MultiheadAttention, its query, key and value projections fused in in_proj_weight (or kept apart where
+# their widths differ, the biases still fused).
+_LAYER = {
+    "encoder.blks.{i}.attention.W_o.{p}": "layers.{i}.self_attn.out_proj.{p}",
+    "encoder.blks.{i}.addnorm1.ln.{p}": "layers.{i}.norm1.{p}",
+    "encoder.blks.{i}.ffn.dense1.{p}": "layers.{i}.linear1.{p}",
+    "encoder.blks.{i}.ffn.dense2.{p}": "layers.{i}.linear2.{p}",
+    "encoder.blks.{i}.addnorm2.ln.{p}": "layers.{i}.norm2.{p}",
+    **{
+        f"encoder.blks.{{i}}.attention.W_{role}.bias": f"layers.{{i}}.self_attn.in_proj_bias[{k}/3]"
+        for k, role in enumerate("qkv")
+    },
+}
+NATIVE_NAMES = {
+    "PyTorch's nn.TransformerEncoderLayer": {
+        **_LAYER,
+        **{
+            f"encoder.blks.{{i}}.attention.W_{role}.weight": f"layers.{{i}}.self_attn.in_proj_weight[{k}/3]"
+            for k, role in enumerate("qkv")
+        },
+    },  # fmt: skip
+    "PyTorch's nn.TransformerEncoderLayer, projections apart": {
+        **_LAYER,
+        **{
+            f"encoder.blks.{{i}}.attention.W_{role}.weight": f"layers.{{i}}.self_attn.{role}_proj_weight"
+            for role in "qkv"
+        },
+    },
+}
+# Layers a PyTorch block uses without calling them: an nn.MultiheadAttention applies its out_proj's weight
+# functionally, so what out_proj computes is the attention's own output (its first).
+USED_UNCALLED = {nn.MultiheadAttention: "out_proj"}
+# The blocks with a fast path in inference (fused kernels, and nested tensors for padded sequences), which
+# runs none of their submodules, so that nothing in them could be observed.
+FAST_PATH = (nn.TransformerEncoderLayer, nn.MultiheadAttention)
 
 
 def _to_numpy(value: Any) -> np.ndarray | None:
@@ -68,6 +107,14 @@ class WrappedModel:
         # is copied first; a factory's model is verify's own.
         self.module = (copy.deepcopy(module) if copied else module).to(self.device, self.dtype)
         self.framework = f"PyTorch {torch.__version__}"
+        # torch's blocks' names place the weights where the model is built of those blocks.
+        native = any(isinstance(module, nn.TransformerEncoderLayer) for module in self.module.modules())
+        self.native_names = NATIVE_NAMES if native else {}
+        # A model with a fast path is observed with it off, and its outputs are also taken as it runs by
+        # itself, with it on: observing never changes what is checked of it.
+        self.fast_path = any(isinstance(m, FAST_PATH) for m in self.module.modules())
+        if self.fast_path:
+            self.framework += " (observed with its fast path off; outputs with it on, as it runs by itself)"
         if any(isinstance(p, nn.parameter.UninitializedParameter) for p in self.module.parameters()):
             # d2l 1.0's LazyLinear layers learn their input width on the first forward.
             with torch.no_grad():
@@ -103,6 +150,15 @@ class WrappedModel:
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: p.detach().cpu().numpy().copy() for name, p in self.module.named_parameters()}
 
+    def _called(self, path: str) -> nn.Module:
+        """The module a tap at ``path`` hooks: the module itself, or the block that uses it without calling
+        it (``USED_UNCALLED``: an nn.MultiheadAttention's out_proj), whose first output is what it computes."""
+        parent, _, last = path.rpartition(".")
+        holder = self.module.get_submodule(parent) if parent else self.module
+        if any(isinstance(holder, kind) and last == used for kind, used in USED_UNCALLED.items()):
+            return holder
+        return self.module.get_submodule(path)
+
     def _hooks(self, taps: Taps, record: dict[str, np.ndarray | None]) -> list[Callable[[], object]]:
         removers: list[Callable[[], object]] = []
         for activation, (path, side) in taps.items():
@@ -111,7 +167,7 @@ class WrappedModel:
                 if record.get(activation) is None:  # a module called twice is recorded at its first call
                     record[activation] = _to_numpy(args if side == "input" else output)
 
-            removers.append(self.module.get_submodule(path).register_forward_hook(keep).remove)
+            removers.append(self._called(path).register_forward_hook(keep).remove)
         return removers
 
     def run(self, inputs: ModelInputs, taps: Taps) -> tuple[Outputs, dict[str, np.ndarray | None]]:
@@ -120,8 +176,14 @@ class WrappedModel:
         self.module.eval()
         removers = self._hooks(taps, record)
         try:
-            with torch.no_grad(), tf32_enabled(False):
+            with torch.no_grad(), tf32_enabled(False), _fast_path(not (taps and self.fast_path)):
                 returned = self._call(inputs)
+            for remove in removers:
+                remove()
+            removers = []
+            if taps and self.fast_path:  # the outputs as the model computes them by itself
+                with torch.no_grad(), tf32_enabled(False):
+                    returned = self._call(inputs)
         finally:
             for remove in removers:
                 remove()
@@ -198,7 +260,7 @@ class WrappedModel:
                 if tensor.requires_grad:
                     tensor.register_hook(lambda _: gradient)
 
-            module = self.module.get_submodule(path)
+            module = self._called(path)
             if side == "output":
                 removers.append(module.register_forward_hook(output_hook).remove)
             else:
@@ -219,6 +281,18 @@ class WrappedModel:
                 tensors["nsp_labels"],
             )  # fmt: skip
         return [float(value) for value in returned]
+
+
+@contextlib.contextmanager
+def _fast_path(enabled: bool) -> Iterator[None]:
+    """PyTorch's fast path of its transformer blocks on or off for the duration (``torch.backends.mha``),
+    then as it was."""
+    was = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled and was)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(was)
 
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:

@@ -1,9 +1,11 @@
 """The map file: a user's own rules for where each canonical tensor lives in their model, for what
 ``bert-multi verify`` cannot place alone (``mapping.py``), and the file ``--write-map`` writes.
 
-JSON ``{"names": {canonical pattern: placement}, "ignore": [names]}``: a pattern's ``{i}`` stands for a
-block's index and ``{p}`` for weight or bias; a placement is ``name``, ``name.T`` (transposed) or
-``name[k/n]`` (the k-th of n equal parts along the first axis, as in a fused QKV).
+JSON ``{"names": {canonical pattern: placement}, "ignore": [names], "absent": [canonical patterns]}``: a
+pattern's ``{i}`` stands for a block's index and ``{p}`` for weight or bias; a placement is ``name``,
+``name.T`` (transposed) or ``name[k/n]`` (the k-th of n equal parts along the first axis, as in a fused
+QKV); ``ignore`` lists the user's parameters that are no canonical tensor's, ``absent`` the canonical
+tensors the model lacks (a head's: the part they belong to is then not checked, and the report says so).
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ class MapFile:
     rules: dict[str, str]
     ignore: tuple[str, ...]
     source: str
+    absent: tuple[str, ...] = ()
+
+    def lacking(self, canonical: Iterable[str]) -> list[str]:
+        """The canonical tensors the map file declares absent."""
+        found = []
+        for pattern in self.absent:
+            matched = [name for name in canonical if pattern_regex(pattern).fullmatch(name)]
+            if not matched:
+                raise UsageError(f"{self.source}: absent {pattern!r} names no canonical tensor of this config")
+            found += [name for name in matched if name not in found]
+        return found
 
     def expand(self, canonical: Iterable[str]) -> dict[str, Placement]:
         found = {}
@@ -88,21 +101,22 @@ def read_map(path: str | Path) -> MapFile:
         document = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise WeightsError(f"{path}: not a JSON map file ({str(error)[:200]})") from None
-    if not isinstance(document, dict) or set(document) - {"names", "ignore"}:
+    if not isinstance(document, dict) or set(document) - {"names", "ignore", "absent"}:
         raise WeightsError(
-            f'{path}: expected an object with "names" (and optionally "ignore"), got {str(document)[:100]}'
+            f'{path}: expected an object with "names" (and optionally "ignore" and "absent"), got {str(document)[:100]}'
         )
-    rules, ignore = document.get("names", {}), document.get("ignore", [])
+    rules, ignore, absent = document.get("names", {}), document.get("ignore", []), document.get("absent", [])
     if not isinstance(rules, dict) or not all(isinstance(v, str) for v in rules.values()):
         raise WeightsError(f'{path}: "names" must map canonical names to strings')
-    if not isinstance(ignore, list) or not all(isinstance(v, str) for v in ignore):
-        raise WeightsError(f'{path}: "ignore" must be a list of parameter names')
+    for key, listed in (("ignore", ignore), ("absent", absent)):
+        if not isinstance(listed, list) or not all(isinstance(v, str) for v in listed):
+            raise WeightsError(f'{path}: "{key}" must be a list of names')
     for target in rules.values():
         try:
             parse_placement(target.replace("{i}", "0").replace("{p}", "weight"))
         except UsageError as error:
             raise WeightsError(f"{path}: {error}") from None
-    return MapFile(rules, tuple(ignore), str(path))
+    return MapFile(rules, tuple(ignore), str(path), tuple(absent))
 
 
 def write_map(path: str | Path, contents: dict[str, object]) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..backend.contract import framework_names
 from ..errors import UsageError
@@ -40,7 +40,9 @@ class MappingError(UsageError):
     what could not be placed and how a map file would place it (``suggested``: that map file's contents,
     to write and check)."""
 
-    def __init__(self, problem: str, suggested: dict[str, object] | None = None) -> None:
+    def __init__(
+        self, problem: str, suggested: dict[str, object] | None = None, unplaced: tuple[str, ...] = ()
+    ) -> None:
         advice = (
             ""
             if suggested is None
@@ -50,6 +52,7 @@ class MappingError(UsageError):
         )
         super().__init__(problem + advice)
         self.problem, self.suggested = problem, suggested  # what went wrong, without the advice
+        self.unplaced = unplaced  # the canonical tensors nothing in the model was found for
 
 
 def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
@@ -68,11 +71,16 @@ def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
 # --- families of known names -----------------------------------------------------------------------------
 
 
-def families(config: BERTConfig) -> list[tuple[str, dict[str, Placement]]]:
+def families(
+    config: BERTConfig, native: Mapping[str, Mapping[str, str]] | None = None
+) -> list[tuple[str, dict[str, Placement]]]:
     """(who writes these names, canonical name -> its placement) for every naming ``config``'s tensors are
-    known under: d2l's PyTorch, Gluon and Flax names of each generation (Flax's kernels transposed), and
-    transformers' names."""
+    known under: d2l's PyTorch, Gluon and Flax names of each generation (Flax's kernels transposed),
+    transformers' names, and the ``native`` names of the model's framework's own blocks (label -> map-file
+    rules, ``Subject.native_names``)."""
     found = []
+    for label, own in (native or {}).items():
+        found.append((label, MapFile(dict(own), (), label).expand(param_shapes(config))))
     own_layout = nsp_layers(config)
     for layout in sorted(NSP_LAYOUTS, key=lambda layout: layout != own_layout):
         moved = [(rf"^{re.escape(old)}\.", f"{new}.") for old, new in zip(own_layout, layout) if old != new]
@@ -94,11 +102,15 @@ def map_parameters(
     parameters: Iterable[tuple[str, Shape]],
     map_file: MapFile | None = None,
     called: Callable[[], Sequence[str]] | None = None,
+    lacking: bool = False,
+    native: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ParameterMap:
     """Place every canonical tensor of ``config`` in the user's ``parameters`` ((name, shape) in
     registration order), as this module's docstring says, or raise ``MappingError``. ``called()``: the
     parameters' names in the order a forward pass uses them, where the framework can tell (asked only
-    when names leave something to place)."""
+    when names leave something to place). ``lacking``: ``config`` leaves out parts the model lacks, so the
+    parameters no canonical tensor sets (its own versions of those parts) are ignored, not refused.
+    ``native``: the names of its framework's own blocks (``families``)."""
     shapes = dict(parameters)
     canonical = param_shapes(config)
     ignored = list(map_file.ignore) if map_file else []
@@ -112,9 +124,12 @@ def map_parameters(
     free = {name: shape for name, shape in shapes.items() if name not in ignored and name not in taken}
     inferred: tuple[str, ...] = ()
     if left:
-        found, how, inferred = _automatic(config, left, free, called)
+        found, how, inferred = _automatic(config, left, free, called, native)
         placements.update(found)
         hows.append(how)
+    if lacking:
+        used = {placement.name for placement in placements.values()}
+        ignored += [name for name in shapes if name not in used and name not in ignored]
     mapping = ParameterMap({name: placements[name] for name in canonical if name in placements}, shapes,
                            " + ".join(hows) if hows else "map file", ignored, inferred)  # fmt: skip
     _check(mapping, canonical, placements)
@@ -130,13 +145,17 @@ def computation_order(config: BERTConfig) -> list[str]:
 
 
 def _automatic(
-    config: BERTConfig, left: list[str], free: dict[str, Shape], order_of_use: Callable[[], Sequence[str]] | None
+    config: BERTConfig,
+    left: list[str],
+    free: dict[str, Shape],
+    order_of_use: Callable[[], Sequence[str]] | None,
+    native: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[dict[str, Placement], str, tuple[str, ...]]:
     """Placements for the ``left`` canonical tensors among the ``free`` user parameters (name -> shape,
     in registration order): by names, tensor by tensor, then the rest by the order of use and shape, else
     a ``MappingError``. And how, and which were placed by order."""
     canonical = param_shapes(config)
-    placements, hows = _by_names(config, left, free)
+    placements, hows = _by_names(config, left, free, native)
     # In the order the model uses them where its framework can tell, else in d2l's registration order.
     rest = [name for name in canonical if name in left and name not in placements]
     if rest:
@@ -149,18 +168,22 @@ def _automatic(
         order += [name for name in free if name not in taken and name not in order]
         found, unplaced = _by_order(rest, order, free, canonical, known)
         if unplaced:
-            raise MappingError(*_unplaced(found, unplaced, free, canonical, placements, called is not None))
+            raise MappingError(
+                *_unplaced(found, unplaced, free, canonical, placements, called is not None), tuple(unplaced)
+            )
         placements.update(found)
         by = "order of use" if called is not None else "registration order"
         hows.append(f"{by} and shape ({len(rest)} tensors, inferred: check them)")
     return placements, " + ".join(hows), tuple(rest)
 
 
-def _by_names(config: BERTConfig, left: list[str], free: dict[str, Shape]) -> tuple[dict[str, Placement], list[str]]:
+def _by_names(
+    config: BERTConfig, left: list[str], free: dict[str, Shape], native: Mapping[str, Mapping[str, str]] | None = None
+) -> tuple[dict[str, Placement], list[str]]:
     """Placements of the ``left`` tensors whose names a family knows: the family and wrapper prefix that
     place the most, then, under that prefix, any other family's names for the rest. And how each did."""
     canonical = param_shapes(config)
-    known = families(config)
+    known = families(config, native)
     placements: dict[str, Placement] = {}
     hows: list[str] = []
     prefix: str | None = None
@@ -169,9 +192,10 @@ def _by_names(config: BERTConfig, left: list[str], free: dict[str, Shape]) -> tu
         for family, names in known:
             for candidate in [prefix] if prefix is not None else _prefixes(names, left, free):
                 found = {
-                    name: Placement(candidate + names[name].name, names[name].transpose)
+                    name: Placement(candidate + names[name].name, names[name].transpose, names[name].part)
                     for name in left
-                    if name not in placements
+                    if name in names  # a family of a framework's blocks names only theirs
+                    and name not in placements
                     and candidate + names[name].name in free
                     and _expected_shape(canonical[name], free[candidate + names[name].name], names[name])
                 }
@@ -189,7 +213,7 @@ def _by_names(config: BERTConfig, left: list[str], free: dict[str, Shape]) -> tu
 def _prefixes(names: dict[str, Placement], left: list[str], free: dict[str, Shape]) -> list[str]:
     """The wrapper prefixes under which some of the ``left`` tensors' names in ``names`` are ``free``."""
     found = []
-    for name in left:
+    for name in (name for name in left if name in names):
         own = names[name].name
         for candidate in free:
             if candidate == own or candidate.endswith("." + own):

@@ -163,6 +163,16 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"fill": fill} for fill in (-math.inf, 0.0, -1e4, -1e9, "none")],
     ),
     Mistake(
+        "masked_rows_zero",
+        "blks.0.attention",
+        "valid_len_zero",
+        lambda rule, config: (
+            "gives a row whose every key is masked no attention at all (zero weights, as PyTorch's key_padding_mask "
+            "does), where d2l's -1e6 makes it attend to every key alike"
+        ),
+        lambda site: [{"empty": "zero"}],
+    ),
+    Mistake(
         "score_scale",
         "blks.0.attention",
         "single_segment",
@@ -226,6 +236,16 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"offset": offset} for offset in (1, 2)],
     ),
     Mistake(
+        "padded_positions_zero",
+        "encoded",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            "returns zeros at the padded positions (as PyTorch's nn.TransformerEncoder does in inference, through "
+            "nested tensors), where d2l computes every position"
+        ),
+        lambda site: [{"padded": "zero"}],
+    ),
+    Mistake(
         "pooler_position",
         "pooler",
         "batch_one",
@@ -281,10 +301,16 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
     if kind == "pooler":
         encoded = site.own("encoded")
         return np.tanh(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
+    if kind == "encoded":  # the last block's output, as the encoder returns it
+        X = site.own(f"blks.{config.num_blks - 1}.output")
+        lens = site.inputs.valid_lens
+        if rule.get("padded") == "zero" and lens is not None and lens.ndim == 1:
+            X = np.where(np.arange(X.shape[1])[None, :, None] < lens[:, None, None], X, 0.0)
+        return X
     raise KeyError(site.activation)
 
 
-ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed")
+ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed", "empty")
 
 
 def _attention(
@@ -295,8 +321,10 @@ def _attention(
     layout: str | None = None,
     bias: bool | None = None,
     transposed: tuple[str, ...] = (),
+    empty: str = "uniform",
 ) -> np.ndarray:
-    """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change."""
+    """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change; ``empty``:
+    what a row whose every key is masked attends to, "uniform" (d2l's -1e6) or "zero" (none at all)."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
     prefix, heads = f"{site.block}.attention", config.num_heads
     biased = semantics.attention_bias if bias is None else bias
@@ -317,6 +345,8 @@ def _attention(
         scores = np.where(keep, scores, fill)
     with np.errstate(invalid="ignore"):  # -inf everywhere in a row is NaN, as in the frameworks
         attention = oracle.softmax(scores)
+    if empty == "zero" and valid_lens is not None:
+        attention = np.where(keep.any(axis=-1, keepdims=True), attention, 0.0)
     return project("W_o", oracle.merge_heads(attention @ values, heads))
 
 
@@ -356,7 +386,9 @@ class Diagnosis:
             said = self.mistake.says(self.rule, self.config)
             reproduced = f" (reproduces your output to {self.error:.1g})" if "apart" not in self.rule else ""
             return f"{self.where} {said}{reproduced}"
-        closest = f", the closest, {self.rule['name']}, by {self.error:.3g}" if self.rule else ""
+        closest = (
+            f"; the closest known mistake, that it {self.rule['said']}, is off by {self.error:.3g}" if self.rule else ""
+        )
         return (
             f"{self.where}: no known mistake reproduces its output (d2l's rule is off by {self.off:.3g}{closest}); "
             "its input is yours, so the difference is in this module"
@@ -400,7 +432,7 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
     loose = FLOAT32.atol + FLOAT32.rtol * float(np.nanmax(np.abs(own), initial=0.0))
     if found is not None and (error <= bound or (error <= loose and 1000 * error <= off)):
         return Diagnosis(site.activation, where, found, rule, error, off, site.config)
-    named = {**rule, "name": f"{found.name} {rule}"} if found is not None else {}
+    named = {**rule, "name": found.name, "said": found.says(rule, site.config)} if found is not None else {}
     return Diagnosis(site.activation, where, None, named, error, off, site.config)
 
 

@@ -44,10 +44,12 @@ class Subject(Protocol):
     sum(cotangent * output); ``isolated_vjp(inputs, taps, forced, cotangents)`` gives them with every
     tapped activation made the oracle's (``forced``: its value, and its gradient in place of the one that
     flows back into it), so each module's backward is checked alone, beside the activations as its
-    modules computed them from the oracle's values; ``batch_loss`` (``--loss``); and
+    modules computed them from the oracle's values; ``batch_loss`` (``--loss``);
     ``used_parameters(inputs)``: its parameters' names in the order a forward pass on ``inputs`` first uses
     them (as its framework can tell: each use, or each call of the module holding it), by which the
-    weights are placed where names do not place them."""
+    weights are placed where names do not place them; and ``native_names``: the names its framework's own
+    blocks give the canonical tensors (a family's label -> map-file rules: PyTorch's
+    ``nn.TransformerEncoderLayer``), which place them as d2l's names do."""
 
     framework: str  # the framework and its version, for the report
 

@@ -101,7 +101,13 @@ class UserBERT(BackendModel):
         self.recorded = () if isinstance(subject, ProtocolSubject) else tuple(self.taps)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
-        (encoded, mlm, nsp), activations = self.subject.run(inputs, self.taps if intermediates else {})
+        # What the user's code raises is theirs, on this input: the engine reports it as this case's error.
+        taps = self.taps if intermediates else {}
+        (encoded, mlm, nsp), activations = call_user(f"your model {self.backend}", self.subject.run, inputs, taps)
+        # What the model computes of a part it lacks in d2l's sense (a decoder without d2l's MLM transform)
+        # is not d2l's output: it is left out, and the report says the part was not checked.
+        mlm = mlm if "mlm" in self.config.heads else None
+        nsp = nsp if "nsp" in self.config.heads else None
         if isinstance(self.subject, ProtocolSubject):
             self.recorded = tuple(name for name in tap_sources(self.config) if name in activations)
         record = OrderedDict((name, activations.get(name)) for name in (self.recorded or ()))
@@ -135,6 +141,7 @@ class UserBackend:
         # The placements the oracle decided where the order of use only suggested them (``roles``): every
         # later build takes them.
         self.decided = decided
+        self.lacking = False  # the config leaves out parts the model lacks: their parameters are ignored
 
     def kernel_eps(self, eps: float) -> float:
         """The LayerNorm epsilon the model's framework really computes with (MXNet's is a C float), so
@@ -163,7 +170,9 @@ class UserBackend:
             assert used is not None
             return call_user(f"your model {self.NAME}", used, example_inputs(config))
 
-        return map_parameters(config, subject.parameters(), self.map_file, order_of_use if used is not None else None)
+        order = order_of_use if used is not None else None
+        native = getattr(subject, "native_names", None)
+        return map_parameters(config, subject.parameters(), self.map_file, order, self.lacking, native)
 
     def build(
         self,

@@ -12,6 +12,7 @@ from torch import nn
 FAULTS = (
     "scale", "inf_mask", "tiled_valid_lens", "detached_positions", "eps", "gelu", "no_bias", "transposed_query",
     "pre_norm", "positions_offset", "no_segments", "last_position", "dropout_on", "zero_fill", "unscaled",
+    "empty_rows_zero", "padded_zero",
     "ffn_doubled",  # one no catalogue knows
     "relu_backward",
 )  # fmt: skip
@@ -79,6 +80,8 @@ class SelfAttention(nn.Module):
             fill = {"inf_mask": -math.inf, "zero_fill": 0.0}.get(self.fault, -1e6)
             scores = scores.masked_fill(~keep, fill)
         weights = torch.softmax(scores, dim=-1)
+        if self.fault == "empty_rows_zero" and valid_lens is not None:  # a row with no valid key attends to none
+            weights = weights * (lens > 0)[..., None]
         if self.fault == "dropout_on":
             weights = nn.functional.dropout(weights, 0.1, training=True)
         mixed = weights @ v
@@ -126,6 +129,8 @@ class MyBERT(nn.Module):
             x = x + self.segments(segments)
         for layer in self.layers:
             x = layer(x, valid_lens)
+        if self.fault == "padded_zero" and valid_lens is not None and valid_lens.dim() == 1:
+            x = x * (torch.arange(x.shape[1]) < valid_lens[:, None])[..., None]
         mlm = None
         if pred_positions is not None:
             rows = torch.arange(x.shape[0], device=x.device)[:, None]

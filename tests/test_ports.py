@@ -1,0 +1,104 @@
+"""``verify`` on ports as outsiders write them (``tests/subjects``): built from PyTorch's own blocks, lacking
+parts d2l's model has, raising on some inputs, computing in float32 only. Each gets a verdict with no map
+file, naming each real difference at its module with its numbers, and a port whose maths is d2l's passes."""
+
+import functools
+import json
+import re
+
+import pytest
+from subjects import torch_native, torch_scratch
+
+from bert_multi import BERTConfig
+from bert_multi.backend.registry import not_in_process
+from bert_multi.cli import main
+from bert_multi.verify.session import verify
+
+pytestmark = pytest.mark.skipif(bool(not_in_process("torch")), reason="the ports here are PyTorch's")
+
+# An even number of heads, so that PyTorch's encoder takes its nested-tensor fast path in inference.
+EVEN = BERTConfig(vocab_size=31, num_hiddens=16, ffn_num_hiddens=20, num_heads=4, num_blks=2, max_len=16)
+ODD = BERTConfig(vocab_size=31, num_hiddens=15, ffn_num_hiddens=20, num_heads=3, num_blks=2, max_len=16)
+WHOLE_LENGTHS = ["full_valid_len", "no_valid_lens", "single_segment", "edge_pred_positions", "no_pred_positions"]
+
+
+def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_difference_named():
+    report = verify(torch_native.build, EVEN, dtypes=["float64"])
+    assert not report.passed
+    assert report.mapping.how.startswith("names (PyTorch's nn.TransformerEncoderLayer, under the prefix 'encoder.'")
+    placed = report.mapping.placements
+    assert placed["encoder.blks.1.attention.W_k.weight"].describe() == "encoder.layers.1.self_attn.in_proj_weight[1/3]"
+    assert placed["encoder.blks.0.ffn.dense2.bias"].describe() == "encoder.layers.0.linear2.bias"
+    # The attention's output is recorded though out_proj is never called (its weight is used functionally).
+    assert report.activations["blks.0.attention"] == "encoder.layers.0.self_attn.out_proj (output)"
+    said = {diagnosis.mistake.name: diagnosis for diagnosis in report.diagnoses if diagnosis.mistake}
+    assert set(said) == {"masked_rows_zero", "padded_positions_zero"}
+    assert (
+        said["masked_rows_zero"].where == "encoder.layers.0.self_attn.out_proj"
+        and said["masked_rows_zero"].error < 1e-9
+    )
+    assert said["padded_positions_zero"].where == "the encoding your model returns"
+    # A key-padding mask cannot take a length per query: that case is the port's error; the others ran.
+    raised = {error.case for error in report.forward.errors}
+    assert "valid_lens_2d" in raised and len({check.case for check in report.forward.checks}) >= 7
+    verdict = report.verdict()
+    assert "raised on" in verdict and "valid_lens_2d" in verdict and "--cases " in verdict
+    # Observed with the fast path off, its outputs taken as it runs by itself.
+    (info,) = report.forward.runtime.values()
+    assert "observed with its fast path off; outputs with it on" in str(info["framework"])
+
+
+def test_a_port_on_torchs_own_blocks_whose_maths_is_d2ls_passes():
+    """Where every sequence keeps its whole length (nothing padded, no row without a key), the same port
+    computes d2l's BERT."""
+    report = verify(torch_native.build, ODD, cases=WHOLE_LENGTHS)
+    assert report.passed, report.failures()
+    assert "blks.1.output" in report.activations
+
+
+def test_a_port_lacking_the_heads_is_checked_on_what_it_has_and_says_what_it_did_not_check():
+    report = verify(torch_scratch.build, ODD, dtypes=["float64"])
+    assert report.config.heads == () and set(report.absent) == {"pooler", "mlm", "nsp"}
+    assert all("your model has no parameters for" in why for why in report.absent.values())
+    assert not report.forward.failures()  # its encoder is d2l's
+    assert {error.case for error in report.forward.errors} == {"valid_lens_2d"}
+    verdict = report.verdict()
+    assert verdict.startswith("FAIL: build conforms where it ran, but raised on 1 of 10 cases (valid_lens_2d: ")
+    assert "not checked: the masked-LM head" in verdict and "the pooler" in verdict
+    passing = verify(torch_scratch.build, ODD, dtypes=["float64"], cases=WHOLE_LENGTHS)
+    assert passing.passed and passing.verdict().startswith("PASS: build computes the BERT of d2l")
+    assert "not checked: " in passing.verdict()
+
+
+def test_heads_and_a_map_files_absent_parts_say_what_a_model_lacks(tmp_path, capsys):
+    argv = ["verify", "tests/subjects/torch_scratch.py:build", "--config", "tiny", "--dtypes", "float64"]
+    argv += ["--cases", ",".join(WHOLE_LENGTHS)]
+    assert main([*argv, "--heads", "none", "--json", str(tmp_path / "r.json")]) == 0
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert set(document["not_checked"]) == {"pooler", "mlm", "nsp"}
+    assert all(why == "not in the config asked for" for why in document["not_checked"].values())
+    (tmp_path / "map.json").write_text(json.dumps({"absent": ["hidden.0.{p}", "mlm.mlp.{i}.{p}", "nsp.output.{p}"]}))
+    assert main([*argv, "--map", str(tmp_path / "map.json")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("PASS: ") and f"{tmp_path / 'map.json'} says it lacks" in last
+    (tmp_path / "bad.json").write_text(json.dumps({"absent": ["encoder.blks.0.ffn.dense1.{p}"]}))
+    assert main([*argv, "--map", str(tmp_path / "bad.json")]) == 2
+    assert "are the encoder's, which verify checks in every model" in capsys.readouterr().err
+
+
+def test_a_model_that_computes_in_float32_only_is_verified_in_float32():
+    factory = functools.partial(torch_scratch.build, float32_only=True)
+    report = verify(factory, ODD, dtypes=["float32"], cases=WHOLE_LENGTHS, label="float32 only")
+    assert report.passed, report.failures()
+    with pytest.raises(ValueError, match="gradients are checked in float64"):
+        verify(factory, ODD, dtypes=["float32"], gradients=True)
+
+
+def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(capsys):
+    argv = ["verify", "tests/subjects/torch_native.py:build", "--config", "tiny", "--dtypes", "float64"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "Traceback (most recent call last)" not in captured.out + captured.err
+    last = captured.out.strip().splitlines()[-1]
+    assert re.match(r"FAIL: torch_native\.py:build first diverges at blks\.0\.attention", last)
+    assert "attend to every key alike" in last
