@@ -78,6 +78,19 @@ def torch_faults():
 
         mp.setattr(model.AddNorm, "__init__", small_eps)
 
+    def layer_norm_form(mp):  # the Annotated Transformer's: eps added to torch.std's unbiased deviation
+        def forward(self, X):
+            centred = X - X.mean(-1, keepdim=True)
+            return self.weight * centred / (X.std(-1, keepdim=True) + 1e-6) + self.bias
+
+        init = model.AddNorm.__init__
+
+        def unbiased(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.ln.forward = forward.__get__(self.ln)
+
+        mp.setattr(model.AddNorm, "__init__", unbiased)
+
     def activation(mp):  # BERT's GELU, not d2l's ReLU
         mp.setattr(model.PositionWiseFFN, "forward", lambda self, X: self.dense2(nn.functional.gelu(self.dense1(X))))
 
@@ -202,6 +215,14 @@ def mxnet_faults():
             self.ln._epsilon = 1e-12  # what Gluon's LayerNorm hands its operator
 
         mp.setattr(model.AddNorm, "__init__", small_eps)
+
+    def layer_norm_form(mp):  # the Annotated Transformer's: eps added to the unbiased standard deviation
+        def hybrid_forward(self, F, X, gamma, beta):
+            centred = X - X.mean(axis=-1, keepdims=True)
+            std = np.sqrt((centred**2).sum(axis=-1, keepdims=True) / (X.shape[-1] - 1))
+            return gamma * centred / (std + 1e-6) + beta
+
+        mp.setattr(mx.gluon.nn.LayerNorm, "hybrid_forward", hybrid_forward)
 
     def activation(mp):  # BERT's GELU, not d2l's ReLU
         def forward(self, X):
@@ -359,6 +380,22 @@ def jax_faults():
                 self.drop = nn.Dropout(self.dropout)
 
         _plant_flax(mp, AddNorm=Eps)
+
+    def layer_norm_form(mp):  # the Annotated Transformer's: eps added to the unbiased standard deviation
+        class UnbiasedLayerNorm(nn.Module):
+            @nn.compact
+            def __call__(self, X):
+                scale = self.param("scale", nn.initializers.ones, (X.shape[-1],))
+                bias = self.param("bias", nn.initializers.zeros, (X.shape[-1],))
+                centred = X - X.mean(-1, keepdims=True)
+                return scale * centred / (jnp.std(X, axis=-1, ddof=1, keepdims=True) + 1e-6) + bias
+
+        class Unbiased(model.AddNorm):
+            def setup(self):
+                self.ln = UnbiasedLayerNorm()
+                self.drop = nn.Dropout(self.dropout)
+
+        _plant_flax(mp, AddNorm=Unbiased)
 
     def activation(mp):  # BERT's GELU, not d2l's ReLU
         class GELU(model.PositionWiseFFN):

@@ -71,6 +71,8 @@ DIAGNOSED = {
     "dropout_on": ("dropout_at_inference", "layers.0.attn.out leaves dropout on at inference"),
     "empty_rows_zero": ("masked_rows_zero", "layers.0.attn.out gives a row whose every key is masked no attention"),
     "padded_zero": ("padded_positions_zero", "the encoding your model returns returns zeros at the padded positions"),
+    "std_eps": ("layer_norm_form", "layers.0.norm1 computes LayerNorm as (x - mean) / (std + eps) with the unbiased "
+                                   "standard deviation, eps 1e-06"),
 }  # fmt: skip
 
 

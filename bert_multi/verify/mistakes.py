@@ -120,6 +120,23 @@ ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU (erf)", "gelu_tanh": "GELU (ta
                     "tanh": "tanh", "sigmoid": "a sigmoid", "silu": "SiLU", "identity": "no activation"}  # fmt: skip
 
 
+# Ways ports write LayerNorm that are not d2l's (nor torch's or Gluon's): the unbiased variance, or eps
+# added to the standard deviation (as the Annotated Transformer's does, with torch.std's unbiased one).
+LAYER_NORM_FORMS = {
+    "unbiased": "(x - mean) / sqrt(var + eps) with the unbiased variance",
+    "std_eps": "(x - mean) / (std + eps), eps added to the standard deviation",
+    "unbiased_std_eps": "(x - mean) / (std + eps) with the unbiased standard deviation",
+}
+
+
+def layer_norm(X: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float, form: str = "d2l") -> np.ndarray:
+    """LayerNorm over the last axis as d2l computes it, or in one of ``LAYER_NORM_FORMS``."""
+    centred = X - X.mean(axis=-1, keepdims=True)
+    var = X.var(axis=-1, keepdims=True, ddof=1 if form.startswith("unbiased") else 0)
+    scale = np.sqrt(var) + eps if form.endswith("std_eps") else np.sqrt(var + eps)
+    return centred / scale * gamma + beta
+
+
 def _fill(value: object) -> str:
     return "no mask at all (valid_lens ignored)" if value == "none" else f"{value:g}"
 
@@ -144,6 +161,16 @@ CATALOGUE: tuple[Mistake, ...] = (
             f"{config.semantics.layer_norm_eps:g}"
         ),
         _eps_values,
+    ),
+    Mistake(
+        "layer_norm_form",
+        "blks.0.addnorm1",
+        "full_valid_len",
+        lambda rule, config: (
+            f"computes LayerNorm as {LAYER_NORM_FORMS[rule['form']]}, eps {rule['eps']:g}, where d2l divides by "
+            f"sqrt(var + {config.semantics.layer_norm_eps:g}) with the biased variance"
+        ),
+        lambda site: [{"form": form, "eps": eps} for form in LAYER_NORM_FORMS for eps in (1e-6, 1e-5, 1e-12)],
     ),
     Mistake(
         "activation",
@@ -281,7 +308,7 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
         return _attention(site, X, **{k: v for k, v in rule.items() if k in ATTENTION_RULES})
     if kind in ("addnorm1", "output"):
         total, gamma, beta = _layer_norm_parts(site)
-        return oracle.layer_norm(total, {"n.weight": gamma, "n.bias": beta}, "n", eps)
+        return layer_norm(total, gamma, beta, eps, rule.get("form", "d2l"))
     if kind == "ffn":
         Y = site.own(f"{site.activation.rsplit('.', 1)[0]}.addnorm1")
         act = ACTIVATIONS[rule.get("activation", semantics.activation)]
@@ -294,7 +321,10 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
             raise KeyError(site.activation)
         gathered = encoded[np.arange(encoded.shape[0])[:, None], positions]
         act = ACTIVATIONS[rule.get("activation", semantics.activation)]
-        hidden = oracle.layer_norm(act(oracle.dense(gathered, weights, "mlm.mlp.0")), weights, "mlm.mlp.2", eps)
+        transformed = act(oracle.dense(gathered, weights, "mlm.mlp.0"))
+        hidden = layer_norm(
+            transformed, weights["mlm.mlp.2.weight"], weights["mlm.mlp.2.bias"], eps, rule.get("form", "d2l")
+        )
         if semantics.mlm_decoder == "own":
             return oracle.dense(hidden, weights, "mlm.mlp.3")
         return hidden @ weights["encoder.token_embedding.weight"].T + weights["mlm.mlp.3.bias"]
@@ -445,10 +475,15 @@ def tries_at(site: Site) -> Iterator[tuple[Mistake, Rule]]:
 
 
 def _also_at(mistake: Mistake, site: Site) -> bool:
-    """Where else a mistake shows first: a LayerNorm's epsilon at any LayerNorm (the block's second, the
-    masked LM's), the activation in the masked LM's transform too, and a pre-norm block where a user's
+    """Where else a mistake shows first: a LayerNorm's epsilon and form at any LayerNorm (the block's second,
+    the masked LM's), the activation in the masked LM's transform too, and a pre-norm block where a user's
     model is read: W_q's input, the normalised embedding."""
-    elsewhere = {"layer_norm_eps": ("output", "mlm"), "activation": ("mlm",), "pre_norm": ("embedding",)}
+    elsewhere = {
+        "layer_norm_eps": ("output", "mlm"),
+        "layer_norm_form": ("output", "mlm"),
+        "activation": ("mlm",),
+        "pre_norm": ("embedding",),
+    }
     return site.kind in elsewhere.get(mistake.name, ())
 
 

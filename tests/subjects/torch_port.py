@@ -12,7 +12,7 @@ from torch import nn
 FAULTS = (
     "scale", "inf_mask", "tiled_valid_lens", "detached_positions", "eps", "gelu", "no_bias", "transposed_query",
     "pre_norm", "positions_offset", "no_segments", "last_position", "dropout_on", "zero_fill", "unscaled",
-    "empty_rows_zero", "padded_zero",
+    "empty_rows_zero", "padded_zero", "std_eps",
     "ffn_doubled",  # one no catalogue knows
     "relu_backward",
 )  # fmt: skip
@@ -88,15 +88,27 @@ class SelfAttention(nn.Module):
         return self.out(mixed.transpose(1, 2).reshape(x.shape))
 
 
+class StdLayerNorm(nn.Module):
+    """The Annotated Transformer's LayerNorm: eps (1e-6) added to torch.std's unbiased deviation."""
+
+    def __init__(self, features, eps=None):
+        super().__init__()
+        self.a_2, self.b_2, self.eps = nn.Parameter(torch.ones(features)), nn.Parameter(torch.zeros(features)), 1e-6
+
+    def forward(self, x):
+        return self.a_2 * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + self.eps) + self.b_2
+
+
 class Layer(nn.Module):
     def __init__(self, hidden, ffn, heads, fault=None, fused=False):
         super().__init__()
         self.fault = fault
         self.attn = SelfAttention(hidden, heads, fault, fused)
         eps = 1e-12 if fault == "eps" else 1e-5
-        self.norm1 = nn.LayerNorm(hidden, eps=eps)
+        norm = StdLayerNorm if fault == "std_eps" else nn.LayerNorm
+        self.norm1 = norm(hidden, eps=eps)
         self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-        self.norm2 = nn.LayerNorm(hidden, eps=eps)
+        self.norm2 = norm(hidden, eps=eps)
 
     def forward(self, x, valid_lens):
         activation = {"gelu": nn.functional.gelu, "relu_backward": PassingReLU.apply}.get(self.fault, torch.relu)
