@@ -31,13 +31,14 @@ def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_diff
     assert placed["encoder.blks.0.ffn.dense2.bias"].describe() == "encoder.layers.0.linear2.bias"
     # The attention's output is recorded though out_proj is never called (its weight is used functionally).
     assert report.activations["blks.0.attention"] == "encoder.layers.0.self_attn.out_proj (output)"
-    said = {diagnosis.mistake.name: diagnosis for diagnosis in report.diagnoses if diagnosis.mistake}
-    assert set(said) == {"masked_rows_zero", "padded_positions_zero"}
-    assert (
-        said["masked_rows_zero"].where == "encoder.layers.0.self_attn.out_proj"
-        and said["masked_rows_zero"].error < 1e-9
-    )
-    assert said["padded_positions_zero"].where == "the encoding your model returns"
+    # Each real difference, at each module where it is made: the attention of both blocks, and the encoding.
+    said = [(diagnosis.mistake.name, diagnosis.where) for diagnosis in report.diagnoses if diagnosis.mistake]
+    assert said == [
+        ("masked_rows_zero", "encoder.layers.0.self_attn.out_proj"),
+        ("masked_rows_zero", "encoder.layers.1.self_attn.out_proj"),
+        ("padded_positions_zero", "the encoding your model returns"),
+    ]
+    assert all(diagnosis.error < 1e-9 for diagnosis in report.diagnoses) and len(report.diagnoses) == 3
     # A key-padding mask cannot take a length per query: that case is the port's error; the others ran.
     raised = {error.case for error in report.forward.errors}
     assert "valid_lens_2d" in raised and len({check.case for check in report.forward.checks}) >= 7

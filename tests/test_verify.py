@@ -101,8 +101,11 @@ def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
     from subjects import torch_port
 
     report = verify(functools.partial(torch_port.make, fault="ffn_doubled"), TINY, dtypes=["float64"])
-    (diagnosis,) = report.diagnoses  # the doubling is after the FFN's last layer: the residual's sum shows it
+    # The doubling is after the FFN's last layer: the residual's sum shows it, in each block (every module that
+    # differs itself is named, each from its own input).
+    diagnosis, second = report.diagnoses
     assert diagnosis.mistake is None and diagnosis.activation == "blks.0.output"
+    assert second.mistake is None and second.activation == "blks.1.output" and second.where == "layers.1.norm2"
     text = diagnosis.describe()
     assert text.startswith("layers.0.norm2: no known mistake reproduces its output (d2l's rule is off by ")
     assert (

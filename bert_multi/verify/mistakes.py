@@ -58,6 +58,12 @@ class Site:
             raise KeyError(name)
         return np.asarray(value, dtype=np.float64)
 
+    def encoding(self) -> np.ndarray:
+        """The encoding the heads read: the last block's output where it was recorded (the run whose
+        activations these are), else the encoding the model returned."""
+        last = f"blks.{self.config.num_blks - 1}.output"
+        return self.own(last if self.recorded.get(last) is not None else "encoded")
+
     def block_input(self) -> np.ndarray:
         index = int(self.activation.split(".")[1])
         return self.own("embedding" if index == 0 else f"blks.{index - 1}.output")
@@ -316,6 +322,8 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
             act(oracle.dense(Y, weights, f"{site.block}.ffn.dense1")), weights, f"{site.block}.ffn.dense2"
         )
     if kind == "mlm":
+        # An output, computed from the encoding the model returned (its own run's, where a framework's fast
+        # path made the outputs apart from the observed run).
         encoded, positions = site.own("encoded"), site.inputs.pred_positions
         if positions is None:
             raise KeyError(site.activation)
@@ -329,7 +337,7 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
             return oracle.dense(hidden, weights, "mlm.mlp.3")
         return hidden @ weights["encoder.token_embedding.weight"].T + weights["mlm.mlp.3.bias"]
     if kind == "pooler":
-        encoded = site.own("encoded")
+        encoded = site.encoding()
         return np.tanh(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
     if kind == "encoded":  # the last block's output, as the encoder returns it
         X = site.own(f"blks.{config.num_blks - 1}.output")

@@ -17,7 +17,7 @@ from ..backend.registry import register_backend, unregister_backend
 from ..engine.cases import CASES, get_case
 from ..engine.compare import tolerance_for
 from ..engine.conform import Progress, run_conformance
-from ..engine.results import Target
+from ..engine.results import Target, computation_rank
 from ..errors import CannotRunHere, UsageError
 from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.inputs import check_inputs
@@ -235,35 +235,43 @@ def diagnose_divergences(
     dtype: str = "float64",
     device: str = "cpu",
 ) -> list[Diagnosis]:
-    """What the user's module computes instead at each distinct first divergence, from a run in ``dtype`` on
-    ``device`` (the set-up's: float64 on the CPU where asked) of the first case that shows it: dropout left
-    on if two runs of it differ, else the catalogue's mistake that reproduces the module's output from its
-    own recorded input (``mistakes.diagnose``)."""
-    found: list[Diagnosis] = []
+    """What the user's modules compute instead: every activation that diverges in any case, each once, in
+    computation order, from a run in ``dtype`` on ``device`` (the set-up's: float64 on the CPU where asked)
+    of the first case that shows it. Dropout left on if two runs of that case differ; else, for each, the
+    catalogue's mistake that reproduces the module's output from its own recorded input
+    (``mistakes.diagnose``), so that a module fed a difference from upstream is not blamed for it and every
+    module that differs itself is named, not only the first."""
+    wanted: dict[str, list[str]] = {}  # case -> the activations it is the first to show diverging
     seen: set[str] = set()
     for check in sorted(report.forward.failures(), key=lambda check: check.target.dtype != dtype):
-        first = check.first_divergence
-        assert first is not None
-        if first.name in seen:
-            continue
-        seen.add(first.name)
-        case = get_case(check.case).input(report.config, report.seed)
+        diverging = sorted(
+            (c for c in check.intermediates + check.outputs if not c.passed), key=lambda c: computation_rank(c.name)
+        )
+        for comparison in diverging:
+            if comparison.name not in seen and comparison.name != "intermediates":
+                seen.add(comparison.name)
+                wanted.setdefault(check.case, []).append(comparison.name)
+    found: list[Diagnosis] = []
+    tolerance = tolerance_for(dtype, parse_device(device).kind)
+    for name, activations in wanted.items():
+        case = get_case(name).input(report.config, report.seed)
         config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
         model = backend.build(config, cut, device, dtype)
         out, again = (call_user(f"your model {report.label}", model, **case.batch, intermediates=True) for _ in "12")
         recorded = _recorded(out)
-        where = _module(report.user_name(first.name))
         apart = nondeterminism(recorded, {**(again.intermediates or {}), "encoded": again.encoded})
         if apart > 0:
-            found.append(Diagnosis(first.name, where, MISTAKES["dropout_at_inference"], {"apart": apart}, 0.0, apart,
-                                   config))  # fmt: skip
+            where = _module(report.user_name(activations[0]))
+            found.append(Diagnosis(activations[0], where, MISTAKES["dropout_at_inference"], {"apart": apart}, 0.0,
+                                   apart, config))  # fmt: skip
             continue
         inputs = check_inputs(config, **case.batch)
-        tolerance = tolerance_for(dtype, parse_device(device).kind)
-        diagnosis = diagnose(Site(config, cut, inputs, first.name, recorded), where, tolerance)
-        if diagnosis is not None:
-            found.append(diagnosis)
-    return found
+        for activation in activations:
+            site = Site(config, cut, inputs, activation, recorded)
+            diagnosis = diagnose(site, _module(report.user_name(activation)), tolerance)
+            if diagnosis is not None:
+                found.append(diagnosis)
+    return sorted(found, key=lambda diagnosis: computation_rank(diagnosis.activation))
 
 
 def _recorded(out: BERTOutput) -> dict[str, np.ndarray | None]:
