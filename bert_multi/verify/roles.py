@@ -5,7 +5,7 @@ its orientation.
 
 The oracle decides, group by group, from one forward of the user's model with the weights placed as the
 order suggests: each activation those modules compute is recomputed by the oracle's rule from the user's
-own recorded input (``mistakes.compute``), the canonical weights given to the roles in each other way
+own recorded input (``rules.compute``), the canonical weights given to the roles in each other way
 (and an unsure square weight either way round); the assignment that reproduces what the user's model
 computed is the placement. Where none does (the model computes something else there), the order's
 placement stands and the report says that the oracle could not confirm it.
@@ -23,8 +23,9 @@ from ..engine.compare import tolerance_for
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.schema import param_shapes
-from .mistakes import Mistake, Rule, Site, compute, tries_at
+from .mistakes import Mistake, tries_at
 from .placement import ParameterMap, Placement
+from .rules import Rule, Site, compute
 from .subject import activation_of
 
 Shape = tuple[int, ...]

@@ -26,8 +26,9 @@ from .findings import VerifyReport
 from .gradients import check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
 from .mapping import MappingError
-from .mistakes import MISTAKES, Diagnosis, Site, diagnose, nondeterminism
+from .mistakes import MISTAKES, Diagnosis, diagnose, nondeterminism
 from .roles import decide_roles
+from .rules import Site
 from .subject import call_user
 from .user import Given, UserBackend, UserBERT
 
