@@ -1,5 +1,5 @@
-"""``verify`` on ports as outsiders write them (``tests/subjects``): built from PyTorch's own blocks, lacking
-parts d2l's model has, raising on some inputs, computing in float32 only. Each gets a verdict with no map
+"""``verify`` on ports as outsiders write them (``tests/subjects``): built from PyTorch's or Flax's own blocks,
+lacking parts d2l's model has, raising on some inputs, computing in float32 only. Each gets a verdict with no map
 file, naming each real difference at its module with its numbers, and a port whose maths is d2l's passes."""
 
 import functools
@@ -14,14 +14,22 @@ from bert_multi.backend.registry import not_in_process
 from bert_multi.cli import main
 from bert_multi.verify.session import verify
 
-pytestmark = pytest.mark.skipif(bool(not_in_process("torch")), reason="the ports here are PyTorch's")
+
+def needs(backend):
+    """Skip unless the backend's framework runs in this process: users' models are wrapped here."""
+    reason = not_in_process(backend)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
+
 
 # An even number of heads, so that PyTorch's encoder takes its nested-tensor fast path in inference.
 EVEN = BERTConfig(vocab_size=31, num_hiddens=16, ffn_num_hiddens=20, num_heads=4, num_blks=2, max_len=16)
 ODD = BERTConfig(vocab_size=31, num_hiddens=15, ffn_num_hiddens=20, num_heads=3, num_blks=2, max_len=16)
 WHOLE_LENGTHS = ["full_valid_len", "no_valid_lens", "single_segment", "edge_pred_positions", "no_pred_positions"]
 
+# --- PyTorch's own blocks ----------------------------------------------------------------------------------
 
+
+@needs("torch")
 def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_difference_named():
     report = verify(torch_native.build, EVEN, dtypes=["float64"])
     assert not report.passed
@@ -49,6 +57,7 @@ def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_diff
     assert "observed with its fast path off; outputs with it on" in str(info["framework"])
 
 
+@needs("torch")
 def test_a_port_on_torchs_own_blocks_whose_maths_is_d2ls_passes():
     """Where every sequence keeps its whole length (nothing padded, no row without a key), the same port
     computes d2l's BERT."""
@@ -57,6 +66,7 @@ def test_a_port_on_torchs_own_blocks_whose_maths_is_d2ls_passes():
     assert "blks.1.output" in report.activations
 
 
+@needs("torch")
 def test_a_port_lacking_the_heads_is_checked_on_what_it_has_and_says_what_it_did_not_check():
     report = verify(torch_scratch.build, ODD, dtypes=["float64"])
     assert report.config.heads == () and set(report.absent) == {"pooler", "mlm", "nsp"}
@@ -71,6 +81,7 @@ def test_a_port_lacking_the_heads_is_checked_on_what_it_has_and_says_what_it_did
     assert "not checked: " in passing.verdict()
 
 
+@needs("torch")
 def test_heads_and_a_map_files_absent_parts_say_what_a_model_lacks(tmp_path, capsys):
     argv = ["verify", "tests/subjects/torch_scratch.py:build", "--config", "tiny", "--dtypes", "float64"]
     argv += ["--cases", ",".join(WHOLE_LENGTHS)]
@@ -87,6 +98,7 @@ def test_heads_and_a_map_files_absent_parts_say_what_a_model_lacks(tmp_path, cap
     assert "are the encoder's, which verify checks in every model" in capsys.readouterr().err
 
 
+@needs("torch")
 def test_a_model_that_computes_in_float32_only_is_verified_in_float32():
     factory = functools.partial(torch_scratch.build, float32_only=True)
     report = verify(factory, ODD, dtypes=["float32"], cases=WHOLE_LENGTHS, label="float32 only")
@@ -95,6 +107,7 @@ def test_a_model_that_computes_in_float32_only_is_verified_in_float32():
         verify(factory, ODD, dtypes=["float32"], gradients=True)
 
 
+@needs("torch")
 def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(capsys):
     argv = ["verify", "tests/subjects/torch_native.py:build", "--config", "tiny", "--dtypes", "float64"]
     assert main(argv) == 1
@@ -103,3 +116,47 @@ def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(caps
     last = captured.out.strip().splitlines()[-1]
     assert re.match(r"FAIL: torch_native\.py:build first diverges at blks\.0\.attention", last)
     assert "attend to every key alike" in last
+
+
+# --- Flax's own blocks -------------------------------------------------------------------------------------
+
+
+@needs("jax")
+def test_a_port_on_flaxs_own_blocks_is_placed_without_a_map_and_each_default_named(tmp_path):
+    """Flax's attention (``nn.MultiHeadDotProductAttention``) keeps its kernels with the heads as an axis of
+    their own; its LayerNorm's epsilon (1e-6) differs from the original BERT's at every LayerNorm, its GELU
+    is the tanh approximation in the FFN and, with the epsilon, in the masked LM's transform: one module,
+    two mistakes at once."""
+    from subjects import flax_native
+
+    report = verify(flax_native.build, ODD.with_semantics("bert"), dtypes=["float64"])
+    assert report.mapping.how == "order of use and shape (46 tensors, inferred: check them)"
+    placed = {
+        name: report.mapping.user_name(name)
+        for name in ("encoder.blks.0.attention.W_q.weight", "encoder.blks.1.attention.W_o.bias")
+    }
+    assert placed == {
+        "encoder.blks.0.attention.W_q.weight": "Block_0.MultiHeadDotProductAttention_0.query.kernel.T",
+        "encoder.blks.1.attention.W_o.bias": "Block_1.MultiHeadDotProductAttention_0.out.bias",
+    }
+    said = {diagnosis.where: diagnosis.says() for diagnosis in report.diagnoses}
+    eps = "computes LayerNorm with eps 1e-06; bert's eps is 1e-12"
+    gelu = "uses GELU (tanh approximation) where bert uses GELU (erf)"
+    layer_norms = ["LayerNorm_0"] + [f"Block_{i}.LayerNorm_{j}" for i in range(2) for j in range(2)]
+    assert said == {
+        **dict.fromkeys(layer_norms, eps),
+        **dict.fromkeys(["Block_0.Dense_0", "Block_1.Dense_0"], gelu),
+        "the masked-LM output your model returns": f"{gelu} and {eps}",
+    }
+    assert all(diagnosis.error < 1e-12 for diagnosis in report.diagnoses)
+    assert report.verdict() == (
+        "FAIL: build first diverges at embedding (yours: LayerNorm_0 (output)), case mixed_valid_lens, float64 "
+        f"on cpu: it {eps}."
+    )
+    # The placement, written as a map file, reshapes the kernels as written.
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(report.mapping.as_map_file()))
+    again = verify(
+        flax_native.build, ODD.with_semantics("bert"), dtypes=["float64"], cases=["full_valid_len"], map_file=path
+    )
+    assert again.mapping.placements == report.mapping.placements and again.mapping.how == f"map file {path}"

@@ -557,6 +557,27 @@ def test_write_map_saves_the_placement_and_the_guess_as_map_files_that_work_as_w
     assert json.loads(guessed.read_text())["names"]["encoder.segment_embedding.weight"] == "?"
 
 
+@needs("torch")
+def test_write_map_saves_a_placement_that_does_not_fit_for_the_user_to_finish(tmp_path):
+    """A parameter no canonical tensor sets stops the run; the placement found is written all the same,
+    and listing that parameter under "ignore" is all the map file then needs."""
+    model = tmp_path / "extra.py"
+    model.write_text(
+        f"import sys\nimport torch\nsys.path.insert(0, {str(ROOT / 'tests')!r})\nfrom subjects import torch_port\n\n\n"
+        "def build(config):\n"
+        "    model = torch_port.build(config)\n    model.unused = torch.nn.Linear(3, 3)\n    return model\n"
+    )
+    written = tmp_path / "map.json"
+    argv = [f"{model}:build", "--config", "tiny", "--dtypes", "float64", "--cases", "full_valid_len"]
+    done = cli(*argv, "--write-map", str(written))
+    assert done.returncode == 2 and "does not fit" in done.stderr and "['unused.weight', 'unused.bias']" in done.stderr
+    contents = json.loads(written.read_text())
+    assert contents["names"]["encoder.blks.{i}.attention.W_q.weight"] == "layers.{i}.attn.query.weight"
+    written.write_text(json.dumps({**contents, "ignore": ["unused.weight", "unused.bias"]}))
+    again = cli(*argv, "--map", str(written))
+    assert again.returncode == 0, again.stderr
+
+
 @pytest.mark.parametrize("subject, backend", [("flax_notebook", "jax"), ("gluon_port", "mxnet")])
 def test_a_model_of_a_framework_installed_elsewhere_is_verified_there_and_says_so(subject, backend, tmp_path):
     from bert_multi.backend.registry import load_backend

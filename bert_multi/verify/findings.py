@@ -84,7 +84,7 @@ class VerifyReport:
             first = check.first_divergence
             assert first is not None
             found = next((d for d in self.diagnoses if d.activation == first.name and d.mistake is not None), None)
-            instead = f": it {found.mistake.says(found.rule, self.config)}" if found and found.mistake else ""
+            instead = f": it {found.says()}" if found else ""
             return (
                 f"FAIL: {self.label} first diverges at {first.name} (yours: {self.user_name(first.name)}), "
                 f"case {check.case}, {check.target.dtype} on {check.target.device}{instead}{self._raised()}"
@@ -207,7 +207,10 @@ class VerifyReport:
                     "activation": d.activation,
                     "module": d.where,
                     "mistake": d.mistake.name if d.mistake else None,
-                    "change": {key: str(value) for key, value in d.rule.items()},
+                    "also": [mistake.name for mistake, _ in d.also],
+                    "change": {
+                        key: str(value) for rule in (d.rule, *(r for _, r in d.also)) for key, value in rule.items()
+                    },
                     "reproduces_to": d.error,
                     "d2l_rule_off_by": d.off,
                     "said": d.describe(),

@@ -19,6 +19,7 @@ model conforms:
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -57,7 +58,13 @@ class MappingError(UsageError):
 
 def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
     """Whether a canonical tensor of ``shape`` fits at ``placement`` in a user tensor of shape ``user``
-    (a leading axis of 1 may be missing: transformers keeps positions as (P, H), d2l as (1, P, H))."""
+    (a leading axis of 1 may be missing: transformers keeps positions as (P, H), d2l as (1, P, H); a
+    kernel or bias may keep the heads as an axis of its own: Flax's DenseGeneral, (H, heads, H/heads),
+    (heads, H/heads, H), (heads, H/heads))."""
+    if placement.transpose and len(user) > 2 and len(shape) == 2 and not placement.part:
+        return math.prod(user) == math.prod(shape) and (user[0] == shape[1] or user[-1] == shape[0])
+    if not placement.transpose and len(user) == 2 and len(shape) == 1 and not placement.part:
+        return math.prod(user) == shape[0] and user[0] > 1 and user[1] > 1  # a bias split over the heads
     if placement.transpose:
         user = tuple(reversed(user))
     if placement.part:
@@ -339,8 +346,8 @@ def _fused(
 
 def _oriented(name: str, shape: Shape, part: tuple[int, int] | None = None) -> Placement:
     """A placement at the user's parameter ``name``. Framework difference: a Flax Dense keeps its kernel
-    (in, out), the transpose of a d2l weight."""
-    return Placement(name, flax.transposed(name) and len(shape) == 2, part)
+    (in, out), the transpose of a d2l weight (a DenseGeneral's with the heads as axes of their own)."""
+    return Placement(name, flax.transposed(name) and len(shape) >= 2, part)
 
 
 def _unplaced(
@@ -396,5 +403,6 @@ def _check(mapping: ParameterMap, canonical: dict[str, Shape], placements: dict[
             f'{unplaced[:8]}{" ..." if len(unplaced) > 8 else ""} (list them under "ignore" in a map file if '
             "they take no part in BERT's outputs)"
         )
-    if problems:
-        raise MappingError(f"the mapping found by {mapping.how} does not fit: " + "; ".join(problems))
+    if problems:  # the placement found is still the best start for a map file
+        raise MappingError(f"the mapping found by {mapping.how} does not fit: " + "; ".join(problems),
+                           suggested=mapping.as_map_file())  # fmt: skip

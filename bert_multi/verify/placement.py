@@ -88,7 +88,9 @@ class ParameterMap:
 
 def _canonical_view(array: np.ndarray, placement: Placement, shape: Shape) -> np.ndarray:
     if placement.transpose:
-        array = array.T
+        # A kernel of more axes (Flax's DenseGeneral: (in, heads, head_dim), or (heads, head_dim, out)) is the
+        # (in, out) matrix with axes split: merged first, then transposed.
+        array = (array.reshape(shape[::-1]) if array.ndim != 2 and not placement.part else array).T
     if placement.part:
         k, n = placement.part
         size = array.shape[0] // n

@@ -108,7 +108,7 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
     eps = rule.get("eps", semantics.layer_norm_eps)
     kind = site.kind
     if kind == "embedding":
-        X = _embedding(site, rule.get("segments", "given"), rule.get("offset", 0))
+        X = _embedding(site, rule.get("segments", "given"), rule.get("offset", 0), eps, rule.get("form", "d2l"))
         if rule.get("pre_norm"):  # what a pre-norm block's W_q reads: the normalised input
             X = oracle.layer_norm(X, weights, "encoder.blks.0.addnorm1.ln", eps)
         return X
@@ -193,9 +193,10 @@ def _attention(
     return project("W_o", oracle.merge_heads(attention @ values, heads))
 
 
-def _embedding(site: Site, segments: str, offset: int) -> np.ndarray:
+def _embedding(site: Site, segments: str, offset: int, eps: float, form: str) -> np.ndarray:
     """The embedding sum with the segments "given", all "zero" or "none" at all, its positions counted
-    from ``offset`` (past the table's end they wrap round, as a port's would that indexes modulo its length)."""
+    from ``offset`` (past the table's end they wrap round, as a port's would that indexes modulo its length),
+    normalised where the semantics normalise it, with LayerNorm's ``eps`` and ``form``."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
     tokens, segment_ids = site.inputs.tokens, site.inputs.segments
     positions = (np.arange(tokens.shape[1]) + offset) % config.max_len
@@ -207,5 +208,5 @@ def _embedding(site: Site, segments: str, offset: int) -> np.ndarray:
     else:
         X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[positions]
     if semantics.embedding_norm:
-        X = oracle.layer_norm(X, weights, "encoder.embedding_norm", semantics.layer_norm_eps)
+        X = layer_norm(X, weights["encoder.embedding_norm.weight"], weights["encoder.embedding_norm.bias"], eps, form)
     return X

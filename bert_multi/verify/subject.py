@@ -86,10 +86,13 @@ def in_call_order(parameters: list[tuple[str, Shape]], called: list[str]) -> lis
 
 # Where each named activation is found, by the canonical parameter whose module it enters or leaves:
 # attention is W_o's output (before the residual), the add-and-norms are their LayerNorms' outputs, the
-# embedding is what the first block's W_q reads, the pooler what the NSP classifier reads.
+# embedding is its LayerNorm's output where the semantics normalise it, else what the first block's W_q
+# reads, the pooler what the NSP classifier reads.
 def tap_sources(config: BERTConfig) -> dict[str, tuple[str, str]]:
     """Each activation of ``intermediate_names(config)`` -> (canonical parameter, "input" or "output")."""
-    sources = {"embedding": ("encoder.blks.0.attention.W_q.weight", "input")}
+    normalised = config.semantics.embedding_norm
+    sources = {"embedding": ("encoder.embedding_norm.weight", "output") if normalised
+               else ("encoder.blks.0.attention.W_q.weight", "input")}  # fmt: skip
     for i in range(config.num_blks):
         blk = f"encoder.blks.{i}"
         sources[f"blks.{i}.attention"] = (f"{blk}.attention.W_o.weight", "output")
