@@ -20,6 +20,7 @@ from bert_multi.backend.registry import not_in_process
 from bert_multi.engine.cases import CASES
 from bert_multi.engine.conform import run_conformance
 from bert_multi.engine.results import Target
+from bert_multi.spec.semantics import sinusoidal_positions
 from bert_multi.verify.mistakes import CATALOGUE
 from bert_multi.verify.session import verify
 
@@ -184,6 +185,16 @@ def torch_faults():
 
         mp.setattr(model.BERTEncoder, "forward", forward)
 
+    def fixed_positions(mp):  # a fixed sinusoidal table (a buffer) where d2l learns its positions
+        def forward(self, tokens, segments, valid_lens):
+            X = self.token_embedding(tokens) + self.segment_embedding(segments)
+            X = X + torch.as_tensor(sinusoidal_positions(*X.shape[1:]), dtype=X.dtype, device=X.device)
+            for blk in self.blks:
+                X = blk(X, valid_lens)
+            return X
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
+
     return locals()
 
 
@@ -324,6 +335,16 @@ def mxnet_faults():
             X = self.token_embedding(tokens) + self.segment_embedding(segments)
             table = self.pos_embedding.data(ctx=X.ctx)
             X = X + table[:, (np.arange(X.shape[1]) + 1) % table.shape[1], :]
+            for blk in self.blks:
+                X = blk(X, valid_lens)
+            return X
+
+        mp.setattr(model.BERTEncoder, "forward", forward)
+
+    def fixed_positions(mp):  # a fixed sinusoidal table (a buffer) where d2l learns its positions
+        def forward(self, tokens, segments, valid_lens):
+            X = self.token_embedding(tokens) + self.segment_embedding(segments)
+            X = X + np.array(sinusoidal_positions(*X.shape[1:]), ctx=X.ctx, dtype=X.dtype)
             for blk in self.blks:
                 X = blk(X, valid_lens)
             return X
@@ -522,6 +543,18 @@ def jax_faults():
                 return X
 
         _plant_flax(mp, BERTEncoder=Offset)
+
+    def fixed_positions(mp):  # a fixed sinusoidal table (a buffer) where d2l learns its positions
+        class Fixed(model.BERTEncoder):
+            def __call__(self, tokens, segments, valid_lens, training=False):
+                X = self.token_embedding(tokens) + self.segment_embedding(segments)
+                X = X + jnp.asarray(sinusoidal_positions(*X.shape[1:]), dtype=X.dtype)
+                self.sow("intermediates", "embedding", X)
+                for blk in self.blks:
+                    X = blk(X, valid_lens, training)
+                return X
+
+        _plant_flax(mp, BERTEncoder=Fixed)
 
     return locals()
 

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from subjects import torch_native, torch_scratch
+from subjects import torch_native, torch_repo, torch_scratch
 
 from bert_multi import BERTConfig
 from bert_multi.backend.registry import not_in_process
@@ -116,6 +116,42 @@ def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(caps
     last = captured.out.strip().splitlines()[-1]
     assert re.match(r"FAIL: torch_native\.py:build first diverges at blks\.0\.attention", last)
     assert "attend to every key alike" in last
+
+
+@needs("torch")
+def test_a_from_scratch_repositorys_bert_gets_a_verdict_with_its_fixed_positions_and_padded_segments(tmp_path):
+    """No parameter for the positions (a sinusoidal buffer), a segment table with a padding row first, no
+    pooler and no masked-LM transform: placed with no map file, and a verdict."""
+    report = verify(torch_repo.build, EVEN, dtypes=["float64"])
+    mapping = report.mapping
+    assert mapping.user_name("encoder.segment_embedding.weight") == "model.bert.embedding.segment.weight[1:]"
+    assert "encoder.pos_embedding" not in mapping.placements
+    assert (
+        "none of yours for encoder.pos_embedding (your model's own, compared through what it computes)" in mapping.how
+    )
+    assert report.absent == {
+        "mlm": "your model has no parameters for mlm.mlp.0.weight, mlm.mlp.0.bias, mlm.mlp.2.weight ...",
+        "pooler": "your model has no parameters for hidden.0.weight, hidden.0.bias",
+        "nsp": "it reads the pooler, which is not checked",
+    }
+    assert not report.passed and report.forward.failures() and not report.forward.errors
+    # The placement, written as a map file, keeps the padding row and leaves the positions the model's own.
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(mapping.as_map_file()))
+    assert json.loads(path.read_text())["names"]["encoder.segment_embedding.weight"].endswith(".segment.weight[1:]")
+    again = verify(torch_repo.build, EVEN, dtypes=["float64"], cases=["full_valid_len"], map_file=path)
+    assert again.mapping.placements == mapping.placements
+
+
+@needs("torch")
+def test_the_command_gives_a_from_scratch_repositorys_bert_a_verdict_and_exit_1(capsys):
+    argv = ["verify", "tests/subjects/torch_repo.py:build", "--config", "tiny", "--dtypes", "float64"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "Traceback (most recent call last)" not in captured.out + captured.err
+    last = captured.out.strip().splitlines()[-1]
+    assert last.startswith("FAIL: torch_repo.py:build first diverges at embedding (yours: ")
+    assert last.endswith("the next-sentence classifier: it reads the pooler, which is not checked.")
 
 
 # --- Flax's own blocks -------------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ DIAGNOSED = {
     "transposed_query": ("transposed_weight", "uses W_q transposed"),
     "pre_norm": ("pre_norm", "the input of layers.0.attn.query normalises the block's input before the attention"),
     "positions_offset": ("positions_offset", "counts the positions from 1, where d2l counts from 0"),
+    "sinusoidal": ("fixed_positions", "adds a fixed sinusoidal table for the positions (a buffer, as the "
+                                      "Transformer's) where d2l learns them"),
     "no_segments": ("segments_ignored", "leaves the segment embedding out of the embedding sum"),
     "last_position": ("pooler_position", "the input of nsp_out pools the last position"),
     "dropout_on": ("dropout_at_inference", "layers.0.attn.out leaves dropout on at inference"),

@@ -142,6 +142,28 @@ def test_placements_parse():
     assert parse_placement("a.b.T") == Placement("a.b", True)
     assert parse_placement("a.b[1/3]") == Placement("a.b", False, (1, 3))
     assert parse_placement("a.b[1/3].T") == Placement("a.b", True, (1, 3))
+    assert parse_placement("seg.weight[1:]") == Placement("seg.weight", rows=1)
+    assert parse_placement("seg.weight[1:]").describe() == "seg.weight[1:]"
+
+
+def test_a_table_placed_after_its_padding_row_moves_both_ways_with_that_row_zero(tmp_path):
+    """A segment table of 3 rows, row 0 for padding: the canonical rows go in after it, and come back
+    (parameters or gradients) without it; a table of the wrong size does not fit."""
+    parameters = list(SHAPES.items())
+    index = next(i for i, (name, _) in enumerate(parameters) if name == "encoder.segment_embedding.weight")
+    parameters[index] = ("segments", (3, CONFIG.num_hiddens))
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps({"names": {"encoder.segment_embedding.weight": "segments[1:]"}}))
+    mapping = map_parameters(CONFIG, parameters, read_map(path))
+    weights = random_weights(CONFIG, seed=1, dtype="float64")
+    user = mapping.to_user(weights)["segments"]
+    assert user.shape == (3, CONFIG.num_hiddens) and not user[0].any()
+    np.testing.assert_array_equal(user[1:], weights["encoder.segment_embedding.weight"])
+    back = mapping.to_canonical({"segments": user}, SHAPES)["encoder.segment_embedding.weight"]
+    np.testing.assert_array_equal(back, weights["encoder.segment_embedding.weight"])
+    path.write_text(json.dumps({"names": {"encoder.segment_embedding.weight": "segments[2:]"}}))
+    with pytest.raises(MappingError, match=r"segments\[2:\]: that parameter's shape is \(3, 12\)"):
+        map_parameters(CONFIG, parameters, read_map(path))
 
 
 # --- a NumPy-protocol model ------------------------------------------------------------------------------

@@ -110,6 +110,12 @@ class WrappedModel:
         # torch's blocks' names place the weights where the model is built of those blocks.
         native = any(isinstance(module, nn.TransformerEncoderLayer) for module in self.module.modules())
         self.native_names = NATIVE_NAMES if native else {}
+        # Framework difference: only PyTorch's embedding says which row is padding (``padding_idx``).
+        self.padded_tables = {
+            f"{path}.weight" if path else "weight"
+            for path, module in self.module.named_modules()
+            if isinstance(module, nn.Embedding) and module.padding_idx == 0
+        }
         # A model with a fast path is observed with it off, and its outputs are also taken as it runs by
         # itself, with it on: observing never changes what is checked of it.
         self.fast_path = any(isinstance(m, FAST_PATH) for m in self.module.modules())

@@ -25,22 +25,27 @@ MAX_MAP_BYTES = 1 << 20
 # what is checked, so it is bounded where it is read.
 MAX_PARTS = 1024
 
-_PLACE = re.compile(r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d{1,9})/(?P<n>\d{1,9})\])?(?P<t2>\.T)?")
+_PLACE = re.compile(
+    r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d{1,9})/(?P<n>\d{1,9})\]|\[(?P<rows>\d{1,9}):\])?(?P<t2>\.T)?"
+)
 # A pattern's fields: each stands for the same text wherever it appears in one pattern.
 FIELDS = {"i": r"\d+", "p": "weight|bias"}
 
 
 def parse_placement(text: str) -> Placement:
-    """``name``, ``name.T`` (transposed), ``name[k/n]`` (the k-th of n equal parts along the first axis)."""
+    """``name``, ``name.T`` (transposed), ``name[k/n]`` (the k-th of n equal parts along the first axis),
+    ``name[r:]`` (its rows from r on: the rows before are the model's own, a padding row)."""
     match = _PLACE.fullmatch(text.strip())
     if not match:
-        raise UsageError(f"{text!r} is not a parameter name, NAME.T or NAME[k/n] (k and n of at most 9 digits)")
+        raise UsageError(
+            f"{text!r} is not a parameter name, NAME.T, NAME[k/n] or NAME[r:] (numbers of at most 9 digits)"
+        )
     part = (int(match["k"]), int(match["n"])) if match["n"] else None
     if part and part[1] > MAX_PARTS:
         raise UsageError(f"{text!r}: a tensor cut into {part[1]} parts; expected at most {MAX_PARTS}")
     if part and not 0 <= part[0] < part[1]:
         raise UsageError(f"{text!r}: part {part[0]} of {part[1]} does not exist (parts count from 0)")
-    return Placement(match["name"], bool(match["t"] or match["t2"]), part)
+    return Placement(match["name"], bool(match["t"] or match["t2"]), part, int(match["rows"] or 0))
 
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from ..backend.contract import framework_names
 from ..errors import UsageError
@@ -56,6 +56,12 @@ class MappingError(UsageError):
         self.unplaced = unplaced  # the canonical tensors nothing in the model was found for
 
 
+# The canonical tensors a model may have no parameter for and still be checked: the positions, which ports
+# often keep as a fixed table (a buffer) where d2l learns them; what it adds is compared through the
+# embedding it computes.
+KEPT = ("encoder.pos_embedding",)
+
+
 def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
     """Whether a canonical tensor of ``shape`` fits at ``placement`` in a user tensor of shape ``user``
     (a leading axis of 1 may be missing: transformers keeps positions as (P, H), d2l as (1, P, H); a
@@ -65,6 +71,8 @@ def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
         return math.prod(user) == math.prod(shape) and (user[0] == shape[1] or user[-1] == shape[0])
     if not placement.transpose and len(user) == 2 and len(shape) == 1 and not placement.part:
         return math.prod(user) == shape[0] and user[0] > 1 and user[1] > 1  # a bias split over the heads
+    if placement.rows:
+        user = (user[0] - placement.rows, *user[1:])
     if placement.transpose:
         user = tuple(reversed(user))
     if placement.part:
@@ -111,15 +119,19 @@ def map_parameters(
     called: Callable[[], Sequence[str]] | None = None,
     lacking: bool = False,
     native: Mapping[str, Mapping[str, str]] | None = None,
+    kept: Collection[str] = (),
+    padded: Collection[str] = (),
 ) -> ParameterMap:
     """Place every canonical tensor of ``config`` in the user's ``parameters`` ((name, shape) in
     registration order), as this module's docstring says, or raise ``MappingError``. ``called()``: the
     parameters' names in the order a forward pass uses them, where the framework can tell (asked only
     when names leave something to place). ``lacking``: ``config`` leaves out parts the model lacks, so the
     parameters no canonical tensor sets (its own versions of those parts) are ignored, not refused.
-    ``native``: the names of its framework's own blocks (``families``)."""
+    ``native``: the names of its framework's own blocks (``families``). ``kept``: canonical tensors the
+    model has no parameter for and computes its own way (``KEPT``), placed nowhere. ``padded``: the user's
+    tables whose row 0 is padding (PyTorch's ``padding_idx=0``)."""
     shapes = dict(parameters)
-    canonical = param_shapes(config)
+    canonical = {name: shape for name, shape in param_shapes(config).items() if name not in kept}
     ignored = list(map_file.ignore) if map_file else []
     unknown = [name for name in ignored if name not in shapes]
     if unknown:
@@ -131,12 +143,14 @@ def map_parameters(
     free = {name: shape for name, shape in shapes.items() if name not in ignored and name not in taken}
     inferred: tuple[str, ...] = ()
     if left:
-        found, how, inferred = _automatic(config, left, free, called, native)
+        found, how, inferred = _automatic(config, left, free, called, native, padded)
         placements.update(found)
         hows.append(how)
     if lacking:
         used = {placement.name for placement in placements.values()}
         ignored += [name for name in shapes if name not in used and name not in ignored]
+    if kept:
+        hows.append(f"none of yours for {', '.join(kept)} (your model's own, compared through what it computes)")
     mapping = ParameterMap({name: placements[name] for name in canonical if name in placements}, shapes,
                            " + ".join(hows) if hows else "map file", ignored, inferred)  # fmt: skip
     _check(mapping, canonical, placements)
@@ -157,6 +171,7 @@ def _automatic(
     free: dict[str, Shape],
     order_of_use: Callable[[], Sequence[str]] | None,
     native: Mapping[str, Mapping[str, str]] | None = None,
+    padded: Collection[str] = (),
 ) -> tuple[dict[str, Placement], str, tuple[str, ...]]:
     """Placements for the ``left`` canonical tensors among the ``free`` user parameters (name -> shape,
     in registration order): by names, tensor by tensor, then the rest by the order of use and shape, else
@@ -173,7 +188,7 @@ def _automatic(
         order = [name for name in (called or []) if name in free and name not in taken]
         known = len(order) if called is not None else None  # the rest the forward never used
         order += [name for name in free if name not in taken and name not in order]
-        found, unplaced = _by_order(rest, order, free, canonical, known)
+        found, unplaced = _by_order(rest, order, free, canonical, known, padded)
         if unplaced:
             raise MappingError(
                 *_unplaced(found, unplaced, free, canonical, placements, called is not None), tuple(unplaced)
@@ -229,7 +244,12 @@ def _prefixes(names: dict[str, Placement], left: list[str], free: dict[str, Shap
 
 
 def _by_order(
-    rest: list[str], order: list[str], free: dict[str, Shape], canonical: dict[str, Shape], known: int | None = None
+    rest: list[str],
+    order: list[str],
+    free: dict[str, Shape],
+    canonical: dict[str, Shape],
+    known: int | None = None,
+    padded: Collection[str] = (),
 ) -> tuple[dict[str, Placement], list[str]]:
     """The ``rest`` of the canonical tensors (in the oracle's order) placed in the user's parameters taken
     in ``order``, in two passes. First whole modules: each canonical module (a dense layer's weight and
@@ -246,7 +266,9 @@ def _by_order(
     known = len(order) if known is None else known
 
     def fits(name: str, candidate: str) -> bool:
-        return _expected_shape(canonical[name], free[candidate], _oriented(candidate, free[candidate]))
+        return _expected_shape(
+            canonical[name], free[candidate], _placed(name, canonical[name], candidate, free[candidate], padded)
+        )
 
     modules = _grouped(rest)
     for owner, names in modules.items():
@@ -257,7 +279,7 @@ def _by_order(
             if found is not None:
                 break
             members = [u for u in unused if _owner(u) == home]
-            held = _fit(names, members, free, canonical)
+            held = _fit(names, members, free, canonical, padded)
             if held is not None:
                 whole = len(members) == len(names) == len([u for u in order if _owner(u) == home])
                 found = held if whole else {}
@@ -276,7 +298,7 @@ def _by_order(
         for name in modules[owner]:
             same = next((u for u in window if fits(name, u)), None) if name not in placements else None
             if same is not None:
-                placements[name] = _oriented(same, free[same])
+                placements[name] = _placed(name, canonical[name], same, free[same], padded)
                 unused.remove(same)
                 window.remove(same)
     return placements, [name for name in rest if name not in placements]
@@ -301,7 +323,11 @@ LEAF_NAMES = {"weight": ("weight", "kernel", "scale", "gamma", "embedding", "w")
 
 
 def _fit(
-    names: list[str], members: list[str], free: dict[str, Shape], canonical: dict[str, Shape]
+    names: list[str],
+    members: list[str],
+    free: dict[str, Shape],
+    canonical: dict[str, Shape],
+    padded: Collection[str] = (),
 ) -> dict[str, Placement] | None:
     """The canonical module ``names`` held by the user's module ``members``, each tensor at a member of its
     shape (by the leaves' names where shapes are alike, else by order); None if they cannot hold it."""
@@ -309,12 +335,16 @@ def _fit(
     left = list(members)
     for name in names:
         leaf = name.rsplit(".", 1)[-1]
-        fitting = [u for u in left if _expected_shape(canonical[name], free[u], _oriented(u, free[u]))]
+        fitting = [
+            u
+            for u in left
+            if _expected_shape(canonical[name], free[u], _placed(name, canonical[name], u, free[u], padded))
+        ]
         named = [u for u in fitting if u.rsplit(".", 1)[-1] in LEAF_NAMES.get(leaf, ())]
         if not fitting:
             return None
         chosen = (named or fitting)[0]
-        found[name] = _oriented(chosen, free[chosen])
+        found[name] = _placed(name, canonical[name], chosen, free[chosen], padded)
         left.remove(chosen)
     return found
 
@@ -348,6 +378,16 @@ def _oriented(name: str, shape: Shape, part: tuple[int, int] | None = None) -> P
     """A placement at the user's parameter ``name``. Framework difference: a Flax Dense keeps its kernel
     (in, out), the transpose of a d2l weight (a DenseGeneral's with the heads as axes of their own)."""
     return Placement(name, flax.transposed(name) and len(shape) >= 2, part)
+
+
+def _placed(canonical: str, shape: Shape, name: str, user: Shape, padded: Collection[str] = ()) -> Placement:
+    """Where ``canonical`` would be in the user's parameter ``name`` of shape ``user``, by order: as
+    ``_oriented`` says, and a segment table of one row more whose row 0 is padding (``padded``) after that
+    row (segment ids counted from 1, 0 for padding)."""
+    placement = _oriented(name, user)
+    if canonical == "encoder.segment_embedding.weight" and name in padded and user[0] == shape[0] + 1:
+        return Placement(placement.name, placement.transpose, rows=1)
+    return placement
 
 
 def _unplaced(

@@ -10,6 +10,7 @@ module computed.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -185,6 +186,20 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"offset": offset} for offset in (1, 2)],
     ),
     Mistake(
+        "fixed_positions",
+        "embedding",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            f"adds a fixed sinusoidal table for the positions (a buffer, as the Transformer's) where "
+            f"{config.semantics.name} learns them (encoder.pos_embedding)"
+        ),
+        lambda site: (
+            [{"positions": "sinusoidal"}]
+            if site.config.semantics.positions == "learned" and site.config.num_hiddens % 2 == 0
+            else []
+        ),
+    ),
+    Mistake(
         "padded_positions_zero",
         "encoded",
         "mixed_valid_lens",
@@ -269,14 +284,15 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
     bound = tolerance.atol + tolerance.rtol * float(np.nanmax(np.abs(own), initial=0.0))
     if off <= bound:  # d2l's rule reproduces it here: nothing to diagnose in this run
         return None
-    tried: dict[str, tuple[float, Mistake, Rule]] = {}  # each mistake's closest change
+    tried: dict[str, list[tuple[float, Mistake, Rule]]] = {}  # each mistake's changes, the closest first
     for mistake, rule in tries_at(site):
         try:
             error = _distance(compute(site, **rule), own)
         except KeyError:
             continue
-        if mistake.name not in tried or error < tried[mistake.name][0]:
-            tried[mistake.name] = (error, mistake, rule)
+        tried.setdefault(mistake.name, []).append((error, mistake, rule))
+    for changes in tried.values():
+        changes.sort(key=lambda entry: entry[0])
     # Reproduced: to the dtype's own bound, or, where a framework's kernel is itself less exact than that
     # (MXNet's float64 GELU: 1e-7), within float32's and a thousand times closer than d2l's rule.
     loose = FLOAT32.atol + FLOAT32.rtol * float(np.nanmax(np.abs(own), initial=0.0))
@@ -284,43 +300,58 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
     def reproduces(error: float) -> bool:
         return error <= bound or (error <= loose and 1000 * error <= off)
 
-    ranked = sorted(tried.values(), key=lambda entry: entry[0])
-    if ranked and reproduces(ranked[0][0]):
-        error, found, rule = ranked[0]
+    ranked = sorted(tried.values(), key=lambda changes: changes[0][0])
+    if ranked and reproduces(ranked[0][0][0]):
+        error, found, rule = ranked[0][0]
         return Diagnosis(site.activation, where, found, rule, error, off, site.config)
-    pair = _two_at_once(site, own, ranked[:PAIRED])
-    if pair is not None and reproduces(pair[0]):
-        error, (found, rule), other = pair
-        return Diagnosis(site.activation, where, found, rule, error, off, site.config, also=(other,))
+    together = _together(site, own, ranked[:COMBINED])
+    if together is not None and reproduces(together[0]):
+        error, ((found, rule), *others) = together
+        return Diagnosis(site.activation, where, found, rule, error, off, site.config, also=tuple(others))
     if not ranked:
         return Diagnosis(site.activation, where, None, {}, math.inf, off, site.config)
-    error, found, rule = ranked[0]
+    error, found, rule = ranked[0][0]
     named = {**rule, "name": found.name, "said": found.says(rule, site.config)}
     return Diagnosis(site.activation, where, None, named, error, off, site.config)
 
 
-# Two mistakes in one module (a port on a framework's defaults: Flax's LayerNorm epsilon and its tanh GELU
-# in the masked LM's transform) are tried together among the closest few alone: a handful of computations
-# more, at a site no single mistake reproduces.
-PAIRED = 4
+# Several mistakes in one module (a port on a framework's defaults: Flax's LayerNorm epsilon and its tanh
+# GELU in the masked LM's transform; a from-scratch repository's fixed positions read through its pre-norm
+# LayerNorm of its own form) are tried together, two or three mistakes at a time among the few closest
+# alone, each with every change it tries (the epsilon that fits alone need not fit with another mistake):
+# at most ``MAX_TOGETHER`` computations more, the likeliest first, at a site no single mistake reproduces.
+COMBINED = 6
+MAX_TOGETHER = 96
 
 
-def _two_at_once(
-    site: Site, own: np.ndarray, closest: list[tuple[float, Mistake, Rule]]
-) -> tuple[float, tuple[Mistake, Rule], tuple[Mistake, Rule]] | None:
-    """The closest pair of changes from two mistakes that change different things, tried together."""
-    best = None
-    for i, (_, first, first_rule) in enumerate(closest):
-        for _, second, second_rule in closest[i + 1 :]:
-            if first_rule.keys() & second_rule.keys():
-                continue
-            try:
-                error = _distance(compute(site, **first_rule, **second_rule), own)
-            except KeyError:
-                continue
-            if best is None or error < best[0]:
-                best = (error, (first, first_rule), (second, second_rule))
+def _together(
+    site: Site, own: np.ndarray, closest: list[list[tuple[float, Mistake, Rule]]]
+) -> tuple[float, list[tuple[Mistake, Rule]]] | None:
+    """The closest combination of changes from two or three of the ``closest`` mistakes (each one's changes,
+    the closest alone first) that change different things, tried together."""
+    combinations = [
+        chosen
+        for size in (2, 3)
+        for mistakes in itertools.combinations(closest, size)
+        for chosen in itertools.product(*(enumerate(changes) for changes in mistakes))
+        if _apart([rule for _, (_, _, rule) in chosen])
+    ]
+    combinations.sort(key=lambda chosen: (sum(rank for rank, _ in chosen), len(chosen)))
+    best: tuple[float, list[tuple[Mistake, Rule]]] | None = None
+    for chosen in combinations[:MAX_TOGETHER]:
+        changes = [(mistake, rule) for _, (_, mistake, rule) in chosen]
+        try:
+            error = _distance(compute(site, **{key: value for _, rule in changes for key, value in rule.items()}), own)
+        except KeyError:
+            continue
+        if best is None or error < best[0]:
+            best = (error, changes)
     return best
+
+
+def _apart(rules: list[Rule]) -> bool:
+    """Whether the rules change different things (no keyword twice)."""
+    return sum(len(rule) for rule in rules) == len({key for rule in rules for key in rule})
 
 
 def tries_at(site: Site) -> Iterator[tuple[Mistake, Rule]]:
@@ -333,12 +364,12 @@ def tries_at(site: Site) -> Iterator[tuple[Mistake, Rule]]:
 
 def _also_at(mistake: Mistake, site: Site) -> bool:
     """Where else a mistake shows first: a LayerNorm's epsilon and form at any LayerNorm (the block's second,
-    the masked LM's, the embedding's where the semantics normalise it), the activation in the masked LM's
-    transform too, and a pre-norm block where a user's model is read: W_q's input, the normalised embedding."""
-    normalised = ("output", "mlm", "embedding") if site.config.semantics.embedding_norm else ("output", "mlm")
+    the masked LM's, the embedding's: the original BERT's, or a pre-norm block's first), the activation in
+    the masked LM's transform too, and a pre-norm block where a user's model is read: W_q's input, the
+    normalised embedding."""
     elsewhere = {
-        "layer_norm_eps": normalised,
-        "layer_norm_form": normalised,
+        "layer_norm_eps": ("output", "mlm", "embedding"),
+        "layer_norm_form": ("output", "mlm", "embedding"),
         "activation": ("mlm",),
         "pre_norm": ("embedding",),
     }

@@ -17,14 +17,17 @@ Shape = tuple[int, ...]
 @dataclass(frozen=True)
 class Placement:
     """Where one canonical tensor is in the user's model: their parameter ``name``, transposed or not,
-    and which part of it (the k-th of n equal parts along the first axis, for a fused QKV)."""
+    and which part of it (the k-th of n equal parts along the first axis, for a fused QKV; or its rows
+    from ``rows`` on, after rows of the model's own: a segment table whose row 0 is padding)."""
 
     name: str
     transpose: bool = False
     part: tuple[int, int] | None = None
+    rows: int = 0
 
     def describe(self) -> str:
-        return self.name + (".T" if self.transpose else "") + (f"[{self.part[0]}/{self.part[1]}]" if self.part else "")
+        part = f"[{self.part[0]}/{self.part[1]}]" if self.part else f"[{self.rows}:]" if self.rows else ""
+        return self.name + (".T" if self.transpose else "") + part
 
 
 @dataclass
@@ -50,7 +53,10 @@ class ParameterMap:
         grouped: dict[str, list[tuple[int, np.ndarray, bool]]] = {}
         for canonical, placement in self.placements.items():
             index = placement.part[0] if placement.part else 0
-            grouped.setdefault(placement.name, []).append((index, weights[canonical], placement.transpose))
+            array = weights[canonical]
+            if placement.rows:  # the rows before are padding, which a model never reads: zeros
+                array = np.concatenate([np.zeros((placement.rows, *array.shape[1:]), array.dtype), array])
+            grouped.setdefault(placement.name, []).append((index, array, placement.transpose))
         arrays = {}
         for name, pieces in grouped.items():
             pieces.sort(key=lambda piece: piece[0])
@@ -95,7 +101,7 @@ def _canonical_view(array: np.ndarray, placement: Placement, shape: Shape) -> np
         k, n = placement.part
         size = array.shape[0] // n
         array = array[k * size : (k + 1) * size]
-    return array.reshape(shape)
+    return array[placement.rows :].reshape(shape)
 
 
 def per_block(guesses: dict[str, str]) -> dict[str, str]:

@@ -108,14 +108,21 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
     eps = rule.get("eps", semantics.layer_norm_eps)
     kind = site.kind
     if kind == "embedding":
-        X = _embedding(site, rule.get("segments", "given"), rule.get("offset", 0), eps, rule.get("form", "d2l"))
+        X = _embedding(
+            site,
+            rule.get("segments", "given"),
+            rule.get("offset", 0),
+            rule.get("positions"),
+            eps,
+            rule.get("form", "d2l"),
+        )
         if rule.get("pre_norm"):  # what a pre-norm block's W_q reads: the normalised input
-            X = oracle.layer_norm(X, weights, "encoder.blks.0.addnorm1.ln", eps)
+            X = _normalised(X, weights, "encoder.blks.0.addnorm1.ln", eps, rule.get("form", "d2l"))
         return X
     if kind == "attention":
         X = site.block_input()
         if rule.get("pre_norm"):
-            X = oracle.layer_norm(X, weights, f"{site.block}.addnorm1.ln", eps)
+            X = _normalised(X, weights, f"{site.block}.addnorm1.ln", eps, rule.get("form", "d2l"))
         return _attention(site, X, **{k: v for k, v in rule.items() if k in ATTENTION_RULES})
     if kind in ("addnorm1", "output"):
         total, gamma, beta = layer_norm_parts(site)
@@ -153,6 +160,10 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
     raise KeyError(site.activation)
 
 
+def _normalised(X: np.ndarray, weights: Mapping[str, np.ndarray], prefix: str, eps: float, form: str) -> np.ndarray:
+    return layer_norm(X, weights[f"{prefix}.weight"], weights[f"{prefix}.bias"], eps, form)
+
+
 ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed", "empty")
 
 
@@ -181,6 +192,7 @@ def _attention(
     divisor = {"head": math.sqrt(queries.shape[-1]), "full": math.sqrt(config.num_hiddens), "none": 1.0}[scale]
     scores = queries @ keys.transpose(0, 2, 1) / divisor
     valid_lens = site.inputs.valid_lens
+    keep = None  # where a key may be attended to; None: everywhere
     if valid_lens is not None and fill != "none":
         lens = oracle.repeat_over_heads(valid_lens, heads, layout or semantics.valid_lens_over_heads)
         lens = lens[:, None] if lens.ndim == 1 else lens
@@ -188,22 +200,23 @@ def _attention(
         scores = np.where(keep, scores, fill)
     with np.errstate(invalid="ignore"):  # -inf everywhere in a row is NaN, as in the frameworks
         attention = oracle.softmax(scores)
-    if empty == "zero" and valid_lens is not None:
+    if empty == "zero" and keep is not None:
         attention = np.where(keep.any(axis=-1, keepdims=True), attention, 0.0)
     return project("W_o", oracle.merge_heads(attention @ values, heads))
 
 
-def _embedding(site: Site, segments: str, offset: int, eps: float, form: str) -> np.ndarray:
+def _embedding(site: Site, segments: str, offset: int, positions_kind: str | None, eps: float, form: str) -> np.ndarray:
     """The embedding sum with the segments "given", all "zero" or "none" at all, its positions counted
-    from ``offset`` (past the table's end they wrap round, as a port's would that indexes modulo its length),
-    normalised where the semantics normalise it, with LayerNorm's ``eps`` and ``form``."""
+    from ``offset`` (past the table's end they wrap round, as a port's would that indexes modulo its length)
+    from a "learned" or "sinusoidal" table (None: the semantics' own), normalised where the semantics
+    normalise it, with LayerNorm's ``eps`` and ``form``."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
     tokens, segment_ids = site.inputs.tokens, site.inputs.segments
     positions = (np.arange(tokens.shape[1]) + offset) % config.max_len
     X = weights["encoder.token_embedding.weight"][tokens]
     if segments != "none":
         X = X + weights["encoder.segment_embedding.weight"][segment_ids if segments == "given" else 0 * segment_ids]
-    if semantics.positions == "learned":
+    if (positions_kind or semantics.positions) == "learned":
         X = X + weights["encoder.pos_embedding"][:, positions, :]
     else:
         X = X + sinusoidal_positions(config.max_len, config.num_hiddens)[positions]

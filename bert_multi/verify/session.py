@@ -25,7 +25,7 @@ from ..spec.schema import cut_max_len, head_of, param_shapes, random_weights, va
 from .findings import VerifyReport
 from .gradients import check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
-from .mapping import MappingError
+from .mapping import KEPT, MappingError
 from .mistakes import MISTAKES, Diagnosis, diagnose, nondeterminism
 from .roles import decide_roles
 from .rules import Site
@@ -97,7 +97,7 @@ def verify(
     if map_file is not None and not isinstance(map_file, MapFile):
         map_file = read_map(map_file)
     absent = _declared_absent(config, map_file)
-    config = without_heads(config, [head for head in absent if head is not None])
+    config = _without(config, absent)
     weights = {name: weights[name] for name in param_shapes(config)}
     given = Given.of(model, label)
     chosen = CASES if cases is None else [get_case(name) for name in cases]
@@ -168,16 +168,23 @@ def _set_up(
     """The model made, its weights placed and loaded, at the set-up's (dtype, device), so that a mapping
     problem or an exception in the user's code stops the run before any comparison. Where nothing in the
     model is found for some of a head's tensors only, the model lacks that head: ``absent`` says so, and
-    the model, its config and weights without it come back."""
+    the model, its config and weights without it come back. A tensor of ``KEPT`` it has no parameter for,
+    it computes its own way (a fixed table for the positions): that one is left where it is, and what the
+    model adds is compared through the activation it makes."""
     try:
         return backend.build(config, weights, setup[1], setup[0]), config, weights
     except MappingError as error:
-        lacked = _parts_of(config, error.unplaced, "your model has no parameters for")
-        if not lacked or None in lacked:
+        kept = tuple(name for name in error.unplaced if name in KEPT)
+        lacked = _parts_of(
+            config, [name for name in error.unplaced if name not in kept], "your model has no parameters for"
+        )
+        if not (lacked or kept) or None in lacked:
             raise
+    backend.kept = kept
     absent.update(lacked)
-    config = without_heads(config, [head for head in absent if head is not None])
-    weights, backend.lacking = {name: weights[name] for name in param_shapes(config)}, True
+    config = _without(config, absent)
+    weights = {name: weights[name] for name in param_shapes(config)}
+    backend.lacking = backend.lacking or bool(lacked)
     return backend.build(config, weights, setup[1], setup[0]), config, weights
 
 
@@ -201,6 +208,19 @@ def _check_gradients(
             continue
         subject, mapping, taps = model64.subject, model64.mapping, model64.taps
         report.gradients += check_gradients(config, weights, subject, mapping, device, frozen, report.seed, eps, taps)
+
+
+def _without(config: BERTConfig, absent: dict[str | None, str]) -> BERTConfig:
+    """``config`` without the ``absent`` heads, and ``absent`` told of a head that goes with them (the NSP
+    classifier reads the pooler; in d2l 0.11 the two are one head), so that the report lists every part
+    not checked."""
+    without = without_heads(config, [head for head in absent if head is not None])
+    for head in config.heads:
+        if head not in without.heads and head not in absent:
+            absent[head] = (
+                "it reads the pooler, which is not checked" if head == "nsp" else "one head with the NSP classifier"
+            )
+    return without
 
 
 def _parts_of(config: BERTConfig, names: Iterable[str], why: str) -> dict[str | None, str]:

@@ -49,7 +49,8 @@ class Subject(Protocol):
     them (as its framework can tell: each use, or each call of the module holding it), by which the
     weights are placed where names do not place them; and ``native_names``: the names its framework's own
     blocks give the canonical tensors (a family's label -> map-file rules: PyTorch's
-    ``nn.TransformerEncoderLayer``), which place them as d2l's names do."""
+    ``nn.TransformerEncoderLayer``), which place them as d2l's names do; ``padded_tables``: its tables
+    whose row 0 is padding, where its framework says so (PyTorch's ``padding_idx=0``)."""
 
     framework: str  # the framework and its version, for the report
 

@@ -142,6 +142,7 @@ class UserBackend:
         # later build takes them.
         self.decided = decided
         self.lacking = False  # the config leaves out parts the model lacks: their parameters are ignored
+        self.kept: tuple[str, ...] = ()  # canonical tensors the model has no parameter for (``mapping.KEPT``)
 
     def kernel_eps(self, eps: float) -> float:
         """The LayerNorm epsilon the model's framework really computes with (MXNet's is a C float), so
@@ -172,7 +173,10 @@ class UserBackend:
 
         order = order_of_use if used is not None else None
         native = getattr(subject, "native_names", None)
-        return map_parameters(config, subject.parameters(), self.map_file, order, self.lacking, native)
+        padded = getattr(subject, "padded_tables", ())
+        return map_parameters(
+            config, subject.parameters(), self.map_file, order, self.lacking, native, self.kept, padded
+        )
 
     def build(
         self,

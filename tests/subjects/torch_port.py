@@ -124,7 +124,13 @@ class MyBERT(nn.Module):
     def __init__(self, vocab, hidden, ffn, heads, layers, max_len, fault=None, fused=False, types=2):
         super().__init__()
         self.fault = fault
-        self.positions = nn.Parameter(torch.randn(1, max_len, hidden))
+        if fault == "sinusoidal":  # a fixed table, as the Transformer's: a buffer, no parameter
+            exponents = torch.arange(0, hidden, 2, dtype=torch.float64) / hidden
+            angles = torch.arange(max_len, dtype=torch.float64)[:, None] / 10000**exponents
+            table = torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(max_len, hidden)
+            self.register_buffer("positions", table[None])
+        else:
+            self.positions = nn.Parameter(torch.randn(1, max_len, hidden))
         self.tokens = nn.Embedding(vocab, hidden)
         self.segments = nn.Embedding(types, hidden)
         self.layers = nn.ModuleList(Layer(hidden, ffn, heads, fault, fused) for _ in range(layers))
@@ -136,7 +142,9 @@ class MyBERT(nn.Module):
     def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
         positions = self.positions.data if self.fault == "detached_positions" else self.positions  # d2l 0.16-0.17
         start = 1 if self.fault == "positions_offset" else 0  # counted from 1, and round past the end
-        x = self.tokens(tokens) + positions[:, (torch.arange(tokens.shape[1]) + start) % positions.shape[1]]
+        x = self.tokens(tokens) + positions[:, (torch.arange(tokens.shape[1]) + start) % positions.shape[1]].to(
+            self.tokens.weight.dtype
+        )
         if self.fault != "no_segments":
             x = x + self.segments(segments)
         for layer in self.layers:
