@@ -135,6 +135,27 @@ def test_a_from_scratch_repositorys_bert_gets_a_verdict_with_its_fixed_positions
         "nsp": "it reads the pooler, which is not checked",
     }
     assert not report.passed and report.forward.failures() and not report.forward.errors
+    # Every difference named at its module, several at one module where it makes several: its pre-norm
+    # blocks, its LayerNorm's form (the unbiased std, eps 1e-6 added to it), its tanh GELU, its fixed
+    # positions, its mask made from the tokens.
+    found = {
+        d.where: {(m.name, str(r)) for m, r in ((d.mistake, d.rule), *d.also)} for d in report.diagnoses if d.mistake
+    }
+    pre, form = ("pre_norm", "{'pre_norm': True}"), ("layer_norm_form", "{'form': 'unbiased_std_eps', 'eps': 1e-06}")
+    tokens, blocks = ("mask_from_tokens", "{'attend': 'tokens'}"), "model.bert.transformer_blocks"
+    assert found == {
+        f"the input of {blocks}.0.attention.linear_layers.0": {
+            pre,
+            form,
+            ("fixed_positions", "{'positions': 'sinusoidal'}"),
+        },
+        f"{blocks}.0.attention.output_linear": {tokens},  # its input is the normalised one already
+        f"{blocks}.1.attention.output_linear": {tokens, pre},
+        **{f"{blocks}.{i}.{norm}_sublayer.norm": {pre, form} for i in range(2) for norm in ("input", "output")},
+        **{f"{blocks}.{i}.feed_forward.w_2": {pre, ("activation", "{'activation': 'gelu_tanh'}")} for i in range(2)},
+        "the encoding your model returns": {pre},
+    }
+    assert len(report.diagnoses) == len(found)
     # The placement, written as a map file, keeps the padding row and leaves the positions the model's own.
     path = tmp_path / "map.json"
     path.write_text(json.dumps(mapping.as_map_file()))
@@ -182,7 +203,7 @@ def test_a_port_on_flaxs_own_blocks_is_placed_without_a_map_and_each_default_nam
     assert said == {
         **dict.fromkeys(layer_norms, eps),
         **dict.fromkeys(["Block_0.Dense_0", "Block_1.Dense_0"], gelu),
-        "the masked-LM output your model returns": f"{gelu} and {eps}",
+        "the masked-LM output your model returns": f"{gelu}; it {eps}",
     }
     assert all(diagnosis.error < 1e-12 for diagnosis in report.diagnoses)
     assert report.verdict() == (

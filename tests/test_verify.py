@@ -59,6 +59,7 @@ DIAGNOSED = {
     "unscaled": ("score_scale", "does not scale the scores"),
     "inf_mask": ("mask_fill", "fills the masked scores with -inf where d2l uses -1e6"),
     "zero_fill": ("mask_fill", "fills the masked scores with 0 where d2l uses -1e6"),
+    "token_mask": ("mask_from_tokens", "layers.0.attn.out masks the keys whose token id is 0"),
     "tiled_valid_lens": ("tiled_valid_lens", "tiles valid_lens over the heads"),
     "eps": ("layer_norm_eps", "layers.0.norm1 computes LayerNorm with eps 1e-12; d2l's eps is 1e-05"),
     "gelu": ("activation", "layers.0.down uses GELU (erf) where d2l uses ReLU"),

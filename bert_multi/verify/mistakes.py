@@ -123,6 +123,17 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"empty": "zero"}],
     ),
     Mistake(
+        "mask_from_tokens",
+        "blks.0.attention",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            "masks the keys whose token id is 0 (a mask made from the tokens, 0 taken for padding) where d2l masks "
+            "the positions past valid_lens"
+        ),
+        # Told apart from ignoring valid_lens only where some token id is 0.
+        lambda site: [{"attend": "tokens"}] if (site.inputs.tokens == 0).any() else [],
+    ),
+    Mistake(
         "score_scale",
         "blks.0.attention",
         "single_segment",
@@ -243,9 +254,9 @@ class Diagnosis:
     also: tuple[tuple[Mistake, Rule], ...] = ()
 
     def says(self) -> str:
-        """What the module does instead, every mistake found in it, as one clause."""
+        """What the module does instead, every mistake found in it: "adds ...; it normalises ..."."""
         assert self.mistake is not None
-        return " and ".join(
+        return "; it ".join(
             mistake.says(rule, self.config) for mistake, rule in ((self.mistake, self.rule), *self.also)
         )
 
@@ -317,11 +328,14 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
 
 # Several mistakes in one module (a port on a framework's defaults: Flax's LayerNorm epsilon and its tanh
 # GELU in the masked LM's transform; a from-scratch repository's fixed positions read through its pre-norm
-# LayerNorm of its own form) are tried together, two or three mistakes at a time among the few closest
-# alone, each with every change it tries (the epsilon that fits alone need not fit with another mistake):
-# at most ``MAX_TOGETHER`` computations more, the likeliest first, at a site no single mistake reproduces.
-COMBINED = 6
-MAX_TOGETHER = 96
+# LayerNorm of its own form) are tried together, each mistake with every change it tries (the epsilon that
+# fits alone need not fit beside another mistake): pairs, the changes closest alone first, then the
+# closest pairs with a third. At most ``MAX_TOGETHER`` computations more of each, at a site no single
+# mistake reproduces; a mistake far from the user's output alone may be the other half of a pair (a mask
+# made from the tokens, read through a pre-norm block), so the closest ``COMBINED`` are a wide cut.
+COMBINED = 10
+MAX_TOGETHER = 128
+EXTENDED = 4  # the closest pairs a third mistake is tried with
 
 
 def _together(
@@ -329,29 +343,46 @@ def _together(
 ) -> tuple[float, list[tuple[Mistake, Rule]]] | None:
     """The closest combination of changes from two or three of the ``closest`` mistakes (each one's changes,
     the closest alone first) that change different things, tried together."""
-    combinations = [
-        chosen
-        for size in (2, 3)
-        for mistakes in itertools.combinations(closest, size)
-        for chosen in itertools.product(*(enumerate(changes) for changes in mistakes))
-        if _apart([rule for _, (_, _, rule) in chosen])
+    changes = [[(mistake, rule) for _, mistake, rule in tried] for tried in closest]
+    ranked = sorted(  # the changes closest alone first, within their mistakes
+        (
+            (i + j, [first[i], second[j]])
+            for first, second in itertools.combinations(changes, 2)
+            for i, j in itertools.product(range(len(first)), range(len(second)))
+        ),
+        key=lambda entry: entry[0],
+    )
+    pairs = [pair for _, pair in ranked if _apart(pair)]
+    scored = _scored(site, own, pairs[:MAX_TOGETHER])
+    triples = [
+        [*pair, third]
+        for _, pair in scored[:EXTENDED]
+        for other in changes
+        if all(other[0][0] is not mistake for mistake, _ in pair)
+        for third in other
+        if _apart([*pair, third])
     ]
-    combinations.sort(key=lambda chosen: (sum(rank for rank, _ in chosen), len(chosen)))
-    best: tuple[float, list[tuple[Mistake, Rule]]] | None = None
-    for chosen in combinations[:MAX_TOGETHER]:
-        changes = [(mistake, rule) for _, (_, mistake, rule) in chosen]
+    scored += _scored(site, own, triples[:MAX_TOGETHER])
+    return min(scored, key=lambda entry: entry[0], default=None)
+
+
+def _scored(
+    site: Site, own: np.ndarray, combinations: list[list[tuple[Mistake, Rule]]]
+) -> list[tuple[float, list[tuple[Mistake, Rule]]]]:
+    """Each combination's distance from the user's output, the closest first."""
+    scored = []
+    for chosen in combinations:
         try:
-            error = _distance(compute(site, **{key: value for _, rule in changes for key, value in rule.items()}), own)
+            candidate = compute(site, **{key: value for _, rule in chosen for key, value in rule.items()})
         except KeyError:
             continue
-        if best is None or error < best[0]:
-            best = (error, changes)
-    return best
+        scored.append((_distance(candidate, own), chosen))
+    return sorted(scored, key=lambda entry: entry[0])
 
 
-def _apart(rules: list[Rule]) -> bool:
-    """Whether the rules change different things (no keyword twice)."""
-    return sum(len(rule) for rule in rules) == len({key for rule in rules for key in rule})
+def _apart(changes: list[tuple[Mistake, Rule]]) -> bool:
+    """Whether the changes change different things (no keyword twice)."""
+    return sum(len(rule) for _, rule in changes) == len({key for _, rule in changes for key in rule})
 
 
 def tries_at(site: Site) -> Iterator[tuple[Mistake, Rule]]:
@@ -365,13 +396,13 @@ def tries_at(site: Site) -> Iterator[tuple[Mistake, Rule]]:
 def _also_at(mistake: Mistake, site: Site) -> bool:
     """Where else a mistake shows first: a LayerNorm's epsilon and form at any LayerNorm (the block's second,
     the masked LM's, the embedding's: the original BERT's, or a pre-norm block's first), the activation in
-    the masked LM's transform too, and a pre-norm block where a user's model is read: W_q's input, the
-    normalised embedding."""
+    the masked LM's transform too, and a pre-norm block at every activation of its own (each reads another
+    value than d2l's block) and where a user's model is read: W_q's input, the normalised embedding."""
     elsewhere = {
         "layer_norm_eps": ("output", "mlm", "embedding"),
         "layer_norm_form": ("output", "mlm", "embedding"),
         "activation": ("mlm",),
-        "pre_norm": ("embedding",),
+        "pre_norm": ("embedding", "addnorm1", "ffn", "output", "encoded"),
     }
     return site.kind in elsewhere.get(mistake.name, ())
 

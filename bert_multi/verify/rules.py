@@ -119,16 +119,26 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
         if rule.get("pre_norm"):  # what a pre-norm block's W_q reads: the normalised input
             X = _normalised(X, weights, "encoder.blks.0.addnorm1.ln", eps, rule.get("form", "d2l"))
         return X
+    # A pre-norm block (``pre_norm``): its first LayerNorm normalises the block's input X, which the attention
+    # reads; its second the residual sum X + attention, which the FFN reads; the block's output is that sum
+    # plus the FFN's. Each LayerNorm is held to what the other reads, so that a LayerNorm is not taken for
+    # pre-norm only because it normalises what it reads.
+    pre_norm, part = rule.get("pre_norm"), site.activation.rsplit(".", 1)[0]
     if kind == "attention":
-        X = site.block_input()
-        if rule.get("pre_norm"):
-            X = _normalised(X, weights, f"{site.block}.addnorm1.ln", eps, rule.get("form", "d2l"))
+        X = site.own(f"{part}.addnorm1") if pre_norm else site.block_input()
         return _attention(site, X, **{k: v for k, v in rule.items() if k in ATTENTION_RULES})
     if kind in ("addnorm1", "output"):
+        if pre_norm:
+            attention = site.own(f"{part}.attention")
+            if kind == "addnorm1":
+                read, prefix = site.own(f"{part}.ln2_input") - attention, f"{site.block}.addnorm1.ln"
+            else:
+                read, prefix = site.own(f"{part}.ln1_input") + attention, f"{site.block}.addnorm2.ln"
+            return _normalised(read, weights, prefix, eps, rule.get("form", "d2l"))
         total, gamma, beta = layer_norm_parts(site)
         return layer_norm(total, gamma, beta, eps, rule.get("form", "d2l"))
     if kind == "ffn":
-        Y = site.own(f"{site.activation.rsplit('.', 1)[0]}.addnorm1")
+        Y = site.own(f"{part}.output" if pre_norm else f"{part}.addnorm1")
         act = ACTIVATIONS[rule.get("activation", semantics.activation)]
         return oracle.dense(
             act(oracle.dense(Y, weights, f"{site.block}.ffn.dense1")), weights, f"{site.block}.ffn.dense2"
@@ -152,7 +162,8 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
         encoded = site.encoding()
         return np.tanh(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
     if kind == "encoded":  # the last block's output, as the encoder returns it
-        X = site.own(f"blks.{config.num_blks - 1}.output")
+        last = f"blks.{config.num_blks - 1}"
+        X = site.own(f"{last}.ln2_input") + site.own(f"{last}.ffn") if pre_norm else site.own(f"{last}.output")
         lens = site.inputs.valid_lens
         if rule.get("padded") == "zero" and lens is not None and lens.ndim == 1:
             X = np.where(np.arange(X.shape[1])[None, :, None] < lens[:, None, None], X, 0.0)
@@ -164,7 +175,7 @@ def _normalised(X: np.ndarray, weights: Mapping[str, np.ndarray], prefix: str, e
     return layer_norm(X, weights[f"{prefix}.weight"], weights[f"{prefix}.bias"], eps, form)
 
 
-ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed", "empty")
+ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed", "empty", "attend")
 
 
 def _attention(
@@ -176,9 +187,11 @@ def _attention(
     bias: bool | None = None,
     transposed: tuple[str, ...] = (),
     empty: str = "uniform",
+    attend: str = "valid_lens",
 ) -> np.ndarray:
     """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change; ``empty``:
-    what a row whose every key is masked attends to, "uniform" (d2l's -1e6) or "zero" (none at all)."""
+    what a row whose every key is masked attends to, "uniform" (d2l's -1e6) or "zero" (none at all);
+    ``attend``: the keys attended to, those within "valid_lens" or those whose token id is not 0 ("tokens")."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
     prefix, heads = f"{site.block}.attention", config.num_heads
     biased = semantics.attention_bias if bias is None else bias
@@ -193,7 +206,10 @@ def _attention(
     scores = queries @ keys.transpose(0, 2, 1) / divisor
     valid_lens = site.inputs.valid_lens
     keep = None  # where a key may be attended to; None: everywhere
-    if valid_lens is not None and fill != "none":
+    if attend == "tokens":  # whatever valid_lens says; each sample's row repeated for its heads
+        keep = np.repeat(site.inputs.tokens != 0, heads, axis=0)[:, None, :]
+        scores = np.where(keep, scores, oracle.MASK_VALUE if fill == "none" else fill)
+    elif valid_lens is not None and fill != "none":
         lens = oracle.repeat_over_heads(valid_lens, heads, layout or semantics.valid_lens_over_heads)
         lens = lens[:, None] if lens.ndim == 1 else lens
         keep = np.arange(scores.shape[-1])[None, None, :] < lens[:, :, None]

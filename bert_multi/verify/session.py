@@ -235,7 +235,7 @@ def _parts_of(config: BERTConfig, names: Iterable[str], why: str) -> dict[str | 
 def _decided(backend: UserBackend, probe: UserBERT, weights: dict[str, np.ndarray], batch: dict) -> UserBERT:
     """The set-up model after one forward on ``batch``; where its placement was inferred (the order of use
     only suggests it), rebuilt with the roles the oracle decides from that forward's activations."""
-    out = call_user(f"your model {backend.given.label}", probe, **batch, intermediates=True)
+    out = call_user(f"your model {backend.given.label}", probe.recording_inputs(), **batch, intermediates=True)
     if not probe.mapping.inferred:
         return probe
     recorded = _recorded(out)
@@ -277,7 +277,7 @@ def diagnose_divergences(
     for name, activations in wanted.items():
         case = get_case(name).input(report.config, report.seed)
         config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
-        model = backend.build(config, cut, device, dtype)
+        model = backend.build(config, cut, device, dtype).recording_inputs()
         out, again = (call_user(f"your model {report.label}", model, **case.batch, intermediates=True) for _ in "12")
         recorded = _recorded(out)
         apart = nondeterminism(recorded, {**(again.intermediates or {}), "encoded": again.encoded})

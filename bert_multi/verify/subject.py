@@ -105,6 +105,17 @@ def tap_sources(config: BERTConfig) -> dict[str, tuple[str, str]]:
     return sources
 
 
+def input_sources(config: BERTConfig) -> dict[str, tuple[str, str]]:
+    """What each block's LayerNorms read ("blks.i.ln1_input", "blks.i.ln2_input"), recorded beside the
+    activations where a divergence is diagnosed: a pre-norm block's LayerNorm reads the block's input and
+    the residual sum, which no activation of d2l's is."""
+    return {
+        f"blks.{i}.ln{k}_input": (f"encoder.blks.{i}.addnorm{k}.ln.weight", "input")
+        for i in range(config.num_blks)
+        for k in (1, 2)
+    }
+
+
 def activation_of(config: BERTConfig, name: str) -> str:
     """The activation computed by the canonical module that holds ``name`` (a parameter's or a module's
     canonical name): its block's part (``intermediate_names``), "embedding", "pooler", "nsp" or "mlm"."""

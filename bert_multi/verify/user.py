@@ -4,6 +4,7 @@ the conformance engine like any other backend."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections import OrderedDict
@@ -22,7 +23,7 @@ from ..spec.schema import param_shapes
 from .map_file import MapFile
 from .mapping import map_parameters
 from .placement import ParameterMap
-from .subject import NumpyProtocol, ProtocolSubject, Subject, accepts, call_user, tap_sources
+from .subject import NumpyProtocol, ProtocolSubject, Subject, accepts, call_user, input_sources, tap_sources
 
 ROLE = "subject"
 
@@ -122,6 +123,19 @@ class UserBERT(BackendModel):
         if not isinstance(self.subject, ProtocolSubject):  # every framework's wrapper runs with TF32 off
             info.update(matmul_precision(self.dtype, self.device))
         return info
+
+    def recording_inputs(self) -> UserBERT:
+        """This model, recording what its LayerNorms read too (``input_sources``), for the diagnosis: a
+        copy, so that no other check is given taps the oracle does not record."""
+        recording = copy.copy(self)
+        recording.taps = OrderedDict(self.taps)
+        modules = self.subject.modules()
+        for activation, (parameter, side) in input_sources(self.config).items():
+            module = self.mapping.module_of(parameter) if parameter in self.mapping.placements else None
+            if module is not None and module in modules:
+                recording.taps[activation] = (module, side)
+        recording.recorded = () if isinstance(self.subject, ProtocolSubject) else tuple(recording.taps)
+        return recording
 
     def activation_names(self) -> dict[str, str]:
         """Each recorded activation -> where it is in the user's model, in their names."""

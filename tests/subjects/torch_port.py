@@ -69,7 +69,9 @@ class SelfAttention(nn.Module):
         q, k, v = self.split(q), self.split(k), self.split(v)
         scale = math.sqrt(x.shape[-1]) if self.fault == "scale" else math.sqrt(q.shape[-1])
         scores = q @ k.transpose(-1, -2) / (1.0 if self.fault == "unscaled" else scale)
-        if valid_lens is not None:
+        if self.fault == "token_mask":  # what it was given is the keys' mask, made from the tokens
+            scores = scores.masked_fill(~valid_lens[:, None, None, :], -1e9)
+        elif valid_lens is not None:
             b = scores.shape[0]
             per_row = valid_lens.reshape(b, -1)  # (B, 1), or (B, T) with a length per query
             if self.fault == "tiled_valid_lens":  # d2l 0.12-0.15: lengths tiled, row b*heads + h gets (b*heads + h) % B
@@ -147,8 +149,9 @@ class MyBERT(nn.Module):
         )
         if self.fault != "no_segments":
             x = x + self.segments(segments)
+        keys = tokens != 0 if self.fault == "token_mask" else valid_lens  # token id 0 taken for padding
         for layer in self.layers:
-            x = layer(x, valid_lens)
+            x = layer(x, keys)
         if self.fault == "padded_zero" and valid_lens is not None and valid_lens.dim() == 1:
             x = x * (torch.arange(x.shape[1]) < valid_lens[:, None])[..., None]
         mlm = None
