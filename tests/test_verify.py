@@ -536,6 +536,29 @@ def test_an_exception_in_the_users_model_shows_their_frames_and_exits_2(tmp_path
 
 
 @needs("torch")
+@pytest.mark.parametrize(
+    "where, code",
+    [
+        ("import", "import sys\nsys.exit(0)\n"),
+        ("factory", "import sys\n\ndef build(config):\n    sys.exit(0)\n"),
+        (
+            "forward",
+            "import sys\nsys.path.insert(0, {subjects!r})\nimport torch_port\n\n"
+            "class Leaves(torch_port.MyBERT):\n    def forward(self, *args):\n        raise SystemExit(1)\n\n"
+            "def build(config):\n    return Leaves(50, 12, 20, 3, 2, 16)\n",
+        ),
+    ],
+)
+def test_a_users_code_that_exits_is_its_error_never_a_verdict(tmp_path, where, code):
+    """``sys.exit(0)`` in the user's module, factory or model is their code's error (exit 2, their frames),
+    never the "everything conforms" exit 0 with no verdict."""
+    (tmp_path / "leaves.py").write_text(code.format(subjects=str(SUBJECTS)))
+    done = cli(f"{tmp_path / 'leaves.py'}:build", "--config", "tiny")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "raised SystemExit" in done.stderr and "Traceback (your code):" in done.stderr
+
+
+@needs("torch")
 def test_a_factory_in_an_importable_module_is_found_by_its_dotted_name():
     environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     command = [sys.executable, "-m", "bert_multi.cli", "verify", "subjects.torch_port:build", "--config", "tiny"]

@@ -296,3 +296,11 @@ def test_the_weights_are_random_from_the_seed_and_checked():
     with pytest.raises(WeightsError):
         verify(OracleInDisguise(CONFIG), CONFIG, weights={"x": np.zeros(1)})
     assert verify(OracleInDisguise(CONFIG), CONFIG, weights=random_weights(CONFIG, seed=3), dtypes=["float64"]).passed
+
+
+def test_a_masking_function_that_exits_is_its_error():
+    def leaves(tokens, vocab):
+        raise SystemExit(0)
+
+    with pytest.raises(UserCodeError, match="your masking function raised SystemExit: 0"):
+        verify_masking(leaves)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserCodeError
+from .subject import call_user
 
 Z = 5.0  # two-sided normal quantile of every test: P(|N(0,1)| > 5) = 5.7e-7
 SPECIAL = ("<unk>", "<pad>", "<mask>", "<cls>", "<sep>")
@@ -113,10 +113,7 @@ def verify_masking(
     try:
         for _ in range(calls):
             tokens = _sentence(rng, ordinary)
-            try:
-                returned = function(list(tokens), vocab)
-            except Exception as error:  # noqa: BLE001 - the user's code
-                raise UserCodeError("your masking function", error) from error
+            returned = call_user("your masking function", function, list(tokens), vocab)
             _check_call(tokens, returned, vocab, rules, outcomes, drawn)
     finally:
         random.setstate(state)

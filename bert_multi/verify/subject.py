@@ -199,12 +199,13 @@ def outputs_of(returned: Any, to_numpy: Callable[[Any], np.ndarray | None]) -> O
 
 def call_user(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``function(*args, **kwargs)``, where an exception is the user's code's (a ``UserCodeError``) unless
-    it is one of the project's own, which say what was asked wrongly or cannot run here."""
+    it is one of the project's own, which say what was asked wrongly or cannot run here. Their code's
+    ``sys.exit`` is theirs too: it never ends a run as if it were a verdict; Ctrl-C stays an interrupt."""
     try:
         return function(*args, **kwargs)
-    except (UserCodeError, UsageError, InputError, WeightsError, CannotRunHere):
+    except (UserCodeError, UsageError, InputError, WeightsError, CannotRunHere, KeyboardInterrupt):
         raise
-    except Exception as error:  # noqa: BLE001 - whatever their code raises is theirs to see
+    except BaseException as error:  # noqa: BLE001 - whatever their code raises (SystemExit too) is theirs to see
         raise UserCodeError(what, error) from error
 
 
