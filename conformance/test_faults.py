@@ -42,6 +42,11 @@ def _marking_roles(init):
     return marked
 
 
+def _unwrapped_forward(self, X, valid_lens):
+    """``TransformerEncoderBlock.forward`` whose FFN has no residual connection and no LayerNorm around it."""
+    return self.ffn(self.addnorm1(X, self.attention(X, X, X, valid_lens)))
+
+
 def _pre_norm_forward(self, X, valid_lens):
     """``TransformerEncoderBlock.forward`` with pre-norm: each sublayer reads the normalised input, the
     residual adds the raw one."""
@@ -189,6 +194,9 @@ def torch_faults():
 
     def pre_norm(mp):
         mp.setattr(model.TransformerEncoderBlock, "forward", _pre_norm_forward)
+
+    def sublayer_unwrapped(mp):
+        mp.setattr(model.TransformerEncoderBlock, "forward", _unwrapped_forward)
 
     def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
         def forward(self, tokens, segments, valid_lens):
@@ -359,6 +367,9 @@ def mxnet_faults():
 
     def pre_norm(mp):
         mp.setattr(model.TransformerEncoderBlock, "forward", _pre_norm_forward)
+
+    def sublayer_unwrapped(mp):
+        mp.setattr(model.TransformerEncoderBlock, "forward", _unwrapped_forward)
 
     def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
         def forward(self, tokens, segments, valid_lens):
@@ -575,6 +586,18 @@ def jax_faults():
                 return out
 
         _plant_flax(mp, TransformerEncoderBlock=PreNorm)
+
+    def sublayer_unwrapped(mp):  # no residual connection and no LayerNorm around the FFN
+        class Unwrapped(model.TransformerEncoderBlock):
+            def __call__(self, X, valid_lens, training=False):
+                attention = self.attention(X, X, X, valid_lens, training)
+                Y = self.addnorm1(X, attention, training)
+                out = self.ffn(Y)
+                for name, value in (("attention", attention), ("addnorm1", Y), ("ffn", out), ("output", out)):
+                    self.sow("intermediates", f"{name}_out", value)
+                return out
+
+        _plant_flax(mp, TransformerEncoderBlock=Unwrapped)
 
     def positions_offset(mp):  # positions counted from 1 (and round, past the table's end)
         class Offset(model.BERTEncoder):

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from subjects import torch_native, torch_repo, torch_scratch
+from subjects import torch_native, torch_repo, torch_scratch, torch_tutorial
 
 from bert_multi import BERTConfig
 from bert_multi.backend.registry import not_in_process
@@ -127,7 +127,7 @@ def test_a_from_scratch_repositorys_bert_gets_a_verdict_with_its_fixed_positions
     assert mapping.user_name("encoder.segment_embedding.weight") == "model.bert.embedding.segment.weight[1:]"
     assert "encoder.pos_embedding" not in mapping.placements
     assert (
-        "none of yours for encoder.pos_embedding (your model's own, compared through what it computes)" in mapping.how
+        "none of yours for encoder.pos_embedding (what your model computes in their place is compared)" in mapping.how
     )
     assert report.absent == {
         "mlm": "your model has no parameters for mlm.mlp.0.weight, mlm.mlp.0.bias, mlm.mlp.2.weight ...",
@@ -175,6 +175,29 @@ def test_the_command_gives_a_from_scratch_repositorys_bert_a_verdict_and_exit_1(
     assert last.endswith("the next-sentence classifier: it reads the pooler, which is not checked.")
 
 
+@needs("torch")
+def test_a_tutorials_layers_made_inside_forward_and_its_bare_ffn_are_each_named():
+    """Weights made anew on every call are found where the forward uses them (placed there, never set), the
+    two runs that differ are put down to them, not to dropout, and the FFN returned without its residual and
+    LayerNorm is named in each block; the float32-only model is set up in float32."""
+    report = verify(torch_tutorial.build, ODD, dtypes=["float32"], cases=WHOLE_LENGTHS, label="tutorial")
+    mapping = report.mapping
+    assert mapping.user_name("encoder.blks.1.attention.W_o.weight") == "layers.1.attn (made in forward: 4)"
+    assert mapping.user_name("encoder.blks.0.addnorm1.ln.bias") == "layers.0 (made in forward: 3)"
+    assert "8 at weights your forward makes anew on every call (never set)" in mapping.how
+    assert "none of yours for encoder.blks.0.addnorm2.ln.weight" in mapping.how
+    assert report.activations["blks.0.attention"] == "layers.0.attn (output)"
+    assert report.activations["blks.0.output"] == "layers.0.ff2 (output)"  # no LayerNorm: the FFN's output
+    found = [(d.mistake.name, d.where) for d in report.diagnoses if d.mistake]
+    assert found == [
+        ("layers_in_forward", "layers.0.attn"),
+        ("sublayer_unwrapped", "layers.0.ff2"),
+        ("sublayer_unwrapped", "layers.1.ff2"),
+    ]
+    assert "(layers.0, layers.0.attn, layers.1, layers.1.attn)" in report.diagnoses[0].describe()
+    assert "dropout" not in report.verdict() and not report.passed
+
+
 # --- Flax's own blocks -------------------------------------------------------------------------------------
 
 
@@ -217,3 +240,22 @@ def test_a_port_on_flaxs_own_blocks_is_placed_without_a_map_and_each_default_nam
         flax_native.build, ODD.with_semantics("bert"), dtypes=["float64"], cases=["full_valid_len"], map_file=path
     )
     assert again.mapping.placements == report.mapping.placements and again.mapping.how == f"map file {path}"
+
+
+@needs("jax")
+def test_a_from_scratch_flax_bert_has_each_difference_named_at_its_module():
+    """Pre-norm blocks of Flax's own LayerNorm and tanh GELU, a fixed sinusoidal table, no heads: each module
+    read from what it was given (what a Flax LayerNorm reads is recorded too), each difference named."""
+    from subjects import flax_scratch
+
+    report = verify(flax_scratch.build, EVEN, dtypes=["float64"], cases=WHOLE_LENGTHS)
+    assert report.config.heads == () and "none of yours for encoder.pos_embedding" in report.mapping.how
+    found = {d.where: {m.name for m, _ in ((d.mistake, d.rule), *d.also)} for d in report.diagnoses if d.mistake}
+    assert found == {
+        "the input of block0.attn.q": {"fixed_positions", "pre_norm", "layer_norm_eps"},
+        "block1.attn.o": {"pre_norm"},
+        **{f"block{i}.ln{k}": {"pre_norm", "layer_norm_eps"} for i in range(2) for k in (1, 2)},
+        **{f"block{i}.fc2": {"pre_norm", "activation"} for i in range(2)},
+        "the encoding your model returns": {"pre_norm"},
+    }
+    assert all(d.error < 1e-12 for d in report.diagnoses) and len(report.diagnoses) == len(found)

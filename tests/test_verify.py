@@ -66,6 +66,8 @@ DIAGNOSED = {
     "no_bias": ("attention_bias", "computes W_q, W_k, W_v and W_o without biases"),
     "transposed_query": ("transposed_weight", "uses W_q transposed"),
     "pre_norm": ("pre_norm", "the input of layers.0.attn.query normalises the block's input before the attention"),
+    "ffn_unwrapped": ("sublayer_unwrapped", "layers.0.down returns its sublayer's output with no residual connection "
+                                            "and no LayerNorm around it"),
     "positions_offset": ("positions_offset", "counts the positions from 1, where d2l counts from 0"),
     "sinusoidal": ("fixed_positions", "adds a fixed sinusoidal table for the positions (a buffer, as the "
                                       "Transformer's) where d2l learns them"),

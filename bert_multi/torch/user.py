@@ -70,19 +70,49 @@ def _to_numpy(value: Any) -> np.ndarray | None:
 
 class _Uses(TorchFunctionMode):
     """While active, the names of the parameters (by identity, from ``names``) that torch functions are
-    given, in the order they are first given. Torch function modes are per thread."""
+    given, in the order they are first given; and a parameter that is none of them (a layer made inside
+    ``forward``) under a name of its own, "<module> (made in forward: k)", after the innermost of
+    ``modules`` running (by identity), with its shape in ``made``. Torch function modes are per thread."""
 
-    def __init__(self, names: dict[int, str]) -> None:
+    def __init__(self, names: dict[int, str], modules: dict[int, str]) -> None:
         super().__init__()
         self.names: dict[int, str] = names
+        self.modules, self.running = modules, [""]
         self.order: list[str] = []
+        self.made: dict[str, Shape] = {}
+        self.kept: list[nn.Parameter] = []  # the parameters made in forward, alive while named by identity
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         for value in _leaves((args, kwargs or {})):
             name = self.names.get(id(value))
+            # Made, not yet used, while a layer made in forward initialises its weights in place (fill_ ...).
+            if name is None and isinstance(value, nn.Parameter) and not getattr(func, "__name__", "").endswith("_"):
+                name = f"{self.running[-1] or 'the model'} (made in forward: {len(self.made)})"
+                self.names[id(value)], self.made[name] = name, tuple(value.shape)
+                self.kept.append(value)
             if name is not None and name not in self.order:
                 self.order.append(name)
         return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def watching_modules(self) -> Iterator[None]:
+        """Which of ``modules`` runs, kept in ``running`` (a module made in forward is none of them)."""
+
+        def enter(module: nn.Module, args: Any) -> None:
+            self.running.append(self.modules.get(id(module), self.running[-1]))
+
+        def leave(module: nn.Module, args: Any, output: Any) -> None:
+            self.running.pop()
+
+        handles = [
+            nn.modules.module.register_module_forward_pre_hook(enter),
+            nn.modules.module.register_module_forward_hook(leave),
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def _leaves(value: Any) -> Iterator[Any]:
@@ -110,6 +140,7 @@ class WrappedModel:
         # torch's blocks' names place the weights where the model is built of those blocks.
         native = any(isinstance(module, nn.TransformerEncoderLayer) for module in self.module.modules())
         self.native_names = NATIVE_NAMES if native else {}
+        self.made_in_forward: dict[str, Shape] = {}  # weights its forward makes anew on every call (``_Uses``)
         # Framework difference: only PyTorch's embedding says which row is padding (``padding_idx``).
         self.padded_tables = {
             f"{path}.weight" if path else "weight"
@@ -142,9 +173,13 @@ class WrappedModel:
     def used_parameters(self, inputs: ModelInputs) -> list[str]:
         """Its parameters in the order a forward pass first uses them, each seen wherever it is used (a
         parameter read by a parent, or a layer's weight used without calling the layer, included)."""
-        uses = _Uses({id(parameter): name for name, parameter in self.module.named_parameters()})
-        with uses:
+        uses = _Uses(
+            {id(parameter): name for name, parameter in self.module.named_parameters()},
+            {id(module): name for name, module in self.module.named_modules()},
+        )
+        with uses, uses.watching_modules():
             self.run(inputs, {})
+        self.made_in_forward = uses.made
         return uses.order
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> None:

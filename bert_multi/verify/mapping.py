@@ -56,10 +56,15 @@ class MappingError(UsageError):
         self.unplaced = unplaced  # the canonical tensors nothing in the model was found for
 
 
-# The canonical tensors a model may have no parameter for and still be checked: the positions, which ports
-# often keep as a fixed table (a buffer) where d2l learns them; what it adds is compared through the
-# embedding it computes.
-KEPT = ("encoder.pos_embedding",)
+def may_lack(name: str) -> bool:
+    """Whether a model may have no parameter for the canonical tensor ``name`` and still be checked: the
+    positions, which ports often keep as a fixed table (a buffer) where d2l learns them, and a block's
+    LayerNorms, which a port may leave out around a sublayer. What it computes in their place is compared
+    (the embedding; the sublayer's output, where the block's activation is then read)."""
+    return (
+        name == "encoder.pos_embedding"
+        or re.fullmatch(r"encoder\.blks\.\d+\.addnorm[12]\.ln\.(weight|bias)", name) is not None
+    )
 
 
 def _expected_shape(shape: Shape, user: Shape, placement: Placement) -> bool:
@@ -121,6 +126,7 @@ def map_parameters(
     native: Mapping[str, Mapping[str, str]] | None = None,
     kept: Collection[str] = (),
     padded: Collection[str] = (),
+    made: Mapping[str, Shape] | None = None,
 ) -> ParameterMap:
     """Place every canonical tensor of ``config`` in the user's ``parameters`` ((name, shape) in
     registration order), as this module's docstring says, or raise ``MappingError``. ``called()``: the
@@ -128,8 +134,10 @@ def map_parameters(
     when names leave something to place). ``lacking``: ``config`` leaves out parts the model lacks, so the
     parameters no canonical tensor sets (its own versions of those parts) are ignored, not refused.
     ``native``: the names of its framework's own blocks (``families``). ``kept``: canonical tensors the
-    model has no parameter for and computes its own way (``KEPT``), placed nowhere. ``padded``: the user's
-    tables whose row 0 is padding (PyTorch's ``padding_idx=0``)."""
+    model has no parameter for (``may_lack``), placed nowhere. ``padded``: the user's
+    tables whose row 0 is padding (PyTorch's ``padding_idx=0``). ``made``: the weights its forward makes
+    anew on every call (a layer built inside ``forward``), name -> shape, as ``called()`` finds them: a
+    canonical tensor is placed there by the order of use, and never set."""
     shapes = dict(parameters)
     canonical = {name: shape for name, shape in param_shapes(config).items() if name not in kept}
     ignored = list(map_file.ignore) if map_file else []
@@ -143,16 +151,20 @@ def map_parameters(
     free = {name: shape for name, shape in shapes.items() if name not in ignored and name not in taken}
     inferred: tuple[str, ...] = ()
     if left:
-        found, how, inferred = _automatic(config, left, free, called, native, padded)
+        found, how, inferred = _automatic(config, left, free, called, native, padded, made)
         placements.update(found)
         hows.append(how)
     if lacking:
         used = {placement.name for placement in placements.values()}
         ignored += [name for name in shapes if name not in used and name not in ignored]
+    made_used = [name for name in (made or {}) if name in {placement.name for placement in placements.values()}]
+    if made_used:
+        shapes.update({name: (made or {})[name] for name in made_used})
+        hows.append(f"{len(made_used)} at weights your forward makes anew on every call (never set)")
     if kept:
-        hows.append(f"none of yours for {', '.join(kept)} (your model's own, compared through what it computes)")
+        hows.append(f"none of yours for {', '.join(kept)} (what your model computes in their place is compared)")
     mapping = ParameterMap({name: placements[name] for name in canonical if name in placements}, shapes,
-                           " + ".join(hows) if hows else "map file", ignored, inferred)  # fmt: skip
+                           " + ".join(hows) if hows else "map file", ignored, inferred, tuple(made_used))  # fmt: skip
     _check(mapping, canonical, placements)
     return mapping
 
@@ -172,6 +184,7 @@ def _automatic(
     order_of_use: Callable[[], Sequence[str]] | None,
     native: Mapping[str, Mapping[str, str]] | None = None,
     padded: Collection[str] = (),
+    made: Mapping[str, Shape] | None = None,
 ) -> tuple[dict[str, Placement], str, tuple[str, ...]]:
     """Placements for the ``left`` canonical tensors among the ``free`` user parameters (name -> shape,
     in registration order): by names, tensor by tensor, then the rest by the order of use and shape, else
@@ -182,6 +195,7 @@ def _automatic(
     rest = [name for name in canonical if name in left and name not in placements]
     if rest:
         called = order_of_use() if order_of_use is not None else None
+        free.update(made or {})  # what the forward made, known once it has run, takes its place in the order
         if called is not None:
             rest = [name for name in computation_order(config) if name in rest]
         taken = {placement.name for placement in placements.values()}
@@ -243,6 +257,37 @@ def _prefixes(names: dict[str, Placement], left: list[str], free: dict[str, Shap
     return sorted(set(found), key=found.index)
 
 
+_NUMBERED = re.compile(r"^(?P<family>.*?)(?P<index>\d+)(?=[. ]|$)")
+
+
+def _block_prefixes(names: Iterable[str], blocks: int) -> dict[int, str]:
+    """Each block's path in the user's names ("layers.0" ...), where one family of numbered modules counts
+    exactly the config's blocks: so that a block's module is sought in that block, and a model that lacks
+    one (a LayerNorm left out) does not take the next block's in its place. Empty where none does."""
+    families: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
+    for name in names:
+        match = _NUMBERED.match(name)
+        if match and match["family"] and match["family"][-1] in "._":
+            families.setdefault(match["family"], set()).add(int(match["index"]))
+            counts[match["family"]] = counts.get(match["family"], 0) + 1
+    fitting = [family for family, indices in families.items() if indices == set(range(blocks))]
+    if not fitting:
+        return {}
+    family = max(fitting, key=lambda f: counts[f])
+    return {i: f"{family}{i}" for i in range(blocks)}
+
+
+def _in_block(name: str, canonical: str, prefixes: Mapping[int, str]) -> bool:
+    """Whether the user's parameter ``name`` may hold the canonical tensor ``canonical`` of a block: inside
+    that block's path where the user's blocks are known (``_block_prefixes``), anywhere else."""
+    block = re.match(r"encoder\.blks\.(\d+)\.", canonical)
+    if block is None or not prefixes:
+        return True
+    prefix = prefixes[int(block[1])]
+    return name.startswith((prefix + ".", prefix + " "))
+
+
 def _by_order(
     rest: list[str],
     order: list[str],
@@ -265,8 +310,10 @@ def _by_order(
     position = {name: index for index, name in enumerate(order)}
     known = len(order) if known is None else known
 
+    prefixes = _block_prefixes(free, sum(1 for name in canonical if name.endswith(".attention.W_q.weight")))
+
     def fits(name: str, candidate: str) -> bool:
-        return _expected_shape(
+        return _in_block(candidate, name, prefixes) and _expected_shape(
             canonical[name], free[candidate], _placed(name, canonical[name], candidate, free[candidate], padded)
         )
 

@@ -39,6 +39,7 @@ class ParameterMap:
     how: str  # "names (...)", "registration order and shape", or the map file, for the report
     ignored: list[str] = field(default_factory=list)  # user parameters stated to be no canonical tensor's
     inferred: tuple[str, ...] = ()  # the canonical tensors placed by order and shape, not by names
+    made: tuple[str, ...] = ()  # the user's weights, placed at, that its forward makes anew on every call
 
     def with_placements(self, changed: Mapping[str, Placement], note: str) -> ParameterMap:
         """The same mapping with some placements changed, and why."""
@@ -89,6 +90,9 @@ class ParameterMap:
         """The user's module that holds ``canonical`` (its parameter's path without the last part), or
         None for a parameter of the model itself."""
         name = self.placements[canonical].name
+        if name in self.made:  # "layers.0.attn (made in forward: 2)": that module's forward made it
+            module = name.rsplit(" (", 1)[0]
+            return None if module == "the model" else module
         return name.rsplit(".", 1)[0] if "." in name else None
 
 

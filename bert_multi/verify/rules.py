@@ -128,6 +128,12 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
         X = site.own(f"{part}.addnorm1") if pre_norm else site.block_input()
         return _attention(site, X, **{k: v for k, v in rule.items() if k in ATTENTION_RULES})
     if kind in ("addnorm1", "output"):
+        sublayer = site.own(f"{part}.{'attention' if kind == 'addnorm1' else 'ffn'}")
+        if rule.get("sublayer") == "bare":  # no residual and no LayerNorm around the sublayer
+            return sublayer
+        if rule.get("sublayer") == "no_residual":
+            prefix = f"{site.block}.addnorm{1 if kind == 'addnorm1' else 2}.ln"
+            return _normalised(sublayer, weights, prefix, eps, rule.get("form", "d2l"))
         if pre_norm:
             attention = site.own(f"{part}.attention")
             if kind == "addnorm1":

@@ -25,8 +25,8 @@ from ..spec.schema import cut_max_len, head_of, param_shapes, random_weights, va
 from .findings import VerifyReport
 from .gradients import check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
-from .mapping import KEPT, MappingError
-from .mistakes import MISTAKES, Diagnosis, diagnose, nondeterminism
+from .mapping import MappingError, may_lack
+from .mistakes import LAYERS_IN_FORWARD, MISTAKES, Diagnosis, diagnose, nondeterminism
 from .roles import decide_roles
 from .rules import Site
 from .subject import call_user
@@ -168,13 +168,13 @@ def _set_up(
     """The model made, its weights placed and loaded, at the set-up's (dtype, device), so that a mapping
     problem or an exception in the user's code stops the run before any comparison. Where nothing in the
     model is found for some of a head's tensors only, the model lacks that head: ``absent`` says so, and
-    the model, its config and weights without it come back. A tensor of ``KEPT`` it has no parameter for,
-    it computes its own way (a fixed table for the positions): that one is left where it is, and what the
-    model adds is compared through the activation it makes."""
+    the model, its config and weights without it come back. A tensor it may lack (``may_lack``: a fixed
+    table for the positions, a LayerNorm left out) is placed nowhere, and what the model computes in its
+    place is compared."""
     try:
         return backend.build(config, weights, setup[1], setup[0]), config, weights
     except MappingError as error:
-        kept = tuple(name for name in error.unplaced if name in KEPT)
+        kept = tuple(name for name in error.unplaced if may_lack(name))
         lacked = _parts_of(
             config, [name for name in error.unplaced if name not in kept], "your model has no parameters for"
         )
@@ -283,14 +283,20 @@ def diagnose_divergences(
         apart = nondeterminism(recorded, {**(again.intermediates or {}), "encoded": again.encoded})
         if apart > 0:
             where = _module(report.user_name(activations[0]))
-            found.append(Diagnosis(activations[0], where, MISTAKES["dropout_at_inference"], {"apart": apart}, 0.0,
-                                   apart, config))  # fmt: skip
-            continue
+            made = sorted({report.mapping.module_of(name) or "the model" for name in report.mapping.placements
+                           if report.mapping.placements[name].name in report.mapping.made})  # fmt: skip
+            mistake, rule = (
+                (LAYERS_IN_FORWARD, {"apart": apart, "made": ", ".join(made)})
+                if made
+                else (MISTAKES["dropout_at_inference"], {"apart": apart})
+            )
+            found.append(Diagnosis(activations[0], where, mistake, rule, 0.0, apart, config))
         inputs = check_inputs(config, **case.batch)
-        for activation in activations:
+        for activation in activations[1:] if apart > 0 else activations:
             site = Site(config, cut, inputs, activation, recorded)
             diagnosis = diagnose(site, _module(report.user_name(activation)), tolerance)
-            if diagnosis is not None:
+            # Where two runs differ, what no mistake reproduces may be that randomness: only what one does is said.
+            if diagnosis is not None and (apart == 0 or diagnosis.mistake is not None):
                 found.append(diagnosis)
     return sorted(found, key=lambda diagnosis: computation_rank(diagnosis.activation))
 

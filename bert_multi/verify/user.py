@@ -23,7 +23,7 @@ from ..spec.schema import param_shapes
 from .map_file import MapFile
 from .mapping import map_parameters
 from .placement import ParameterMap
-from .subject import NumpyProtocol, ProtocolSubject, Subject, accepts, call_user, input_sources, tap_sources
+from .subject import NumpyProtocol, ProtocolSubject, Shape, Subject, accepts, call_user, input_sources, tap_sources
 
 ROLE = "subject"
 
@@ -81,6 +81,14 @@ def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tup
     )
 
 
+def _sublayer_of(activation: str) -> str | None:
+    """The sublayer's activation whose add-and-norm ``activation`` is ("blks.0.output" -> "blks.0.ffn"):
+    a port that leaves that LayerNorm out returns the sublayer's output there."""
+    block, _, part = activation.rpartition(".")
+    sublayer = {"addnorm1": "attention", "output": "ffn"}.get(part) if block.startswith("blks.") else None
+    return f"{block}.{sublayer}" if sublayer else None
+
+
 class UserBERT(BackendModel):
     """A user's model behind the backend contract; its activations are recorded at the modules the mapping
     located, and named there in the user's words (``activation_names``)."""
@@ -92,11 +100,15 @@ class UserBERT(BackendModel):
         self.backend, self.subject, self.mapping = name, subject, mapping
         self.module = getattr(subject, "module", getattr(subject, "model", None))
         modules = subject.modules()
-        self.taps = OrderedDict(
-            (activation, (module, side))
-            for activation, (parameter, side) in tap_sources(config).items()
-            if (module := mapping.module_of(parameter)) is not None and module in modules
-        )
+        sources = tap_sources(config)
+        self.taps = OrderedDict()
+        for activation, (parameter, side) in sources.items():
+            sublayer = _sublayer_of(activation)
+            if parameter not in mapping.placements and sublayer is not None:  # a block without that LayerNorm
+                parameter, side = sources[sublayer]
+            module = mapping.module_of(parameter) if parameter in mapping.placements else None
+            if module is not None and module in modules:
+                self.taps[activation] = (module, side)
         # A framework's model is hooked where the mapping located its modules; a NumPy-protocol model
         # records what it returns, known once it has run.
         self.recorded = () if isinstance(subject, ProtocolSubject) else tuple(self.taps)
@@ -112,6 +124,10 @@ class UserBERT(BackendModel):
         if isinstance(self.subject, ProtocolSubject):
             self.recorded = tuple(name for name in tap_sources(self.config) if name in activations)
         record = OrderedDict((name, activations.get(name)) for name in (self.recorded or ()))
+        for name, value in record.items():  # a LayerNorm never called: the block gives its sublayer's output
+            sublayer = _sublayer_of(name)
+            if value is None and sublayer is not None:
+                record[name] = activations.get(sublayer)
         return BERTOutput(encoded, mlm, nsp, record if intermediates else None)
 
     def export_weights(self, share: bool = False) -> dict[str, np.ndarray]:
@@ -156,7 +172,7 @@ class UserBackend:
         # later build takes them.
         self.decided = decided
         self.lacking = False  # the config leaves out parts the model lacks: their parameters are ignored
-        self.kept: tuple[str, ...] = ()  # canonical tensors the model has no parameter for (``mapping.KEPT``)
+        self.kept: tuple[str, ...] = ()  # canonical tensors the model has no parameter for (``may_lack``)
 
     def kernel_eps(self, eps: float) -> float:
         """The LayerNorm epsilon the model's framework really computes with (MXNet's is a C float), so
@@ -181,15 +197,19 @@ class UserBackend:
     def _found(self, config: BERTConfig, subject: Subject) -> ParameterMap:
         used = getattr(subject, "used_parameters", None)
 
+        made: dict[str, Shape] = {}  # the weights that forward makes anew on every call
+
         def order_of_use() -> list[str]:  # a forward on a small batch, with the model's own weights
             assert used is not None
-            return call_user(f"your model {self.NAME}", used, example_inputs(config))
+            order = call_user(f"your model {self.NAME}", used, example_inputs(config))
+            made.update(getattr(subject, "made_in_forward", {}))
+            return order
 
         order = order_of_use if used is not None else None
         native = getattr(subject, "native_names", None)
         padded = getattr(subject, "padded_tables", ())
         return map_parameters(
-            config, subject.parameters(), self.map_file, order, self.lacking, native, self.kept, padded
+            config, subject.parameters(), self.map_file, order, self.lacking, native, self.kept, padded, made
         )
 
     def build(

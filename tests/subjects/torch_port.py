@@ -110,7 +110,8 @@ class Layer(nn.Module):
         norm = StdLayerNorm if fault == "std_eps" else nn.LayerNorm
         self.norm1 = norm(hidden, eps=eps)
         self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-        self.norm2 = norm(hidden, eps=eps)
+        if fault != "ffn_unwrapped":  # forgotten, with the residual connection around the FFN
+            self.norm2 = norm(hidden, eps=eps)
 
     def forward(self, x, valid_lens):
         activation = {"gelu": nn.functional.gelu, "relu_backward": PassingReLU.apply}.get(self.fault, torch.relu)
@@ -119,6 +120,8 @@ class Layer(nn.Module):
             return y + self.down(activation(self.up(self.norm2(y))))
         y = self.norm1(x + self.attn(x, valid_lens))
         ffn = self.down(activation(self.up(y)))
+        if self.fault == "ffn_unwrapped":
+            return ffn
         return self.norm2(y + (2 * ffn if self.fault == "ffn_doubled" else ffn))
 
 
