@@ -15,10 +15,15 @@ run: packages venv $(VENV_NUMPY2)/.installed
 	$(BIN)/bert-multi conform
 run: PACKAGES := $(VENV)/.packages $(VENV_NUMPY2)/.packages
 
-# The checks (one core, mostly mypy) beside the site (the guide's samples), then the tests.
+# The checks (one core, mostly mypy) beside the site (the guide's samples), then the tests: both
+# environments' whatever the first's outcome, and then which failed.
 test: packages venv $(VENV_NUMPY2)/.installed $(VENV_DOCS)/.installed
 	@$(MAKE) --no-print-directory -j2 check docs
-	@$(MAKE) --no-print-directory test-main test-numpy2
+	@failed=""; \
+	$(MAKE) --no-print-directory test-main || failed="$$failed $(VENV)"; \
+	$(MAKE) --no-print-directory test-numpy2 || failed="$$failed $(VENV_NUMPY2)"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED in$$failed (the FAILED lines above say which tests)"; exit 1; fi; \
+	echo "make test: every test passed, in $(VENV) and in $(VENV_NUMPY2)"
 
 # The environments' packages from their lock files (all three, or those a target names), installed side
 # by side (pip spends much of its time writing files): on the reference VM the three take 70 s so,
