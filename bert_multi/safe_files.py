@@ -9,6 +9,7 @@ claim, and reports anything malformed as the caller's error class (``WeightsErro
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import math
 import os
@@ -403,8 +404,16 @@ def replace_text(path: str | os.PathLike, text: str) -> None:
 @contextlib.contextmanager
 def _atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     target = Path(os.path.realpath(path))
-    if target.is_dir():
-        raise IsADirectoryError(f"{path} is a directory; expected a file name to write")
+    try:
+        mode: int | None = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory; expected a file name to write", str(path))
+    if mode is not None and not stat.S_ISREG(mode):
+        # A device or a FIFO (/dev/null, /dev/stdout, a pipe) is written to as a stream, never replaced.
+        yield target
+        return
     _remove_leftovers(target)
     unnamed = unnamed_file(target.parent)
     if unnamed is not None:

@@ -2,6 +2,7 @@
 
 import json
 import re
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -240,11 +241,17 @@ def one_line_error(capsys):
         (["pretrain", "--compare", "--plot", "{missing}/c.png"], "the directory '{missing}' does not exist"),
         (["fixtures", "--dir", "{file}/sub"], "cannot write in"),
         (["fixtures", "--dir", "{file}"], "exists and is not a directory"),
+        (["conform", "--json", "{dangling}"], "the directory '{missing}' does not exist"),  # where the link leads
+        (["conform", "--json", "{socket}"], "is neither a file, a device nor a FIFO"),
     ],
 )
 def test_an_unwritable_output_path_is_refused_before_the_work(argv, message, tmp_path, capsys, no_work):
     (tmp_path / "file").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing" / "r.json")
+    with socket.socket(socket.AF_UNIX) as bound:  # its file stays, a socket
+        bound.bind(str(tmp_path / "socket"))
     names = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path), "file": str(tmp_path / "file")}
+    names |= {"dangling": str(tmp_path / "dangling"), "socket": str(tmp_path / "socket")}
     assert main([arg.format(**names) for arg in argv]) == 2
     assert message.format(**names) in one_line_error(capsys)
 

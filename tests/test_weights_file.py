@@ -343,6 +343,21 @@ def test_saving_through_a_symbolic_link_replaces_its_target_and_keeps_the_link(t
     assert all(np.array_equal(load_weights(target)[1][n], weights[n]) for n in weights)
 
 
+def test_a_device_or_a_fifo_is_written_to_as_a_stream_never_replaced(tmp_path, either_way):
+    """``/dev/null`` stays the system's device (run as root, a rename would replace it), a FIFO stays a
+    FIFO and its reader gets what was written; a directory is refused, naming it."""
+    files.replace_text("/dev/null", "nothing\n")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    files.replace_text(fifo, "through the pipe\n")
+    assert reader.communicate(timeout=30)[0] == b"through the pipe\n"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and [p.name for p in tmp_path.iterdir()] == ["pipe"]
+    with pytest.raises(IsADirectoryError, match=f"is a directory; expected a file name to write: '{tmp_path}'"):
+        files.replace_text(tmp_path, "x")
+
+
 def test_the_file_and_its_directory_are_fsynced_before_save_returns(tmp_path, monkeypatch, weights, either_way):
     synced = []
     real_fsync = os.fsync

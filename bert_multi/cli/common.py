@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,10 +161,12 @@ def read_inputs(path: str) -> list[CaseInput]:
 
 def check_output(path: str | None, option: str, directory: bool = False) -> None:
     """Refuse, before any work starts, an output path that could not be written at the end: its
-    directory must exist (or, for a directory to create, its nearest existing ancestor) and be writable."""
+    directory must exist (or, for a directory to create, its nearest existing ancestor) and be writable,
+    where a link leads (a dangling link's too). A file is replaced whole; a device or a FIFO (/dev/null,
+    /dev/stdout) is written to as a stream; anything else is refused."""
     if path is None:
         return
-    target = Path(path)
+    target = Path(os.path.realpath(path))
     if directory:
         if target.exists() and not target.is_dir():
             raise UsageError(f"{option} {path}: exists and is not a directory")
@@ -171,11 +174,20 @@ def check_output(path: str | None, option: str, directory: bool = False) -> None
     else:
         if target.is_dir():
             raise UsageError(f"{option} {path}: is a directory; expected a file name")
+        if target.exists() and not _writable_kind(target):
+            raise UsageError(f"{option} {path}: is neither a file, a device nor a FIFO; expected a file name")
+        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+            return  # written to as a stream, in place
         parent = target.parent
         if not parent.is_dir():
             raise UsageError(f"{option} {path}: the directory {str(parent)!r} does not exist")
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: cannot write in {str(parent)!r}")
+
+
+def _writable_kind(path: Path) -> bool:
+    mode = path.stat().st_mode
+    return stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def check_plot(path: str | None, option: str = "--plot") -> None:
