@@ -117,6 +117,10 @@ def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
         "; the closest known mistake, that it " in text
         and "its input is yours, so the difference is in this module" in text
     )
+    # Each number where it belongs: d2l's own distance, then the closest mistake's (they differ here).
+    off, closest = f"{diagnosis.off:.3g}", f"{diagnosis.error:.3g}"
+    assert off != closest and f"(d2l's rule is off by {off}; the closest known mistake" in text
+    assert text.endswith(f", is off by {closest}); its input is yours, so the difference is in this module")
     assert "{" not in text  # plain words, no rule as a dict
     assert report.verdict().endswith("float64 on cpu.")  # no mistake named where none fits
 
@@ -516,11 +520,28 @@ def test_the_command_exits_1_and_writes_a_repro_that_needs_numpy_alone(tmp_path)
         timeout=60,
     )  # fmt: skip
     assert script.returncode == 1, script.stderr
-    first, element = script.stdout.splitlines()
+    title, first, element = script.stdout.splitlines()
+    assert title == "torch_port.py:build_faulty against the oracle: case mixed_valid_lens, float64 on cpu."
     assert first.startswith("first divergence: blks.0.attention (layers.0.attn.out (output)), max abs error ")
     number = r"-?[\d.e-]+"  # plain: 0.0723..., not np.float64(0.0723...)
     assert re.fullmatch(rf"first element outside the tolerance: \(\d+, \d+, \d+\), yours {number}, expected {number}",
                         element), element  # fmt: skip
+
+
+@needs("torch")
+def test_a_repro_quotes_the_model_files_name_never_runs_it(tmp_path):
+    """A file named with a docstring's quotes and a backslash: the repro holds its name as a string, runs,
+    and runs nothing the name says."""
+    name = 'evil""";open("PWNED","w");"""\\x.py'
+    (tmp_path / name).write_text((SUBJECTS / "torch_port.py").read_text())
+    done = cli(f"{tmp_path / name}:build_faulty", "--config", "tiny", "--dtypes", "float64", "--cases",
+               "full_valid_len", "--save-repro", str(tmp_path / "repro"))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    script = subprocess.run([sys.executable, "-I", str(tmp_path / "repro" / "repro.py")], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert script.returncode == 1, script.stderr
+    assert script.stdout.splitlines()[0].startswith(f"{name}:build_faulty against the oracle")
+    assert not (tmp_path / "PWNED").exists()
 
 
 @needs("torch")

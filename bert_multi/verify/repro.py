@@ -4,7 +4,6 @@ first divergence."""
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from ..spec.schema import cut_max_len
 from ..spec.weight_file import save_weights
 from .user import Given, UserBackend
 
-SCRIPT = '''"""{title}
+SCRIPT = '''"""A failing check of bert_multi's verify, reproduced (``TITLE`` says which).
 
 Run it with NumPy alone, from anywhere: python repro.py (exit status 1 when it shows a divergence).
 weights.npz beside it holds the canonical weights (bert_multi's format: plain .npy members), inputs.npz
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+TITLE = {title}  # the model's name as the user gave it, quoted: never code
 ORDER = {order}
 WHERE = {where}
 ATOL, RTOL = {atol!r}, {rtol!r}  # the tolerance of this check
@@ -61,6 +61,7 @@ def first_divergence():
 
 if __name__ == "__main__":
     found = first_divergence()
+    print(TITLE)
     print("\\n".join(found or ["no divergence: every activation and output is within the tolerance"]))
     sys.exit(1 if found else 0)
 '''
@@ -95,7 +96,7 @@ def save_repro(report: Any, factory: Any, weights: dict[str, np.ndarray], direct
     title = f"{report.label} against the oracle: case {check.case}, {check.target.dtype} on {check.target.device}."
     where = {name: report.user_name(name) for name in names}
     text = SCRIPT.format(
-        title=title, order=json.dumps(order), where=json.dumps(where), atol=tolerance.atol, rtol=tolerance.rtol
+        title=repr(title), order=repr(order), where=repr(where), atol=tolerance.atol, rtol=tolerance.rtol
     )
     replace_text(path / "repro.py", text)
     return path
