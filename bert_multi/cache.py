@@ -25,9 +25,10 @@ def cache_root() -> Path | None:
     configured = os.environ.get(CACHE_VARIABLE, "").strip()
     if configured.lower() == OFF:
         return None
+    # ``~user`` expanded as a shell does it: one that names no user is left as written (Path.expanduser raises).
     if configured:
-        return Path(configured).expanduser().absolute()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser().absolute() / "bert_multi"
+        return Path(os.path.expanduser(configured)).absolute()
+    return Path(os.path.expanduser(os.environ.get("XDG_CACHE_HOME") or "~/.cache")).absolute() / "bert_multi"
 
 
 def cache_for(framework: str) -> Path | None:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,20 @@ def test_the_cache_is_in_the_users_cache_directory_unless_told_otherwise(monkeyp
     for off in ("none", "None", " none "):
         monkeypatch.setenv(CACHE_VARIABLE, off)
         assert cache_root() is None and cache_for("jax") is None
+
+
+def test_a_cache_directory_under_a_user_that_does_not_exist_is_taken_as_written(monkeypatch, tmp_path):
+    """As a shell leaves ``~nobody_here/...`` as written: never a traceback, ``--help`` included."""
+    monkeypatch.chdir(tmp_path)
+    for variable in (CACHE_VARIABLE, "XDG_CACHE_HOME"):
+        monkeypatch.delenv(CACHE_VARIABLE, raising=False)
+        monkeypatch.setenv(variable, "~no_such_user_of_bert_multi/cache")
+        expected = tmp_path / "~no_such_user_of_bert_multi" / "cache"
+        assert cache_root() == (expected if variable == CACHE_VARIABLE else expected / "bert_multi")
+        environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+        command = [sys.executable, "-m", "bert_multi.cli", "--help"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
 
 
 def conform(directory, *extra):
