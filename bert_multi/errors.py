@@ -73,7 +73,8 @@ class UserCodeError(Exception):
         ]
         shown = "".join(traceback.format_list(frames)) if frames else "".join(traceback.format_tb(error.__traceback__))
         message = "".join(traceback.format_exception_only(type(error), error)).strip()
-        super().__init__(f"{what} raised {message}\nTraceback (your code):\n{shown.rstrip()}")
+        where = f"\nTraceback (your code):\n{shown.rstrip()}" if shown.strip() else ""  # none: what it returned
+        super().__init__(f"{what} raised {message}{where}")
 
 
 def carried(kind: str, message: str) -> Exception | None:

@@ -143,6 +143,9 @@ def test_placements_parse():
     assert parse_placement("a.b[1/3]") == Placement("a.b", False, (1, 3))
     assert parse_placement("a.b[1/3].T") == Placement("a.b", True, (1, 3))
     assert parse_placement("seg.weight[1:]") == Placement("seg.weight", rows=1)
+    assert parse_placement(" a module.weight.T ") == Placement("a module.weight", True)  # a name with a space
+    with pytest.raises(UsageError, match="is not a parameter name"):
+        parse_placement("two\nlines")  # a name that would print over two lines
     assert parse_placement("seg.weight[1:]").describe() == "seg.weight[1:]"
 
 
@@ -210,10 +213,62 @@ def test_a_numpy_protocol_model_without_activations_is_still_held_to_its_outputs
     assert not report.passed and "first diverges at encoded" in report.verdict()
 
 
+@pytest.mark.parametrize(
+    "kind, made", [("complex128", lambda a: a + 0j), ("<U32", lambda a: a.astype(str)), ("int64", np.int64)]
+)
+def test_outputs_that_are_not_real_numbers_are_the_models_error_never_compared(kind, made):
+    """A complex encoding (its imaginary part would be dropped) or numbers as strings (they would be parsed):
+    the model's error, naming what it returned, before anything is compared."""
+
+    class Odd(OracleInDisguise):
+        def __call__(self, *inputs):
+            encoded, *rest = super().__call__(*inputs)
+            return (made(encoded), *rest)
+
+    with pytest.raises(
+        UserCodeError, match=rf"its encoded is an array of {kind}; expected real floating point"
+    ) as caught:
+        verify(Odd(CONFIG), CONFIG, dtypes=["float64"], cases=["full_valid_len"])
+    assert "Traceback" not in str(caught.value)  # nothing of theirs raised: what they returned is the error
+
+
 def test_a_fault_is_named_at_the_first_activation_it_moves():
     report = verify(OracleInDisguise(CONFIG, "ignores valid_lens"), CONFIG, dtypes=["float64"])
     assert not report.passed
     assert report.verdict().startswith("FAIL: OracleInDisguise first diverges at blks.0.attention")
+
+
+def test_the_verdict_names_the_first_divergence_in_computation_order_whatever_case_shows_it():
+    """One case diverges only at the NSP output, a later one at the first attention already: the verdict
+    names the attention, the earlier in the computation."""
+
+    class Two(OracleInDisguise):
+        def __call__(self, tokens, segments, valid_lens, pred_positions):
+            if valid_lens is None:
+                encoded, mlm, nsp, record = super().__call__(tokens, segments, valid_lens, pred_positions)
+                return encoded, mlm, nsp + 1.0, record
+            return super().__call__(tokens, segments, None, pred_positions)  # valid_lens ignored
+
+    report = verify(Two(CONFIG), CONFIG, dtypes=["float64"], cases=["no_valid_lens", "mixed_valid_lens"])
+    firsts = {check.case: check.first_divergence.name for check in report.forward.failures()}
+    assert firsts == {"no_valid_lens": "nsp", "mixed_valid_lens": "blks.0.attention"}
+    assert report.verdict().startswith("FAIL: Two first diverges at blks.0.attention (yours: ")
+
+
+def test_a_pass_says_which_dtypes_and_devices_did_not_run():
+    report = verify(OracleInDisguise(CONFIG), CONFIG, dtypes=["float64"], devices=["cpu", "cuda"])
+    assert report.passed
+    assert "(not run here: float64 on cuda" in report.verdict()
+
+
+def test_the_checks_after_the_run_are_given_the_float64_set_up_not_the_runs_last_build():
+    """One model object, run in float64 then float32: its gradients are checked with the float64 weights
+    again (with the float32 ones it holds after the run, they would differ by float32's rounding)."""
+    model = OracleInDisguise(CONFIG)
+    report = verify(model, CONFIG, dtypes=["float64", "float32"], gradients=True)
+    assert [check.target.dtype for check in report.forward.checks][-1] == "float32"
+    assert report.passed, report.failures()
+    assert all(array.dtype == np.float64 for array in model.weights.values())
 
 
 def test_no_gradient_where_the_oracle_has_one_fails_unless_stated_frozen():

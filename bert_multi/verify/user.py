@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backend.contract import BackendModel, BERTOutput, Device, matmul_precision, parse_device, prepare_weights
 from ..backend.registry import LoadedBackend, wrapper_for
-from ..errors import CannotRunHere, UsageError
+from ..errors import CannotRunHere, UsageError, UserCodeError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
 from ..spec.schema import param_shapes
@@ -81,6 +81,18 @@ def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tup
     )
 
 
+def _check_kinds(arrays: dict[str, np.ndarray | None], label: str) -> None:
+    """Refuse, as the user's model's error on this input, an output or activation that is not real floating
+    point (complex, strings, integers, booleans, objects): never converted, so never compared as something
+    it is not. Its precision is what the comparison's tolerance judges."""
+    for name, array in arrays.items():
+        if array is not None and array.dtype.kind != "f":
+            raise UserCodeError(
+                f"your model {label}",
+                TypeError(f"its {name} is an array of {array.dtype}; expected real floating point numbers"),
+            )
+
+
 def _sublayer_of(activation: str) -> str | None:
     """The sublayer's activation whose add-and-norm ``activation`` is ("blks.0.output" -> "blks.0.ffn"):
     a port that leaves that LayerNorm out returns the sublayer's output there."""
@@ -117,6 +129,7 @@ class UserBERT(BackendModel):
         # What the user's code raises is theirs, on this input: the engine reports it as this case's error.
         taps = self.taps if intermediates else {}
         (encoded, mlm, nsp), activations = call_user(f"your model {self.backend}", self.subject.run, inputs, taps)
+        _check_kinds({"encoded": encoded, "mlm": mlm, "nsp": nsp, **activations}, self.backend)
         # What the model computes of a part it lacks in d2l's sense (a decoder without d2l's MLM transform)
         # is not d2l's output: it is left out, and the report says the part was not checked.
         mlm = mlm if "mlm" in self.config.heads else None
