@@ -575,3 +575,39 @@ def test_a_run_that_checked_nothing_has_not_passed(register):
     assert report.checks == [] and not report.errors
     assert report.skipped == {Target("absent", "float64"): "its framework is not installed here"}
     assert not report.passed and not report.to_json()["passed"]
+
+
+def _compared(name, actual, expected, dtype="float64"):
+    from bert_multi.engine.compare import compare_arrays, tolerance_for
+
+    return compare_arrays(name, np.asarray(actual, float), np.asarray(expected, float), tolerance_for(dtype))
+
+
+def test_the_summary_shows_each_outputs_worst_case_and_the_verdict_its_largest_absolute_difference():
+    """Two cases of one target: the row (and the verdict's largest difference) is the worse case's, and the
+    largest difference is absolute (a relative one of 0.5 here would read as 5.0e-01)."""
+    from bert_multi.engine.report import largest_by_dtype, summary_table, verdict
+    from bert_multi.engine.results import Check, Report, Target
+
+    target = Target("numpy", "float64")
+    small = _compared("encoded", [2e-12, 1.0], [0.0, 1.0])  # max abs 2e-12, max rel 0 (its 0 reference skipped)
+    large = _compared("encoded", [1.0 + 4e-10, 2.0], [1.0, 2.0])  # max abs 4e-10, max rel 4e-10
+    half = _compared("encoded", [1.5e-10, 1.0], [1e-10, 1.0])  # max abs 5e-11, max rel 0.5
+    report = Report(CONFIG, ["a", "b", "c"], [Check(c, target, "oracle", (x,), ()) for c, x in
+                                               (("a", small), ("b", large), ("c", half))])  # fmt: skip
+    ((_, _, _, worst),) = report.worst()
+    assert worst is large and "4.00e-10" in summary_table(report)
+    assert largest_by_dtype(report) == "4.0e-10 in float64"
+    assert "largest difference 4.0e-10 in float64" in verdict(report, "it")
+
+
+def test_a_run_where_one_target_raised_and_the_rest_passed_is_not_checked_in_full():
+    from bert_multi.engine.report import verdict
+    from bert_multi.engine.results import Check, Report, RunError, Target
+
+    passing = Check("a", Target("numpy", "float64"), "oracle", (_compared("encoded", [1.0], [1.0]),), ())
+    report = Report(CONFIG, ["a"], [passing], errors=[RunError(Target("torch", "float32"), "running case a", "boom")])
+    assert not report.passed
+    said = verdict(report, "it")
+    assert said.startswith("it was not checked in full: 1 target(s) raised (") and "boom" in said
+    assert said.endswith("the 1 comparisons that ran are within tolerance")

@@ -708,7 +708,7 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
         "a hundred million parts": (b'{"names": {"a": "b[0/100000000]"}}', "expected at most 1024"),
         "a part number of 4,300 digits": (
             b'{"names": {"a": "b[0/' + b"9" * 4300 + b']"}}',
-            "k and n of at most 9 digits",
+            "numbers of at most 9 digits",
         ),
         "a pattern that names nothing": (b'{"names": {"encoder.blks.{i}.{i}": "b"}}', "names no canonical tensor"),
     }

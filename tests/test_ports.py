@@ -176,7 +176,7 @@ def test_the_command_gives_a_from_scratch_repositorys_bert_a_verdict_and_exit_1(
 
 
 @needs("torch")
-def test_a_tutorials_layers_made_inside_forward_and_its_bare_ffn_are_each_named():
+def test_a_tutorials_layers_made_inside_forward_and_its_bare_ffn_are_each_named(tmp_path):
     """Weights made anew on every call are found where the forward uses them (placed there, never set), the
     two runs that differ are put down to them, not to dropout, and the FFN returned without its residual and
     LayerNorm is named in each block; the float32-only model is set up in float32."""
@@ -196,6 +196,12 @@ def test_a_tutorials_layers_made_inside_forward_and_its_bare_ffn_are_each_named(
     ]
     assert "(layers.0, layers.0.attn, layers.1, layers.1.attn)" in report.diagnoses[0].describe()
     assert "dropout" not in report.verdict() and not report.passed
+    # Its placement as a map file: what its forward makes is none of its parameters, so found again.
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(mapping.as_map_file()))
+    assert not any("made in forward" in rule for rule in json.loads(path.read_text())["names"].values())
+    again = verify(torch_tutorial.build, ODD, dtypes=["float32"], cases=["full_valid_len"], map_file=path)
+    assert again.mapping.placements == mapping.placements
 
 
 # --- Flax's own blocks -------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ MAX_MAP_BYTES = 1 << 20
 MAX_PARTS = 1024
 
 _PLACE = re.compile(
-    r"(?P<name>[^\[\]\s]+?)(?P<t>\.T)?(?:\[(?P<k>\d{1,9})/(?P<n>\d{1,9})\]|\[(?P<rows>\d{1,9}):\])?(?P<t2>\.T)?"
+    r"(?P<name>[^\[\]\x00-\x1f\x7f]+?)(?P<t>\.T)?(?:\[(?P<k>\d{1,9})/(?P<n>\d{1,9})\]|\[(?P<rows>\d{1,9}):\])?(?P<t2>\.T)?"
 )
 # A pattern's fields: each stands for the same text wherever it appears in one pattern.
 FIELDS = {"i": r"\d+", "p": "weight|bias"}

@@ -81,8 +81,9 @@ class ParameterMap:
     def as_map_file(self) -> dict[str, object]:
         """These placements as a map file's contents, which ``read_map`` reads back to the same placements
         (``--write-map``): one rule per block pattern where every block follows it."""
-        return {
-            "names": per_block({name: placement.describe() for name, placement in self.placements.items()}),
+        placed = {name: placement for name, placement in self.placements.items() if placement.name not in self.made}
+        return {  # weights made in forward are none of the model's: found again as they were found here
+            "names": per_block({name: placement.describe() for name, placement in placed.items()}),
             "ignore": list(self.ignored),
         }
 
