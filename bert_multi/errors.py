@@ -68,12 +68,13 @@ class UserCodeError(Exception):
 
     def __init__(self, what: str, error: BaseException) -> None:
         self.error: BaseException | None = error  # None when carried from another process (``carried``)
-        frames = [
-            frame for frame in traceback.extract_tb(error.__traceback__) if not _ours_or_a_library(frame.filename)
-        ]
-        shown = "".join(traceback.format_list(frames)) if frames else "".join(traceback.format_tb(error.__traceback__))
+        every = traceback.extract_tb(error.__traceback__)
+        frames = [frame for frame in every if not _ours_or_a_library(frame.filename)]
+        if not frames:  # none of theirs: the library's that raised, never bert_multi's (what their code returned)
+            frames = [frame for frame in every if not Path(frame.filename).resolve().is_relative_to(_PACKAGE)]
+        shown = "".join(traceback.format_list(frames))
         message = "".join(traceback.format_exception_only(type(error), error)).strip()
-        where = f"\nTraceback (your code):\n{shown.rstrip()}" if shown.strip() else ""  # none: what it returned
+        where = f"\nTraceback (your code):\n{shown.rstrip()}" if shown.strip() else ""
         super().__init__(f"{what} raised {message}{where}")
 
 

@@ -210,7 +210,7 @@ def test_a_state_of_a_billion_blocks_or_a_step_of_true_is_refused_at_once(tmp_pa
     rewritten(tmp_path, state, step=True)
     with pytest.raises(WeightsError, match="its step is True, not a whole number"):
         load_training_state(tmp_path)
-    assert time.perf_counter() - started < 10
+    assert time.perf_counter() - started < 60  # a loop over 10**9 blocks would take hours; a busy machine, not a minute
 
 
 def test_a_state_past_the_steps_asked_for_is_refused_instead_of_replayed(tmp_path):

@@ -232,6 +232,17 @@ def test_outputs_that_are_not_real_numbers_are_the_models_error_never_compared(k
     assert "Traceback" not in str(caught.value)  # nothing of theirs raised: what they returned is the error
 
 
+@pytest.mark.parametrize("returned", [None, (x for x in ()), np.zeros(3)])
+def test_what_a_model_returns_in_place_of_its_outputs_is_its_error_shown_without_bert_multis_frames(returned):
+    class Returns(OracleInDisguise):
+        def __call__(self, *inputs):
+            return returned
+
+    with pytest.raises(UserCodeError, match="the model returned") as caught:
+        verify(Returns(CONFIG), CONFIG, dtypes=["float64"], cases=["full_valid_len"])
+    assert "bert_multi" not in str(caught.value)
+
+
 def test_a_fault_is_named_at_the_first_activation_it_moves():
     report = verify(OracleInDisguise(CONFIG, "ignores valid_lens"), CONFIG, dtypes=["float64"])
     assert not report.passed

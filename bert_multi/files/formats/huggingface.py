@@ -228,8 +228,9 @@ def _semantics(path: Path, hf: dict[str, Any], tied: bool) -> Semantics:
     if hf.get("model_type", "bert") != "bert":
         raise WeightsError(f"{path}: a {hf['model_type']!r} model, not BERT (model_type 'bert')")
     for key, wanted in (("position_embedding_type", "absolute"), ("type_vocab_size", 2), ("is_decoder", False)):
-        if hf.get(key, wanted) != wanted:
-            raise WeightsError(f"{path}: {key} is {hf[key]!r}; bert_multi computes BERT with {key} {wanted!r}")
+        value = hf.get(key, wanted)
+        if type(value) is not type(wanted) or value != wanted:  # 2.0 is no count, 0 no false
+            raise WeightsError(f"{path}: {key} is {value!r}; bert_multi computes BERT with {key} {wanted!r}")
     act = hf.get("hidden_act", "gelu")
     if act not in ACTIVATIONS:
         raise WeightsError(f"{path}: hidden_act {act!r} is not one bert_multi computes: {sorted(ACTIVATIONS)}")
@@ -265,12 +266,16 @@ def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray],
         own[BIAS] = own.pop(DECODER_BIAS)
         dtypes[BIAS] = dtypes[DECODER_BIAS]
     arrays, kinds, unknown = {}, {}, []
+    named: dict[str, str] = {}  # canonical name -> the file's name for it
     for name, array in own.items():
         canonical = _canonical_name(name)
         if canonical is None:
             if not any(re.fullmatch(pattern, name) for pattern in IGNORED):
                 unknown.append(name)
             continue
+        if canonical in named:  # gamma beside weight, or a name with and without "bert.": which is meant?
+            raise WeightsError(f"{path / source}: {named[canonical]!r} and {name!r} are both {canonical}")
+        named[canonical] = name
         arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
         kinds[canonical] = dtypes[name]
     if unknown:
