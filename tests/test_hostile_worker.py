@@ -80,6 +80,18 @@ def test_a_reply_that_does_not_check_out_is_an_error_naming_the_worker(monkeypat
     assert_stopped(backend)
 
 
+def test_a_reply_field_of_the_wrong_type_is_an_error_naming_the_worker(monkeypatch, hostile_python):
+    """Every field of a reply is checked for its type and range before it is used: a worker describing its
+    devices as one string, or a LayerNorm epsilon of NaN, is a damaged worker, stopped."""
+    monkeypatch.setenv("HOSTILE_WORKER", "describes itself with the wrong types")
+    with pytest.raises(RemoteFailure, match=r"its reply to 'load' holds devices cpu; expected a list of device names"):
+        RemoteBackend("numpy", hostile_python)
+    backend, _ = hostile(monkeypatch, hostile_python, "answers with the wrong types")
+    with pytest.raises(RemoteFailure, match=r"its reply to 'kernel_eps' holds eps nan; expected a LayerNorm epsilon"):
+        backend.kernel_eps(1e-5)
+    assert_stopped(backend)
+
+
 def test_a_reply_describing_no_model_is_an_error_naming_the_worker(monkeypatch, hostile_python):
     backend, model = hostile(monkeypatch, hostile_python, "")
     assert model.cut(8) is None  # the oracle's models do not cut themselves

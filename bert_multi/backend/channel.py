@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,13 @@ class Worker:
                 self.busy = False
                 self.turn.notify_all()
 
+    def field(self, reply: dict[str, Any], op: str, name: str, valid: Callable[[Any], bool], expected: str) -> Any:
+        """The reply's ``name``, where ``valid`` holds of it; else the worker failed (it is stopped)."""
+        value = reply.get(name)
+        if not valid(value):
+            raise self.failure(f"its reply to {op!r} holds {name} {str(value)[:100]}; expected {expected}")
+        return value
+
     def failure(self, what: str) -> RemoteFailure:
         """A ``RemoteFailure`` naming the worker; the worker, no longer trusted, is stopped."""
         error = RemoteFailure(f"the worker ({self.python}) failed: {what}")
@@ -208,7 +215,7 @@ class Worker:
                     text, self.pending = self.pending.split(b"\n", 1)
                     try:
                         message = json.loads(text)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # RecursionError: a line nested beyond Python's stack
                         raise RemoteFailure(
                             f"the worker ({self.python}) sent a line that is not JSON in reply to {op!r}: "
                             f"{text[:200]!r}"

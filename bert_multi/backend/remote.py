@@ -18,6 +18,7 @@ in the framework's own environment. What the worker sends back is checked agains
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import weakref
@@ -98,27 +99,31 @@ class RemoteBackend:
         except RemoteFailure:
             self.worker.close()
             raise
-        self.NAME, self.ROLE, self.LABEL = name, described["role"], described["label"]
-        self.NAME_RULES = [tuple(rule) for rule in described["name_rules"]]
+        field = functools.partial(self.worker.field, described, "load")
+        self.NAME, self.ROLE = name, field("role", _is_text, "a role's name")
+        self.LABEL = field("label", _is_text, "a framework's name")
+        rules = field("name_rules", lambda v: _texts(v, pairs=True), "a list of [pattern, replacement] pairs")
+        self.NAME_RULES = [tuple(rule) for rule in rules]
         self.ENVIRONMENT = str(python)
-        self._devices: list[str] = described["devices"]
-        if described["checkpoints"]:  # its framework's own files, written and read there
+        self._devices: list[str] = field("devices", _texts, "a list of device names")
+        if field("checkpoints", _is_flag, "true or false"):  # its framework's own files, written and read there
             self.save_checkpoint, self.read_checkpoint = self._save_checkpoint, self._read_checkpoint
         if described.get("prepares"):  # it compiles ahead, while this process works on other backends
             self.prepare = self._prepare
-        if described["trains"]:  # a Pretrainer that offers what the worker's does
-            offers = {"MIXED_PRECISION": tuple(described["mixed_precisions"])}
+        if field("trains", _is_flag, "true or false"):  # a Pretrainer that offers what the worker's does
+            offers = {"MIXED_PRECISION": tuple(field("mixed_precisions", _texts, "a list of dtype names"))}
             self.Pretrainer = type("RemoteTrainer", (RemoteTrainer,), offers)
 
     def devices(self) -> list[str]:
         return list(self._devices)
 
     def supports(self, config: BERTConfig, device: str = "cpu") -> str | None:
-        reason = self.worker.call("supports", config=config.to_dict(), device=device)["reason"]
-        return None if reason is None else str(reason)
+        reply = self.worker.call("supports", config=config.to_dict(), device=device)
+        return self.worker.field(reply, "supports", "reason", lambda v: v is None or _is_text(v), "null or a reason")
 
     def kernel_eps(self, eps: float) -> float:
-        return float(self.worker.call("kernel_eps", eps=eps)["eps"])
+        reply = self.worker.call("kernel_eps", eps=eps)
+        return float(self.worker.field(reply, "kernel_eps", "eps", _is_epsilon, "a LayerNorm epsilon, 0 < eps < 1"))
 
     def build(
         self, config: BERTConfig, weights: dict[str, np.ndarray], device: str = "cpu", dtype: object = None, **options
@@ -273,7 +278,8 @@ class RemoteTrainer:
     def __init__(self, model: RemoteModel, **options: Any) -> None:
         self.model, self.config, self.worker = model, model.config, model.worker
         self.optimizer, self.steps = options.get("optimizer"), 0
-        self.id = int(self.worker.call("trainer", model=model.id, options=options)["trainer"])
+        reply = self.worker.call("trainer", model=model.id, options=options)
+        self.id = self.worker.field(reply, "trainer", "trainer", lambda v: type(v) is int, "a trainer's number")
         weakref.finalize(self, self.worker.drop, self.id)
         # The parameters' shapes and dtype, which every gradient and moment the worker sends must have.
         self.parameters = {
@@ -333,8 +339,25 @@ def _is_text(value: object) -> bool:
     return isinstance(value, str)
 
 
+def _is_flag(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _texts(value: object, pairs: bool = False) -> bool:
+    """A JSON list of strings (of two-string lists, with ``pairs``)."""
+    if not isinstance(value, list):
+        return False
+    if pairs:
+        return all(isinstance(item, list) and len(item) == 2 and all(map(_is_text, item)) for item in value)
+    return all(map(_is_text, value))
+
+
 def _is_number(value: object) -> bool:
     return type(value) in (int, float)
+
+
+def _is_epsilon(value: object) -> bool:
+    return _is_number(value) and 0 < value < 1  # type: ignore[operator]  # a number, checked just before
 
 
 def _first(names: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from bert_multi.errors import UserCodeError
 MODE = os.environ.get("HOSTILE_WORKER", "")
 Session = worker.Session
 honest_load, honest_forward, honest_step, honest_state = Session.load, Session.forward, Session.step, Session.state
-honest_cut = Session.cut
+honest_cut, honest_kernel_eps = Session.cut, Session.kernel_eps
 
 
 def mark() -> None:
@@ -36,7 +36,10 @@ def load(self, backend):
         for _ in range(200):  # 200 MB, written before the reply
             sys.stderr.write("x" * (1 << 20))
         sys.stderr.write("\nthe last line before the reply\n")
-    return honest_load(self, os.environ.get("HOSTILE_BACKEND", "numpy"))
+    described = honest_load(self, os.environ.get("HOSTILE_BACKEND", "numpy"))
+    if MODE == "describes itself with the wrong types":
+        return {**described, "devices": "cpu", "trains": 1}
+    return described
 
 
 def forward(self, model, inputs, out, intermediates):
@@ -92,7 +95,14 @@ def cut(self, model, max_len):
     return honest_cut(self, model, max_len)
 
 
+def kernel_eps(self, eps):
+    if MODE == "answers with the wrong types":  # NaN, as Python's json writes it
+        return {"eps": float("nan")}
+    return honest_kernel_eps(self, eps)
+
+
 Session.load, Session.forward, Session.step, Session.state, Session.cut = load, forward, step, state, cut
+Session.kernel_eps = kernel_eps
 
 if __name__ == "__main__":
     worker.main()
