@@ -3,6 +3,7 @@ lacking parts d2l's model has, raising on some inputs, computing in float32 only
 file, naming each real difference at its module with its numbers, and a port whose maths is d2l's passes."""
 
 import functools
+import importlib
 import json
 import re
 
@@ -248,20 +249,29 @@ def test_a_port_on_flaxs_own_blocks_is_placed_without_a_map_and_each_default_nam
     assert again.mapping.placements == report.mapping.placements and again.mapping.how == f"map file {path}"
 
 
-@needs("jax")
-def test_a_from_scratch_flax_bert_has_each_difference_named_at_its_module():
-    """Pre-norm blocks of Flax's own LayerNorm and tanh GELU, a fixed sinusoidal table, no heads: each module
-    read from what it was given (what a Flax LayerNorm reads is recorded too), each difference named."""
-    from subjects import flax_scratch
+# A from-scratch BERT in each framework that has no BERT blocks of its own: names as its author chose them.
+SCRATCH = {"flax_scratch": ("jax", "block{i}.", "attn.q", "attn.o", "ln{k}", "fc2"),
+           "gluon_scratch": ("mxnet", "blocks.{i}.", "attn.q", "attn.o", "ln{k}", "fc2")}  # fmt: skip
 
-    report = verify(flax_scratch.build, EVEN, dtypes=["float64"], cases=WHOLE_LENGTHS)
+
+@pytest.mark.parametrize("subject", sorted(SCRATCH))
+def test_a_from_scratch_bert_of_another_framework_has_each_difference_named_at_its_module(subject):
+    """Pre-norm blocks of the framework's own LayerNorm (eps 1e-6) and the tanh GELU, a fixed sinusoidal
+    table, no heads: each module read from what it was given (what a LayerNorm reads is recorded too, in
+    each framework), each difference named."""
+    backend, block, query, out, norm, ffn = SCRATCH[subject]
+    if not_in_process(backend):
+        pytest.skip(str(not_in_process(backend)))
+    factory = importlib.import_module(f"subjects.{subject}").build
+    report = verify(factory, EVEN, dtypes=["float64"], cases=WHOLE_LENGTHS)
     assert report.config.heads == () and "none of yours for encoder.pos_embedding" in report.mapping.how
     found = {d.where: {m.name for m, _ in ((d.mistake, d.rule), *d.also)} for d in report.diagnoses if d.mistake}
+    first, second = block.format(i=0), block.format(i=1)
     assert found == {
-        "the input of block0.attn.q": {"fixed_positions", "pre_norm", "layer_norm_eps"},
-        "block1.attn.o": {"pre_norm"},
-        **{f"block{i}.ln{k}": {"pre_norm", "layer_norm_eps"} for i in range(2) for k in (1, 2)},
-        **{f"block{i}.fc2": {"pre_norm", "activation"} for i in range(2)},
+        f"the input of {first}{query}": {"fixed_positions", "pre_norm", "layer_norm_eps"},
+        f"{second}{out}": {"pre_norm"},
+        **{f"{block.format(i=i)}{norm.format(k=k)}": {"pre_norm", "layer_norm_eps"} for i in range(2) for k in (1, 2)},
+        **{f"{block.format(i=i)}{ffn}": {"pre_norm", "activation"} for i in range(2)},
         "the encoding your model returns": {"pre_norm"},
     }
     assert all(d.error < 1e-12 for d in report.diagnoses) and len(report.diagnoses) == len(found)
