@@ -92,6 +92,21 @@ def test_a_reply_field_of_the_wrong_type_is_an_error_naming_the_worker(monkeypat
     assert_stopped(backend)
 
 
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_a_worker_that_replaces_its_directory_is_stopped_and_nothing_outside_it_is_touched(
+    monkeypatch, hostile_python, tmp_path, kind
+):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept").write_text("not the worker's")
+    monkeypatch.setenv("HOSTILE_ELSEWHERE", str(elsewhere))
+    backend, model = hostile(monkeypatch, hostile_python, f"replaces its directory with a {kind}")
+    with pytest.raises(RemoteFailure, match="its reply to 'forward'"):
+        model(**BATCH)
+    assert_stopped(backend)  # its directory gone: the link or the file, never what a link led to
+    assert (elsewhere / "kept").read_text() == "not the worker's"
+
+
 def test_a_reply_describing_no_model_is_an_error_naming_the_worker(monkeypatch, hostile_python):
     backend, model = hostile(monkeypatch, hostile_python, "")
     assert model.cut(8) is None  # the oracle's models do not cut themselves

@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import selectors
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -97,7 +98,8 @@ class Worker:
     def __init__(self, python: Path) -> None:
         self.python = python
         self.timeout = worker_timeout()
-        self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-worker-")
+        # Removed by ``stop`` (``_remove``); at exit, what is left there is removed quietly.
+        self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-worker-", ignore_cleanup_errors=True)
         heartbeat = str(HEARTBEAT_S if self.timeout is None else min(HEARTBEAT_S, self.timeout / 4))
         self.process = subprocess.Popen(
             [str(python), "-m", "bert_multi.backend.worker"],
@@ -280,7 +282,7 @@ class Worker:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        self.directory.cleanup()
+        _remove(Path(self.directory.name))
 
     def close(self) -> None:
         """End the worker as it ends by itself (its requests end), stopping it if it has not within 10 s;
@@ -307,3 +309,13 @@ def _exception(reply: dict[str, Any]) -> Exception:
     return errors.carried(kind, message) or RemoteFailure(
         f"{kind}: {message}\nin the worker:\n{reply.get('traceback', '')}"
     )
+
+
+def _remove(directory: Path) -> None:
+    """The worker's directory gone, whatever the worker left there: a link or a file in its place is
+    removed as itself (never followed), and what cannot be removed is left, never raised at the end."""
+    with contextlib.suppress(OSError):
+        if directory.is_symlink() or not directory.is_dir():
+            directory.unlink()
+        else:
+            shutil.rmtree(directory, ignore_errors=True)

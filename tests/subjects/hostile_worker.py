@@ -9,6 +9,7 @@ backend (``hostile_python``), so the caller meets it exactly as it meets a real 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -58,6 +59,14 @@ def forward(self, model, inputs, out, intermediates):
         raise UserCodeError.__new__(UserCodeError, "your forward raised ZeroDivisionError: division by zero")
     if MODE == "replies with a FIFO":
         os.mkfifo(out)
+        return {"intermediates": None}
+    if MODE.startswith("replaces its directory with a "):  # a link to HOSTILE_ELSEWHERE, or a file
+        directory = Path(out).parent
+        shutil.rmtree(directory)
+        if MODE.endswith("link"):
+            directory.symlink_to(os.environ["HOSTILE_ELSEWHERE"])
+        else:
+            directory.write_text("a file where the directory was")
         return {"intermediates": None}
     reply = honest_forward(self, model, inputs, out, intermediates)
     if MODE == "replies with garbage":
