@@ -107,11 +107,20 @@ def test_a_worker_that_replaces_its_directory_is_stopped_and_nothing_outside_it_
     assert (elsewhere / "kept").read_text() == "not the worker's"
 
 
+def test_a_reply_sent_ahead_of_its_request_is_never_taken_for_its_reply(monkeypatch, hostile_python):
+    monkeypatch.setenv("HOSTILE_WORKER", "replies ahead")
+    backend = RemoteBackend("numpy", hostile_python)
+    with pytest.raises(RemoteFailure, match=r"its reply to 'supports' \(request 2\) answers another: "):
+        backend.supports(CONFIG)
+    assert_stopped(backend)
+
+
 def test_a_reply_describing_no_model_is_an_error_naming_the_worker(monkeypatch, hostile_python):
     backend, model = hostile(monkeypatch, hostile_python, "")
     assert model.cut(8) is None  # the oracle's models do not cut themselves
     backend, model = hostile(monkeypatch, hostile_python, "describes a model it does not hold")
-    with pytest.raises(RemoteFailure, match=r"its reply to 'cut' describes no model: \{'ok': True, 'model': '7', "):
+    expected = r"its reply to 'cut' describes no model: \{'ok': True, 'id': 3, 'model': '7', "
+    with pytest.raises(RemoteFailure, match=expected):
         model.cut(8)
     assert_stopped(backend)
 

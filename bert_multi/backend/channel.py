@@ -100,6 +100,7 @@ class Worker:
         self.timeout = worker_timeout()
         # Removed by ``stop`` (``_remove``); at exit, what is left there is removed quietly.
         self.directory = tempfile.TemporaryDirectory(prefix="bert_multi-worker-", ignore_cleanup_errors=True)
+        self.requests = itertools.count(1)  # each request's number, which its reply must carry
         heartbeat = str(HEARTBEAT_S if self.timeout is None else min(HEARTBEAT_S, self.timeout / 4))
         self.process = subprocess.Popen(
             [str(python), "-m", "bert_multi.backend.worker"],
@@ -158,11 +159,14 @@ class Worker:
         with self.turn_for(background):
             if self.stopped:
                 raise RemoteFailure(f"the worker ({self.python}) was stopped: {self.stopped}")
+            number = next(self.requests)
             try:
-                reply = self._request(op, json.dumps({"op": op, **arguments}).encode() + b"\n")
+                reply = self._request(op, json.dumps({"op": op, "id": number, **arguments}).encode() + b"\n")
             except BaseException as error:  # Ctrl-C or a failure: the worker's state is unknown, so it goes
                 self.stop(f"interrupted while running {op!r}" if isinstance(error, KeyboardInterrupt) else str(error))
                 raise
+        if reply.get("id") != number:  # a line sent ahead, or left over: the channel is out of step
+            raise self.failure(f"its reply to {op!r} (request {number}) answers another: {str(reply)[:200]}")
         if reply.get("ok") is True:
             return reply
         if reply.get("ok") is False:

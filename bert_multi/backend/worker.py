@@ -220,17 +220,20 @@ def serve(requests: Iterable[str], reply: Callable[[dict[str, Any]], None], inte
     """Answer each request line until they end."""
     session = Session()
     for line in requests:
+        number = None  # the request's number, which its reply carries: a reply is never taken for another's
         try:
             request = json.loads(line)
+            number = request.pop("id", None)
             op = request.pop("op")
             if op not in OPERATIONS:
                 raise ValueError(f"unknown request {op!r}: expected one of {OPERATIONS}")
             with heartbeat(reply, interval):
                 answer = getattr(session, op)(**request)
-            reply({"ok": True, **answer})
+            reply({"ok": True, "id": number, **answer})
         except Exception as error:  # noqa: BLE001 - every error goes back to the caller, who decides
             reply(
                 {
+                    "id": number,
                     "ok": False,
                     "type": type(error).__name__,
                     "message": str(error)[:MAX_ERROR_TEXT],
