@@ -3,6 +3,8 @@
 import json
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -650,3 +652,11 @@ def test_a_command_whose_reader_has_gone_ends_with_its_status_and_no_traceback(t
         child.stdin.close()
         stderr = child.stderr.read()
         assert (child.wait(60), stderr, handled.read_text()) == (3, b"", "ran")
+
+
+def test_standard_output_on_a_full_disk_is_one_line_not_a_bug_report():
+    with open("/dev/full", "w") as full:  # every write: ENOSPC
+        done = subprocess.run([sys.executable, "-m", "bert_multi.cli", "backends"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == "bert-multi: error: No space left on device: the output could not be written\n"

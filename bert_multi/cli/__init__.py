@@ -4,6 +4,7 @@ does (``add_parser``, ``run``); ``main`` dispatches and turns the project's own 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import tempfile
@@ -100,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
 
 
+# What a full disk or a file-size limit raises when written to.
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
@@ -110,6 +115,10 @@ def _run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as error:
+        if error.errno in FULL and not error.filename:  # standard output on a full disk: the machine's, no bug
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write there
+            print(f"bert-multi: error: {error.strerror}: the output could not be written", file=sys.stderr)
+            return 2
         # One on a path the user gave, or one written for them, is theirs to fix; any other is a bug's.
         print(f"bert-multi: error: {error if error.filename else bug_report(error, args.argv)}", file=sys.stderr)
         return 2
