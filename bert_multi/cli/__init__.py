@@ -4,6 +4,7 @@ does (``add_parser``, ``run``); ``main`` dispatches and turns the project's own 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
@@ -116,7 +117,8 @@ def _run(args: argparse.Namespace) -> int:
         return 141
     except OSError as error:
         if error.errno in FULL and not error.filename:  # standard output on a full disk: the machine's, no bug
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write there
+            with contextlib.suppress(OSError, ValueError):  # nothing more to write there (a real file only)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             print(f"bert-multi: error: {error.strerror}: the output could not be written", file=sys.stderr)
             return 2
         # One on a path the user gave, or one written for them, is theirs to fix; any other is a bug's.
