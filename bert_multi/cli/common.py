@@ -174,20 +174,16 @@ def check_output(path: str | None, option: str, directory: bool = False) -> None
     else:
         if target.is_dir():
             raise UsageError(f"{option} {path}: is a directory; expected a file name")
-        if target.exists() and not _writable_kind(target):
-            raise UsageError(f"{option} {path}: is neither a file, a device nor a FIFO; expected a file name")
-        if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+        mode = target.stat().st_mode if target.exists() else stat.S_IFREG
+        if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
             return  # written to as a stream, in place
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{option} {path}: is neither a file, a device nor a FIFO; expected a file name")
         parent = target.parent
         if not parent.is_dir():
             raise UsageError(f"{option} {path}: the directory {str(parent)!r} does not exist")
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {path}: cannot write in {str(parent)!r}")
-
-
-def _writable_kind(path: Path) -> bool:
-    mode = path.stat().st_mode
-    return stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def check_plot(path: str | None, option: str = "--plot") -> None:
