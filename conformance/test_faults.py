@@ -47,6 +47,20 @@ def _unwrapped_forward(self, X, valid_lens):
     return self.ffn(self.addnorm1(X, self.attention(X, X, X, valid_lens)))
 
 
+def _tokens_seen(mp, model):
+    """``BERTEncoder.forward`` planted to keep, in the dict it returns, where each token id is not 0: what a
+    mask made from the tokens reads, for the ``masked_softmax`` planted beside it."""
+    seen = {}
+    encode = model.BERTEncoder.forward
+
+    def forward(self, tokens, segments, valid_lens):
+        seen["keep"] = tokens != 0
+        return encode(self, tokens, segments, valid_lens)
+
+    mp.setattr(model.BERTEncoder, "forward", forward)
+    return seen
+
+
 def _pre_norm_forward(self, X, valid_lens):
     """``TransformerEncoderBlock.forward`` with pre-norm: each sublayer reads the normalised input, the
     residual adds the raw one."""
@@ -112,18 +126,12 @@ def torch_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
-        seen = {}
-        encode = model.BERTEncoder.forward
-
-        def forward(self, tokens, segments, valid_lens):
-            seen["keep"] = tokens != 0
-            return encode(self, tokens, segments, valid_lens)
+        seen = _tokens_seen(mp, model)
 
         def masked_softmax(X, valid_lens):
             keep = seen["keep"].repeat_interleave(X.shape[0] // seen["keep"].shape[0], dim=0)[:, None, :]
             return nn.functional.softmax(X.masked_fill(~keep, -1e6), dim=-1)
 
-        mp.setattr(model.BERTEncoder, "forward", forward)
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def masked_rows_zero(mp):  # a row whose every key is masked attends to nothing, as key_padding_mask does
@@ -280,18 +288,12 @@ def mxnet_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
-        seen = {}
-        encode = model.BERTEncoder.forward
-
-        def forward(self, tokens, segments, valid_lens):
-            seen["keep"] = tokens != 0
-            return encode(self, tokens, segments, valid_lens)
+        seen = _tokens_seen(mp, model)
 
         def masked_softmax(X, valid_lens):
             keep = np.repeat(seen["keep"], X.shape[0] // seen["keep"].shape[0], axis=0)[:, None, :]
             return npx.softmax(np.where(keep, X, -1e6))
 
-        mp.setattr(model.BERTEncoder, "forward", forward)
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def masked_rows_zero(mp):  # a row whose every key is masked attends to nothing, as key_padding_mask does
