@@ -25,6 +25,7 @@ import time
 import traceback
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
@@ -33,6 +34,7 @@ import numpy as np
 
 from bert_multi import BERTConfig, InputError, UsageError, WeightsError, random_weights, save_weights
 from bert_multi.backend.channel import DamagedFile
+from bert_multi.cache import EntryRefused
 from bert_multi.safe_files import MXNET_LIST_MAGIC
 
 HERE = Path(__file__).resolve()
@@ -102,6 +104,13 @@ def _worker_reply(path: str) -> object:
     from bert_multi.backend.channel import read_arrays
 
     return read_arrays(path)
+
+
+def _cache_entry(path: str) -> object:
+    """A file as the compilation cache reads the entry of ``CACHE_KEY``."""
+    from bert_multi.cache import read_entry
+
+    return read_entry(path, CACHE_KEY)
 
 
 def _safetensors(path: str) -> object:
@@ -184,6 +193,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "checkpoint": _checkpoint,
     "reply": _worker_reply,
     "inputs": _inputs,
+    "cache": _cache_entry,
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
@@ -194,6 +204,7 @@ CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
     "map": (WeightsError, UsageError),  # a rule that names no tensor of the config is a usage error
     "checkpoint": WeightsError,
     "reply": DamagedFile,
+    "cache": EntryRefused,
 }
 
 
@@ -785,6 +796,28 @@ def hostile_replies() -> dict[str, tuple[bytes, str]]:
     }
 
 
+CACHE_KEY = "jit_forward-0123456789abcdef"
+
+
+def cache_entry_bytes(key: str = CACHE_KEY) -> bytes:
+    """A compilation cache entry as bert_multi seals it (the program's bytes are JAX's business)."""
+    from bert_multi.cache import seal
+
+    return seal(key, zlib.compress(bytes(range(256)) * 64))
+
+
+def hostile_cache_entries() -> dict[str, tuple[bytes, str]]:
+    valid = cache_entry_bytes()
+    return {
+        "another program's entry": (cache_entry_bytes("jit_other-fedcba9876543210"), "entry of another program"),
+        "cut short": (valid[: len(valid) // 2], "holds"),
+        "cut in its seal": (valid[:30], "cut short"),
+        "one byte of the program changed": (valid[:-1] + bytes([valid[-1] ^ 1]), "do not match its seal"),
+        "an entry as JAX writes it (a deflate bomb here)": (zlib.compress(bytes(64 << 20)), "not a sealed"),
+        "empty": (b"", "not a sealed"),
+    }
+
+
 HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "map": hostile_maps,
     "vocab": hostile_vocabs,
@@ -800,6 +833,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "inputs": hostile_inputs,
     "checkpoint": hostile_checkpoints,
     "reply": hostile_replies,
+    "cache": hostile_cache_entries,
 }
 
 
@@ -924,6 +958,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [params_bytes(gluon_weights()), params_bytes(gluon_weights("float64", 1), V2_MAGIC)], generic
     if loader == "checkpoint":
         return [flax_bytes(), params_bytes(gluon_weights())], [*generic, mutate_a_shape]
+    if loader == "cache":
+        return [cache_entry_bytes()], generic
     if loader == "reply":
         return [reply_bytes()], [*generic, mutate_inside_zip, mutate_npy_header]
     if loader == "flax":

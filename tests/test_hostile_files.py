@@ -36,6 +36,7 @@ READERS = {
     "inputs": None,
     "checkpoint": None,
     "reply": None,
+    "cache": None,
     "torch": "torch",
     "mxnet": "mxnet",
 }

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import pathlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -18,6 +19,13 @@ from typing import Any
 import flax
 import jax
 import numpy as np
+
+try:  # where JAX opens its persistent cache: private, so a JAX that moved it runs with no cache at all
+    from jax._src import compilation_cache as jax_compilation_cache
+    from jax._src.compilation_cache_interface import CacheInterface
+except ImportError:  # pragma: no cover - no such JAX yet
+    jax_compilation_cache = None
+    CacheInterface = object
 
 from ..arrays import contiguous_transpose
 from ..backend.contract import (
@@ -35,7 +43,7 @@ from ..backend.contract import (
     shareable,
     stream_weights,
 )
-from ..cache import MAX_CACHE_BYTES, cache_for, described
+from ..cache import SealedEntries, cache_for, described
 from ..errors import CannotRunHere
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
@@ -48,19 +56,41 @@ from .model import BERTModel
 NAME = "jax"
 
 
+class SealedCompilationCache(CacheInterface):
+    """JAX's persistent cache interface over ``SealedEntries``: JAX asks for and keeps its compiled
+    programs by key; each comes back only if its file is the sealed entry of that key."""
+
+    def __init__(self, directory: str) -> None:
+        self._path = pathlib.Path(directory)
+        self.entries = SealedEntries(directory)
+
+    def get(self, key: str) -> bytes | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        self.entries.put(key, value)
+
+
 def use_the_compilation_cache() -> None:
     """JAX's persistent compilation cache in bert_multi's cache directory (``bert_multi.cache``), unless
     JAX was given one already (a user's own setting stays theirs) or caching is off. Every compilation
-    is kept (ours take 0.1 to 2 s each: JAX's default keeps those over 1 s), up to MAX_CACHE_BYTES, least
-    recently used out first under a file lock, so processes share it. Set before anything compiles, as
-    JAX opens its cache at the first compilation."""
+    is kept (ours take 0.1 to 2 s each: JAX's default keeps those over 1 s), each entry sealed and checked
+    (``SealedCompilationCache``). JAX opens its cache at its first compilation, through
+    ``get_file_cache``; a JAX without that hook gets no cache at all rather than one that is not checked."""
     directory = cache_for(NAME)
-    if jax.config.jax_compilation_cache_dir or directory is None:
+    if jax.config.jax_compilation_cache_dir or directory is None or jax_compilation_cache is None:
         return
+    opens_its_cache = getattr(jax_compilation_cache, "get_file_cache", None)
+    if not callable(opens_its_cache):
+        return
+
+    def sealed_where_ours(path: str) -> tuple[CacheInterface, str] | None:
+        return (SealedCompilationCache(path), path) if path == str(directory) else opens_its_cache(path)
+
+    jax_compilation_cache.get_file_cache = sealed_where_ours
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    jax.config.update("jax_compilation_cache_max_size", MAX_CACHE_BYTES)
 
 
 use_the_compilation_cache()
