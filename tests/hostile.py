@@ -321,6 +321,7 @@ def hostile_flax() -> dict[str, tuple[bytes, str]]:
         "bytes after the tree": (b"\x81\xa1w" + leaf + b"\x00", "1 unexpected bytes"),
         "a chunked array": (b"\x81\xda\x00\x19__msgpack_chunked_array__\xc3", "chunked array"),
         "a key that is not text": (b"\x81\xa2\xff\xfe" + leaf, "not UTF-8"),
+        "a key that would write a line of its own": (b"\x81\xa8a\nb\x1b[31m" + leaf, "control character \\n"),
         "a list at the top": (b"\x91\x01", "does not start with a MessagePack map"),
         "empty file": (b"", "does not start with a MessagePack map"),
         "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with a MessagePack map"),
@@ -487,6 +488,7 @@ def hostile_params() -> dict[str, tuple[bytes, str | dict[str, str]]]:
         "ndim 0xFFFFFFFF (V2)": (_params_with(struct.pack("<IiI", V2_MAGIC, 0, 0xFFFFFFFF)), "-1 dimensions"),
         "ndim 0x7FFFFFFF": (_params_with(struct.pack("<Iii", V3_MAGIC, 0, 0x7FFFFFFF)), "2147483647 dimensions"),
         "uninitialised parameter (V3, ndim -1)": (_params_with(struct.pack("<Iii", V3_MAGIC, 0, -1)), "deferred"),
+        "a name that would write a line of its own": (params_bytes({"w\r\nignored: x": one}), "control character \\r"),
         "shape (2**40,)": (
             _params_with(struct.pack("<Iiiqiii", V3_MAGIC, 0, 1, 2**40, 1, 0, 0)),
             "needs 4398046511104 bytes",
@@ -548,6 +550,11 @@ def hostile_torch() -> dict[str, tuple[bytes, str]]:
         # Round 3 (issue 26): each cost gigabytes before any check.
         "an expanded view": (torch_bytes({**valid, name: torch.zeros(1).expand(2**28)}), "is an expanded view"),
         "a thousand views of one storage": (torch_bytes(_aliased_views(torch)), "views that overlap or repeat"),
+        # Round 5 (issue 56): an ignored head so named printed a line of the report of its own.
+        "a name that would write a line of its own": (
+            torch_bytes({**valid, "classifier\nignored: forged": torch.zeros(2)}),
+            "control character \\n",
+        ),
     }
 
 

@@ -42,7 +42,7 @@ from .formats import (
     of_framework,
     sniff,
 )
-from .formats.base import some
+from .formats.base import control_character, some
 from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns
 
 
@@ -142,6 +142,12 @@ class Checkpoint:
 
 def _read(path: Path, key: str | None, own: CheckpointFormat | None = None) -> Raw:
     raw = (own or sniff(path)).read(path, key)
+    for name in raw.arrays:
+        if bad := control_character(name):
+            raise WeightsError(
+                f"{path}: the tensor name {name!r:.200} holds the control character {bad}, "
+                "which no framework writes in a name"
+            )
     raw.dtypes = {name: raw.dtypes.get(name, array.dtype.name) for name, array in raw.arrays.items()}
     if raw.config is None:
         _strip_prefix(raw.arrays, raw.dtypes, raw.notes)

@@ -4,6 +4,7 @@ own names, writes one, and describes it to people. Each format is one module of 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,15 @@ class CheckpointFormat:
 
 
 SHOWN = 5  # names shown in a message before "and N more"
+# What would end or rewrite a line where a name is shown: no framework puts one in a tensor's name.
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def control_character(name: str) -> str | None:
+    """The first control character in a name read from a file, as an escape (``\\n``), or None. A name
+    holding one is refused where it is read, so that a file cannot write lines of a report or an error."""
+    found = _CONTROL_CHARACTER.search(name)
+    return None if found is None else found[0].encode("unicode_escape").decode("ascii")
 
 
 def some(names: list[Any] | set[str]) -> str:

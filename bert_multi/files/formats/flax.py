@@ -29,7 +29,7 @@ from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, describe_format, file_size, open_regular, replace_file
 from ...spec.config import BERTConfig
-from .base import FrameworkFile, Probe, no_key
+from .base import FrameworkFile, Probe, control_character, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to the Flax tree's dotted paths: a
 # list of submodules is blks_0, blks_1 (a Sequential's mlp.2 is mlp_2), the pooler is one Dense
@@ -113,9 +113,12 @@ class _Parser:
         if kind != "str":
             raise self.fail(f"{what} is a MessagePack {kind}, not a string")
         try:
-            return bytes(self.take(length, what)).decode("utf-8")
+            text = bytes(self.take(length, what)).decode("utf-8")
         except UnicodeDecodeError as error:
             raise self.fail(f"{what} is not UTF-8 text ({error.reason})") from None
+        if bad := control_character(text):
+            raise self.fail(f"{what} holds the text {text!r:.200}, with the control character {bad}")
+        return text
 
     def tree(self, path: tuple[str, ...], found: dict[str, np.ndarray]) -> None:
         """The map at ``path``: its arrays into ``found`` under dotted paths."""

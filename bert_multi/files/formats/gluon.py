@@ -28,7 +28,7 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
-from .base import FrameworkFile, Probe, no_key
+from .base import FrameworkFile, Probe, control_character, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -118,9 +118,12 @@ class _Reader:
         length = self.number("<Q", f"name #{index}'s length")
         raw = self.bytes(length, f"name #{index}")
         try:
-            return raw.decode("utf-8")
+            name = raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise self.fail(f"name #{index} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        if bad := control_character(name):
+            raise self.fail(f"name #{index}, {name!r:.200}, holds the control character {bad}")
+        return name
 
 
 def read_params(path: str | os.PathLike) -> dict[str, np.ndarray]:
