@@ -164,6 +164,31 @@ def test_a_worker_that_dies_is_one_error_quoting_the_end_of_what_it_said(monkeyp
     assert_stopped(backend)
 
 
+def test_a_worker_that_dies_leaving_a_child_holding_its_pipes_is_ended_and_so_is_the_child(
+    monkeypatch, hostile_python, tmp_path
+):
+    """The child keeps the worker's stdout and stderr open, so no end of file comes: the worker is found
+    dead as it is (not overdue after the silence or the deadline), and its child is stopped with it."""
+    monkeypatch.setenv("HOSTILE_MARK", str(tmp_path / "child.pid"))
+    backend, model = hostile(monkeypatch, hostile_python, "dies leaving a child", timeout="600")
+    with pytest.raises(RemoteFailure, match=r"ended: exit code 3"):
+        model(**BATCH)
+    assert_stopped(backend)
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + BUSY
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(child), "the worker's child was left running"
+
+
+def running(pid):
+    """Whether process ``pid`` runs (a zombie waiting for its parent does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_worker_that_floods_stderr_costs_a_bounded_tail(monkeypatch, hostile_python):
     """200 MB on stderr: the caller keeps the last STDERR_TAIL_BYTES, and the message quotes a short line."""
     backend, model = hostile(monkeypatch, hostile_python, "floods stderr")

@@ -15,6 +15,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -39,6 +40,7 @@ DEFAULT_TIMEOUT_S = 600.0
 HEARTBEAT_VARIABLE = "BERT_MULTI_WORKER_HEARTBEAT"
 HEARTBEAT_S = 5.0
 SILENCE_S = 60.0
+ALIVE_CHECK_S = 0.5  # how often a wait for a reply looks whether the worker still lives
 # What a reply may hold: its JSON line, the end of the worker's stderr kept for messages, and its arrays
 # (uncompressed, as np.savez writes them, so their size is bounded by the files' real sizes).
 MAX_REPLY_LINE_BYTES = 4 << 20
@@ -108,6 +110,7 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env={**worker_environment(), HEARTBEAT_VARIABLE: heartbeat},
+            process_group=0,  # a group of its own, so that whatever it starts is stopped with it (``stop``)
         )
         assert self.process.stdout is not None and self.process.stderr is not None
         self.stopped: str | None = None  # why the worker was stopped, once it is
@@ -241,11 +244,13 @@ class Worker:
                     waits.append(started + self.timeout - now)
                 if min(waits) <= 0:
                     raise RemoteFailure(self._overdue(op, now - last_sign))
-                if selector.select(min(waits)):
+                if selector.select(min(*waits, ALIVE_CHECK_S)):
                     chunk = os.read(self.process.stdout.fileno(), 1 << 16)
                     if not chunk:
                         raise RemoteFailure(self._ended())
                     self.pending += chunk
+                elif self.has_ended():  # though a process it started may hold its pipes open
+                    raise RemoteFailure(self._ended())
 
     def _overdue(self, op: str, silent: float) -> str:
         if silent >= SILENCE_S:
@@ -256,10 +261,11 @@ class Worker:
         )
 
     def _ended(self) -> str:
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        deadline = time.monotonic() + 5
+        while not self.has_ended() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.has_ended():
+            self._reap()  # with what it left running, which would hold its stderr open
         self.stderr_reader.join(timeout=5)
         return f"the worker ({self.python}) ended: {self._log_tail()}"
 
@@ -274,7 +280,7 @@ class Worker:
 
     def drop(self, model: int) -> None:
         """Forget a model the worker holds (its memory is freed there)."""
-        if self.process.poll() is None and not self.stopped:
+        if not self.has_ended() and not self.stopped:
             try:
                 self.call("drop", model=model)
             except RemoteFailure:
@@ -283,21 +289,39 @@ class Worker:
     def stop(self, why: str) -> None:
         """End the worker now and remove its directory; later requests are refused, saying ``why``."""
         self.stopped = self.stopped or why
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        self._reap()
         _remove(Path(self.directory.name))
+
+    def has_ended(self) -> bool:
+        """Whether the worker process has ended, leaving it unreaped: until it is reaped, its number is
+        its own, and so is the number of its process group."""
+        if self.process.returncode is not None:
+            return True
+        if not hasattr(os, "waitid"):  # a system without it: reaped as it is found ended
+            return self.process.poll() is not None
+        try:
+            return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def _reap(self) -> None:
+        """Stop the worker and every process it started in its group (before it is reaped, while the group's
+        number cannot be another's), then reap it."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def close(self) -> None:
         """End the worker as it ends by itself (its requests end), stopping it if it has not within 10 s;
         at once if another thread's request is under way (its caller is ending): no one will read the reply."""
-        if self.process.poll() is None and not self.busy:
-            try:
-                assert self.process.stdin is not None
+        if not self.has_ended() and not self.busy:
+            assert self.process.stdin is not None
+            with contextlib.suppress(OSError):
                 self.process.stdin.close()  # end of requests: the worker exits
-                self.process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
+            deadline = time.monotonic() + 10
+            while not self.has_ended() and time.monotonic() < deadline:
+                time.sleep(0.05)
         self.stop("it was closed")
 
     def _log_tail(self) -> str:

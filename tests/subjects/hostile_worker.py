@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import zipfile
@@ -54,6 +55,10 @@ def forward(self, model, inputs, out, intermediates):
     if MODE == "dies":
         sys.stderr.write("the worker's last words\n")
         sys.stderr.flush()
+        os._exit(3)
+    if MODE == "dies leaving a child":  # which holds its pipes open, and says so in HOSTILE_MARK
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        Path(os.environ["HOSTILE_MARK"]).write_text(str(child.pid))
         os._exit(3)
     if MODE == "raises the user's error":
         raise UserCodeError.__new__(UserCodeError, "your forward raised ZeroDivisionError: division by zero")
