@@ -78,21 +78,36 @@ class UserCodeError(Exception):
         super().__init__(f"{what} raised {message}{where}")
 
 
+MAX_CARRIED_CHARACTERS = 4000  # of an error's text carried from another process: a paragraph, not a file
+
+
 def carried(kind: str, message: str) -> Exception | None:
     """The project's exception named ``kind`` as another process raised it with ``message`` (a worker of
     another environment reports the class's name and the text), or None if ``kind`` is not one of them.
-    The text is kept whole; what does not travel as text is left out (a user's original exception, the
-    statements a ``StatementsMissing`` lists, which becomes the ``WeightsError`` it is)."""
+    The text is kept as the error says it, within bounds: one line (a user's error keeps the lines of its
+    frames) of at most ``MAX_CARRIED_CHARACTERS``. What does not travel as text is left out (a user's
+    original exception, the statements a ``StatementsMissing`` lists, which becomes the ``WeightsError`` it
+    is)."""
     own = globals().get(kind)
     if not (isinstance(own, type) and issubclass(own, Exception) and own.__module__ == __name__):
         return None
     if own is StatementsMissing:
         own = WeightsError
     error = own.__new__(own)
-    BaseException.__init__(error, message)  # not own's constructor, which may want more than a message
+    BaseException.__init__(error, bounded_text(message, lines=issubclass(own, UserCodeError)))
     if isinstance(error, UserCodeError):
         error.error = None
     return error
+
+
+def bounded_text(text: str, lines: bool = False) -> str:
+    """Text another process sent, as it may be shown: its lines joined by " / " unless ``lines`` are kept,
+    at most ``MAX_CARRIED_CHARACTERS``, saying how much was left out."""
+    if not lines:
+        text = " / ".join(line for line in text.splitlines() if line.strip())
+    if len(text) > MAX_CARRIED_CHARACTERS:
+        text = f"{text[:MAX_CARRIED_CHARACTERS]} ... ({len(text) - MAX_CARRIED_CHARACTERS} more characters)"
+    return text
 
 
 _PACKAGE = Path(__file__).resolve().parent

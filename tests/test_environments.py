@@ -14,7 +14,7 @@ import pytest
 
 from bert_multi import CONFIGS, BERTConfig, CannotRunHere, Target, UsageError, backends, random_weights, run_conformance
 from bert_multi.arrays import same_bits
-from bert_multi.backend.channel import Worker
+from bert_multi.backend.channel import RemoteBug, Worker
 from bert_multi.backend.registry import load_backend, registrations
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
 from bert_multi.engine.cases import CASES
@@ -96,8 +96,9 @@ def test_the_worker_raises_bert_multis_own_exceptions_and_shows_others_with_thei
         remote_oracle.build(config, weights, device="cuda:0")
     with pytest.raises(UsageError, match="unsupported dtype 'float16'"):
         remote_oracle.build(config, weights, dtype="float16")
-    with pytest.raises(RemoteFailure, match=r"KeyError: 12345\nin the worker:\nTraceback"):
+    with pytest.raises(RemoteBug, match=r"^the worker \(.*\) raised KeyError: 12345$") as caught:
         remote_oracle.worker.call("forward", model=12345, inputs="none", out="none", intermediates=False)
+    assert caught.value.remote_traceback.startswith("Traceback") and "KeyError: 12345" in caught.value.remote_traceback
 
 
 def test_inputs_are_checked_before_the_worker_sees_them(remote_oracle):

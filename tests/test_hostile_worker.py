@@ -5,6 +5,7 @@ behind, and nothing it sent is taken for a result."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_multi import CONFIGS, UserCodeError, random_weights
+from bert_multi import CONFIGS, UserCodeError, errors, random_weights
 from bert_multi.backend import channel, remote
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
@@ -317,6 +318,33 @@ def test_pretraining_whose_worker_dies_ends_in_one_line(hostile_python):
     (line,) = done.stderr.strip().splitlines()[-1:]
     assert line == f"bert-multi: error: the worker ({hostile_python}) ended: the worker's last words"
     assert "Traceback" not in done.stderr
+
+
+def test_a_bug_in_a_worker_is_reported_as_a_bug_here_in_one_line_with_its_traceback_kept(hostile_python):
+    if not_in_process("torch"):
+        pytest.skip(not_in_process("torch"))
+    done = command_line(
+        hostile_python, "raises a bug", "pretrain", "--backend", "{backend}", "--steps", "2", backend="torch"
+    )
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert "Traceback" not in done.stderr and line.startswith("bert-multi: error: an internal error, a bug"), line
+    assert f"the worker ({hostile_python}) raised KeyError: 'no such optimizer slot'" in line
+    report = Path(re.search(r"its traceback is in (\S+):", line)[1])
+    kept = report.read_text()
+    report.unlink()
+    assert "in the worker:\nTraceback" in kept and "raise KeyError" in kept
+
+
+def test_an_error_carried_from_a_worker_is_one_bounded_line(hostile_python):
+    if not_in_process("torch"):
+        pytest.skip(not_in_process("torch"))
+    command = ("pretrain", "--backend", "{backend}", "--steps", "2")
+    done = command_line(hostile_python, "raises a long error", *command, backend="torch")
+    assert done.returncode == 2, done.stderr[-500:]
+    (line,) = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith("bert-multi: error: the first line / and another line / and another line")
+    assert len(done.stderr) < errors.MAX_CARRIED_CHARACTERS + 1000 and line.endswith("more characters)")
 
 
 def test_a_conversion_check_whose_worker_replies_damaged_proves_nothing_either_way(hostile_python, tmp_path):

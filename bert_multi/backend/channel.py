@@ -63,7 +63,16 @@ def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 class RemoteFailure(WorkerFailed):
     """A worker of another environment failed: it raised what is not one of bert_multi's own exceptions
-    (with its traceback there), died, hung past its deadline, or sent a reply that does not check out."""
+    (``RemoteBug``), died, hung past its deadline, or sent a reply that does not check out."""
+
+
+class RemoteBug(RemoteFailure):
+    """An exception of no bert_multi class raised in a worker: a bug, as it would be in this process. Its
+    text is one line; the worker's traceback is ``remote_traceback``, for the report of the bug."""
+
+    def __init__(self, message: str, remote_traceback: str) -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
 
 
 def worker_timeout() -> float | None:
@@ -173,7 +182,7 @@ class Worker:
         if reply.get("ok") is True:
             return reply
         if reply.get("ok") is False:
-            raise _exception(reply)
+            raise _exception(self.python, reply)
         raise self.failure(f"its reply to {op!r} is not one: {str(reply)[:200]}")
 
     @contextlib.contextmanager
@@ -331,11 +340,13 @@ class Worker:
         return " / ".join(lines) or f"exit code {self.process.returncode}, nothing on stderr"
 
 
-def _exception(reply: dict[str, Any]) -> Exception:
-    """The exception a worker's error reply stands for: bert_multi's own class where it is one."""
-    kind, message = str(reply.get("type")), str(reply.get("message"))
-    return errors.carried(kind, message) or RemoteFailure(
-        f"{kind}: {message}\nin the worker:\n{reply.get('traceback', '')}"
+def _exception(python: Path, reply: dict[str, Any]) -> Exception:
+    """The exception a worker's error reply stands for: bert_multi's own class where it is one, else a
+    ``RemoteBug`` of one line holding the worker's traceback."""
+    kind, message = str(reply.get("type"))[:100], str(reply.get("message"))
+    said = errors.bounded_text(message.splitlines()[0] if message.strip() else "")
+    return errors.carried(kind, message) or RemoteBug(
+        f"the worker ({python}) raised {kind}: {said}", errors.bounded_text(str(reply.get("traceback")), lines=True)
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .. import __version__
+from ..backend.channel import RemoteBug
 from ..backend.registry import share_the_process
 from ..cache import CACHE_VARIABLE, cache_root, turn_off
 from ..display import printable_output
@@ -109,6 +110,9 @@ FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
+    except RemoteBug as error:  # what is a bug in this process is one in a worker
+        print(f"bert-multi: error: {bug_report(error, args.argv)}", file=sys.stderr)
+        return 2
     except EXPECTED as error:
         print(f"bert-multi: error: {error}", file=sys.stderr)
         return 2
@@ -139,6 +143,8 @@ def bug_report(error: BaseException, argv: Sequence[str]) -> str:
     with tempfile.NamedTemporaryFile("w", prefix="bert_multi-bug-", suffix=".txt", delete=False) as file:
         file.write(f"bert-multi {' '.join(argv)}\nbert_multi {__version__}, Python {sys.version.split()[0]}\n\n")
         file.write("".join(traceback.format_exception(error)))
+        if isinstance(error, RemoteBug):
+            file.write(f"\nin the worker:\n{error.remote_traceback}")
     return (
         f"an internal error, a bug in bert_multi and not in your model or files: {type(error).__name__}: {said} "
         f"(its traceback is in {file.name}: please report it with the command you ran)"

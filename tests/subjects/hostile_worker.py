@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_multi.backend import worker
-from bert_multi.errors import UserCodeError
+from bert_multi.errors import UserCodeError, WeightsError
 
 MODE = os.environ.get("HOSTILE_WORKER", "")
 Session = worker.Session
@@ -89,6 +89,11 @@ def forward(self, model, inputs, out, intermediates):
 
 
 def step(self, trainer, batch, totals):
+    if MODE == "raises a bug":  # an exception of no bert_multi class, as a bug in the worker raises
+        raise KeyError("no such optimizer slot")
+    if MODE == "raises a long error":  # 1.4 MB over many lines (and again in its traceback), past the worker's own bound
+        worker.MAX_ERROR_TEXT = 10**8
+        raise WeightsError("the first line\n" + "and another line\n" * 80_000)
     if MODE == "dies":
         sys.stderr.write("the worker's last words\n")
         sys.stderr.flush()
