@@ -232,6 +232,25 @@ def test_outputs_that_are_not_real_numbers_are_the_models_error_never_compared(k
     assert "Traceback" not in str(caught.value)  # nothing of theirs raised: what they returned is the error
 
 
+@pytest.mark.parametrize("where", ["encoded", "activation"])
+def test_an_output_of_billions_of_values_is_the_models_error_never_compared(where):
+    """A broadcast view costs nothing to return and tens of GB to compare: refused by its size at once."""
+
+    class Huge(OracleInDisguise):
+        def __call__(self, *inputs):
+            encoded, mlm, nsp, record = super().__call__(*inputs)
+            huge = np.broadcast_to(np.float64(0.5), (*encoded.shape[:2], 10**9))
+            if where == "encoded":
+                return huge, mlm, nsp, record
+            return encoded, mlm, nsp, {**record, "blks.0.ffn": huge}
+
+    with pytest.raises(
+        UserCodeError, match=r"has shape \(\d+, \d+, 1000000000\), \d+ values, more than 4 times"
+    ) as caught:
+        verify(Huge(CONFIG), CONFIG, dtypes=["float64"], cases=["full_valid_len"])
+    assert ("its encoded" if where == "encoded" else "its blks.0.ffn") in str(caught.value)
+
+
 @pytest.mark.parametrize("returned", [None, (x for x in ()), np.zeros(3)])
 def test_what_a_model_returns_in_place_of_its_outputs_is_its_error_shown_without_bert_multis_frames(returned):
     class Returns(OracleInDisguise):

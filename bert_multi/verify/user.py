@@ -81,16 +81,33 @@ def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tup
     )
 
 
-def _check_kinds(arrays: dict[str, np.ndarray | None], label: str) -> None:
+# How many times d2l's largest array for a batch a returned array may hold: room for a port's own layout
+# (heads split out, every position's logits), none for an array whose comparison would not fit in memory.
+SIZE_MARGIN = 4
+
+
+def _check_returned(arrays: dict[str, np.ndarray | None], label: str, config: BERTConfig, inputs: ModelInputs) -> None:
     """Refuse, as the user's model's error on this input, an output or activation that is not real floating
-    point (complex, strings, integers, booleans, objects): never converted, so never compared as something
-    it is not. Its precision is what the comparison's tolerance judges."""
+    point (complex, strings, integers, booleans, objects), or that holds more values than any array of d2l's
+    model for this batch could (a broadcast view of billions): never converted, and never compared, so
+    never compared as something it is not, nor at a cost no machine has. Its precision is what the
+    comparison's tolerance judges."""
+    batch, steps = inputs.tokens.shape
+    widest = max(config.num_hiddens, config.ffn_num_hiddens, config.vocab_size, config.num_heads * steps)
+    most = SIZE_MARGIN * batch * steps * widest
     for name, array in arrays.items():
-        if array is not None and array.dtype.kind != "f":
-            raise UserCodeError(
-                f"your model {label}",
-                TypeError(f"its {name} is an array of {array.dtype}; expected real floating point numbers"),
+        if array is None:
+            continue
+        if array.dtype.kind != "f":
+            problem = f"its {name} is an array of {array.dtype}; expected real floating point numbers"
+        elif array.size > most:
+            problem = (
+                f"its {name} has shape {array.shape}, {array.size} values, more than {SIZE_MARGIN} times d2l's "
+                f"largest array for this batch ({most // SIZE_MARGIN} values)"
             )
+        else:
+            continue
+        raise UserCodeError(f"your model {label}", (TypeError if array.dtype.kind != "f" else ValueError)(problem))
 
 
 def _sublayer_of(activation: str) -> str | None:
@@ -129,7 +146,7 @@ class UserBERT(BackendModel):
         # What the user's code raises is theirs, on this input: the engine reports it as this case's error.
         taps = self.taps if intermediates else {}
         (encoded, mlm, nsp), activations = call_user(f"your model {self.backend}", self.subject.run, inputs, taps)
-        _check_kinds({"encoded": encoded, "mlm": mlm, "nsp": nsp, **activations}, self.backend)
+        _check_returned({"encoded": encoded, "mlm": mlm, "nsp": nsp, **activations}, self.backend, self.config, inputs)
         # What the model computes of a part it lacks in d2l's sense (a decoder without d2l's MLM transform)
         # is not d2l's output: it is left out, and the report says the part was not checked.
         mlm = mlm if "mlm" in self.config.heads else None
