@@ -102,6 +102,19 @@ def test_each_mistake_of_a_port_is_named_at_its_module_with_its_numbers(fault):
 
 
 @needs("torch")
+def test_a_forward_that_changes_its_parameters_is_said_to_and_never_taken_for_dropout():
+    from subjects import torch_port
+
+    report = verify(functools.partial(torch_port.make, fault="updates_weights"), TINY, dtypes=["float64"])
+    first = report.diagnoses[0]
+    assert first.mistake is not None and first.mistake.name == "parameters_changed", first.describe()
+    assert "changes its own parameters when it runs (layers.0.attn.out.weight, layers.1.attn.out.weight)" in (
+        first.describe()
+    )
+    assert "dropout" not in report.verdict()
+
+
+@needs("torch")
 def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
     from subjects import torch_port
 

@@ -267,6 +267,18 @@ LAYERS_IN_FORWARD = Mistake(
     ),
 )
 
+# Found from the model's own parameters, read before and after a run: a forward that writes to them gives
+# two answers to one input, as dropout does, but from what it changed.
+PARAMETERS_CHANGED = Mistake(
+    "parameters_changed",
+    "blks.0.attention",
+    "mixed_valid_lens",
+    lambda rule, config: (
+        f"changes its own parameters when it runs ({rule['changed']}), where d2l's forward only reads them: two "
+        f"runs of one input differ by {rule['apart']:.3g}"
+    ),
+)
+
 
 @dataclass(frozen=True)
 class Diagnosis:

@@ -26,10 +26,10 @@ from .findings import VerifyReport
 from .gradients import check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
 from .mapping import MappingError, may_lack
-from .mistakes import LAYERS_IN_FORWARD, MISTAKES, Diagnosis, diagnose, nondeterminism
+from .mistakes import LAYERS_IN_FORWARD, MISTAKES, PARAMETERS_CHANGED, Diagnosis, diagnose, nondeterminism
 from .roles import decide_roles
 from .rules import Site
-from .subject import call_user
+from .subject import ProtocolSubject, call_user
 from .user import Given, UserBackend, UserBERT
 
 
@@ -278,6 +278,7 @@ def diagnose_divergences(
         case = get_case(name).input(report.config, report.seed)
         config, cut = cut_max_len(report.config, weights, case.max_len) if case.max_len else (report.config, weights)
         model = backend.build(config, cut, device, dtype).recording_inputs()
+        before = _parameters(model)
         out, again = (call_user(f"your model {report.label}", model, **case.batch, intermediates=True) for _ in "12")
         recorded = _recorded(out)
         apart = nondeterminism(recorded, {**(again.intermediates or {}), "encoded": again.encoded})
@@ -285,11 +286,13 @@ def diagnose_divergences(
             where = _module(report.user_name(activations[0]))
             made = sorted({report.mapping.module_of(name) or "the model" for name in report.mapping.placements
                            if report.mapping.placements[name].name in report.mapping.made})  # fmt: skip
-            mistake, rule = (
-                (LAYERS_IN_FORWARD, {"apart": apart, "made": ", ".join(made)})
-                if made
-                else (MISTAKES["dropout_at_inference"], {"apart": apart})
-            )
+            changed = _changed(before, _parameters(model))
+            if changed:
+                mistake, rule = PARAMETERS_CHANGED, {"apart": apart, "changed": changed}
+            elif made:
+                mistake, rule = LAYERS_IN_FORWARD, {"apart": apart, "made": ", ".join(made)}
+            else:
+                mistake, rule = MISTAKES["dropout_at_inference"], {"apart": apart}
             found.append(Diagnosis(activations[0], where, mistake, rule, 0.0, apart, config))
         inputs = check_inputs(config, **case.batch)
         for activation in activations[1:] if apart > 0 else activations:
@@ -299,6 +302,23 @@ def diagnose_divergences(
             if diagnosis is not None and (apart == 0 or diagnosis.mistake is not None):
                 found.append(diagnosis)
     return sorted(found, key=lambda diagnosis: computation_rank(diagnosis.activation))
+
+
+def _parameters(model: UserBERT) -> dict[str, np.ndarray]:
+    """The user's parameters as they are now, by their names (none for a NumPy-protocol model, which
+    shows only what it was given)."""
+    return {} if isinstance(model.subject, ProtocolSubject) else model.subject.arrays()
+
+
+def _changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray], shown: int = 5) -> str:
+    """The parameters that differ between two readings, for a sentence ("" where none does)."""
+    changed = [
+        name
+        for name, value in before.items()
+        if name not in after or not np.array_equal(value, after[name], equal_nan=True)
+    ]
+    more = f" and {len(changed) - shown} more" if len(changed) > shown else ""
+    return ", ".join(changed[:shown]) + more
 
 
 def _recorded(out: BERTOutput) -> dict[str, np.ndarray | None]:

@@ -14,6 +14,7 @@ FAULTS = (
     "pre_norm", "positions_offset", "no_segments", "last_position", "dropout_on", "zero_fill", "unscaled",
     "empty_rows_zero", "padded_zero", "std_eps",
     "ffn_doubled",  # one no catalogue knows
+    "updates_weights",  # its forward writes to a parameter: nothing a catalogue entry computes
     "relu_backward",
 )  # fmt: skip
 
@@ -86,6 +87,9 @@ class SelfAttention(nn.Module):
             weights = weights * (lens > 0)[..., None]
         if self.fault == "dropout_on":
             weights = nn.functional.dropout(weights, 0.1, training=True)
+        if self.fault == "updates_weights":  # as an in-place weight normalisation or a stray optimizer step does
+            with torch.no_grad():
+                self.out.weight.mul_(1.01)
         mixed = weights @ v
         return self.out(mixed.transpose(1, 2).reshape(x.shape))
 
