@@ -319,6 +319,17 @@ def test_a_check_that_raises_is_a_fail_saying_what_and_the_others_still_run():
     assert parts[1].detail == "raised RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
+@pytest.mark.parametrize("stand_in", [("numpy", None)], indirect=True)
+def test_a_check_that_makes_no_result_is_a_fail_and_the_run_does_not_pass(stand_in, monkeypatch):
+    from bert_multi.tools.gpu_check import run
+
+    monkeypatch.setattr(run, "CHECKS", (Check("silent", "nothing", lambda setting, backends, device: iter(())),))
+    report = run_gpu_check(quick=True, bench_rounds=1)
+    (part,) = ours(report.parts)
+    assert (part.check, part.status, part.detail) == ("silent", "FAIL", "the check made no result")
+    assert report.exit_status() != 0 and report.verdict().startswith("FAIL")
+
+
 @pytest.mark.skipif(not not_in_process("mxnet"), reason="runs in the NumPy-2 environment (no MXNet), as a GPU machine")
 def test_the_prepared_gpu_run_leaves_a_few_files_and_a_summary(tmp_path, capsys):
     from bert_multi.tools import gpu_run

@@ -93,6 +93,16 @@ def test_compiling_ahead_leaves_the_runs_own_models_nothing_to_compile(backend, 
     assert sum(compiled.values()) == ahead, "the run compiled again what prepare compiled"
 
 
+def test_a_model_cut_from_another_keeps_every_option_it_was_built_with(backend):
+    """Each option away from its default, so that a cut that rebuilt with a default would show."""
+    config = CONFIGS["tiny"]
+    model = backend.build(config, random_weights(config), tf32=True, optimize=True, attention="sdpa")
+    cut = model.cut(5)
+    kept = {name: value for name, value in vars(model).items() if name not in ("config", "module", "params")}
+    assert {name: vars(cut)[name] for name in kept} == kept and cut.config.max_len == 5
+    assert cut.module.attention == model.module.attention == "sdpa"
+
+
 @pytest.mark.parametrize("preset", ["d2l", "d2l-0.11"])  # a learned positional table; sinusoidal positions
 def test_a_model_cut_from_another_shares_its_weights_and_is_the_model_built_from_cut_weights(backend, preset):
     # The conformance engine makes a case's shorter model so; built from weights, a worker's would take

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,27 @@ def test_detached_positions_conform_forward_but_not_in_gradients_unless_stated_f
     )
     assert report.gradients[0].causes == {"encoder.pos_embedding": "backward"}  # nothing else differs
     assert verify(model, TINY, dtypes=["float64"], gradients=True, frozen=["positions"]).passed
+
+
+@needs("torch")
+def test_gradients_are_put_down_to_modules_only_where_every_activation_was_located(monkeypatch):
+    """Blame needs every module's input and output made the oracle's; with one block's FFN not located, a
+    module-by-module blame would be made on a mix of the oracle's and the model's own values: none is made."""
+    from subjects import torch_port
+
+    from bert_multi.verify import session
+
+    located = session.check_gradients
+
+    def one_tap_short(*arguments):
+        *rest, taps = arguments
+        return located(*rest, OrderedDict((name, tap) for name, tap in taps.items() if name != "blks.1.ffn"))
+
+    monkeypatch.setattr(session, "check_gradients", one_tap_short)
+    model = functools.partial(torch_port.make, fault="relu_backward")
+    report = verify(model, TINY, dtypes=["float64"], cases=["full_valid_len"], gradients=True, label="relu")
+    assert report.forward.passed and not report.passed
+    assert report.gradients and all(not check.passed and check.causes == {} for check in report.gradients)
 
 
 @needs("torch")
