@@ -91,7 +91,7 @@ def forward(self, model, inputs, out, intermediates):
 def step(self, trainer, batch, totals):
     if MODE == "raises a bug":  # an exception of no bert_multi class, as a bug in the worker raises
         raise KeyError("no such optimizer slot")
-    if MODE == "raises a long error":  # 1.4 MB over many lines (and again in its traceback), past the worker's own bound
+    if MODE == "raises a long error":  # 1.4 MB of lines (twice: in its traceback too), past the worker's bound
         worker.MAX_ERROR_TEXT = 10**8
         raise WeightsError("the first line\n" + "and another line\n" * 80_000)
     if MODE == "dies":
