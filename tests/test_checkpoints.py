@@ -310,10 +310,11 @@ def test_convert_check_runs_the_written_file_and_says_in_one_sentence_what_it_pr
     assert main(["convert", str(tmp_path / "old.npz"), str(tmp_path / "new.npz"), "--check"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(
-        f"{tmp_path / 'new.npz'} computes what {tmp_path / 'old.npz'} computes: the float64 oracle's outputs on "
-        "the two differ by 0.0e+00, and NumPy runs"
+        f"{tmp_path / 'new.npz'} computes what {tmp_path / 'old.npz'} computes: read back, its weights give the "
+        f"float64 oracle the outputs {tmp_path / 'old.npz'}'s give (largest difference 0.0e+00), and the NumPy "
+        "oracle runs it in float32 and float64 as in float64 (largest difference "
     )
-    assert last.endswith("in float64 over 10 cases, within tolerance")
+    assert last.endswith("in float64), over 10 cases, within tolerance")
     # a file that reads back but computes something else is caught (one weight nudged as it is read)
     from bert_multi.cli import convert as command
 

@@ -343,10 +343,54 @@ def test_a_huggingface_directory_is_a_checkpoint_like_any_other(tmp_path, capsys
     assert "HuggingFace BERT directory" in capsys.readouterr().out
     assert main(["compare", str(tmp_path / "hf"), "--backends", "numpy", "--no-pairs"]) == 0
     assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "w.npz")]) == 0
-    assert bm.load_weights(tmp_path / "w.npz")[0] == config
+    # The directory records no dropout (the config's was none): read as transformers' default, 0.1.
+    assert bm.load_weights(tmp_path / "w.npz")[0] == dataclasses.replace(config, dropout=0.1)
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "w.npz"), str(tmp_path / "back"), "--framework", "huggingface"]) == 0
     assert f"wrote {tmp_path / 'back'}: HuggingFace BERT directory" in capsys.readouterr().out
+
+
+def test_a_huggingface_directory_converted_to_itself_keeps_its_config_json(tmp_path, capsys):
+    """Every field bert_multi does not compute (dropout, pad_token_id, initializer_range, transformers'
+    own) is written again unchanged and in its place: config.json comes back byte for byte."""
+    transformers = transformers_or_skip()
+    from bert_multi.cli import main
+
+    settings = dict(hidden_dropout_prob=0.15, attention_probs_dropout_prob=0.05, pad_token_id=3, initializer_range=0.5)
+    config = transformers.BertConfig(vocab_size=19, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=9, max_position_embeddings=11, **settings)  # fmt: skip
+    transformers.BertForPreTraining(config).save_pretrained(tmp_path / "my-bert")
+    source = (tmp_path / "my-bert" / "config.json").read_text()
+    assert main(["convert", str(tmp_path / "my-bert"), str(tmp_path / "copy"), "--framework", "huggingface"]) == 0
+    assert (tmp_path / "copy" / "config.json").read_text() == source
+    said = capsys.readouterr().out
+    assert "config.json: kept the source's " in said and "hidden_dropout_prob" in said and "pad_token_id" in said
+    again = transformers.BertConfig.from_pretrained(tmp_path / "copy")
+    assert {name: getattr(again, name) for name in settings} == settings
+    # A directory of transformers before 4.56 names the dtype torch_dtype: written as dtype, and said.
+    older = json.loads(source)
+    older["torch_dtype"] = older.pop("dtype")
+    (tmp_path / "my-bert" / "config.json").write_text(json.dumps(older))
+    assert main(["convert", str(tmp_path / "my-bert"), str(tmp_path / "copy2"), "--framework", "huggingface"]) == 0
+    assert json.loads((tmp_path / "copy2" / "config.json").read_text()) == json.loads(source)
+    assert "torch_dtype written as dtype" in capsys.readouterr().out
+
+
+def test_a_model_whose_file_records_no_dropout_leaves_it_to_transformers_and_says_so(tmp_path, capsys):
+    transformers = transformers_or_skip()
+    from bert_multi.cli import main
+
+    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+    bm.save_weights(tmp_path / "w.npz", config, bm.random_weights(config))
+    assert main(["convert", str(tmp_path / "w.npz"), str(tmp_path / "hf"), "--framework", "huggingface"]) == 0
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert "hidden_dropout_prob" not in written and "attention_probs_dropout_prob" not in written
+    assert "transformers trains it with its default, 0.1" in capsys.readouterr().out
+    assert transformers.BertConfig.from_pretrained(tmp_path / "hf").hidden_dropout_prob == 0.1
+    stated = dataclasses.replace(config, dropout=0.2)  # a config that states its dropout has it written
+    bm.save_checkpoint(tmp_path / "hf2", stated, bm.random_weights(stated), framework="huggingface")
+    written = json.loads((tmp_path / "hf2" / "config.json").read_text())
+    assert written["hidden_dropout_prob"] == written["attention_probs_dropout_prob"] == 0.2
 
 
 def test_transformers_fused_attention_and_bfloat16_products_are_variants_of_the_same_model():

@@ -13,7 +13,7 @@ from ..engine.conform import run_conformance
 from ..engine.report import largest_by_dtype, verdict
 from ..engine.results import Target, compare_outputs
 from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, output_format, save_checkpoint
-from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output
+from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output, huggingface
 from ..files.formats.d2l import read_vocab
 from ..files.layout import STATED_BY
 from .common import add_checkpoint_options, check_output, config_line, load_as_stated
@@ -54,10 +54,18 @@ def run(args: argparse.Namespace) -> int:
     vocab = read_vocab(args.vocab) if args.vocab else None
     checkpoint = load_as_stated(args, args.source, args.preset)
     written = save_checkpoint(
-        args.out, checkpoint.config, checkpoint.weights, framework=args.framework, vocab=vocab or checkpoint.vocab
+        args.out,
+        checkpoint.config,
+        checkpoint.weights,
+        framework=args.framework,
+        vocab=vocab or checkpoint.vocab,
+        settings=checkpoint.info.settings,
     )
     print(f"config: {config_line(checkpoint.config)}")
     print(f"wrote {args.out}: {DESCRIPTIONS[written]}")  # what was written (--framework huggingface: its directory)
+    if written == huggingface.FORMAT.kind:
+        for note in huggingface.config_notes(checkpoint.config, checkpoint.info.settings):
+            print(note)
     unrecorded = [what for what in inspect_checkpoint(args.out).unknowns if what in STATED_BY]
     if unrecorded:
         values = {"num_heads": checkpoint.config.num_heads, "the generation": checkpoint.config.semantics.name}
@@ -89,9 +97,11 @@ def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
         batch = case.batch
         inputs = (batch["tokens"], batch["segments"], batch.get("valid_lens"), batch.get("pred_positions"))
         drift += compare_outputs(written(*inputs), original(*inputs), tolerance)[0]
-    framework = for_output(args.out, args.framework).framework or "numpy"
+    # The written file's own framework runs it; a HuggingFace directory's is transformers.
+    framework = for_output(args.out, args.framework).framework
+    framework = framework or ("transformers" if args.framework == "huggingface" else "numpy")
     if not backends()[framework].available:
-        print(f"note: {framework} cannot run here ({backends()[framework].reason}); the NumPy oracle runs the file")
+        print(f"note: {label_of(framework)} cannot run here ({backends()[framework].reason}); the NumPy oracle runs it")
         framework = "numpy"
     bar = ProgressBar()
     try:
@@ -110,9 +120,15 @@ def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
         print(verdict(report, str(args.out)))
         return 2 if report.errors and all(c.passed for *_, c in report.worst()) else 1  # 2: it could not tell
     closeness = largest_by_dtype(report)
+    ran = (
+        f"and {label_of(framework)}, running {args.out} in float32 and float64, matches the float64 oracle on it "
+        f"(largest difference {closeness})"
+        if framework != "numpy"
+        else f"and the NumPy oracle runs it in float32 and float64 as in float64 (largest difference {closeness})"
+    )
     print(
-        f"{args.out} computes what {args.source} computes: the float64 oracle's outputs on the two differ by "
-        f"{apart:.1e}, and {label_of(framework)} runs {args.out} as the oracle does, largest difference {closeness} "
-        f"over {len(cases)} cases, within tolerance"
+        f"{args.out} computes what {args.source} computes: read back, its weights give the float64 oracle the "
+        f"outputs {args.source}'s give (largest difference {apart:.1e}), {ran}, over {len(cases)} cases, within "
+        "tolerance"
     )
     return 0

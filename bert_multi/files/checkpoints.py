@@ -79,6 +79,7 @@ class CheckpointInfo:
     ignored: list[str] = field(default_factory=list)  # tensors that are not d2l BERT's (a task head)
     notes: list[str] = field(default_factory=list)  # what was done to read it
     unknowns: dict[str, str] = field(default_factory=dict)  # what the file cannot tell -> how to state it
+    settings: dict[str, Any] = field(default_factory=dict)  # recorded beyond the model (``Raw.settings``)
 
     def describe(self) -> str:
         """A report for people: the file, its tensors as a table, what it implies and what it cannot tell."""
@@ -162,7 +163,7 @@ def _stated_info(path: Path, raw: Raw, config: BERTConfig) -> CheckpointInfo:
     """The description of a file whose config is known: recorded in it, or stated in full."""
     sizes = {name: getattr(config, name) for name in SIZES}
     info = CheckpointInfo(str(path), raw.format, raw.framework, _file_tensors(raw), sizes, config.heads, (), None)
-    info.presets, info.vocab, info.notes = (config.semantics.name,), raw.vocab, raw.notes
+    info.presets, info.vocab, info.notes, info.settings = (config.semantics.name,), raw.vocab, raw.notes, raw.settings
     if raw.config is not None:
         info.config = config
     return info
@@ -364,14 +365,15 @@ def save_checkpoint(
     *,
     framework: str | None = None,
     vocab: list[str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> str:
     """Write ``weights`` in the format ``path`` asks for (``output_format``); return that format.
 
     Each framework's file is what its own d2l code loads with its own strict call (``load_state_dict``,
     ``load_parameters``). A d2l pretrained-model directory needs ``framework`` (whose
     ``pretrained.params`` it holds) and ``vocab`` (its ``vocab.json``), as d2l's ``load_pretrained_model``
-    reads both; ``framework="huggingface"`` writes a HuggingFace directory instead. Every file is written
-    atomically.
+    reads both; ``framework="huggingface"`` writes a HuggingFace directory instead, keeping ``settings``
+    (``CheckpointInfo.settings`` of the directory it was read from). Every file is written atomically.
     """
     own = for_output(path, framework)
     validate_weights(config, weights)
@@ -380,7 +382,7 @@ def save_checkpoint(
             f"{path}: a directory is a d2l pretrained-model directory, holding one framework's {PARAMS_FILE}, "
             f"or a HuggingFace one: say which with framework= (--framework), one of {DIRECTORY_FRAMEWORKS}"
         )
-    own.write(Path(path), config, weights, framework=framework, vocab=vocab)
+    own.write(Path(path), config, weights, framework=framework, vocab=vocab, settings=settings)
     return own.kind
 
 
@@ -393,10 +395,18 @@ def convert(
     **statements: Any,
 ) -> Checkpoint:
     """Read ``source`` in any format (``statements`` as for ``load_checkpoint``) and write it to
-    ``target`` in the format its name asks for; the vocabulary travels when the source has one."""
+    ``target`` in the format its name asks for; the vocabulary travels when the source has one, and so do
+    the settings a HuggingFace directory records."""
     output_format(target)  # refuse a bad output name before reading anything
     checkpoint = load_checkpoint(source, **statements)
-    save_checkpoint(target, checkpoint.config, checkpoint.weights, framework=framework, vocab=vocab or checkpoint.vocab)
+    save_checkpoint(
+        target,
+        checkpoint.config,
+        checkpoint.weights,
+        framework=framework,
+        vocab=vocab or checkpoint.vocab,
+        settings=checkpoint.info.settings,
+    )
     return checkpoint
 
 

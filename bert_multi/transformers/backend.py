@@ -200,7 +200,7 @@ def build(
     hf, arrays = to_huggingface(config, weights)
     target = parse_device(device)
     torch_device = to_framework_device(target)
-    hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "torch_dtype")})
+    hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "dtype")})
     hf_config._attn_implementation = attention
     if hf["architectures"] == ["BertForPreTraining"]:
         module: transformers.PreTrainedModel = transformers.BertForPreTraining(hf_config)

@@ -30,6 +30,9 @@ class Raw:
     notes: list[str] = field(default_factory=list)  # what was done to read it
     vocab: list[str] | None = None
     config: BERTConfig | None = None  # when the file records it
+    # What the file records beyond the model's computation (a HuggingFace config.json, with its dropout,
+    # pad_token_id, initializer_range...): written again, unchanged, to a file of the same format.
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,10 @@ class CheckpointFormat:
         weights: dict[str, np.ndarray],
         framework: str | None = None,
         vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         """Write ``weights`` as this format, atomically (``framework`` and ``vocab``: what a d2l directory
-        holds)."""
+        holds; ``settings``: what a file of this format recorded beyond the model, ``Raw.settings``, kept)."""
         raise UsageError(f"{path}: bert_multi reads {self.description}s but does not write them")
 
 
@@ -133,5 +137,6 @@ class FrameworkFile(CheckpointFormat):
         weights: dict[str, np.ndarray],
         framework: str | None = None,
         vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         load_backend(self.framework).save_checkpoint(path, config, weights)

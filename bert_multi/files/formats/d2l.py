@@ -11,6 +11,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +94,7 @@ class Directory(CheckpointFormat):
         weights: dict[str, np.ndarray],
         framework: str | None = None,
         vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         if vocab is None:
             raise UsageError(

@@ -318,6 +318,7 @@ class ParameterTree(FrameworkFile):
         weights: dict[str, np.ndarray],
         framework: str | None = None,
         vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         save_checkpoint(path, config, weights)  # framework-free too, so any environment converts to it
 

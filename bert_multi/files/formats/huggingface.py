@@ -246,8 +246,13 @@ def _canonical_name(name: str) -> str | None:
     return _translate(bare, to_canonical=True)
 
 
-def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray], dict[str, str], list[str]]:
-    """(config, canonical arrays, their own dtypes, notes) of a HuggingFace BERT directory."""
+def read_directory(
+    path: str | Path,
+) -> tuple[BERTConfig, dict[str, np.ndarray], dict[str, str], list[str], dict[str, Any]]:
+    """(config, canonical arrays, their own dtypes, notes, settings) of a HuggingFace BERT directory: the
+    settings are config.json as read, so that what bert_multi does not compute from the model (any field
+    but ``COMPUTED``) is written again unchanged, in its place (``write_directory``); its hidden dropout is
+    the config's."""
     path = Path(path)
     hf = _read_config(path / CONFIG_FILE)
     if (path / SAFETENSORS_FILE).is_file():
@@ -293,10 +298,18 @@ def read_directory(path: str | Path) -> tuple[BERTConfig, dict[str, np.ndarray],
         # Checked against what the file holds before anything of that size is built (each layer has tensors).
         if sizes["num_blks"] > len(arrays):
             raise ValueError(f"num_hidden_layers is {sizes['num_blks']}, but the weights hold {len(arrays)} tensors")
-        config = BERTConfig(**sizes, semantics=_semantics(path, hf, tied), heads=heads)
-    except (KeyError, TypeError, ValueError) as error:
+        config = BERTConfig(**sizes, semantics=_semantics(path, hf, tied), heads=heads, dropout=_dropout(hf))
+    except (KeyError, TypeError, ValueError) as error:  # UsageError too: BERTConfig's own checks
         raise WeightsError(f"{path / CONFIG_FILE}: not a usable BERT config: {reason(error)}") from None
-    return config, arrays, kinds, notes
+    return config, arrays, kinds, notes, hf
+
+
+def _dropout(hf: dict[str, Any]) -> float:
+    """config.json's hidden dropout (transformers' default where it has none), a number in [0, 1)."""
+    value = hf.get(DROPOUT_FIELDS[0], TRANSFORMERS_DROPOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{DROPOUT_FIELDS[0]} is {value!r}; expected a number in [0, 1)")
+    return float(value)
 
 
 def hf_names(config: BERTConfig) -> dict[str, str]:
@@ -352,21 +365,64 @@ def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[
         "type_vocab_size": 2,
         "layer_norm_eps": semantics.layer_norm_eps,
         "tie_word_embeddings": semantics.mlm_decoder == "tied",
-        "hidden_dropout_prob": config.dropout,
-        "attention_probs_dropout_prob": config.dropout,
-        "torch_dtype": next(iter(weights.values())).dtype.name,
+        **dict.fromkeys(DROPOUT_FIELDS, config.dropout),
+        "dtype": next(iter(weights.values())).dtype.name,
     }
     return hf, arrays
 
 
-def write_directory(path: str | Path, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+# config.json's fields that bert_multi computes from the model (``to_huggingface``): every other field of a
+# directory read is written again unchanged. ``torch_dtype`` is what transformers now calls dtype.
+COMPUTED = (
+    *("architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
+    *("intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps"),
+    *("tie_word_embeddings", "dtype", "torch_dtype"),
+)
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+TRANSFORMERS_DROPOUT = 0.1  # BertConfig's default for both
+
+
+def config_json(config: BERTConfig, hf: dict[str, Any], settings: dict[str, Any] | None) -> dict[str, Any]:
+    """The config.json to write: the config.json read (``settings``), in its order, with what ``hf``
+    (``to_huggingface``) computes from the model written over it, but its dropout; with none, the dropout
+    only where it is known (a config's non-zero one), else left to transformers' default, since d2l's files
+    do not record it."""
+    if not settings:
+        return {key: value for key, value in hf.items() if key not in DROPOUT_FIELDS or config.dropout > 0}
+    written = {key: value for key, value in settings.items() if key != "torch_dtype"}
+    written.update({key: value for key, value in hf.items() if key not in DROPOUT_FIELDS or key not in settings})
+    return written
+
+
+def config_notes(config: BERTConfig, settings: dict[str, Any] | None) -> list[str]:
+    """What a written config.json kept, changed or left out, for the person converting."""
+    if not settings:
+        if config.dropout > 0:
+            return [f"config.json: dropout {config.dropout:g}, the config's"]
+        return [
+            "config.json: the source records no dropout, so hidden_dropout_prob and attention_probs_dropout_prob "
+            f"are left out: transformers trains it with its default, {TRANSFORMERS_DROPOUT}"
+        ]
+    kept = [key for key in settings if key not in COMPUTED]
+    shown = ", ".join(kept[:20]) + (f" and {len(kept) - 20} more" if len(kept) > 20 else "")
+    notes = [f"config.json: kept the source's {shown} unchanged"] if kept else []
+    if "torch_dtype" in settings:
+        notes.append("config.json: torch_dtype written as dtype, as transformers writes it now")
+    return notes
+
+
+def write_directory(
+    path: str | Path, config: BERTConfig, weights: dict[str, np.ndarray], settings: dict[str, Any] | None = None
+) -> None:
     """A HuggingFace BERT directory (``config.json``, ``model.safetensors``) that transformers loads with
-    ``from_pretrained`` (see ``to_huggingface`` for which models it can hold)."""
+    ``from_pretrained`` (see ``to_huggingface`` for which models it can hold), keeping the ``settings`` of
+    the directory it was read from (``config_json``)."""
     hf, arrays = to_huggingface(config, weights)
+    hf = config_json(config, hf, settings)
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     write_safetensors(directory / SAFETENSORS_FILE, arrays, {"format": "pt"})
-    replace_text(directory / CONFIG_FILE, json.dumps(hf, indent=2))
+    replace_text(directory / CONFIG_FILE, json.dumps(hf, indent=2) + "\n")
 
 
 class ModelDirectory(CheckpointFormat):
@@ -379,8 +435,8 @@ class ModelDirectory(CheckpointFormat):
 
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
-        config, arrays, dtypes, notes = read_directory(path)
-        return Raw(self.kind, None, arrays, dtypes, notes, config=config)
+        config, arrays, dtypes, notes, settings = read_directory(path)
+        return Raw(self.kind, None, arrays, dtypes, notes, config=config, settings=settings)
 
     def write(
         self,
@@ -389,8 +445,9 @@ class ModelDirectory(CheckpointFormat):
         weights: dict[str, np.ndarray],
         framework: str | None = None,
         vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
-        write_directory(path, config, weights)
+        write_directory(path, config, weights, settings)
 
 
 FORMAT = ModelDirectory()

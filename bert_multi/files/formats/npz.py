@@ -4,6 +4,7 @@ checkpoint format: it records the whole config, so nothing needs stating."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ class CanonicalWeights(CheckpointFormat):
         weights: dict[str, np.ndarray],
         framework: str | None = None,
         vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         save_weights(path, config, weights)
 
