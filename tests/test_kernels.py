@@ -5,10 +5,13 @@ that environment's Python) every code cell prints what the guide says it prints.
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from bert_multi.backend.channel import SOURCE_ROOT
 from bert_multi.backend.registry import backends, frameworks, not_in_process
 from bert_multi.tools import kernels, lessons
 
@@ -23,13 +26,33 @@ def test_each_environment_gets_a_kernel_named_for_its_frameworks(tmp_path):
     for folder in written:
         spec = json.loads((folder / "kernel.json").read_text())
         names = spec["metadata"]["bert_multi"]["frameworks"]
-        assert folder.name == kernels.kernel_name(names)
-        assert spec["argv"][0] == lessons.python_for(names[0]) and spec["argv"][1:3] == ["-m", "ipykernel_launcher"]
-        assert all(lessons.python_for(name) == spec["argv"][0] for name in names)
-    covered = [json.loads((f / "kernel.json").read_text())["metadata"]["bert_multi"]["frameworks"] for f in written]
-    assert sorted(name for names in covered for name in names) == sorted(
-        name for name in frameworks() if backends()[name].available
-    )  # every framework that runs here has a kernel, once
+        assert folder.name == kernels.kernel_name(names) and spec["argv"][1:3] == ["-m", "ipykernel_launcher"]
+        assert list(kernels.frameworks_of(spec["argv"][0])) == names  # what that Python runs itself
+    covered = {
+        name
+        for f in written
+        for name in json.loads((f / "kernel.json").read_text())["metadata"]["bert_multi"]["frameworks"]
+    }
+    assert covered == {name for name in frameworks() if backends()[name].available}  # every one has a kernel
+    for name in covered:  # and a notebook of it names one of them
+        assert kernels.kernel_for(name)[0] in {folder.name for folder in written}
+
+
+@pytest.mark.skipif(bool(not_in_process("mxnet")), reason="run once, from the main environment: it asks the other")
+def test_the_kernels_have_the_same_names_whichever_environment_writes_them(tmp_path):
+    """From .venv and from .venv-numpy2 alike: a notebook written from either names a kernel ``make
+    kernels`` installed."""
+    pytest.importorskip("ipykernel", reason="the kernels need ipykernel (the [notebooks] extra)")
+    others = {lessons.python_for(name) for name in frameworks() if backends()[name].available} - {sys.executable}
+    if not others:
+        pytest.skip("one environment here: nothing to compare its kernels with")
+    ours = {folder.name for folder in kernels.write_kernels(tmp_path / "ours")}
+    for python in others:
+        command = [python, "-m", "bert_multi.cli", "kernels", "--dir", str(tmp_path / "theirs")]
+        environment = {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}  # as a user runs it there
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+        assert done.returncode == 0, done.stderr
+        assert {folder.name for folder in (tmp_path / "theirs").iterdir()} == ours
 
 
 @pytest.mark.skipif(bool(not_in_process("mxnet")), reason="run once, from the main environment: its kernels reach both")

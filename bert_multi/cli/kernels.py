@@ -14,8 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "kernels",
         help="install a Jupyter kernel for each environment that runs some of the frameworks here",
         description="Write an ipykernel kernelspec for each Python that runs some of the frameworks here "
-        "(this one and the other environment's), named for them: bert_multi-mxnet-torch, "
-        "bert_multi-jax-torch. The notebooks of lessons --notebooks name the kernel of their framework.",
+        "(this one and the other environment's), named for the frameworks each runs itself: "
+        "bert_multi-mxnet-torch, bert_multi-jax-torch, whichever environment writes them. The notebooks of "
+        "lessons --notebooks name the kernel of their framework; open them with any Jupyter (jupyter lab DIR).",
     )
     parser.add_argument(
         "--dir", type=Path, help="the kernels folder to write into (default: Jupyter's own, for this user)"

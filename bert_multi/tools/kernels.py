@@ -1,18 +1,21 @@
 """Jupyter kernels for the project's environments (``bert-multi kernels``, ``make kernels``): one ipykernel
-kernelspec per Python that runs some of the frameworks here, named for them (``bert_multi-mxnet-torch``
-for ``.venv``, ``bert_multi-jax-torch`` for ``.venv-numpy2``), with this source tree on its path. A
+kernelspec per Python that runs some of the frameworks here, named for the frameworks that Python runs in
+its own process (``bert_multi-mxnet-torch`` for ``.venv``, ``bert_multi-jax-torch`` for ``.venv-numpy2``),
+so that the names are the same whichever environment writes them, with this source tree on its path. A
 notebook that ``lessons --notebooks`` writes names the kernel of its framework (``kernel_for``), so a
 teacher opens it and runs it where its framework is.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
+import sys
 from pathlib import Path
 
-from ..backend.channel import SOURCE_ROOT
-from ..backend.registry import backends, frameworks, label_of
+from ..backend.channel import SOURCE_ROOT, worker_environment
+from ..backend.registry import backends, frameworks, label_of, not_in_process
 from ..errors import UsageError
 from ..safe_files import replace_text
 from .lessons import python_for
@@ -21,13 +24,23 @@ PREFIX = "bert_multi-"
 
 
 def environments() -> dict[str, list[str]]:
-    """Each Python that runs some of the frameworks here -> those frameworks, in the registry's order."""
-    found: dict[str, list[str]] = {}
+    """Each Python that runs some of the frameworks here -> the frameworks it runs in its own process, in
+    the registry's order."""
     status = backends()
-    for framework in frameworks():
-        if status[framework].available:
-            found.setdefault(python_for(framework), []).append(framework)
-    return found
+    pythons = dict.fromkeys(python_for(framework) for framework in frameworks() if status[framework].available)
+    return {python: list(frameworks_of(python)) for python in pythons}
+
+
+@functools.cache
+def frameworks_of(python: str) -> tuple[str, ...]:
+    """The frameworks ``python`` runs in its own process (asked of it, for another Python)."""
+    if python == sys.executable:
+        return tuple(name for name in frameworks() if backends()[name].available and not not_in_process(name))
+    asked = "import sys; from bert_multi.tools.kernels import frameworks_of; print(*frameworks_of(sys.executable))"
+    done = subprocess.run([python, "-c", asked], capture_output=True, text=True, timeout=300, env=worker_environment())
+    if done.returncode != 0:
+        raise UsageError(f"{python} could not say which frameworks it runs: {done.stderr.strip()[-300:]}")
+    return tuple(done.stdout.split())
 
 
 def kernel_name(names: list[str]) -> str:
@@ -36,11 +49,12 @@ def kernel_name(names: list[str]) -> str:
 
 
 def kernel_for(framework: str) -> tuple[str, str]:
-    """The name and display name of the kernel whose environment runs ``framework`` here."""
-    for python, names in environments().items():
-        if framework in names:
-            return kernel_name(names), _display_name(python, names)
-    raise UsageError(f"no environment here runs {label_of(framework)}: {backends()[framework].reason}")
+    """The name and display name of the kernel whose environment runs ``framework`` here (this one, where
+    it does)."""
+    if not backends()[framework].available:
+        raise UsageError(f"no environment here runs {label_of(framework)}: {backends()[framework].reason}")
+    python = python_for(framework)
+    return kernel_name(list(frameworks_of(python))), _display_name(python, list(frameworks_of(python)))
 
 
 def _display_name(python: str, names: list[str]) -> str:
