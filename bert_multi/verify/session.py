@@ -132,12 +132,24 @@ def verify(
         report = VerifyReport(given.label, config, probe.mapping, probe.activation_names(), forward, seed=seed)
         report.map_file = map_file
         report.absent = {head: why for head, why in absent.items() if head is not None}
+        # The checks after the forward run, each told as it starts (a log hears of it at once).
+        stages = ["the diagnosis", *(["gradients"] if gradients else []), *(["d2l's loss"] if loss is not None else [])]
+
+        def stage(name: str) -> None:
+            if progress is not None:
+                progress(stages.index(name), len(stages), f"{given.label}: {name}")
+
+        stage("the diagnosis")
         report.diagnoses = diagnose_divergences(report, backend, weights, *setup)
         eps = backend.kernel_eps(config.semantics.layer_norm_eps)
         if gradients:
+            stage("gradients")
             _check_gradients(report, backend, probe, weights, devices, frozen_names, eps)
         if loss is not None:
+            stage("d2l's loss")
             report.loss = check_loss(config, weights, probe.subject, loss, mlm_normalization, seed, eps)
+        if progress is not None:
+            progress(len(stages), len(stages), f"{given.label}: checked")
         return report
     finally:
         unregister_backend(given.label)
