@@ -28,10 +28,11 @@ def test_conform_prints_a_table_and_writes_json_and_a_plot(tmp_path, capsys):
     code = main(["conform", "--config", "tiny", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")])
     out = capsys.readouterr().out
     assert code == 0, out
-    header = next(line for line in out.splitlines() if line.startswith("backend"))
-    for column in ("dtype", "device", "output", "max abs err", "max rel err", "tolerance", "margin", "result"):
+    header = next(line for line in out.splitlines() if line.startswith("target"))
+    for column in ("compared with", "output", "max abs err", "atol / rtol", "margin", "result"):
         assert column in header
     assert "PASS:" in out and "FAIL" not in out
+    assert max(map(len, out.splitlines())) <= 100  # the default report fits a 100-column terminal
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["passed"] and report["config"] == CONFIGS["tiny"].to_dict()
     assert {check["target"].split()[0] for check in report["checks"]} == {
@@ -39,6 +40,17 @@ def test_conform_prints_a_table_and_writes_json_and_a_plot(tmp_path, capsys):
     }
     assert all("threads" in info for info in report["runtime"].values())
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
+def test_wide_shows_the_relative_errors_and_how_each_reference_got_its_weights(capsys):
+    argv = ["conform", "--config", "tiny", "--backends", "numpy,torch", "--cases", "batch_one", "--wide"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("backend"))
+    for column in ("dtype", "device", "compared with", "max abs err", "max rel err", "tolerance", "margin"):
+        assert column in header
+    assert "(weights via memory, bit-exact)" in out
 
 
 @pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")
@@ -227,7 +239,8 @@ def no_work(monkeypatch):
 
 
 def one_line_error(capsys):
-    err = capsys.readouterr().err
+    """The one line of error on standard error, besides the lines of progress a log gets (``[  0 s] ...``)."""
+    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if not re.match(r"\[ *\d+ s\] ", line))
     assert err.count("\n") == 1 and err.startswith("bert-multi: error: ") and "Traceback" not in err, err
     return err
 
@@ -387,8 +400,8 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
     printed = capsys.readouterr()
     assert "tokens/s" in printed.out and "threads" in document["threads"]
     # A line as each workload starts, and one for each row as its workload ends, which a log keeps (no
-    # terminal here, so no bar).
-    lines = [line.removeprefix("bench: ") for line in printed.err.splitlines()]
+    # terminal here, so no bar: the progress helper's own lines, "[  0 s] ...", are beside them).
+    lines = [line.removeprefix("bench: ") for line in printed.err.splitlines() if line.startswith("bench: ")]
     started = [line.split(" (")[0] for line in lines if line.endswith(" s in)")]
     expected = {f"{row['workload']} {row['dtype']}" if row["tokens_per_s"] else row["workload"] for row in rows}
     assert len(started) == len(expected) and set(started) == expected

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from ..backend.remote import use_python
 from ..display import ProgressBar
 from ..engine.cases import Batch, CaseInput
 from ..engine.conform import WeightsSource, check_targets, run_conformance
-from ..engine.report import failure_details, plot_report, runtime_lines, summary_table, verdict
+from ..engine.report import NARROW, failure_details, plot_report, runtime_lines, summary_table, verdict
 from ..engine.results import Report, Target
 from ..errors import InputError, StatementsMissing, UsageError
 from ..files.checkpoints import Checkpoint, load_checkpoint
@@ -208,18 +209,19 @@ def run_and_report(
     """Run the comparison and show it: the table (unless ``args.details`` is False), where failures
     diverge, and the verdict; with ``subject``, the verdict as one sentence about it."""
     details = getattr(args, "details", True)
-    print(f"config: {config_line(config)}")
+    print(textwrap.fill(f"config: {config_line(config)}", NARROW, subsequent_indent="  "))
     absent = [head for head in HEADS if head not in config.heads]
     if absent:
         print(f"absent from this model, so not compared: {', '.join(absent)}")
-    print(f"cases: {', '.join(describe_case(config, CaseInput(*case)) for case in cases)}")
+    described = ", ".join(describe_case(config, CaseInput(*case)) for case in cases)
+    print(textwrap.fill(f"cases: {described}", NARROW, subsequent_indent="  ", break_on_hyphens=False))
     bar = ProgressBar()
     try:
         report = run_conformance(config, weights, targets, cases, pairs=not args.no_pairs, progress=bar)
     finally:
         bar.close()
     if details:
-        print(summary_table(report))
+        print(summary_table(report, wide=args.wide))
         print(f"\nran on:\n{runtime_lines(report)}")
     if not report.passed:
         print("\n" + failure_details(report))
@@ -237,8 +239,7 @@ def run_and_report(
 
 
 def config_line(config: BERTConfig) -> str:
-    """The config as a person reads it: without dropout, which a comparison never uses (inference) and a
-    checkpoint never records."""
+    """The config as a person reads it: without dropout, which a comparison never uses (inference)."""
     return re.sub(r"dropout=[^,]*, ", "", repr(config))
 
 
@@ -312,6 +313,16 @@ def add_run_options(parser: argparse.ArgumentParser, backends: bool = True) -> N
             help="add a reference backend, an independent implementation of the original BERT such as "
             "transformers, as one more row (the bert preset only)",
         )
+    add_report_options(parser)
+
+
+def add_report_options(parser: argparse.ArgumentParser) -> None:
+    """How a conformance run's report is shown and kept (conform, compare, verify)."""
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="the table with the relative errors and how each reference got its weights (wider than 100 columns)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the full report as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG of the error per layer")
 

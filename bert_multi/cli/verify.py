@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write_map:
         write_map(args.write_map, report.mapping.as_map_file())
         print(f"the placement written to {args.write_map} (--map reads it)")
-    print(summary_table(report.forward))
+    print(summary_table(report.forward, wide=args.wide))
     print(f"\nran on:\n{runtime_lines(report.forward)}")
     if not report.forward.passed:
         print("\n" + failure_details(report.forward, report.user_name))

@@ -4,6 +4,7 @@ ran on, and plots of the error per layer and of pretraining curves."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,45 +78,55 @@ def largest_by_dtype(report: Report) -> str:
     return " and ".join(f"{value:.1e} in {dtype}" for dtype, value in largest.items())
 
 
-def summary_table(report: Report) -> str:
-    """One row per target, reference and output: the worst case's errors, the tolerance and the margin
-    (how many times the error could grow before failing)."""
-    rows = []
+def summary_table(report: Report, wide: bool = False) -> str:
+    """One row per target, reference and output: the worst case's error, the tolerance and the margin (how
+    many times the error could grow before failing), in at most ``NARROW`` columns for a usual run; ``wide``:
+    the target's parts apart, the relative error, and how each reference got its weights."""
+    rows: list[tuple[str, ...]] = []
     for target, reference, output, c in report.worst():
-        rows.append(
-            (
-                target.label,
-                target.dtype,
-                target.device,
-                reference,
-                output,
-                _number(c.max_abs),
-                _number(c.max_rel),
-                f"atol {c.tolerance.atol:g} rtol {c.tolerance.rtol:g}",
-                _margin(c),
-                "PASS" if c.passed else "FAIL",
+        result = "PASS" if c.passed else "FAIL"
+        if wide:
+            tolerance = f"atol {c.tolerance.atol:g} rtol {c.tolerance.rtol:g}"
+            numbers = (_number(c.max_abs), _number(c.max_rel), tolerance, _margin(c), result)
+            rows.append((target.label, target.dtype, target.device, reference, output, *numbers))
+        else:
+            tolerance = f"{c.tolerance.atol:g} / {c.tolerance.rtol:g}"
+            rows.append(
+                (str(target), _short(reference, target), output, _number(c.max_abs), tolerance, _margin(c), result)
             )
-        )
-    for target, reason in report.skipped.items():
-        rows.append((target.label, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"SKIP: {reason}"))
-    for error in report.errors:
-        target = error.target
-        rows.append((target.label, target.dtype, target.device, "-", "-", "-", "-", "-", "-", f"ERROR: {error.error}"))
-    return format_table(
-        (
-            "backend",
-            "dtype",
-            "device",
-            "compared with",
-            "output",
-            "max abs err",
-            "max rel err",
-            "tolerance",
-            "margin",
-            "result",
-        ),
-        rows,
-    )
+    unrun = [(target, f"SKIP: {reason}") for target, reason in report.skipped.items()]
+    unrun += [(error.target, f"ERROR: {error.error}") for error in report.errors]
+    for target, said in unrun:
+        if wide:
+            rows.append((target.label, target.dtype, target.device, "-", "-", "-", "-", "-", "-", said))
+        else:
+            rows.append((str(target), "-", "-", "-", "-", "-", _cut(said, NARROW - 30)))
+    if wide:
+        header: tuple[str, ...] = ("backend", "dtype", "device", "compared with", "output", "max abs err",
+                                   "max rel err", "tolerance", "margin", "result")  # fmt: skip
+        return format_table(header, rows)
+    header = ("target", "compared with", "output", "max abs err", "atol / rtol", "margin", "result")
+    return format_table(header, rows) + "\n" + MARGIN_NOTE
+
+
+NARROW = 100  # columns: what the default table fits in, for a usual run
+MARGIN_NOTE = (
+    "margin: how many times the largest error could grow and still pass (|err| <= atol + rtol * |ref|)\n"
+    "--wide: the relative errors, and how each reference got its weights"
+)
+
+
+def _short(reference: str, target: Target) -> str:
+    """A reference as the narrow table names it: without how its weights came (the wide table says), and
+    without its dtype and device where they are the target's ("numpy" for "numpy float32 cpu (...)")."""
+    bare = reference.split(" (", 1)[0]
+    same = f" {target.dtype} {target.device}"
+    return bare.removesuffix(same) if bare.endswith(same) else bare
+
+
+def _cut(text: str, width: int) -> str:
+    first = text.splitlines()[0] if text else text
+    return first if len(first) <= width else first[: width - 3] + "..."
 
 
 def failure_details(report: Report, names: Callable[[str], str] | None = None) -> str:
@@ -152,13 +163,13 @@ def _without_dtype(reference: str) -> str:
 
 
 def runtime_lines(report: Report) -> str:
-    """What each target ran on: framework version, threads, TF32."""
+    """What each target ran on: framework version, threads, TF32 (each wrapped to ``NARROW`` columns)."""
     lines = []
     for target, info in report.runtime.items():
         details = ", ".join(
             f"{key} {value}" for key, value in info.items() if key not in ("backend", "dtype", "device")
         )
-        lines.append(f"  {target}: {details}")
+        lines.append(textwrap.fill(f"{target}: {details}", NARROW, initial_indent="  ", subsequent_indent="    "))
     return "\n".join(lines)
 
 
