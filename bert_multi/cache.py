@@ -279,3 +279,21 @@ def _reason(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return str(error)
+
+
+def sealed_cache(interface: type) -> type:
+    """A framework's cache interface (a class whose instances answer ``get(key)`` and ``put(key, value)``,
+    as JAX's ``CacheInterface``) kept by ``SealedEntries``, made for a directory."""
+
+    class Sealed(interface):  # the framework's class, given at run time
+        def __init__(self, directory: str) -> None:
+            self._path = Path(directory)
+            self.entries = SealedEntries(directory)
+
+        def get(self, key: str) -> bytes | None:
+            return self.entries.get(key)
+
+        def put(self, key: str, value: bytes) -> None:
+            self.entries.put(key, value)
+
+    return Sealed

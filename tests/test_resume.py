@@ -124,11 +124,44 @@ def test_the_command_line_saves_and_resumes(tmp_path, capsys):
     assert main(["pretrain", *model, "--steps", "2", "--checkpoint-every", "1", "--checkpoint-dir", str(state),
                  "--out", str(tmp_path / "a.npz")]) == 0  # fmt: skip
     assert load_training_state(state).step == 2
-    assert main(["pretrain", *model, "--steps", "3", "--resume", str(state), "--out", str(tmp_path / "b.npz")]) == 0
+    again = ["--steps", "3", "--resume", str(state), "--checkpoint-every", "1"]
+    assert main(["pretrain", *model, *again, "--out", str(tmp_path / "b.npz")]) == 0
     printed = capsys.readouterr().out
     assert "step    3/3" in printed and "step    1/3" not in printed.split("step    2/2")[-1]
+    assert f"resuming from {state}: step 2 of 3 was done there" in printed
+    assert main(["pretrain", *model, *again, "--out", str(tmp_path / "c.npz")]) == 0
+    printed = capsys.readouterr().out
+    assert f"nothing to train: {state} already holds step 3 of 3" in printed and "tokens/s" not in printed
     assert main(["pretrain", "--checkpoint-every", "2"]) == 2
     assert "--checkpoint-every needs --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_says_where_its_last_checkpoint_is_and_the_command_that_goes_on(
+    tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("torch")
+    from bert_multi.cli import main, pretrain
+
+    real = pretrain.run_pretraining
+
+    def ctrl_c_after_step_2(*args, on_step, **kwargs):
+        def step(number, losses):
+            on_step(number, losses)
+            if number == 2:
+                raise KeyboardInterrupt
+
+        return real(*args, on_step=step, **kwargs)
+
+    monkeypatch.setattr(pretrain, "run_pretraining", ctrl_c_after_step_2)
+    model = ["--num-hiddens", "16", "--ffn-num-hiddens", "24", "--max-len", "32", "--batch-size", "8"]
+    state = tmp_path / "my run"
+    assert main(["pretrain", *model, "--steps", "5", "--checkpoint-every", "2", "--checkpoint-dir", str(state)]) == 130
+    said = capsys.readouterr().err
+    command = f"bert-multi pretrain {' '.join(model)} --steps 5 --checkpoint-every 2 --checkpoint-dir '{state}'"
+    command += f" --resume '{state}'"
+    assert f"the last checkpoint is step 2 of 5, in {state}: go on with {command}" in said
+    assert main(["pretrain", *model, "--steps", "5"]) == 130  # no checkpoint: said so, and how to keep one
+    assert "interrupted with no checkpoint saved; --checkpoint-every K --checkpoint-dir DIR" in capsys.readouterr().err
 
 
 def test_a_data_parallel_run_resumes_from_its_workers_checkpoint(framework, tmp_path):

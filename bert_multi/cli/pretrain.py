@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
+import shlex
+import sys
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from ..training import (
     TrainingRun,
     builtin_corpus,
     check_mixed_precision,
+    load_training_state,
     paragraphs_from_lines,
     run_pretraining,
 )
@@ -45,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="run every framework that can train here from the same weights and batches, and compare the curves",
     )
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=positive_int, default=10, help="optimizer steps in all (default 10)")
     parser.add_argument(
         "--workers",
         type=positive_int,
@@ -74,9 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--corpus", help="a WikiText-style file: a paragraph per line, sentences split by ' . '")
     parser.add_argument("--seed", type=int, default=0, help="seed for the data, the weights and the batches")
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
-    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--batch-size", type=positive_int, default=512, help="examples per step, d2l's 512 by default")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="d2l's Adam (the default) or plain SGD")
+    parser.add_argument("--lr", type=float, default=0.01, help="the learning rate, d2l's 0.01 by default")
     parser.add_argument(
         "--adam-epsilon-style",
         choices=("native", *ADAM_EPSILON_STYLES),
@@ -92,8 +96,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "included, as d2l's PyTorch code does",
     )
     _add_model_options(parser)
-    parser.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--dtype", choices=SUPPORTED_DTYPES, default="float32", help="the weights' dtype (default float32)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (the default), cuda or cuda:N, gpu or gpu:N")
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -159,16 +165,31 @@ def _model_and_data(args: argparse.Namespace) -> tuple[BERTConfig, PretrainingDa
 def _train(
     args: argparse.Namespace, name: str, config: BERTConfig, weights: dict[str, np.ndarray], data: PretrainingData
 ) -> TrainingRun:
-    """One backend's run as the options ask: in this process, as workers, or as one worker of a run."""
+    """One backend's run as the options ask: in this process, as workers, or as one worker of a run (whose
+    lines worker 0 alone prints, once the run is over: the others would repeat them)."""
     threads = args.threads_per_worker or max(1, len(os.sched_getaffinity(0)) // args.workers)
     products = f" ({args.mixed_precision} products)" if args.mixed_precision else ""
-    print(f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype}{products} on {args.device}:")
+    header = [
+        f"{name}, {args.optimizer} lr {args.lr}, batch {args.batch_size}, {args.dtype}{products} on {args.device}:"
+    ]
     if args.workers > 1:
-        print(f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples")
+        header.append(
+            f"  {args.workers} workers of {threads} thread(s), each on {args.batch_size // args.workers} examples"
+        )
+    directory = args.checkpoint_dir or args.resume
+    saved = load_training_state(args.resume) if args.resume else None
+    if saved is not None:
+        header.append(f"  resuming from {args.resume}: step {saved.step} of {args.steps} was done there")
+    if not args.join:
+        print("\n".join(header))
     bar = ProgressBar()
 
+    def line(step: int, loss: LossValues) -> str:
+        return f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})"
+
     def show(step: int, loss: LossValues) -> None:
-        bar.print(f"  step {step:>4}/{args.steps}  loss {loss.total:.4f}  (MLM {loss.mlm:.4f}, NSP {loss.nsp:.4f})")
+        if not args.join:
+            bar.print(line(step, loss))
         bar(step, args.steps, f"{name} pretraining")
 
     options = {"optimizer": args.optimizer, "lr": args.lr, "mlm_normalization": args.mlm_normalization}
@@ -182,7 +203,7 @@ def _train(
     arguments.update(batch_size=args.batch_size, seed=args.seed, dtype=args.dtype, on_step=show, **options)
     if args.checkpoint_every or args.resume:
         arguments.update(checkpoint_every=args.checkpoint_every or 0, resume=bool(args.resume))
-        arguments["checkpoint_dir"] = args.checkpoint_dir or args.resume
+        arguments["checkpoint_dir"] = directory
     try:
         if args.join:
             run = load_backend(name).join_data_parallel(**arguments)
@@ -190,8 +211,21 @@ def _train(
             run = load_backend(name).train_data_parallel(args.workers, threads, **arguments)
         else:
             run = run_pretraining(name, device=args.device, compile=args.compile, **arguments)
+    except KeyboardInterrupt:
+        bar.close()
+        print(_where_to_go_on(args, directory), file=sys.stderr)
+        raise
     finally:
         bar.close()
+    if args.join:
+        if run.rank != 0:
+            return run
+        print("\n".join(header))
+        for step, loss in enumerate(run.losses, start=args.steps - len(run.losses) + 1):
+            print(line(step, loss))
+    if not run.losses:
+        print(f"  nothing to train: {args.resume} already holds step {args.steps} of {args.steps}")
+        return run
     rate = f"{run.tokens_per_second:,.0f} tokens/s"
     if len(run.losses) > 1:  # the first step apart: JAX compiles then, and every framework warms up
         rate = f"{run.steady_tokens_per_second:,.0f} tokens/s after the first step ({run.first_step_seconds:.2f} s)"
@@ -200,6 +234,25 @@ def _train(
         f"({args.workers} x {run.runtime.get('threads')} threads, {run.seconds:.1f} s)"
     )
     return run
+
+
+def _where_to_go_on(args: argparse.Namespace, directory: str | None) -> str:
+    """What an interrupted run left to go on from, and the command that does."""
+    saved = load_training_state(directory) if directory else None
+    if saved is None:
+        return (
+            "bert-multi: pretraining interrupted with no checkpoint saved; --checkpoint-every K --checkpoint-dir DIR "
+            "keeps one to resume from"
+        )
+    again = list(args.argv)
+    if "--resume" in again:
+        del again[again.index("--resume") : again.index("--resume") + 2]
+    again = [argument for argument in again if not argument.startswith("--resume=")]
+    command = " ".join(shlex.quote(argument) for argument in ["bert-multi", *again, "--resume", str(directory)])
+    return (
+        f"bert-multi: pretraining interrupted; the last checkpoint is step {saved.step} of {args.steps}, in "
+        f"{directory}: go on with {command}"
+    )
 
 
 def _compare(args: argparse.Namespace, runs: list[TrainingRun]) -> None:
@@ -213,9 +266,38 @@ def _compare(args: argparse.Namespace, runs: list[TrainingRun]) -> None:
     first = runs[0]
     for other in runs[1:]:
         gap = max(float(np.abs(first.weights[k] - other.weights[k]).max()) for k in first.weights)
-        print(f"largest weight difference after {args.steps} steps, {first.backend} vs {other.backend}: {gap:.3g}")
+        print(_compared(args, first.backend, other.backend, gap))
     if args.plot:
         print(f"plot written to {plot_training(runs, args.plot)}")
+
+
+# How far two frameworks' weights may end apart after a short run and still have trained alike: what their
+# rounding leaves (measured over 3 to 10 steps: Adam 1.3e-5 to 4.4e-5 in float32; in float64 up to 1.9e-6,
+# from MXNet holding each step's learning rate as a C float). Adam's epsilon placed apart: 0.04.
+ROUNDING = {"float32": 1e-3, "float64": 1e-4}
+
+
+def _compared(args: argparse.Namespace, first: str, other: str, gap: float) -> str:
+    """One sentence: whether two runs trained alike, and where they did not, why, and what makes them."""
+    apart = f"{first} and {other}: their weights after {args.steps} steps differ by {gap:.3g}"
+    if gap <= ROUNDING[args.dtype]:
+        return f"{apart}, what rounding leaves in {args.dtype}: they trained alike"
+    styles = {name: _native_epsilon(name) for name in (first, other)}
+    if args.optimizer == "adam" and args.adam_epsilon_style == "native" and len(set(styles.values())) > 1:
+        return (
+            f"{apart}: Adam's epsilon acts where each framework puts it ({first} the {styles[first]} way, {other} "
+            f"the {styles[other]} way); --adam-epsilon-style torch (or mxnet) gives both the same update"
+        )
+    why = "; dropout draws its masks from each framework's own generator" if args.dropout > 0 else ""
+    return (
+        f"{apart}, more than rounding leaves in {args.dtype} ({ROUNDING[args.dtype]:g}): they did not train alike{why}"
+    )
+
+
+def _native_epsilon(name: str) -> str:
+    """Where a framework's own Adam puts epsilon: its Pretrainer's default ``adam_epsilon_style``."""
+    parameter = inspect.signature(load_backend(name).Pretrainer).parameters.get("adam_epsilon_style")
+    return str(parameter.default) if parameter is not None else "its own"
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:

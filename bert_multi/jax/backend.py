@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import pathlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -22,10 +21,8 @@ import numpy as np
 
 try:  # where JAX opens its persistent cache: private, so a JAX that moved it runs with no cache at all
     from jax._src import compilation_cache as jax_compilation_cache
-    from jax._src.compilation_cache_interface import CacheInterface
 except ImportError:  # pragma: no cover - no such JAX yet
     jax_compilation_cache = None
-    CacheInterface = object
 
 from ..arrays import contiguous_transpose
 from ..backend.contract import (
@@ -43,7 +40,7 @@ from ..backend.contract import (
     shareable,
     stream_weights,
 )
-from ..cache import SealedEntries, cache_for, described
+from ..cache import cache_for, described, sealed_cache
 from ..errors import CannotRunHere
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
@@ -56,38 +53,16 @@ from .model import BERTModel
 NAME = "jax"
 
 
-class SealedCompilationCache(CacheInterface):
-    """JAX's persistent cache interface over ``SealedEntries``: JAX asks for and keeps its compiled
-    programs by key; each comes back only if its file is the sealed entry of that key."""
-
-    def __init__(self, directory: str) -> None:
-        self._path = pathlib.Path(directory)
-        self.entries = SealedEntries(directory)
-
-    def get(self, key: str) -> bytes | None:
-        return self.entries.get(key)
-
-    def put(self, key: str, value: bytes) -> None:
-        self.entries.put(key, value)
-
-
 def use_the_compilation_cache() -> None:
-    """JAX's persistent compilation cache in bert_multi's cache directory (``bert_multi.cache``), unless
-    JAX was given one already (a user's own setting stays theirs) or caching is off. Every compilation
-    is kept (ours take 0.1 to 2 s each: JAX's default keeps those over 1 s), each entry sealed and checked
-    (``SealedCompilationCache``). JAX opens its cache at its first compilation, through
-    ``get_file_cache``; a JAX without that hook gets no cache at all rather than one that is not checked."""
+    """JAX's persistent compilation cache in bert_multi's cache directory, each entry sealed and checked
+    (``bert_multi.cache``), unless JAX has one already (a user's stays theirs) or caching is off. All is kept
+    (ours take 0.1 to 2 s each; JAX keeps those over 1 s). JAX opens it through ``get_file_cache``."""
     directory = cache_for(NAME)
-    if jax.config.jax_compilation_cache_dir or directory is None or jax_compilation_cache is None:
+    opens = getattr(jax_compilation_cache, "get_file_cache", None)
+    if jax.config.jax_compilation_cache_dir or directory is None or not callable(opens):
         return
-    opens_its_cache = getattr(jax_compilation_cache, "get_file_cache", None)
-    if not callable(opens_its_cache):
-        return
-
-    def sealed_where_ours(path: str) -> tuple[CacheInterface, str] | None:
-        return (SealedCompilationCache(path), path) if path == str(directory) else opens_its_cache(path)
-
-    jax_compilation_cache.get_file_cache = sealed_where_ours
+    kept = sealed_cache(jax_compilation_cache.CacheInterface)
+    jax_compilation_cache.get_file_cache = lambda path: (kept(path), path) if path == str(directory) else opens(path)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
@@ -440,10 +415,9 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
 
 
 def xla_threads() -> int:
-    """The threads XLA computes on here: one per core this process may run on. Framework difference:
-    XLA's CPU client sizes its thread pool from the process's CPU affinity when it starts (``taskset``,
-    or ``os.sched_setaffinity`` before JAX's first computation), and no call or flag changes it after;
-    torch and MXNet take a thread count (``torch.set_num_threads``, ``OMP_NUM_THREADS``)."""
+    """The threads XLA computes on here: one per core this process may run on. Framework difference: XLA's
+    CPU client sizes its pool from the CPU affinity when it starts (``taskset``) and nothing changes it
+    after; torch and MXNet take a thread count (``torch.set_num_threads``, ``OMP_NUM_THREADS``)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -471,17 +445,14 @@ def _to_numpy(array: Any) -> np.ndarray | None:
     return None if array is None else np.asarray(array)
 
 
-# Framework difference: Flax's own file (flax.serialization's MessagePack) is read and written by
-# bert_multi itself, byte for byte as Flax writes it, so that any environment converts to and from it.
+# Framework difference: Flax's own file (MessagePack) is read and written by bert_multi, byte for byte as Flax does.
 save_checkpoint = flax_format.save_checkpoint
 read_checkpoint = flax_format.read_checkpoint
 
 
 def load_checkpoint(path: str | os.PathLike, config: BERTConfig | None = None, **statements: Any) -> Checkpoint:
-    """A Flax parameter file (``flax.serialization.to_bytes`` of the parameter tree, ``.msgpack``) as a
-    ``Checkpoint``: config, canonical weights. Without ``config`` the sizes come from the file, and what
-    it cannot reveal is stated (``num_heads``, and ``preset`` or ``d2l_version``; see
-    ``bert_multi.load_checkpoint``). Any problem is a ``WeightsError`` that says what to do."""
+    """A Flax parameter file (``.msgpack``, ``flax.serialization.to_bytes`` of the tree) as a ``Checkpoint``,
+    as ``bert_multi.load_checkpoint`` reads any file (what it cannot reveal stated; a ``WeightsError`` else)."""
     return checkpoints.load_checkpoint(path, config, framework=NAME, **statements)
 
 
@@ -503,13 +474,11 @@ def build(
     optimize: bool = False,
     attention: str = "d2l",
 ) -> JaxBERT:
-    """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``.
-    float32 products are full float32 unless ``tf32`` (which only a GPU computes: JAX's own default
-    there) or ``mixed_precision="bfloat16"`` (bfloat16 products summed in float32, on a GPU, in the
-    forward and in training). ``gradients`` changes nothing: gradients are taken by transforming a
-    function, not kept on the parameters. The forward is always compiled (``jax.jit``), so there is no
-    ``compile`` to ask for; it is compiled quickly (``quick_options``) unless ``optimize``.
-    ``attention="sdpa"`` computes the attention through ``jax.nn.dot_product_attention`` (``ATTENTIONS``)."""
+    """A Flax d2l ``BERTModel`` holding exactly ``weights``, computing in ``dtype`` on ``device``. float32
+    products are full float32 unless ``tf32`` (a GPU's, JAX's default there) or ``mixed_precision="bfloat16"``
+    (bfloat16 products summed in float32, on a GPU). ``gradients`` changes nothing: gradients are taken by
+    transforming a function. The forward is always compiled (``jax.jit``), quickly (``quick_options``)
+    unless ``optimize``. ``attention="sdpa"``: through ``jax.nn.dot_product_attention`` (``ATTENTIONS``)."""
     check_attention(attention)
     dtype, arrays = stream_weights(config, weights, dtype)
     target = parse_device(device)

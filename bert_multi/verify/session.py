@@ -89,11 +89,7 @@ def verify(
     part is averaged as ``mlm_normalization`` says. ``weights``: canonical weights (default: random from
     ``seed``). A mapping or set-up problem raises (``MappingError``, ``UsageError``); an exception in
     the user's own code raises ``UserCodeError`` with their frames."""
-    config = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
-    if not isinstance(config, BERTConfig):
-        raise UsageError(f"config {config!r}: expected a BERTConfig or one of {sorted(CONFIGS)}")
-    weights = random_weights(config, seed=seed, dtype="float64") if weights is None else weights
-    validate_weights(config, weights)
+    config, weights = _config_and_weights(config, weights, seed)
     if map_file is not None and not isinstance(map_file, MapFile):
         map_file = read_map(map_file)
     absent = _declared_absent(config, map_file)
@@ -132,24 +128,17 @@ def verify(
         report = VerifyReport(given.label, config, probe.mapping, probe.activation_names(), forward, seed=seed)
         report.map_file = map_file
         report.absent = {head: why for head, why in absent.items() if head is not None}
-        # The checks after the forward run, each told as it starts (a log hears of it at once).
-        stages = ["the diagnosis", *(["gradients"] if gradients else []), *(["d2l's loss"] if loss is not None else [])]
-
-        def stage(name: str) -> None:
-            if progress is not None:
-                progress(stages.index(name), len(stages), f"{given.label}: {name}")
-
-        stage("the diagnosis")
+        stages = _Stages(given.label, progress, gradients, loss is not None)
+        stages.start("the diagnosis")
         report.diagnoses = diagnose_divergences(report, backend, weights, *setup)
         eps = backend.kernel_eps(config.semantics.layer_norm_eps)
         if gradients:
-            stage("gradients")
+            stages.start("gradients")
             _check_gradients(report, backend, probe, weights, devices, frozen_names, eps)
         if loss is not None:
-            stage("d2l's loss")
+            stages.start("d2l's loss")
             report.loss = check_loss(config, weights, probe.subject, loss, mlm_normalization, seed, eps)
-        if progress is not None:
-            progress(len(stages), len(stages), f"{given.label}: checked")
+        stages.start("checked")
         return report
     finally:
         unregister_backend(given.label)
@@ -331,6 +320,31 @@ def _changed(before: dict[str, np.ndarray], after: dict[str, np.ndarray], shown:
     ]
     more = f" and {len(changed) - shown} more" if len(changed) > shown else ""
     return ", ".join(changed[:shown]) + more
+
+
+def _config_and_weights(
+    config: BERTConfig | str, weights: dict[str, np.ndarray] | None, seed: int
+) -> tuple[BERTConfig, dict[str, np.ndarray]]:
+    """The config asked for (a built-in one by name) and its weights, checked (random from ``seed``)."""
+    config = CONFIGS[config] if isinstance(config, str) and config in CONFIGS else config
+    if not isinstance(config, BERTConfig):
+        raise UsageError(f"config {config!r}: expected a BERTConfig or one of {sorted(CONFIGS)}")
+    weights = random_weights(config, seed=seed, dtype="float64") if weights is None else weights
+    validate_weights(config, weights)
+    return config, weights
+
+
+class _Stages:
+    """The checks after the forward run, each told to ``progress`` as it starts (a log hears of it at once)."""
+
+    def __init__(self, label: str, progress: Progress | None, gradients: bool, loss: bool) -> None:
+        self.label, self.progress = label, progress
+        self.names = ["the diagnosis", *(["gradients"] if gradients else []), *(["d2l's loss"] if loss else [])]
+
+    def start(self, name: str) -> None:
+        if self.progress is not None:
+            done = len(self.names) if name == "checked" else self.names.index(name)
+            self.progress(done, len(self.names), f"{self.label}: {name}")
 
 
 def _recorded(out: BERTOutput) -> dict[str, np.ndarray | None]:
