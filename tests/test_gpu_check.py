@@ -227,15 +227,20 @@ def test_the_training_check_trains_on_the_gpu_it_names(stand_in):
     assert all(part.status == "FAIL" and "first failing: gradient" in part.detail for part in parts), parts
 
 
-@pytest.mark.parametrize("stand_in", [("numpy", None, 0.2)], indirect=True)
-def test_a_budget_stops_the_run_cleanly_and_lists_what_did_not_run(stand_in, tmp_path, capsys):
+@pytest.mark.parametrize("stand_in", [("numpy", None, 0.001)], indirect=True)
+def test_a_budget_stops_the_run_cleanly_and_lists_what_did_not_run(stand_in, tmp_path, capsys, monkeypatch):
     """A budget spent inside a part stops it between two steps: that part and every later one are NOT
-    RUN, never PASS; the verdict says INCOMPLETE and the exit status is its own. The budget counts from
-    the run's start, so the backends are loaded first (a run with nothing left to run), and it leaves
-    the run's set-up a second: the first part alone takes seconds (0.2 s a forward)."""
+    RUN, never PASS; the verdict says INCOMPLETE and the exit status is its own. The budget is counted in
+    work, not read from a clock (a busy machine would spend it on the set-up): each slow forward is 0.2 s
+    of it, so a budget of 1 s is spent in the first part, after five."""
     from bert_multi.cli import main
+    from bert_multi.tools.gpu_check import run
 
-    run_gpu_check(quick=True, budget=0)
+    class CountedDeadline(run.Deadline):
+        def elapsed(self):
+            return StandInGPU.forwards * 0.2
+
+    monkeypatch.setattr(run, "Deadline", CountedDeadline)
     heard = Heard()
     StandInGPU.forwards = 0
     report = run_gpu_check(quick=True, budget=1, listener=heard)
@@ -245,8 +250,8 @@ def test_a_budget_stops_the_run_cleanly_and_lists_what_did_not_run(stand_in, tmp
     assert all("the budget of 1 s was spent before it started" in part.detail for part in rest)
     assert report.verdict().startswith("INCOMPLETE: 0 GPU checks passed; 4 not run")
     assert report.exit_status() == EXIT_INCOMPLETE and not report.to_json()["passed"]
-    # Stopped within a step of the budget: counted, not timed (a busy machine runs fewer steps, not more).
-    assert 1 <= StandInGPU.forwards <= 1 / 0.2 + 1
+    assert StandInGPU.forwards == 5  # stopped at the step that spent it, not a step later
+    StandInGPU.forwards = 0
     assert main(["gpu-check", "--quick", "--budget", "1", "--out", str(tmp_path)]) == EXIT_INCOMPLETE
     document = json.loads((tmp_path / "gpu-check.json").read_text())
     assert document["budget"] == 1 and document["verdict"].startswith("INCOMPLETE")
