@@ -189,6 +189,27 @@ def test_pretrain_in_mixed_precision_says_so_and_a_framework_without_it_is_refus
     assert "corpus:" not in printed.out  # refused before the data and the model
 
 
+def test_data_parallel_pretraining_of_a_framework_elsewhere_runs_the_same_command_in_its_environment(
+    monkeypatch, capsys
+):
+    """From .venv, ``pretrain --backend jax --workers 2`` (or ``--join``) is the user's very command, run
+    by .venv-numpy2's Python: every option kept, its exit status this one's."""
+    elsewhere = [name for name in frameworks() if backends()[name].available and not_in_process(name)]
+    if not elsewhere:
+        pytest.skip("every framework runs in this environment")
+    from bert_multi.cli import pretrain
+
+    ran = []
+    monkeypatch.setattr(
+        pretrain.subprocess, "run", lambda command, env: ran.append(command) or SimpleNamespace(returncode=3)
+    )
+    for option in (["--workers", "2"], ["--join"]):
+        argv = ["pretrain", "--backend", elsewhere[0], *option, "--steps", "7", "--out", "w.npz", *SMALL_MODEL]
+        assert main(argv) == 3
+        assert ran.pop() == [str(load_backend(elsewhere[0]).elsewhere), "-m", "bert_multi.cli", *argv]
+        assert "this command runs there" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(len(FRAMEWORKS) < 2, reason="needs both frameworks")
 def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
     pytest.importorskip("matplotlib")
@@ -401,6 +422,8 @@ def test_bench_quick_runs_every_backend_of_this_environment_and_writes_json(tmp_
         assert (row["first_s"] is not None) == model and (not model or row["first_s"] > 0)
     printed = capsys.readouterr()
     assert "tokens/s" in printed.out and "threads" in document["threads"]
+    for name in {name for name in frameworks() if backends()[name].available} - here:  # said, not left out silently
+        assert f"not timed here: {name} runs in another environment" in printed.out
     # A line as each workload starts, and one for each row as its workload ends, which a log keeps (no
     # terminal here, so no bar: the progress helper's own lines, "[  0 s] ...", are beside them).
     lines = [line.removeprefix("bench: ") for line in printed.err.splitlines() if line.startswith("bench: ")]

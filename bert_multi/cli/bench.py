@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..backend.contract import parse_device
-from ..backend.registry import check_names, not_in_process
+from ..backend.registry import backends, check_names, frameworks, load_backend, not_in_process
 from ..display import ProgressBar
 from ..errors import UsageError
 from ..safe_files import replace_text
@@ -79,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"bench times the backends of this environment only: {reason}")
     for device in args.devices:
         parse_device(device)
+    if args.backends is None:
+        for name in frameworks():
+            python = load_backend(name).elsewhere if backends()[name].available else None
+            if python is not None:  # timed through a worker, its timings would include the transfers
+                print(f"not timed here: {name} runs in another environment; bench times each framework in its own "
+                      f"({python} -m bert_multi.cli bench)")  # fmt: skip
     bar = ProgressBar()
     progress = _Progress(bar)
     rows: list[bench.Row] = []

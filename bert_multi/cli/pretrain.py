@@ -6,10 +6,12 @@ import argparse
 import inspect
 import os
 import shlex
+import subprocess
 import sys
 
 import numpy as np
 
+from ..backend.channel import SOURCE_ROOT
 from ..backend.registry import backends, check_names, frameworks, load_backend
 from ..display import ProgressBar, format_table
 from ..engine.report import plot_training
@@ -127,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--workers runs workers on this machine's CPU: use it without --compare or another --device")
     if (args.workers > 1 or args.join) and args.compile:
         raise UsageError("--compile trains in one process: use it without --workers or --join")
+    if (args.workers > 1 or args.join) and not args.compare:
+        check_names([args.backend])
+        python = load_backend(args.backend).elsewhere
+        if python is not None:
+            return _run_in_its_environment(args, python)
     names = _trainable(args.compare, args.backend)
     for name in names:
         check_mixed_precision(name, args.mixed_precision, args.dtype)
@@ -141,6 +148,16 @@ def run(args: argparse.Namespace) -> int:
         save_weights(out, config, runs[0].weights)
         print(f"weights written to {out}")
     return load_backend(args.backend).end_worker(0) if args.join else 0
+
+
+def _run_in_its_environment(args: argparse.Namespace, python: str | os.PathLike) -> int:
+    """This very command, run by the Python of the backend's own environment (data-parallel workers start
+    from there, on the framework's own engine): its output is this one's, and so is its exit status."""
+    print(f"{args.backend}'s data-parallel workers start from its own environment: this command runs there "
+          f"({python})", flush=True)  # fmt: skip
+    path = os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
+    command = [str(python), "-m", "bert_multi.cli", *args.argv]
+    return subprocess.run(command, env={**os.environ, "PYTHONPATH": path}).returncode
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[BERTConfig, PretrainingData]:
