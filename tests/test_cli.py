@@ -15,6 +15,7 @@ from hostile import npz_member
 from bert_multi import CONFIGS, backends, frameworks, random_weights, save_weights
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.cli import main
+from bert_multi.engine.cases import CASES
 from bert_multi.errors import UsageError
 from bert_multi.tools.fixtures import FIXTURE_CONFIGS
 
@@ -40,6 +41,25 @@ def test_conform_prints_a_table_and_writes_json_and_a_plot(tmp_path, capsys):
     }
     assert all("threads" in info for info in report["runtime"].values())
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_error_plot_of_a_deep_model_stays_a_readable_size(tmp_path):
+    """Twelve blocks, as BERT-base has: at most 14 inches at 110 dpi, one panel per dtype, whatever the depth."""
+    pytest.importorskip("matplotlib")
+    import struct
+
+    from bert_multi import BERTConfig
+    from bert_multi.engine.conform import run_conformance
+    from bert_multi.engine.report import plot_report
+    from bert_multi.engine.results import Target
+
+    config = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=12, max_len=8)
+    targets = [Target("numpy", dtype) for dtype in ("float32", "float64")]
+    cases = [CASES[0].input(config)]
+    report = run_conformance(config, random_weights(config), targets, cases, pairs=False)
+    png = plot_report(report, tmp_path / "deep.png").read_bytes()
+    width, height = struct.unpack(">II", png[16:24])
+    assert width <= 14 * 110 and height < width, (width, height)
 
 
 @pytest.mark.skipif("torch" not in FRAMEWORKS, reason="needs the torch backend")

@@ -173,46 +173,52 @@ def runtime_lines(report: Report) -> str:
     return "\n".join(lines)
 
 
+MAX_LABELS = 30  # layer names on a plot's axis: past that, every k-th (and the outputs), so they stay legible
+
+
 def plot_report(report: Report, path: str | Path) -> Path:
-    """A PNG of the worst max-abs error against the oracle at each layer, one line per target, with
-    each dtype's absolute tolerance dashed: where error grows, and how far it is from failing."""
+    """A PNG of the worst max-abs error against the oracle at each layer, one panel per dtype (each with its
+    absolute tolerance dotted) and one line per backend: where error grows, and how far it is from
+    failing. At most 14 inches wide, with at most ``MAX_LABELS`` layer names, whatever the model's depth."""
     plt = _pyplot()
     layers = intermediate_names(report.config) + list(OUTPUT_NAMES)
-    worst: dict[str, dict[str, float]] = {}
+    worst: dict[str, dict[str, dict[str, float]]] = {}  # dtype -> backend -> layer -> error
     tolerances: dict[str, float] = {}
     for check in report.checks:
         if not check.against_oracle:
             continue
-        series = worst.setdefault(str(check.target), {})
+        series = worst.setdefault(check.target.dtype, {}).setdefault(f"{check.target.label} {check.target.device}", {})
         for comparison in check.intermediates + check.outputs:
             error = math.inf if comparison.nonfinite or comparison.problem else comparison.max_abs
             series[comparison.name] = max(series.get(comparison.name, 0.0), error)
             tolerances[check.target.dtype] = comparison.tolerance.atol
     floor = 1e-17  # exact agreement, drawn at the bottom of the log scale
-    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(layers)), 5))
-    colors: dict[str, str] = {}  # one colour per backend, one line style per dtype
-    for target, series in worst.items():
-        backend, dtype = target.split(" ")[:2]
-        color = colors.setdefault(backend, f"C{len(colors)}")
-        ys = [max(series.get(layer, math.nan), floor) for layer in layers]
-        ax.plot(
-            range(len(layers)), ys, marker="o", color=color, linestyle="--" if dtype == "float64" else "-", label=target
-        )
-    for dtype, atol in sorted(tolerances.items()):
-        if atol > 0:
-            ax.axhline(atol, color="grey", linestyle=":", linewidth=1)
-            ax.annotate(
-                f"{dtype} atol {atol:g}", (0, atol), textcoords="offset points", xytext=(2, 3), fontsize=8, color="grey"
-            )
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(layers)), layers, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("max |error| vs the float64 oracle, worst case\n(exact agreement drawn at 1e-17)")
+    dtypes = sorted(worst) or ["float32"]
+    width = min(14.0, max(8.0, 0.3 * len(layers)))
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(width, 3.2 * len(dtypes) + 1.2), sharex=True, squeeze=False)
+    colors: dict[str, str] = {}  # one colour per backend, the same in every panel
+    for ax, dtype in zip(axes[:, 0], dtypes):
+        for backend, series in worst.get(dtype, {}).items():
+            color = colors.setdefault(backend, f"C{len(colors)}")
+            ys = [max(series.get(layer, math.nan), floor) for layer in layers]
+            ax.plot(range(len(layers)), ys, marker="o", markersize=3, color=color, label=backend)
+        if tolerances.get(dtype, 0) > 0:
+            ax.axhline(tolerances[dtype], color="grey", linestyle=":", linewidth=1)
+            ax.annotate(f"atol {tolerances[dtype]:g}", (0, tolerances[dtype]), textcoords="offset points",
+                        xytext=(2, 3), fontsize=8, color="grey")  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{dtype}\nmax |error|")
+        ax.grid(True, which="major", axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    step = math.ceil(len(layers) / MAX_LABELS)
+    shown = [i for i in range(len(layers)) if i % step == 0 or i >= len(layers) - len(OUTPUT_NAMES)]
+    axes[-1, 0].set_xticks(shown, [layers[i] for i in shown], rotation=45, ha="right", fontsize=8)
     c = report.config
-    ax.set_title(
-        f"Error per layer: {c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, vocab {c.vocab_size}"
+    fig.suptitle(
+        f"Error per layer against the float64 oracle, worst case (exact agreement at 1e-17): {c.num_blks} blocks, "
+        f"{c.num_hiddens} hidden, {c.num_heads} heads, vocab {c.vocab_size}",
+        fontsize=10,
     )
-    ax.grid(True, which="major", axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     save_figure(fig, path, dpi=110)
