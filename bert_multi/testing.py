@@ -24,6 +24,7 @@ from .verify.session import VerifyReport, verify
 def assert_model_conforms(model: Any, config: Any = "tiny", **options: Any) -> VerifyReport:
     """``bert_multi.verify(model, config, **options)``; raises ``AssertionError`` with the verdict and
     where it first diverges unless everything asked for conforms. The report, when it does."""
+    __tracebackhide__ = True  # pytest shows the user's test, not this function, as where it failed
     report = verify(model, config, **options)
     if not report.passed:
         raise AssertionError(f"{report.verdict()}\n{report.failures()}")
@@ -44,6 +45,7 @@ if pytest is not None:
         written beside the test's ``tmp_path`` (check it, then pass it as ``map_file=``)."""
 
         def checked(model: Any, config: Any = "tiny", **options: Any) -> VerifyReport:
+            __tracebackhide__ = True
             try:
                 return assert_model_conforms(model, config, **options)
             except MappingError as error:

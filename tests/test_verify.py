@@ -721,6 +721,7 @@ def test_the_pytest_plugin_gives_users_the_bert_verify_fixture(tmp_path):
     )  # fmt: skip
     assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:]
     assert "first diverges at blks.0.attention" in done.stdout
+    assert "bert_multi/testing.py" not in done.stdout  # the failure is shown in the user's test, not in ours
     # A model whose weights cannot be placed: one failure message, and the map guessed for it written.
     (tmp_path / "test_mine.py").write_text(
         f"import sys\nsys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\n\n"

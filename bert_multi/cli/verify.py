@@ -190,3 +190,5 @@ def print_gradients_and_loss(report: VerifyReport) -> None:
         print(f"\nyour loss: mlm {mlm:.10g}, nsp {nsp:.10g}, total {total:.10g}: {result} ({averaged})")
         for problem in report.loss.problems():
             print(f"  {problem}")
+        if not report.loss.passed and not report.forward.passed:
+            print("  (it may follow from the forward, which differs above: your loss is computed on your outputs)")
