@@ -86,6 +86,31 @@ def test_the_lessons_command_lists_and_runs_a_section(capsys):
     assert main(["lessons", "99"]) == 2
 
 
+def test_several_sections_by_number_links_as_their_text_and_code_whole_off_a_terminal(capsys, monkeypatch):
+    from bert_multi.cli import lessons as command
+
+    monkeypatch.setattr(command, "run_samples", lambda sections: {})  # what is shown, not what runs
+    assert main(["lessons", "3", "5"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.index("3. A switch for the whole process") < shown.index("5. repeat means opposite things")
+    assert "64-bit mode (section 25)" in " ".join(shown.split()) and "](#" not in shown  # a link, as its text
+    section = next(
+        section for section in SECTIONS if any(len(line) > 40 for s in section.samples for line in s.code.splitlines())
+    )
+    code = [line for sample in section.samples for line in sample.code.splitlines()]
+    pasted = command.render(section, {}, 40, cut=False)  # a log, a file, a pipe: code is copied from there
+    assert all(line in pasted.splitlines() for line in code)
+    assert main(["lessons", "5", "99"]) == 2
+
+
+def test_notebooks_to_a_directory_that_cannot_be_made_are_refused_before_any_sample_runs(capsys, monkeypatch):
+    from bert_multi.cli import lessons as command
+
+    monkeypatch.setattr(command.lessons, "check", lambda *_, **__: pytest.fail("the samples ran first"))
+    assert main(["lessons", "--notebooks", "/proc/no-such-place", "5"]) == 2
+    assert "--notebooks /proc/no-such-place: cannot make that directory" in capsys.readouterr().err
+
+
 def test_a_section_is_found_by_a_word_of_its_title_and_several_matches_are_listed(capsys, monkeypatch):
     from bert_multi.cli import lessons as command
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import shutil
 import sys
 import textwrap
+from pathlib import Path
 
 from ..backend.registry import label_of
 from ..display import ProgressBar
 from ..errors import UsageError
 from ..tools import lessons, notebooks
-from .common import NOTHING_FOUND
+from .common import NOTHING_FOUND, check_output
 
 GAP = 4  # spaces between side-by-side samples
 PROSE = 100  # the widest a paragraph is wrapped, however wide the terminal
@@ -44,7 +46,19 @@ def run(args: argparse.Namespace) -> int:
     """List the guide's sections, or show the ones asked for with their samples run."""
     sections = lessons.read_guide()
     chosen = sections
-    if args.section and not args.all:
+    if args.notebooks:  # made before minutes of samples, not after them
+        check_output(args.notebooks, "--notebooks", directory=True)
+        try:
+            Path(args.notebooks).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"--notebooks {args.notebooks}: cannot make that directory ({error.strerror})") from None
+    if args.section and not args.all and all(word.isdigit() for word in args.section):
+        numbers = [int(word) for word in args.section]  # sections by number, in the order asked
+        unknown = [number for number in numbers if not 1 <= number <= len(sections)]
+        if unknown:
+            raise UsageError(f"no section {unknown[0]}: the guide has sections 1 to {len(sections)}")
+        chosen = [sections[number - 1] for number in numbers]
+    elif args.section and not args.all:
         asked = " ".join(args.section)
         chosen, where = lessons.search(sections, asked)
         if where == "number" and not chosen:
@@ -71,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     for index, section in enumerate(chosen):
         if index:
             print()
-        print(render(section, printed, width))
+        print(render(section, printed, width, cut=sys.stdout.isatty()))
     return 0
 
 
@@ -106,21 +120,23 @@ def run_samples(sections: list[lessons.Section]) -> dict[int, str]:
     return printed
 
 
-def render(section: lessons.Section, printed: dict[int, str], width: int) -> str:
-    """The section for a terminal ``width`` columns wide: paragraphs wrapped to it, each run of samples side
-    by side if they fit, else one after another."""
+def render(section: lessons.Section, printed: dict[int, str], width: int, cut: bool = True) -> str:
+    """The section for a terminal ``width`` columns wide: paragraphs wrapped to it (a link shown as its
+    text), each run of samples side by side if they fit, else one after another, their long lines cut
+    only where ``cut`` (a terminal: elsewhere code is copied, and must stay whole)."""
     title = f"{section.number}. {section.title.replace('`', '')}"
     out = [title, "=" * min(len(title), width)]
     for is_sample, group in itertools.groupby(section.parts, key=lambda part: isinstance(part, lessons.Sample)):
         out.append("")
         if not is_sample:
-            out += ["\n\n".join(textwrap.fill(str(part).replace("`", ""), min(width, PROSE)) for part in group)]
+            text = [re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", str(part)).replace("`", "") for part in group]
+            out += ["\n\n".join(textwrap.fill(paragraph, min(width, PROSE)) for paragraph in text)]
         else:
-            out += _samples([part for part in group if isinstance(part, lessons.Sample)], printed, width)
+            out += _samples([part for part in group if isinstance(part, lessons.Sample)], printed, width, cut)
     return "\n".join(out)
 
 
-def _samples(samples: list[lessons.Sample], printed: dict[int, str], width: int) -> list[str]:
+def _samples(samples: list[lessons.Sample], printed: dict[int, str], width: int, cut: bool = True) -> list[str]:
     """A run of samples, each its label, code and what it printed: in columns whose "prints:" lines
     align, if they fit in ``width``; else one after another, long lines cut."""
     code = [[label_of(s.framework), "-" * len(label_of(s.framework)), *s.code.splitlines()] for s in samples]
@@ -138,7 +154,7 @@ def _samples(samples: list[lessons.Sample], printed: dict[int, str], width: int)
         if out:
             out.append("")
         for line in [*lines, "", "prints:", *printed.get(sample.line, "").splitlines()]:
-            out += _wrap_code(line, width)
+            out += _wrap_code(line, width) if cut else [line]
     return out
 
 

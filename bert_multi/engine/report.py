@@ -215,8 +215,8 @@ def plot_report(report: Report, path: str | Path) -> Path:
     axes[-1, 0].set_xticks(shown, [layers[i] for i in shown], rotation=45, ha="right", fontsize=8)
     c = report.config
     fig.suptitle(
-        f"Error per layer against the float64 oracle, worst case (exact agreement at 1e-17): {c.num_blks} blocks, "
-        f"{c.num_hiddens} hidden, {c.num_heads} heads, vocab {c.vocab_size}",
+        f"Error per layer against the float64 oracle, worst case (exact agreement drawn at 1e-17)\n"
+        f"{c.num_blks} blocks, {c.num_hiddens} hidden, {c.num_heads} heads, vocab {c.vocab_size}",
         fontsize=10,
     )
     fig.tight_layout()
