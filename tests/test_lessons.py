@@ -187,10 +187,18 @@ def test_notebooks_hold_the_prose_and_each_samples_output_and_a_fresh_sample_has
     notebook = nbformat.read(str(tmp_path / names[-1]), as_version=4)
     nbformat.validate(notebook)
     kinds = [cell.cell_type for cell in notebook.cells]
-    assert kinds == ["markdown", "markdown", "markdown", "code"]  # title, the two paragraphs, JAX's sample
+    # title, the two paragraphs, JAX's sample, and PyTorch's and MXNet's for the same step
+    assert kinds == ["markdown", "markdown", "markdown", "code", "markdown"]
     assert "Multi-head attention needs each sample's valid length" in notebook.cells[1].source
     (code,) = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert "jnp.repeat" in code.source and code.outputs[0].text == "[3, 3, 5, 5]\n[3, 5, 3, 5]"
+    # The comparison is kept: after the code, the other frameworks' code for the step and what it printed.
+    compared = notebook.cells[notebook.cells.index(code) + 1]
+    torch_sample = next(sample for sample in chosen[1].samples if sample.framework == "torch")
+    assert compared.cell_type == "markdown" and "In PyTorch:" in compared.source
+    assert torch_sample.code.rstrip() in compared.source and torch_sample.expected.rstrip() in compared.source
+    index = nbformat.read(str(tmp_path / "index.ipynb"), as_version=4).cells[0].source
+    assert all(f"]({name})" in index for name in names)  # every notebook, linked from the index
 
 
 def test_a_paragraph_leading_into_one_frameworks_sample_is_in_that_frameworks_notebook_only(tmp_path):
@@ -205,7 +213,7 @@ def test_a_paragraph_leading_into_one_frameworks_sample_is_in_that_frameworks_no
     assert led.framework == "jax"
     lead = " ".join(str(section.parts[index]).split()[:6])
     notebooks.write_notebooks([section], tmp_path, lambda samples: [lessons.Outcome(s, s.expected) for s in samples])
-    for path in sorted(tmp_path.glob("*.ipynb")):
+    for path in sorted(set(tmp_path.glob("*.ipynb")) - {tmp_path / notebooks.INDEX}):
         cells = nbformat.read(str(path), as_version=4).cells
         text = [" ".join(cell.source.split()) for cell in cells]
         if path.stem.endswith("-jax"):
@@ -213,11 +221,15 @@ def test_a_paragraph_leading_into_one_frameworks_sample_is_in_that_frameworks_no
             assert cells[at + 1].cell_type == "code", path.name
         else:
             assert not any(lead in words for words in text), path.name
-            assert cells[-1].cell_type == "code", path.name  # it ends with its own sample
+            # it ends with its own sample, then the other frameworks' code for that step (JAX's among them)
+            assert cells[-2].cell_type == "code" and cells[-1].source.startswith("In "), path.name
+            assert "In JAX/Flax:" in cells[-1].source, path.name
 
 
 def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys):
     import nbformat
+
+    from bert_multi.tools import notebooks
 
     assert main(["lessons", "2", "--notebooks", str(tmp_path)]) == 0
     captured = capsys.readouterr()
@@ -225,11 +237,12 @@ def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys):
     # Progress, a line as each framework's samples finish: the samples of section 2, one of each framework.
     ran = sorted(re.findall(r"^lessons: ran the 1 (.+) samples \(\d+\.\d s\)$", captured.err, flags=re.M))
     assert ran == sorted(label_of(s.framework) for s in SECTIONS[1].samples), captured.err
-    for path in sorted(tmp_path.glob("*.ipynb")):
+    written = sorted(set(tmp_path.glob("*.ipynb")) - {tmp_path / notebooks.INDEX})
+    for path in written:
         notebook = nbformat.read(str(path), as_version=4)
         nbformat.validate(notebook)
         framework = path.stem.rsplit("-", 1)[1]
         sample = next(s for s in SECTIONS[1].samples if s.framework == framework)
         (code,) = [cell for cell in notebook.cells if cell.cell_type == "code"]
         assert code.outputs[0].text.rstrip() == sample.expected.rstrip(), path.name  # what it printed when run
-    assert len(list(tmp_path.glob("*.ipynb"))) == len(SECTIONS[1].samples)
+    assert len(written) == len(SECTIONS[1].samples) and (tmp_path / notebooks.INDEX).is_file()

@@ -99,7 +99,7 @@ def write_all(sections: list[lessons.Section], directory: str) -> int:
     side by side), then a notebook at a time from what they printed, each said as it is written."""
     outcomes = {outcome.sample.line: outcome for outcome in lessons.check(sections, told=_told)}
     written = notebooks.write_notebooks(sections, directory, lambda samples: [outcomes[s.line] for s in samples])
-    print(f"{len(written)} notebooks written to {directory}")
+    print(f"{len(written)} notebooks written to {directory}; {notebooks.INDEX} lists them")
     return 0
 
 
