@@ -3,6 +3,7 @@ the oracle, and ``verify_masking``'s statistics."""
 
 import json
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -389,3 +390,10 @@ def test_a_masking_function_that_exits_is_its_error():
 
     with pytest.raises(UserCodeError, match="your masking function raised SystemExit: 0"):
         verify_masking(leaves)
+
+
+def test_a_name_a_file_lacks_is_refused_listing_what_it_defines_private_helpers_included():
+    from bert_multi.verify.session import load_factory
+
+    with pytest.raises(UsageError, match=r"has no 'nope'; it defines \['_get_batch_loss_bert', 'train_bert'\]"):
+        load_factory(str(Path(__file__).parent / "subjects" / "d2l_loss.py") + ":nope")

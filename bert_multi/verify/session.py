@@ -58,7 +58,9 @@ def load_factory(spec: str) -> tuple[Callable[..., Any], str]:
             raise UsageError(f"{spec!r}: no module {where!r} can be imported here")
         module = call_user(f"importing {where}", importlib.import_module, where)
     if not hasattr(module, name):
-        found = [n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n))]
+        # What it defines itself, d2l's _private helpers included, not what it imports.
+        found = [n for n, v in vars(module).items() if callable(v) and not n.startswith("__")
+                 and getattr(v, "__module__", None) == module.__name__]  # fmt: skip
         raise UsageError(f"{spec!r}: {where} has no {name!r}; it defines {found[:10]}")
     return getattr(module, name), f"{Path(where).name}:{name}"
 
