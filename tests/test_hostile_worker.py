@@ -127,7 +127,8 @@ def test_a_reply_describing_no_model_is_an_error_naming_the_worker(monkeypatch, 
 
 
 def test_a_worker_that_hangs_costs_its_deadline_and_no_more(monkeypatch, hostile_python):
-    backend, model = hostile(monkeypatch, hostile_python, "hangs", timeout="2")
+    backend, model = hostile(monkeypatch, hostile_python, "hangs")
+    backend.worker.timeout = 2.0  # for the forward: the worker's start is not what is timed
     started = time.monotonic()
     with pytest.raises(RemoteFailure, match=rf"took over 2 s to run 'forward' \({channel.TIMEOUT_VARIABLE}\)"):
         model(**BATCH)
