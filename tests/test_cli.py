@@ -256,8 +256,6 @@ def test_pretrain_compare_shows_both_curves(tmp_path, capsys):
     assert "  ".join(f"{name} loss" for name in trained) + "  largest difference" in printed
     for other in trained[1:]:  # Adam's epsilon placed alike: one verdict per pair, that they trained alike
         assert re.search(rf"{trained[0]} and {other}: .* what rounding leaves in float64: they trained alike", printed)
-    for other in trained[1:]:
-        assert f"largest weight difference after 3 steps, {trained[0]} vs {other}" in printed
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 

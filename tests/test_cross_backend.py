@@ -108,6 +108,7 @@ def test_a_small_variance_model_raises_no_false_alarm_between_the_frameworks(tmp
             "--dtypes",
             "float64",
             "--details",
+            "--wide",
         ]
     )
     out = capsys.readouterr().out

@@ -100,7 +100,7 @@ def summary_table(report: Report, wide: bool = False) -> str:
         if wide:
             rows.append((target.label, target.dtype, target.device, "-", "-", "-", "-", "-", "-", said))
         else:
-            rows.append((str(target), "-", "-", "-", "-", "-", _cut(said, NARROW - 30)))
+            rows.append((str(target), "-", "-", "-", "-", "-", said.splitlines()[0] if said else said))
     if wide:
         header: tuple[str, ...] = ("backend", "dtype", "device", "compared with", "output", "max abs err",
                                    "max rel err", "tolerance", "margin", "result")  # fmt: skip
@@ -122,11 +122,6 @@ def _short(reference: str, target: Target) -> str:
     bare = reference.split(" (", 1)[0]
     same = f" {target.dtype} {target.device}"
     return bare.removesuffix(same) if bare.endswith(same) else bare
-
-
-def _cut(text: str, width: int) -> str:
-    first = text.splitlines()[0] if text else text
-    return first if len(first) <= width else first[: width - 3] + "..."
 
 
 def failure_details(report: Report, names: Callable[[str], str] | None = None) -> str:
