@@ -270,10 +270,7 @@ class Worker:
         )
 
     def _ended(self) -> str:
-        deadline = time.monotonic() + 5
-        while not self.has_ended() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.has_ended():
+        if self._ends_within(5):
             self._reap()  # with what it left running, which would hold its stderr open
         self.stderr_reader.join(timeout=5)
         return f"the worker ({self.python}) ended: {self._log_tail()}"
@@ -313,6 +310,15 @@ class Worker:
         except ChildProcessError:
             return True
 
+    def _ends_within(self, seconds: float) -> bool:
+        """Whether the worker ends within ``seconds`` (left unreaped, as ``has_ended`` leaves it)."""
+        deadline = time.monotonic() + seconds
+        while not self.has_ended():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def _reap(self) -> None:
         """Stop the worker and every process it started in its group (before it is reaped, while the group's
         number cannot be another's), then reap it."""
@@ -328,9 +334,7 @@ class Worker:
             assert self.process.stdin is not None
             with contextlib.suppress(OSError):
                 self.process.stdin.close()  # end of requests: the worker exits
-            deadline = time.monotonic() + 10
-            while not self.has_ended() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            self._ends_within(10)
         self.stop("it was closed")
 
     def _log_tail(self) -> str:
