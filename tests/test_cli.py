@@ -217,11 +217,11 @@ def test_data_parallel_pretraining_of_a_framework_elsewhere_runs_the_same_comman
     elsewhere = [name for name in frameworks() if backends()[name].available and not_in_process(name)]
     if not elsewhere:
         pytest.skip("every framework runs in this environment")
-    from bert_multi.cli import pretrain
+    from bert_multi.cli import common
 
     ran = []
     monkeypatch.setattr(
-        pretrain.subprocess, "run", lambda command, env: ran.append(command) or SimpleNamespace(returncode=3)
+        common.subprocess, "run", lambda command, env: ran.append(command) or SimpleNamespace(returncode=3)
     )
     for option in (["--workers", "2"], ["--join"]):
         argv = ["pretrain", "--backend", elsewhere[0], *option, "--steps", "7", "--out", "w.npz", *SMALL_MODEL]

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ try:  # a dependency; a source tree run where it is not installed leaves BLAS it
 except ImportError:
     threadpoolctl = None
 
+from ..backend.channel import worker_environment
 from ..backend.registry import backend_names, check_names, frameworks, processes_for
 from ..backend.remote import use_python
 from ..display import ProgressBar
@@ -268,6 +270,12 @@ def write_reports(args: argparse.Namespace, reports: dict[str, Report]) -> int:
 def check_report_outputs(args: argparse.Namespace) -> None:
     check_output(args.json, "--json")
     check_plot(args.plot)
+
+
+def run_there(args: argparse.Namespace, python: str | os.PathLike) -> int:
+    """This very command, run by another environment's ``python``: its output is this one's, and so is its
+    exit status. It is marked as sent on (``worker_environment``), so it is never sent further."""
+    return subprocess.run([str(python), "-m", "bert_multi.cli", *args.argv], env=worker_environment()).returncode
 
 
 def add_run_options(parser: argparse.ArgumentParser, backends: bool = True) -> None:

@@ -6,12 +6,10 @@ import argparse
 import inspect
 import os
 import shlex
-import subprocess
 import sys
 
 import numpy as np
 
-from ..backend.channel import SOURCE_ROOT
 from ..backend.registry import backends, check_names, frameworks, load_backend
 from ..display import ProgressBar, format_table
 from ..engine.report import plot_training
@@ -35,7 +33,7 @@ from ..training import (
     paragraphs_from_lines,
     run_pretraining,
 )
-from .common import check_output, check_plot, positive_int
+from .common import check_output, check_plot, positive_int, run_there
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -155,9 +153,7 @@ def _run_in_its_environment(args: argparse.Namespace, python: str | os.PathLike)
     from there, on the framework's own engine): its output is this one's, and so is its exit status."""
     print(f"{args.backend}'s data-parallel workers start from its own environment: this command runs there "
           f"({python})", flush=True)  # fmt: skip
-    path = os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
-    command = [str(python), "-m", "bert_multi.cli", *args.argv]
-    return subprocess.run(command, env={**os.environ, "PYTHONPATH": path}).returncode
+    return run_there(args, python)
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[BERTConfig, PretrainingData]:

@@ -7,10 +7,9 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 from pathlib import Path
 
-from ..backend.channel import WORKER_VARIABLE, worker_environment
+from ..backend.channel import WORKER_VARIABLE
 from ..backend.registry import environment_for
 from ..display import ProgressBar, format_table
 from ..engine.cases import CASE_NAMES
@@ -32,6 +31,7 @@ from .common import (
     check_report_outputs,
     comma_list,
     model_and_weights,
+    run_there,
 )
 
 
@@ -148,8 +148,7 @@ def _run_elsewhere(args: argparse.Namespace, package: str, environment: str, pyt
     """This very command, run by ``python``: its output is the report, its exit status this one's."""
     print(f"your model imports {package}, which is not installed here: verify runs it in {environment} "
           f"({python})", flush=True)  # fmt: skip
-    command = [str(python), "-m", "bert_multi.cli", *args.argv]
-    return subprocess.run(command, env=worker_environment()).returncode
+    return run_there(args, python)
 
 
 def print_gradients_and_loss(report: VerifyReport) -> None:
