@@ -188,6 +188,8 @@ class SealedEntries:
             self._say(f"an entry of {len(entry)} bytes is over what an entry may hold; not kept")
             return
         path = self._path(key)
+        # Not safe_files.replace_file: that follows a link at the entry's name and streams into a FIFO
+        # there, where a cache must neither write elsewhere nor wait.
         try:
             with self._locked():
                 self._evict(len(entry))

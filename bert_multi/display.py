@@ -82,9 +82,7 @@ class ProgressBar:
 
     def close(self) -> None:
         self.stopped.set()
-        if self.enabled:
-            self.stream.write("\r" + " " * (self.width + 74) + "\r")
-            self.stream.flush()
+        self.clear()
 
     def print(self, line: str) -> None:
         """Print a line to standard output above the bar (the bar is redrawn by the next update)."""
