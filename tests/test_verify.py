@@ -140,6 +140,26 @@ def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
 
 
 @needs("torch")
+def test_a_head_that_computes_something_else_is_named_by_its_module_and_the_others_still_decide_the_roles():
+    """The port runs the NSP classifier before the masked LM, so order of use takes the pooler for the masked
+    LM's first dense layer; its masked LM divides by a temperature no catalogue knows. The pooler, which
+    d2l's rule reproduces, decides the roles alone, and the masked LM is named by the port's module."""
+    from subjects import torch_heads
+
+    report = verify(functools.partial(torch_heads.build, temperature=0.5), TINY, label="heads", dtypes=["float64"])
+    assert report.mapping.how.endswith(
+        "+ the oracle placed mlm.mlp.0 at lm.0.weight, hidden.0 at pooler.0.weight (from pooler alone: no "
+        "assignment reproduces mlm)"
+    )
+    assert {check.name for check in report.forward.checks[0].outputs if not check.passed} == {"mlm"}
+    assert (
+        report.verdict()
+        == "FAIL: heads first diverges at mlm (yours: lm (output)), case mixed_valid_lens, float64 on cpu."
+    )
+    assert report.diagnoses[0].describe().startswith("lm: no known mistake reproduces its output")
+
+
+@needs("torch")
 def test_alike_modules_placed_by_order_are_decided_by_the_oracle():
     """A port that keeps its projections as bare (in, out) matrices in one module and computes the keys
     first: neither names, nor shapes, nor the order tell W_q from W_k or which way round the matrices are.
@@ -511,6 +531,27 @@ def test_transformers_padding_row_gets_no_gradient_and_verify_finds_it():
     assert report.forward.passed and not report.passed
     first = report.gradients[0].first_divergence
     assert first.name == "encoder.token_embedding.weight" and first.worst_index[0] == 0
+    # Its word embedding is tied to the decoder, so row 0 does get a gradient (the decoder's): it differs alone.
+    table = "model.bert.embeddings.word_embeddings.weight"
+    assert report.verdict().endswith(f"at {table}: only its row 0 differs (an embedding's padding_idx?).")
+    assert f"only row 0 of {table} differs: an embedding built with padding_idx" in report.failures()
+
+
+@needs("torch")
+def test_a_ports_padding_row_is_said_to_be_the_one_row_that_differs():
+    from subjects import torch_port
+
+    def build(config):
+        model = torch_port.make(config)
+        model.tokens.padding_idx = 1  # as nn.Embedding(vocab, hidden, padding_idx=1) makes it
+        return model
+
+    report = verify(build, TINY, dtypes=["float64"], gradients=True)
+    assert report.forward.passed and not report.passed
+    assert all(
+        dict(check.rows_alone_differing) == {"encoder.token_embedding.weight": (1,)} for check in report.gradients
+    )
+    assert report.verdict().endswith("at tokens.weight: only its row 1 differs (an embedding's padding_idx?).")
 
 
 # --- the command line -----------------------------------------------------------------------------------

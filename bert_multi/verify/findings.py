@@ -64,7 +64,21 @@ class VerifyReport:
             return self.activations[name]
         if name in self.mapping.placements:
             return self.mapping.user_name(name)
-        return OUTPUTS.get(name, name)
+        head = self._head_module(name) if name in OUTPUTS else None
+        return f"{head} (output)" if head else OUTPUTS.get(name, name)
+
+    def _head_module(self, output: str) -> str | None:
+        """The user's module that holds all of the parameters of the head computing ``output`` and none
+        other (``lm`` for ``lm.0.weight`` ... ``lm.3.bias``), or None where no one module does."""
+        holders = {self.mapping.user_name(name): activation_of(self.config, name) == output
+                   for name in self.mapping.placements}  # fmt: skip
+        mine = [name.split(".") for name, in_head in holders.items() if in_head]
+        common = [level[0] for level in itertools.takewhile(lambda level: len(set(level)) == 1, zip(*mine))]
+        prefix = ".".join(common)
+        if not mine or not prefix or any(len(path) == len(common) for path in mine):
+            return None
+        others = (name for name, in_head in holders.items() if not in_head)
+        return None if any(name.startswith(f"{prefix}.") for name in others) else prefix
 
     def verdict(self) -> str:
         """One sentence: does the user's model compute d2l's BERT, and if not, where it first goes wrong."""
@@ -100,8 +114,10 @@ class VerifyReport:
             where = own or broken.ungraded or [c.name for c in broken.comparisons if not c.passed]
             if not where:
                 return f"FAIL: {self.label}'s gradient of the {broken.scalar} compared no parameter."
+            rows = broken.rows_alone_differing.get(where[0])
             why = (": no gradient reaches it" if where[0] in broken.ungraded
-                   else ": its module's own backward gives another gradient" if own else "")  # fmt: skip
+                   else f": only its {_rows(rows)} differs (an embedding's padding_idx?)"
+                   if rows else ": its module's own backward gives another gradient" if own else "")  # fmt: skip
             return (
                 f"FAIL: {self.label}'s outputs conform, but its gradient of the {broken.scalar} does not, at "
                 f"{self.user_name(where[0])}{why}."
@@ -138,7 +154,16 @@ class VerifyReport:
         return "\n".join(lines)
 
     def gradient_lines(self, check: GradientCheck) -> list[str]:
-        """What differs in one gradient check, put down to its causes where modules were checked alone."""
+        """What differs in one gradient check, put down to its causes where modules were checked alone, and
+        each embedding table that differs only where rows get no gradient."""
+        padded = [
+            f"only {_rows(rows)} of {self.user_name(name)} differs: an embedding built with padding_idx (transformers' "
+            "pad_token_id) gives its row no gradient from the lookup, where d2l's BERT trains every row"
+            for name, rows in check.rows_alone_differing.items()
+        ]
+        return self._causes_of(check) + padded
+
+    def _causes_of(self, check: GradientCheck) -> list[str]:
         if not check.causes:
             if check.ungraded:
                 return [f"no gradient reaches {', '.join(self.user_name(name) for name in check.ungraded)}"]
@@ -197,6 +222,9 @@ class VerifyReport:
                     "frozen": list(check.frozen),
                     "worst": _worst(check),
                     "causes": {self.user_name(name): CAUSES[cause] for name, cause in check.causes.items()},
+                    "rows_alone_differing": {
+                        self.user_name(name): list(rows) for name, rows in check.rows_alone_differing.items()
+                    },
                 }
                 for check in self.gradients
             ],
@@ -233,3 +261,9 @@ def _worst(check: GradientCheck) -> dict[str, Any] | None:
         return None
     worst = max(check.comparisons, key=lambda c: c.ratio)
     return {"parameter": worst.name, "max_abs": worst.max_abs, "ratio": worst.ratio}
+
+
+def _rows(rows: tuple[int, ...] | None) -> str:
+    """ "row 0", "rows 0, 3" ... for a sentence."""
+    rows = rows or ()
+    return f"row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:5]))}{' ...' if len(rows) > 5 else ''}"

@@ -37,6 +37,8 @@ from .subject import Cotangents, Subject, Taps, activation_of, call_user
 # Measured (docs/tolerances.md, "Gradients"): PyTorch's and MXNet's float64 autograd agree with the
 # oracle to about 1e-15 on gradients up to about 1; planted faults move gradients by 1e-3 and more.
 GRADIENT_TOLERANCE = Tolerance(atol=1e-9, rtol=1e-7)
+EMBEDDING_TABLES = ("encoder.token_embedding.weight", "encoder.segment_embedding.weight")
+MAX_PADDING_ROWS = 2  # rows of a table that alone differ, said to be padding rows
 LOSS_TOLERANCE = Tolerance(atol=1e-9, rtol=1e-9)
 SCALARS = ("random projection", "pretraining loss")
 # Why a parameter's gradient differs, found by checking its module alone.
@@ -81,6 +83,8 @@ class GradientCheck:
     frozen: tuple[str, ...]  # stated to be frozen, so not compared
     # Each differing parameter -> a key of CAUSES; empty where modules could not be checked alone.
     causes: Mapping[str, str] = field(default_factory=dict)
+    # An embedding table that differs only in a row or two -> those rows (a padding_idx's, most likely).
+    rows_alone_differing: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -208,8 +212,21 @@ def _compare(setting: _Setting, scalar: str, cotangents: Cotangents, oracles: Co
         comparisons.append(compare_arrays(name, got[name], reference, GRADIENT_TOLERANCE))
     differing = {*ungraded, *(c.name for c in comparisons if not c.passed)}
     causes = _causes(setting, expected, flowing, oracles, differing) if differing and setting.taps else {}
+    rows = {
+        name: _rows_alone_differing(name, got.get(name), expected[name]) for name in differing & set(EMBEDDING_TABLES)
+    }
     return GradientCheck(scalar, setting.device, tuple(comparisons), tuple(ungraded), tuple(sorted(setting.frozen)),
-                         causes)  # fmt: skip
+                         causes, {name: found for name, found in rows.items() if found})  # fmt: skip
+
+
+def _rows_alone_differing(name: str, gradient: np.ndarray | None, reference: np.ndarray) -> tuple[int, ...]:
+    """The few rows of an embedding table's gradient that alone differ from the oracle's (an
+    ``nn.Embedding``'s ``padding_idx`` keeps the lookup's gradient from its row); none where more do."""
+    if gradient is None or gradient.shape != reference.shape or gradient.ndim != 2:
+        return ()
+    bound = GRADIENT_TOLERANCE.atol + GRADIENT_TOLERANCE.rtol * np.abs(reference)
+    rows = np.flatnonzero(~(np.abs(gradient - reference) <= bound).all(axis=1))
+    return tuple(int(row) for row in rows) if 0 < rows.size <= MAX_PADDING_ROWS < len(reference) // 2 else ()
 
 
 def _causes(

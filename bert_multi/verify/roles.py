@@ -57,22 +57,31 @@ def decide_roles(
         yours = ", ".join(_module(mapping.placements, owner) for owner in owners)
         # d2l's rule first; then, for a model that computes something else there, each known mistake's.
         found: Assignment | None = None
-        allowed: Mistake | None = None
+        allowed = ""
         for candidate, rule in [(None, {}), *_mistakes(sites, config, weights, inputs, recorded)]:
             found = _assignment(owners, unsure, sites, canonical, config, weights, inputs, recorded, rule)
             if found is not None:
-                allowed = candidate
+                allowed = f" (allowing for its {candidate.name}, diagnosed below)" if candidate is not None else ""
                 break
         if found is None:
-            notes.append(f"the oracle could not confirm which of {yours} is which of {', '.join(owners)}: no "
-                         f"assignment reproduces {', '.join(sites)}")  # fmt: skip
-            continue
+            # Where d2l's rule reproduces some sites alone (the model computes something else at the others),
+            # those decide.
+            alone = {site: _assignment(owners, unsure, [site], canonical, config, weights, inputs, recorded, {})
+                     for site in sites}  # fmt: skip
+            kept, lost = [s for s in sites if alone[s] is not None], [s for s in sites if alone[s] is None]
+            if kept and lost:
+                found = _assignment(owners, unsure, kept, canonical, config, weights, inputs, recorded, {})
+                allowed = f" (from {', '.join(kept)} alone: no assignment reproduces {', '.join(lost)})"
+            if found is None:
+                why = f"reproduces {', '.join(lost)}" if lost else f"reproduces {' and '.join(sites)} at once"
+                notes.append(f"the oracle could not confirm which of {yours} is which of {', '.join(owners)}: "
+                             f"no assignment {why}")  # fmt: skip
+                continue
         moved = _placements(found, owners, unsure, mapping.placements, canonical)
         if any(moved[name] != mapping.placements[name] for name in moved):
             changed.update(moved)
             at = ", ".join(f"{owner} at {_module(moved, owner, describe=True)}" for owner in owners)
-            allowing = f" (allowing for its {allowed.name}, diagnosed below)" if allowed is not None else ""
-            notes.append(f"the oracle placed {at}{allowing}")
+            notes.append(f"the oracle placed {at}{allowed}")
     if not notes:
         return mapping, notes
     return mapping.with_placements(changed, "; ".join(notes)), notes
