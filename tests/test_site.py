@@ -201,6 +201,25 @@ window.addEventListener("load", () => {
 WIDTH, HEIGHT = 1280, 1600
 
 
+# The same page after a click on the side-by-side button: where each framework's label and output lie.
+SIDE_BY_SIDE_PROBE = """
+<script>
+window.addEventListener("load", () => {
+  const button = document.querySelector(".side-by-side-toggle");
+  const set = document.querySelector(".sd-tab-set");
+  const rect = (element) => { const r = element.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+  const where = () => [...set.querySelectorAll(":scope > .sd-tab-content")].map((content) => ({
+    column: rect(content), output: rect(content.querySelectorAll("pre")[1]),
+    label: rect(content.previousElementSibling),
+  }));
+  const shown = {button: button && button.innerText, tabs: where()};
+  if (button) { button.click(); shown.pressed = button.innerText; shown.side = where(); }
+  document.body.setAttribute("data-probe", JSON.stringify(shown));
+});
+</script>
+"""
+
+
 def _browser():
     named = os.environ.get("BERT_MULTI_BROWSER")
     if named and not shutil.which(named):
@@ -214,20 +233,27 @@ def _chromium(browser, profile, *arguments):
     return subprocess.run(command + list(arguments), capture_output=True, text=True, timeout=120, check=True)
 
 
-def test_a_browser_shows_the_tabs_and_a_samples_output(built_site, tmp_path):
+def _probed(built_site, tmp_path, script):
+    """The guide's page in a headless browser with ``script`` added: the page file and the JSON the script
+    left in ``<body data-probe>``."""
     browser = _browser()
     if browser is None:
         pytest.skip(f"no headless browser here: {INSTALL}")
-    image = pytest.importorskip("PIL.Image", reason="Pillow reads the screenshot (the main environment has it)")
     guide = (built_site / "framework-differences.html").read_text()
     probe = tmp_path / "probe.html"
     probe.write_text(
-        guide.replace("<head>", f'<head><base href="{built_site.as_uri()}/">', 1).replace("</body>", PROBE + "</body>")
+        guide.replace("<head>", f'<head><base href="{built_site.as_uri()}/">', 1).replace("</body>", script + "</body>")
     )
     dom = _chromium(browser, tmp_path / "profile", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()).stdout
     found = re.search(r'data-probe="([^"]*)"', dom)
     assert found, "the probe never ran: the page did not load in the browser"
-    state = json.loads(found[1].replace("&quot;", '"').replace("&amp;", "&"))
+    return probe, json.loads(found[1].replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def test_a_browser_shows_the_tabs_and_a_samples_output(built_site, tmp_path):
+    image = pytest.importorskip("PIL.Image", reason="Pillow reads the screenshot (the main environment has it)")
+    probe, state = _probed(built_site, tmp_path, PROBE)
+    browser = _browser()
 
     torch_sample, mxnet_sample = SECTIONS[0].samples[:2]
     assert state["labels"] == [label_of("torch"), label_of("mxnet"), label_of("jax")]
@@ -246,3 +272,20 @@ def test_a_browser_shows_the_tabs_and_a_samples_output(built_site, tmp_path):
             assert top + height <= HEIGHT, f"the {name} lies below the screenshot"
             inked = grey.crop((int(left), int(top), int(left + width), int(top + height))).getextrema()
             assert inked[1] - inked[0] > 100, f"the {name} is not painted (its box is one shade)"
+
+
+def test_a_button_shows_the_frameworks_side_by_side(built_site, tmp_path):
+    _, state = _probed(built_site, tmp_path, SIDE_BY_SIDE_PROBE)
+    assert state["button"] == "Show the frameworks side by side", state
+    assert state["pressed"] == "Show the frameworks as tabs"
+    # As tabs, only the first framework's output takes room; side by side, every one does, in a row of columns
+    # (the same top, one after another from the left), each under its own label.
+    assert [tab["output"][3] > 0 for tab in state["tabs"]] == [True, False, False]
+    side = state["side"]
+    assert all(tab["output"][3] > 0 for tab in side) and len(side) == 3
+    assert len({tab["label"][1] for tab in side}) == 1 and len({tab["column"][1] for tab in side}) == 1
+    lefts = [tab["column"][0] for tab in side]
+    assert lefts == sorted(lefts) and len(set(lefts)) == 3
+    for tab in side:
+        assert abs(tab["label"][0] - tab["output"][0]) < 30, "a label stands over its own column"
+        assert tab["output"][2] > 150, "each column is wide enough to read"
