@@ -10,7 +10,8 @@ A cache changes how long a run takes, never what it computes. JAX's entries are 
 that is damaged, cut short, copied from another program, oversized or not a regular file is ignored (said
 once) and compiled afresh, never run and never waited on; a directory another user may write to is not used.
 JAX's cache holds at most ``MAX_CACHE_BYTES``, least recently used out first, under a file lock, so
-processes may share it. Inductor's entries are kept as Inductor keeps them.
+processes may share it. Inductor's entries are kept as Inductor keeps them. ``bert-multi lessons`` keeps
+what each of the guide's samples printed the same way, by its code and the environment that ran it.
 """
 
 from __future__ import annotations
@@ -156,9 +157,16 @@ class SealedEntries:
     whoever writes an entry chooses what runs. At most ``max_bytes`` in all, least recently used out first,
     under a lock shared by every process using the directory."""
 
-    def __init__(self, directory: str | Path, max_bytes: int = MAX_CACHE_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        max_bytes: int = MAX_CACHE_BYTES,
+        kept: str = "compilation cache",
+        afresh: str = "compiling afresh",
+    ) -> None:
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        self.kept, self.afresh = kept, afresh  # what the entries are, and what is done without one: for messages
         self._said: set[str] = set()
         self.usable = self._check_directory()
 
@@ -173,9 +181,7 @@ class SealedEntries:
         except NoEntry:
             return None
         except (EntryRefused, OSError, TimeoutError) as error:
-            self._say(
-                f"ignored the entry {path}: {_reason(error)}; the program is compiled afresh", kind=_reason(error)
-            )
+            self._say(f"ignored the entry {path}: {_reason(error)}; {self.afresh}", kind=_reason(error))
             return None
 
     def put(self, key: str, value: bytes) -> None:
@@ -215,15 +221,15 @@ class SealedEntries:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             status = os.stat(self.directory)
         except OSError as error:
-            self._say(f"cannot use {self.directory}: {_reason(error)}; compiling afresh")
+            self._say(f"cannot use {self.directory}: {_reason(error)}; {self.afresh}")
             return False
         if not stat.S_ISDIR(status.st_mode):
-            self._say(f"{self.directory} is not a directory; compiling afresh")
+            self._say(f"{self.directory} is not a directory; {self.afresh}")
             return False
         if status.st_uid != os.geteuid() or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             self._say(
                 f"{self.directory} is not used: another user owns it or may write to it (mode "
-                f"{stat.S_IMODE(status.st_mode):o}), and whoever writes an entry chooses what runs; compiling afresh"
+                f"{stat.S_IMODE(status.st_mode):o}), and whoever writes an entry chooses what is used; {self.afresh}"
             )
             return False
         return True
@@ -274,7 +280,7 @@ class SealedEntries:
         """One line on standard error, the first time each ``kind`` of thing (else ``what``) happens here."""
         if (kind or what) not in self._said:
             self._said.add(kind or what)
-            print(f"bert_multi: compilation cache: {what}.", file=sys.stderr)
+            print(f"bert_multi: {self.kept}: {what}.", file=sys.stderr)
 
 
 def _reason(error: BaseException) -> str:

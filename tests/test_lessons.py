@@ -72,6 +72,46 @@ def test_a_sample_that_raises_is_reported_not_crashed():
     assert outcome.printed.strip() == "the sample raised KeyError: 'no such layer'" and not outcome.as_written
 
 
+def test_a_sample_runs_once_per_environment_and_then_what_it_printed_is_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BERT_MULTI_CACHE_DIR", str(tmp_path / "cache"))
+    samples = [
+        lessons.Sample("torch", "print(6 * 7)", "42", 1, 3),
+        lessons.Sample("torch", "print('b' * 2)", "bb", 5, 7),
+    ]
+    section = lessons.Section(1, "Two samples", samples)
+    ran: list[str] = []
+    real_run = lessons.run
+
+    def counted(samples, timeout=300):
+        ran.extend(sample.code for sample in samples)
+        return real_run(samples, timeout)
+
+    monkeypatch.setattr(lessons, "run", counted)
+
+    def shown(**asked):
+        (outcomes,) = lessons.run_every([section], keep=True, **asked).values()
+        return [(outcome.printed, outcome.kept) for outcome in outcomes]
+
+    assert shown() == [("42\n", False), ("bb\n", False)] and len(ran) == 2
+    # Run again: nothing runs, not even the check of which frameworks can run here.
+    real_backends = lessons.backends
+    monkeypatch.setattr(lessons, "backends", lambda: pytest.fail("asked which backends run, with nothing to run"))
+    assert shown() == [("42\n", True), ("bb\n", True)] and len(ran) == 2
+    monkeypatch.setattr(lessons, "backends", real_backends)
+    # A damaged entry is said, ignored and its sample run again; the other stays kept.
+    (entry, _) = sorted((tmp_path / "cache" / "lessons").glob("*.sealed"))
+    entry.write_bytes(entry.read_bytes()[:-1] + b"!")
+    again = shown()
+    assert sorted(again) == [("42\n", False), ("bb\n", True)] or sorted(again) == [("42\n", True), ("bb\n", False)]
+    assert len(ran) == 3 and "lessons' cache: ignored the entry" in capsys.readouterr().err
+    # Another environment (another version of a package) runs them again; so does the cache turned off.
+    monkeypatch.setattr(lessons, "environment_of", lambda python: "another environment")
+    assert shown() == [("42\n", False), ("bb\n", False)] and len(ran) == 5
+    monkeypatch.setenv("BERT_MULTI_CACHE_DIR", "none")
+    assert shown() == [("42\n", False), ("bb\n", False)] and len(ran) == 7
+    assert lessons.run_every([section]) and len(ran) == 9  # without keep, as the tests and the site run them
+
+
 def test_the_lessons_command_lists_and_runs_a_section(capsys):
     assert main(["lessons"]) == 0
     listing = capsys.readouterr().out

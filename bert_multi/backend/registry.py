@@ -213,6 +213,16 @@ def _installed_elsewhere(registration: Registration) -> bool:
     return importlib.util.find_spec(registration.packages[0]) is None
 
 
+def interpreter_of(name: str) -> str | None:
+    """The Python that runs backend ``name``'s framework, known without loading it: this one, where its
+    framework can be imported here, else the one its environment's worker would use (None if none)."""
+    registration = _REGISTRY.all()[name]
+    if not _installed_elsewhere(registration):
+        return sys.executable
+    python = remote.interpreter(name, registration.environment)
+    return None if python is None else str(python)
+
+
 def label_of(name: str) -> str:
     """How people call the backend ``name`` ("PyTorch"), known without loading it: its registration's
     label, else its name."""

@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         own.add_argument(
             "--no-cache",
             action="store_true",
-            help=f"compile without the frameworks' compilation cache (default: kept in {cache_root() or 'none'}; "
+            help=f"run without the cache of compiled code and lessons' outputs (default: kept in "
+            f"{cache_root() or 'none'}; "
             f"{CACHE_VARIABLE} names another directory, or none)",
         )
     return parser

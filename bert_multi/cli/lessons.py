@@ -97,7 +97,7 @@ def _told(line: str) -> None:
 def write_all(sections: list[lessons.Section], directory: str) -> int:
     """The notebooks of ``sections`` in ``directory``: every sample run first (one child per framework,
     side by side), then a notebook at a time from what they printed, each said as it is written."""
-    outcomes = {outcome.sample.line: outcome for outcome in lessons.check(sections, told=_told)}
+    outcomes = {outcome.sample.line: outcome for outcome in lessons.check(sections, told=_told, keep=True)}
     written = notebooks.write_notebooks(sections, directory, lambda samples: [outcomes[s.line] for s in samples])
     print(f"{len(written)} notebooks written to {directory}; {notebooks.INDEX} lists them")
     return 0
@@ -105,18 +105,25 @@ def write_all(sections: list[lessons.Section], directory: str) -> int:
 
 def run_samples(sections: list[lessons.Section]) -> dict[int, str]:
     """What each sample of ``sections`` printed here, by its line in the guide; for a framework that cannot
-    run here, why not. Every framework's samples run at once, side by side."""
+    run here, why not. Every framework's samples run at once, side by side, but for those that ran before
+    in the same environment: what they printed then is kept (said on standard error)."""
     printed: dict[int, str] = {}
-    for framework, ran in lessons.run_every(sections, _told if len(sections) > 1 else lambda line: None).items():
+    told = _told if len(sections) > 1 else lambda line: None
+    kept = 0
+    for framework, ran in lessons.run_every(sections, told, keep=True).items():
         if isinstance(ran, str):
             samples = [sample for section in sections for sample in section.samples if sample.framework == framework]
             printed.update({sample.line: f"({ran})" for sample in samples})
             continue
+        kept += sum(outcome.kept for outcome in ran)
         for outcome in ran:
             shown = outcome.printed.rstrip()
             if not outcome.as_written:  # another version of the framework than the guide's
                 shown += "\n(the guide shows otherwise:\n" + outcome.sample.expected.rstrip() + ")"
             printed[outcome.sample.line] = shown
+    if kept:
+        print(f"lessons: {kept} of the {len(printed)} outputs are what those samples printed when they last ran in "
+              "this environment (--no-cache runs them again)", file=sys.stderr)  # fmt: skip
     return printed
 
 

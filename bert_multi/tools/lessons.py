@@ -10,6 +10,8 @@ process of its own. ``check`` compares what they print with what the guide says 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -20,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backend.registry import backends, frameworks, label_of, load_backend
+from ..backend.registry import backends, frameworks, interpreter_of, label_of, load_backend
+from ..cache import SealedEntries, cache_for
 from ..errors import BackendUnavailable, UsageError
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "framework-differences.md"
@@ -112,6 +115,7 @@ def search(sections: list[Section], words: str) -> tuple[list[Section], str]:
 class Outcome:
     sample: Sample
     printed: str
+    kept: bool = False  # shown as it printed when run before in this environment (``run_kept``), not run now
 
     @property
     def as_written(self) -> bool:
@@ -209,45 +213,128 @@ def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
     return [Outcome(sample, text) for sample, text in zip(samples, printed)]
 
 
+# Prints what the environment holds, to the version: what a sample prints there depends on nothing else.
+_ENVIRONMENT = """
+import importlib.metadata, sys
+print(sys.version)
+print(sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()))
+"""
+MAX_KEPT_BYTES = 16 << 20  # every sample's output, kept; the guide's come to a few kilobytes
+
+
+def environment_of(python: str) -> str:
+    """The digest of ``python`` and of every package its environment holds."""
+    listed = subprocess.run([python, "-c", _ENVIRONMENT], capture_output=True, text=True, timeout=120, check=True)
+    return hashlib.sha256(f"{python}\n{listed.stdout}".encode()).hexdigest()
+
+
+class KeptOutputs:
+    """What the guide's samples printed, kept in the user's cache (``bert_multi.cache``) by each sample's
+    code and the environment that ran it, so that a sample runs once per environment. A damaged entry is
+    ignored (said once) and its sample run again; with the cache off, nothing is kept."""
+
+    def __init__(self) -> None:
+        directory = cache_for("lessons")
+        entries = (
+            None if directory is None else SealedEntries(directory, MAX_KEPT_BYTES, "lessons' cache", "running it")
+        )
+        self.entries = entries if entries is not None and entries.usable else None
+        self._environments: dict[str, str | None] = {}
+
+    def get(self, samples: list[Sample]) -> dict[int, str]:
+        """What those of ``samples`` that ran before printed, by line."""
+        found: dict[int, str] = {}
+        for sample in samples:
+            key = self._key(sample)
+            value = None if key is None or self.entries is None else self.entries.get(key)
+            with contextlib.suppress(UnicodeDecodeError):  # not text: no sample's output, so it runs again
+                found.update({} if value is None else {sample.line: value.decode()})
+        return found
+
+    def put(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            key = self._key(outcome.sample)
+            if key is not None and self.entries is not None:
+                self.entries.put(key, outcome.printed.encode())
+
+    def _key(self, sample: Sample) -> str | None:
+        if sample.framework not in self._environments:
+            self._environments[sample.framework] = None
+            python = interpreter_of(sample.framework) if self.entries is not None else None
+            # An environment that cannot say what it holds keeps nothing: its samples run, as without a cache.
+            with contextlib.suppress(BackendUnavailable, OSError, subprocess.SubprocessError):
+                self._environments[sample.framework] = None if python is None else environment_of(python)
+        environment = self._environments[sample.framework]
+        if environment is None:
+            return None
+        digest = hashlib.sha256(f"{environment}\0{sample.fresh}\0{sample.code}".encode()).hexdigest()
+        return f"{sample.framework}-{digest}"
+
+
 def run_every(
-    sections: list[Section], told: Callable[[str], None] = lambda line: None, only: Sequence[str] | None = None
+    sections: list[Section],
+    told: Callable[[str], None] = lambda line: None,
+    only: Sequence[str] | None = None,
+    keep: bool = False,
 ) -> dict[str, list[Outcome] | str]:
     """Every sample of ``sections`` (of the frameworks ``only``, default all) run, one child per
     framework, the frameworks side by side (each child computes on its own, so the whole costs the
-    slowest framework, not the sum); a line to ``told`` as each framework finishes. Framework -> its
-    outcomes, or why it cannot run here."""
-    status = backends()
-    wanted = dict.fromkeys(
-        s.framework for section in sections for s in section.samples if only is None or s.framework in only
-    )
+    slowest framework, not the sum); a line to ``told`` as each framework finishes. With ``keep``, a
+    sample that ran before in the same environment is not run again: what it printed then is kept
+    (``KeptOutputs``; its outcome says so). Framework -> its outcomes, or why it cannot run here."""
+    samples_of: dict[str, list[Sample]] = {}
+    for sample in (sample for section in sections for sample in section.samples):
+        if only is None or sample.framework in only:
+            samples_of.setdefault(sample.framework, []).append(sample)
+    kept = KeptOutputs() if keep else None
+    with concurrent.futures.ThreadPoolExecutor(max(len(samples_of), 1)) as pool:  # each asks its environment
+        found = dict(zip(samples_of, pool.map(kept.get if kept else lambda samples: {}, samples_of.values())))
     results: dict[str, list[Outcome] | str] = {
-        framework: f"not run here: {status[framework].reason}"
-        for framework in wanted
-        if not status[framework].available
+        framework: [Outcome(sample, found[framework][sample.line], kept=True) for sample in samples]
+        for framework, samples in samples_of.items()
+        if len(found[framework]) == len(samples)
     }
-    runnable = [framework for framework in wanted if framework not in results]
+    if len(results) < len(samples_of):  # the frameworks that must run something: can they run here?
+        status = backends()
+        results |= {
+            framework: f"not run here: {status[framework].reason}"
+            for framework in samples_of
+            if framework not in results and not status[framework].available
+        }
+    runnable = [framework for framework in samples_of if framework not in results]
 
     def one(framework: str) -> tuple[str, list[Outcome], float]:
         started = time.perf_counter()
-        samples = [sample for section in sections for sample in section.samples if sample.framework == framework]
-        return framework, run(samples), time.perf_counter() - started
+        ran = run([sample for sample in samples_of[framework] if sample.line not in found[framework]])
+        if kept is not None:
+            kept.put(ran)
+        by_line = {outcome.sample.line: outcome for outcome in ran}
+        outcomes = [by_line.get(sample.line) or Outcome(sample, found[framework][sample.line], kept=True)
+                    for sample in samples_of[framework]]  # fmt: skip
+        return framework, outcomes, time.perf_counter() - started
 
     with concurrent.futures.ThreadPoolExecutor(max(len(runnable), 1)) as pool:
         running = [pool.submit(one, framework) for framework in runnable]
         for finished in concurrent.futures.as_completed(running):
             framework, outcomes, seconds = finished.result()
-            told(f"ran the {len(outcomes)} {label_of(framework)} samples ({seconds:.1f} s)")
+            again = sum(outcome.kept for outcome in outcomes)
+            shown = f", {again} of them shown as they printed before" if again else ""
+            told(f"ran the {len(outcomes)} {label_of(framework)} samples{shown} ({seconds:.1f} s)")
             results[framework] = outcomes
     return results
 
 
 def check(
-    sections: list[Section], only: Sequence[str] | None = None, told: Callable[[str], None] = lambda line: None
+    sections: list[Section],
+    only: Sequence[str] | None = None,
+    told: Callable[[str], None] = lambda line: None,
+    keep: bool = False,
 ) -> list[Outcome]:
     """Every sample of the frameworks ``only`` (default: every framework backend) in ``sections`` run
-    (``run_every``); all outcomes, a ``BackendUnavailable`` for a framework that cannot run here."""
+    (``run_every``, ``keep`` as there); all outcomes, a ``BackendUnavailable`` for a framework that
+    cannot run here."""
     outcomes = []
-    for framework, ran in run_every(sections, told, only).items():
+    for framework, ran in run_every(sections, told, only, keep).items():
         if isinstance(ran, str):
             raise BackendUnavailable(f"the {framework} samples cannot run here: {ran}")
         outcomes += ran
