@@ -113,13 +113,14 @@ class _Page(HTMLParser):
 
     def __init__(self):
         super().__init__()
-        self.labels, self.blocks, self.ids = [], [], set()
+        self.labels, self.blocks, self.ids, self.every_id = [], [], set(), []
         self._into = None
 
     def handle_starttag(self, tag, attrs):
         attributes = dict(attrs)
         if "id" in attributes:
             self.ids.add(attributes["id"])
+            self.every_id.append(attributes["id"])
         if tag == "label" and "sd-tab-label" in (attributes.get("class") or ""):
             self._into = self.labels
             self.labels.append("")
@@ -147,6 +148,9 @@ def test_the_built_guide_shows_every_sample_in_its_tab_with_its_output(built_sit
     assert [label.strip() for label in page.labels] == [label_of(sample.framework) for sample in SAMPLES]
     shown = list(zip(page.blocks[0::2], page.blocks[1::2]))
     assert len(page.blocks) == 2 * len(SAMPLES), "each tab holds its code and its output, nothing else is a block"
+    # Each tab's framework is a data-sync-id (the same in every tab set, so that one click changes them all),
+    # never an id: no id is repeated on the page.
+    assert len(page.every_id) == len(set(page.every_id)), sorted(i for i in page.ids if page.every_id.count(i) > 1)
     for sample, (code, output) in zip(SAMPLES, shown):
         assert code.strip() == sample.code.strip(), f"guide line {sample.line}: the site is older than the guide"
         assert output.strip() == sample.expected.strip(), f"guide line {sample.line}: the site is older than the guide"
