@@ -4,6 +4,7 @@ behind, and nothing it sent is taken for a result."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -239,6 +240,7 @@ def test_ctrl_c_ends_the_command_and_its_worker_and_leaves_nothing_behind(tmp_pa
     mark, temporary = tmp_path / "worker.pid", tmp_path / "tmp"
     temporary.mkdir()
     environment = {**os.environ, "HOSTILE_WORKER": "hangs", "HOSTILE_MARK": str(mark), "TMPDIR": str(temporary)}
+    environment["PYTHONFAULTHANDLER"] = "1"  # so that a command that does not end can say where it is
     command = [sys.executable, "-m", "bert_multi.cli", "conform", "--backends", f"numpy,{missing}"]
     command += ["--python", f"{missing}={hostile_python}", "--cases", "batch_one", "--dtypes", "float64"]
     # A child inherits an ignored SIGINT (a shell's background job ignores it, and so does all it starts) and
@@ -255,7 +257,14 @@ def test_ctrl_c_ends_the_command_and_its_worker_and_leaves_nothing_behind(tmp_pa
     worker = int(mark.read_text())
     process.send_signal(signal.SIGINT)
     started = time.monotonic()
-    _, stderr = process.communicate(timeout=2 * BUSY)
+    try:
+        _, stderr = process.communicate(timeout=2 * BUSY)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)  # its threads' stacks, written by faulthandler
+        _, stderr = process.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker, signal.SIGKILL)
+        pytest.fail(f"the command went on for {2 * BUSY} s after Ctrl-C; where it was:\n{stderr[-6000:]}")
     assert time.monotonic() - started < BUSY
     assert process.returncode == 130 and "interrupted" in stderr, stderr
     with pytest.raises(ProcessLookupError):
