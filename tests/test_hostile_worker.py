@@ -22,6 +22,7 @@ from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
 from bert_multi.engine.cases import CASES
 
+ROOT = Path(__file__).resolve().parent.parent
 SUBJECT = Path(__file__).parent / "subjects" / "hostile_worker.py"
 CONFIG = CONFIGS["tiny"]
 WEIGHTS = random_weights(CONFIG, seed=3, dtype="float64")
@@ -369,3 +370,48 @@ def test_a_conversion_check_whose_worker_replies_damaged_proves_nothing_either_w
     verdict = done.stdout.strip().splitlines()[-1]
     assert verdict.startswith(f"{out} was not checked in full: ") and "is damaged" in verdict, done.stdout
     assert "does NOT compute" not in done.stdout
+
+
+# A SIGINT that another thread takes (a worker's reader, a framework's own threads): the main thread, whose
+# mask blocks it here so that the kernel must deliver it elsewhere, learns of it only when it next runs
+# Python. Each wait of the main thread then ends at once with KeyboardInterrupt, or never.
+ELSEWHERE = """
+import os, signal, sys, threading, time
+from bert_multi import waiting
+
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+def interrupt():
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=interrupt, daemon=True).start()
+event, condition, endless = threading.Event(), threading.Condition(), threading.Thread(target=time.sleep, args=(60,))
+endless.start()
+
+def until():
+    with condition:
+        waiting.wait_until(condition, event.is_set)
+
+waits = {"wait": lambda: waiting.wait(event), "join": lambda: waiting.join(endless), "wait_until": until,
+         "plain wait": event.wait}
+try:
+    waits[sys.argv[1]]()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["wait", "join", "wait_until", "plain wait"])
+def test_a_wait_on_the_main_thread_ends_at_ctrl_c_whichever_thread_takes_the_signal(how):
+    command = [sys.executable, "-c", ELSEWHERE, how]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=10, env=environment)
+    except subprocess.TimeoutExpired:
+        assert how.startswith("plain"), f"waiting.{how} went on after Ctrl-C"
+        return  # Python's own waits do not end: the case these are for
+    assert not how.startswith("plain"), "Python's own wait ended: this test no longer shows the case"
+    assert done.stdout == "interrupted\n", done.stderr

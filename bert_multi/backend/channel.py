@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import errors
+from .. import errors, waiting
 from ..errors import UsageError, WorkerFailed
 from ..safe_files import NpzReader, open_regular
 
@@ -190,11 +190,11 @@ class Worker:
         """The worker to this thread's request alone, once no request it must let go first is waiting."""
         with self.turn:
             if background:
-                self.turn.wait_for(lambda: not self.busy and not self.waiting)
+                waiting.wait_until(self.turn, lambda: not self.busy and not self.waiting)
             else:
                 self.waiting += 1
                 try:
-                    self.turn.wait_for(lambda: not self.busy)
+                    waiting.wait_until(self.turn, lambda: not self.busy)
                 finally:  # even interrupted: a request in the background must not wait for it
                     self.waiting -= 1
             self.busy = True

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from .. import waiting
 from ..errors import BackendContractError, BackendUnavailable, CannotRunHere, UsageError
 from . import remote
 from .contract import ROLES
@@ -194,7 +195,7 @@ def load_backends(
             if name not in elsewhere:
                 load(name)
     finally:  # even on Ctrl-C: a worker started is one this process knows, and stops as it exits
-        starting.join()
+        waiting.join(starting)
     return {name: loaded[name] for name in names}
 
 

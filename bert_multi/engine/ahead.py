@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .. import waiting
 from ..backend.registry import LoadedBackend
 from ..spec.config import BERTConfig
 from .cases import Batch
@@ -64,7 +65,7 @@ class CompilingAhead:
         is stopped as its process ends)."""
         self.lane_steps.stop()
         for thread in [] if interrupted else self.threads:
-            thread.join()
+            waiting.join(thread)
 
 
 def _until(lane_steps: LaneSteps, work: list[tuple[Any, ...]]) -> None:

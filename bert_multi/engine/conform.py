@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import waiting
 from ..backend.contract import BackendModel, BERTOutput, check_attention, parse_device
 from ..backend.memory import collector_skipping_existing_objects, release_memory
 from ..backend.registry import LoadedBackend, check_names, load_backend, load_backends
@@ -398,7 +399,7 @@ class _Run:
 
     def reference(self, eps: float, index: int) -> BERTOutput:
         """The oracle's outputs for case ``index`` at ``eps``, once they are made."""
-        self.referenced.wait()
+        waiting.wait(self.referenced)
         return self.references[eps][index]
 
     def compute_reference(self, target: Target, weights: dict[str, np.ndarray]) -> None:

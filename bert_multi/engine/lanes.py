@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .. import waiting
 from ..arrays import same_bits
 from ..backend.contract import BERTOutput
 from ..backend.registry import LoadedBackend
@@ -82,12 +83,13 @@ class LaneSteps:
         """Until ``lane`` is not at work on ``dtype``: it has not begun it, or has finished it (or every
         lane has, or the run is over)."""
         with self.changed:
-            self.changed.wait_for(
+            waiting.wait_until(
+                self.changed,
                 lambda: (
                     self.stopped
                     or (lane, dtype) not in self.begun
                     or not {(lane, dtype), ("*", dtype)}.isdisjoint(self.done)
-                )
+                ),
             )
 
 
@@ -169,14 +171,14 @@ class Lanes:
             self.take(self.lanes.get(None, []), stop)
             self.run_.lane_steps.finish(None, self.dtype)
             for thread in threads:
-                thread.join()
+                waiting.join(thread)
         finally:
             self.run_.lane_steps.finish("*", self.dtype)
             stop.set()  # a lane stops at its next step once this thread is interrupted, or fails
             for ran_alone in self.alone.values():  # and none waits on a target that will not run now
                 ran_alone.set()
             for reader in self.readers:
-                reader.join()
+                waiting.join(reader)
             self.directory.cleanup()
             for target in self.alone:  # pairs are of one dtype: its outputs are not asked for again
                 self.run_.results.pop(target, None)
@@ -208,8 +210,8 @@ class Lanes:
                 self.alone[target].set()
                 continue
             assert source is not None
-            self.alone[source].wait()
-            self.alone[target].wait()
+            waiting.wait(self.alone[source])
+            waiting.wait(self.alone[target])
             if stop.is_set():
                 return
             if target in run.backends and source in run.results:
