@@ -96,7 +96,9 @@ def test_a_sample_runs_once_per_environment_and_then_what_it_printed_is_kept(tmp
     # Run again: nothing runs, not even the check of which frameworks can run here.
     real_backends = lessons.backends
     monkeypatch.setattr(lessons, "backends", lambda: pytest.fail("asked which backends run, with nothing to run"))
-    assert shown() == [("42\n", True), ("bb\n", True)] and len(ran) == 2
+    said: list[str] = []
+    assert shown(told=said.append) == [("42\n", True), ("bb\n", True)] and len(ran) == 2
+    assert said == ["the 2 PyTorch samples ran here before: shown as they printed then"]
     monkeypatch.setattr(lessons, "backends", real_backends)
     # A damaged entry is said, ignored and its sample run again; the other stays kept.
     (entry, _) = sorted((tmp_path / "cache" / "lessons").glob("*.sealed"))
@@ -266,11 +268,12 @@ def test_a_paragraph_leading_into_one_frameworks_sample_is_in_that_frameworks_no
             assert "In JAX/Flax:" in cells[-1].source, path.name
 
 
-def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys):
+def test_the_lessons_command_writes_executed_notebooks(tmp_path, capsys, monkeypatch):
     import nbformat
 
     from bert_multi.tools import notebooks
 
+    monkeypatch.setenv("BERT_MULTI_CACHE_DIR", str(tmp_path / "cache"))  # nothing kept: every sample runs
     assert main(["lessons", "2", "--notebooks", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert f"notebooks written to {tmp_path}" in captured.out

@@ -294,6 +294,8 @@ def run_every(
         for framework, samples in samples_of.items()
         if len(found[framework]) == len(samples)
     }
+    for framework, outcomes in results.items():
+        told(f"the {len(outcomes)} {label_of(framework)} samples ran here before: shown as they printed then")
     if len(results) < len(samples_of):  # the frameworks that must run something: can they run here?
         status = backends()
         results |= {
