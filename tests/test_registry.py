@@ -6,7 +6,6 @@ import dataclasses
 import os
 import re
 import threading
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -245,24 +244,33 @@ def test_a_dtypes_shapes_are_not_compiled_ahead_while_its_lane_runs_the_dtype_be
 
 
 @pytest.mark.parametrize("ended", ["finished", "stopped"])
-def test_compiling_ahead_is_asked_a_group_at_a_time_and_ends_with_the_run(registered, ended):
+def test_compiling_ahead_is_asked_a_group_at_a_time_and_ends_with_the_run(registered, ended, monkeypatch):
     """A backend's ``prepare`` runs on a thread beside the run, one dtype and max_len group per call; once
     the run ends, finished or stopped by an exception, it is asked nothing more, and its thread is over
     before the run returns (a thread still compiling as the process exits can crash it)."""
     from bert_multi import Target, run_conformance
     from bert_multi.engine.cases import CASES
+    from bert_multi.engine.lanes import LaneSteps
 
     config = dataclasses.replace(CONFIG, max_len=128)  # longer than the cases cut to: two groups
-    calls, asked = [], threading.Event()
+    calls, asked, over = [], threading.Event(), threading.Event()
+    stop = LaneSteps.stop
+
+    def stop_and_say(self):
+        stop(self)
+        over.set()
+
+    monkeypatch.setattr(LaneSteps, "stop", stop_and_say)
 
     def prepare(config, groups, dtypes, device):
         calls.append((len(groups), len(dtypes)))
         asked.set()
-        time.sleep(0.2)
+        if ended == "stopped":  # at work on its first group until the run is over, however slow the machine
+            over.wait(60)
 
     def progress(*_):
+        assert asked.wait(60)  # the run goes on once compiling ahead has begun
         if ended == "stopped":
-            assert asked.wait(10)
             raise EndOfRun
 
     backend = registered(SimpleNamespace(NAME="slow-to-prepare", build=oracle_build, prepare=prepare))
@@ -275,9 +283,9 @@ def test_compiling_ahead_is_asked_a_group_at_a_time_and_ends_with_the_run(regist
     if ended == "stopped":
         with pytest.raises(EndOfRun):
             run_conformance(config, random_weights(config), targets, cases, False, progress=progress)
-        assert len(calls) == 1  # stopped during the first, of four
+        assert len(calls) == 1  # stopped during the first: nothing is asked once the run is over
     else:
-        assert run_conformance(config, random_weights(config), targets, cases, False).passed
-        assert 1 <= len(calls) <= 2 * len(groups)
+        assert run_conformance(config, random_weights(config), targets, cases, False, progress=progress).passed
+        assert 1 <= len(calls) <= len(cases) * len(targets)  # a case's group and a dtype each, at most once
     assert set(threading.enumerate()) <= before
     assert set(calls) == {(1, 1)}
