@@ -379,6 +379,7 @@ ELSEWHERE = """
 import os, signal, sys, threading, time
 from bert_multi import waiting
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, though this one's parent ignores it
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 def interrupt():

@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "bert_multi"
 # The framework backends use the layers below them; nothing below imports them by name (the registry
 # loads them), and the command line and the tools reach them only through the registry.
 LAYERS = [
-    # Exceptions, messages, where compiled code is kept, and files read as hostile and written atomically
-    # (safe_files), which every layer uses.
+    # Exceptions, messages, where compiled code is kept, waits that Ctrl-C ends, and files read as hostile
+    # and written atomically (safe_files), which every layer uses.
     (
         "base",
         (
@@ -22,6 +22,7 @@ LAYERS = [
             "bert_multi.display",
             "bert_multi.cache",
             "bert_multi.ending",
+            "bert_multi.waiting",
             "bert_multi.safe_files",
         ),
     ),

@@ -202,7 +202,7 @@ window.addEventListener("load", () => {
 });
 </script>
 """
-WIDTH, HEIGHT = 1280, 1600
+WIDTH, HEIGHT = 1280, 2400  # room for the guide's introduction above its first samples
 
 
 # The same page after a click on the side-by-side button: where each framework's label and output lie.
