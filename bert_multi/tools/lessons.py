@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backend.registry import backends, frameworks, interpreter_of, label_of, load_backend
+from ..backend.registry import backends, frameworks, interpreter_of, label_of
 from ..cache import SealedEntries, cache_for
 from ..errors import BackendUnavailable, UsageError
 
@@ -184,9 +184,9 @@ def read_guide(path: str | Path = GUIDE) -> list[Section]:
 
 
 def python_for(framework: str) -> str:
-    """The Python whose environment has ``framework``: this one, or the one the project installs it in
-    (``bert_multi.backend.remote``)."""
-    return load_backend(framework).elsewhere or sys.executable
+    """The Python whose environment has ``framework``, known without loading it (``interpreter_of``): this
+    one, or the one the project installs it in."""
+    return interpreter_of(framework) or sys.executable
 
 
 def run(samples: list[Sample], timeout: float = 300) -> list[Outcome]:
@@ -260,10 +260,10 @@ class KeptOutputs:
     def _key(self, sample: Sample) -> str | None:
         if sample.framework not in self._environments:
             self._environments[sample.framework] = None
-            python = interpreter_of(sample.framework) if self.entries is not None else None
             # An environment that cannot say what it holds keeps nothing: its samples run, as without a cache.
             with contextlib.suppress(BackendUnavailable, OSError, subprocess.SubprocessError):
-                self._environments[sample.framework] = None if python is None else environment_of(python)
+                if self.entries is not None:
+                    self._environments[sample.framework] = environment_of(python_for(sample.framework))
         environment = self._environments[sample.framework]
         if environment is None:
             return None
@@ -287,8 +287,10 @@ def run_every(
         if only is None or sample.framework in only:
             samples_of.setdefault(sample.framework, []).append(sample)
     kept = KeptOutputs() if keep else None
-    with concurrent.futures.ThreadPoolExecutor(max(len(samples_of), 1)) as pool:  # each asks its environment
-        found = dict(zip(samples_of, pool.map(kept.get if kept else lambda samples: {}, samples_of.values())))
+    found: dict[str, dict[int, str]] = {framework: {} for framework in samples_of}
+    if kept is not None:
+        with concurrent.futures.ThreadPoolExecutor(max(len(samples_of), 1)) as pool:  # each asks its environment
+            found = dict(zip(samples_of, pool.map(kept.get, samples_of.values())))
     results: dict[str, list[Outcome] | str] = {
         framework: [Outcome(sample, found[framework][sample.line], kept=True) for sample in samples]
         for framework, samples in samples_of.items()

@@ -73,7 +73,7 @@ class VerifyReport:
         holders = {self.mapping.user_name(name): activation_of(self.config, name) == output
                    for name in self.mapping.placements}  # fmt: skip
         mine = [name.split(".") for name, in_head in holders.items() if in_head]
-        common = [level[0] for level in itertools.takewhile(lambda level: len(set(level)) == 1, zip(*mine))]
+        common = _shared_prefix(mine)
         prefix = ".".join(common)
         if not mine or not prefix or any(len(path) == len(common) for path in mine):
             return None
@@ -200,8 +200,7 @@ class VerifyReport:
             groups.setdefault(activation_of(self.config, name), []).append(self.user_name(name).split("."))
         named = []
         for module, names in groups.items():
-            common = [level[0] for level in itertools.takewhile(lambda level: len(set(level)) == 1, zip(*names))]
-            prefix = ".".join(common if len(names) > 1 else names[0][:-1])
+            prefix = ".".join(_shared_prefix(names) if len(names) > 1 else names[0][:-1])
             named.append(f"{module} (yours: {prefix})" if prefix else module)
         return ", ".join(named)
 
@@ -263,7 +262,11 @@ def _worst(check: GradientCheck) -> dict[str, Any] | None:
     return {"parameter": worst.name, "max_abs": worst.max_abs, "ratio": worst.ratio}
 
 
-def _rows(rows: tuple[int, ...] | None) -> str:
-    """ "row 0", "rows 0, 3" ... for a sentence."""
-    rows = rows or ()
-    return f"row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:5]))}{' ...' if len(rows) > 5 else ''}"
+def _shared_prefix(paths: list[list[str]]) -> list[str]:
+    """The leading parts that every one of ``paths`` (dotted names, split) shares."""
+    return [level[0] for level in itertools.takewhile(lambda level: len(set(level)) == 1, zip(*paths))]
+
+
+def _rows(rows: tuple[int, ...]) -> str:
+    """ "row 0", "rows 0, 3", for a sentence (a table differs in at most ``MAX_PADDING_ROWS`` so)."""
+    return f"row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows))}"
