@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from ..backend.registry import backends, check_names, frameworks, load_backend
+from ..backend.registry import backends, check_names, frameworks, interpreter_of, load_backend
 from ..display import ProgressBar, format_table
 from ..engine.report import plot_training
 from ..errors import InputError, UsageError
@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--compile trains in one process: use it without --workers or --join")
     if (args.workers > 1 or args.join) and not args.compare:
         check_names([args.backend])
-        python = load_backend(args.backend).elsewhere
-        if python is not None:
+        python = interpreter_of(args.backend)  # known without starting a worker that the command would not use
+        if python is not None and python != sys.executable:
             return _run_in_its_environment(args, python)
     names = _trainable(args.compare, args.backend)
     for name in names:
