@@ -44,9 +44,43 @@ LONGEST_FIRST = [
 ]
 
 
+# `make test` runs the suite in both environments, and PyTorch is in both. BERT_MULTI_TESTED_ELSEWHERE
+# ("torch=.venv") tells the second run that the first ran a framework's own tests: there it skips the
+# tests whose parameters name that framework alone, and its backend's file, and keeps the rest (the
+# core's, and the conformance suite's, under NumPy 2; those that pair the framework with another).
+TESTED_ELSEWHERE = "BERT_MULTI_TESTED_ELSEWHERE"
+
+
+def tested_elsewhere() -> dict[str, str]:
+    """Framework -> the environment that runs its own tests, from ``TESTED_ELSEWHERE``; unknown names are
+    an error, not a quiet run of everything."""
+    setting = os.environ.get(TESTED_ELSEWHERE, "")
+    elsewhere = dict(entry.partition("=")[::2] for entry in setting.split(",") if entry)
+    unknown = [name for name, where in elsewhere.items() if name not in frameworks() or not where]
+    if unknown:
+        raise pytest.UsageError(f"{TESTED_ELSEWHERE}={setting!r}: expected FRAMEWORK=ENVIRONMENT,... of {frameworks()}")
+    return elsewhere
+
+
+def frameworks_named(item) -> set[str]:
+    """The frameworks a test names: in its parameters' values, or its file's (``test_torch_backend.py``)."""
+    names = set(frameworks())
+    values = getattr(item, "callspec", None) and item.callspec.params.values()
+    named = {value for value in values or () if isinstance(value, str) and value in names}
+    stem = os.path.basename(item.nodeid.split("::")[0])
+    return named | {name for name in names if stem == f"test_{name}_backend.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     """The files of ``LONGEST_FIRST`` first, in its order; each file's tests stay together, in their order.
-    Under ``-m cuda`` the cheapest first instead (``cuda_cost``)."""
+    Under ``-m cuda`` the cheapest first instead (``cuda_cost``). A test of frameworks whose tests another
+    environment of the run runs is skipped (``TESTED_ELSEWHERE``)."""
+    elsewhere = tested_elsewhere()
+    for item in items:
+        named = frameworks_named(item)
+        if named and named <= elsewhere.keys():
+            where = ", ".join(sorted({elsewhere[name] for name in named}))
+            item.add_marker(pytest.mark.skip(reason=f"{', '.join(sorted(named))}: run in {where} (make test)"))
     missing = [path for path in LONGEST_FIRST if not os.path.isfile(os.path.join(os.path.dirname(__file__), path))]
     if missing:
         raise pytest.UsageError(f"conftest.py's LONGEST_FIRST names files that are not here: {missing}")

@@ -327,3 +327,38 @@ def test_mxnet_and_jax_gradients_agree_across_their_environments():
     worst = max(float(np.abs(from_mxnet[name] - from_jax[name]).max()) for name in weights)
     # measured 4.2e-13: MXNet normalises with a C-float epsilon (PyTorch and JAX agree to 3.3e-16)
     assert 0 < max(float(np.abs(g).max()) for g in from_jax.values()) and worst <= 1e-9, worst
+
+
+# --- Which environment runs which tests (conftest.py) ------------------------------------------------------
+
+
+class Collected:
+    """What conftest's collection hook reads of a test: its id, its parameters and the marks it is given."""
+
+    def __init__(self, nodeid, **params):
+        self.nodeid, self.marks = nodeid, []
+        if params:
+            self.callspec = type("CallSpec", (), {"params": params})()
+
+    def add_marker(self, mark):
+        self.marks.append(mark)
+
+
+def test_a_run_told_that_pytorchs_tests_run_elsewhere_skips_those_alone(monkeypatch):
+    import conftest
+
+    items = {
+        "alone": Collected("tests/test_a.py::test[torch]", framework="torch", dtype="float32"),
+        "paired": Collected("tests/test_a.py::test[torch-jax]", first="torch", second="jax"),
+        "its file": Collected("tests/test_torch_backend.py::test"),
+        "the core": Collected("tests/test_a.py::test"),
+        "another": Collected("tests/test_a.py::test[jax]", framework="jax"),
+    }
+    config = type("Config", (), {"getoption": staticmethod(lambda name: "")})()
+    monkeypatch.setenv(conftest.TESTED_ELSEWHERE, "torch=.venv")
+    conftest.pytest_collection_modifyitems(config, list(items.values()))
+    skipped = {name: [mark.kwargs["reason"] for mark in item.marks] for name, item in items.items() if item.marks}
+    assert skipped == {"alone": ["torch: run in .venv (make test)"], "its file": ["torch: run in .venv (make test)"]}
+    monkeypatch.setenv(conftest.TESTED_ELSEWHERE, "torchh=.venv")
+    with pytest.raises(pytest.UsageError, match="expected FRAMEWORK=ENVIRONMENT"):
+        conftest.pytest_collection_modifyitems(config, [])

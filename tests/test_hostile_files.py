@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from bert_multi import WeightsError, load_weights
 from bert_multi.backend.registry import not_in_process
+from conftest import tested_elsewhere
 
 # Readers and the frameworks they need. "mxnet" is the MXNet backend's load_checkpoint on the .params
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
@@ -41,16 +42,24 @@ READERS = {
     "mxnet": "mxnet",
 }
 REPRODUCERS = {"mxnet": "params"}  # which set of reproducers a reader is given
-# `make test` runs this file in both environments: each fuzzes a reader for half of its 12 s, from a seed
+# `make test` runs this file in both environments: each fuzzes a reader for half of its 6 s, from a seed
 # of its own (NumPy's major version is added), so that the two halves search different files.
-FUZZ_SECONDS = float(os.environ.get("BERT_MULTI_FUZZ_SECONDS", "6"))
+FUZZ_SECONDS = float(os.environ.get("BERT_MULTI_FUZZ_SECONDS", "3"))
 FUZZ_SEED = int(os.environ.get("BERT_MULTI_FUZZ_SEED", "0")) + int(np.__version__.split(".")[0])
 
 
-def skip_without(reader):
+def skipped(reader):
+    """Why ``reader`` is not tried here, or None: its framework is not in this process, or another
+    environment of the run tries it (conftest.py's ``tested_elsewhere``)."""
     framework = READERS[reader]
-    if framework and not_in_process(framework):
-        pytest.skip(not_in_process(framework))
+    if framework in tested_elsewhere():
+        return f"{framework}: run in {tested_elsewhere()[framework]} (make test)"
+    return framework and not_in_process(framework)
+
+
+def skip_without(reader):
+    if skipped(reader):
+        pytest.skip(skipped(reader))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +98,7 @@ def fuzzed(tmp_path_factory):
     """Each reader's fuzzing report, or the error its child ended with: the readers this process has,
     fuzzed side by side, as many children at a time as there are cores (each runs on one), so that each
     reader still gets FUZZ_SECONDS of a core."""
-    readers = [reader for reader, framework in READERS.items() if not (framework and not_in_process(framework))]
+    readers = [reader for reader in READERS if not skipped(reader)]
     directories = {reader: tmp_path_factory.mktemp(f"fuzz-{reader}") for reader in readers}
 
     def fuzz(reader):
