@@ -62,11 +62,18 @@ def tested_elsewhere() -> dict[str, str]:
     return elsewhere
 
 
-def frameworks_named(item) -> set[str]:
-    """The frameworks a test names: in its parameters' values, or its file's (``test_torch_backend.py``)."""
-    names = set(frameworks())
-    values = getattr(item, "callspec", None) and item.callspec.params.values()
-    named = {value for value in values or () if isinstance(value, str) and value in names}
+def run_elsewhere(named: set[str], elsewhere: dict[str, str]) -> str | None:
+    """Why a test of the frameworks ``named`` is skipped here, or None: another environment of the run
+    runs every one of them (``tested_elsewhere``)."""
+    if not named or not named <= elsewhere.keys():
+        return None
+    return f"{', '.join(sorted(named))}: run in {', '.join(sorted({elsewhere[name] for name in named}))} (make test)"
+
+
+def frameworks_named(item, names: set[str]) -> set[str]:
+    """Of ``names``, those a test names: in its parameters' values, or its file's (``test_torch_backend.py``)."""
+    values = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    named = {value for value in values if isinstance(value, str) and value in names}
     stem = os.path.basename(item.nodeid.split("::")[0])
     return named | {name for name in names if stem == f"test_{name}_backend.py"}
 
@@ -75,12 +82,11 @@ def pytest_collection_modifyitems(config, items):
     """The files of ``LONGEST_FIRST`` first, in its order; each file's tests stay together, in their order.
     Under ``-m cuda`` the cheapest first instead (``cuda_cost``). A test of frameworks whose tests another
     environment of the run runs is skipped (``TESTED_ELSEWHERE``)."""
-    elsewhere = tested_elsewhere()
+    elsewhere, names = tested_elsewhere(), set(frameworks())
     for item in items:
-        named = frameworks_named(item)
-        if named and named <= elsewhere.keys():
-            where = ", ".join(sorted({elsewhere[name] for name in named}))
-            item.add_marker(pytest.mark.skip(reason=f"{', '.join(sorted(named))}: run in {where} (make test)"))
+        reason = run_elsewhere(frameworks_named(item, names), elsewhere)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
     missing = [path for path in LONGEST_FIRST if not os.path.isfile(os.path.join(os.path.dirname(__file__), path))]
     if missing:
         raise pytest.UsageError(f"conftest.py's LONGEST_FIRST names files that are not here: {missing}")

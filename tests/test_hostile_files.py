@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bert_multi import WeightsError, load_weights
 from bert_multi.backend.registry import not_in_process
-from conftest import tested_elsewhere
+from conftest import run_elsewhere, tested_elsewhere
 
 # Readers and the frameworks they need. "mxnet" is the MXNet backend's load_checkpoint on the .params
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
@@ -52,14 +52,15 @@ def skipped(reader):
     """Why ``reader`` is not tried here, or None: its framework is not in this process, or another
     environment of the run tries it (conftest.py's ``tested_elsewhere``)."""
     framework = READERS[reader]
-    if framework in tested_elsewhere():
-        return f"{framework}: run in {tested_elsewhere()[framework]} (make test)"
-    return framework and not_in_process(framework)
+    if framework is None:
+        return None
+    return run_elsewhere({framework}, tested_elsewhere()) or not_in_process(framework)
 
 
 def skip_without(reader):
-    if skipped(reader):
-        pytest.skip(skipped(reader))
+    reason = skipped(reader)
+    if reason:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
