@@ -54,9 +54,10 @@ PYTEST := -m pytest -n logical --maxprocesses 4 --dist loadfile --durations=12
 test-main: venv $(VENV_NUMPY2)/.installed
 	BERT_MULTI_SITE_REQUIRED=1 $(TEST_CACHE) $(BIN)/python $(PYTEST)
 
-# PyTorch is in both environments: its own tests run in the first only (conftest.py's tested_elsewhere).
+# PyTorch is in both environments: its own tests run in the first only, and so do those marked `once`,
+# whose subject is the same in every environment (conftest.py's tested_elsewhere).
 test-numpy2: venv $(VENV_NUMPY2)/.installed
-	BERT_MULTI_SITE_REQUIRED=1 BERT_MULTI_TESTED_ELSEWHERE=torch=$(VENV) $(TEST_CACHE) $(VENV_NUMPY2)/bin/python $(PYTEST) -q -p no:cacheprovider
+	BERT_MULTI_SITE_REQUIRED=1 BERT_MULTI_TESTED_ELSEWHERE=torch=$(VENV),once=$(VENV) $(TEST_CACHE) $(VENV_NUMPY2)/bin/python $(PYTEST) -q -p no:cacheprovider
 
 # A longer hunt for hostile files than the test suite's (6 s per reader, over its two environments):
 # FUZZ_SECONDS per reader.

@@ -45,46 +45,51 @@ LONGEST_FIRST = [
 
 
 # `make test` runs the suite in both environments, and PyTorch is in both. BERT_MULTI_TESTED_ELSEWHERE
-# ("torch=.venv") tells the second run that the first ran a framework's own tests: there it skips the
-# tests whose parameters name that framework alone, and its backend's file, and keeps the rest (the
-# core's, and the conformance suite's, under NumPy 2; those that pair the framework with another).
+# ("torch=.venv,once=.venv") tells the second run what the first ran: a framework's own tests (there it
+# skips the tests whose parameters name that framework alone, and its backend's file, and keeps the rest:
+# the core's, and the conformance suite's, under NumPy 2; those that pair the framework with another), and
+# the tests marked `once`, whose subject is the same in every environment.
 TESTED_ELSEWHERE = "BERT_MULTI_TESTED_ELSEWHERE"
+ONCE = "once"
 
 
 def tested_elsewhere() -> dict[str, str]:
-    """Framework -> the environment that runs its own tests, from ``TESTED_ELSEWHERE``; unknown names are
-    an error, not a quiet run of everything."""
+    """Framework (or ``once``) -> the environment that runs its tests, from ``TESTED_ELSEWHERE``; unknown
+    names are an error, not a quiet run of everything."""
     setting = os.environ.get(TESTED_ELSEWHERE, "")
     elsewhere = dict(entry.partition("=")[::2] for entry in setting.split(",") if entry)
-    unknown = [name for name, where in elsewhere.items() if name not in frameworks() or not where]
+    known = [*frameworks(), ONCE]
+    unknown = [name for name, where in elsewhere.items() if name not in known or not where]
     if unknown:
-        raise pytest.UsageError(f"{TESTED_ELSEWHERE}={setting!r}: expected FRAMEWORK=ENVIRONMENT,... of {frameworks()}")
+        raise pytest.UsageError(f"{TESTED_ELSEWHERE}={setting!r}: expected NAME=ENVIRONMENT,... of {known}")
     return elsewhere
 
 
 def run_elsewhere(named: set[str], elsewhere: dict[str, str]) -> str | None:
-    """Why a test of the frameworks ``named`` is skipped here, or None: another environment of the run
-    runs every one of them (``tested_elsewhere``)."""
+    """Why a test of the frameworks (or ``once``) ``named`` is skipped here, or None: another environment of
+    the run runs every one of them (``tested_elsewhere``)."""
     if not named or not named <= elsewhere.keys():
         return None
     return f"{', '.join(sorted(named))}: run in {', '.join(sorted({elsewhere[name] for name in named}))} (make test)"
 
 
-def frameworks_named(item, names: set[str]) -> set[str]:
-    """Of ``names``, those a test names: in its parameters' values, or its file's (``test_torch_backend.py``)."""
+def subjects_named(item, names: set[str]) -> set[str]:
+    """Of ``names``, those a test names: in its parameters' values, or its file's (``test_torch_backend.py``);
+    and ``once`` where it is so marked."""
     values = item.callspec.params.values() if hasattr(item, "callspec") else ()
     named = {value for value in values if isinstance(value, str) and value in names}
     stem = os.path.basename(item.nodeid.split("::")[0])
-    return named | {name for name in names if stem == f"test_{name}_backend.py"}
+    once = {ONCE} if item.get_closest_marker(ONCE) else set()
+    return named | once | {name for name in names if stem == f"test_{name}_backend.py"}
 
 
 def pytest_collection_modifyitems(config, items):
     """The files of ``LONGEST_FIRST`` first, in its order; each file's tests stay together, in their order.
     Under ``-m cuda`` the cheapest first instead (``cuda_cost``). A test of frameworks whose tests another
-    environment of the run runs is skipped (``TESTED_ELSEWHERE``)."""
+    environment of the run runs, or marked ``once`` where it runs those, is skipped (``TESTED_ELSEWHERE``)."""
     elsewhere, names = tested_elsewhere(), set(frameworks())
     for item in items:
-        reason = run_elsewhere(frameworks_named(item, names), elsewhere)
+        reason = run_elsewhere(subjects_named(item, names), elsewhere)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
     missing = [path for path in LONGEST_FIRST if not os.path.isfile(os.path.join(os.path.dirname(__file__), path))]

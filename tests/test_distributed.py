@@ -71,7 +71,8 @@ AGREEMENT = {  # (weights, losses)
 }
 
 
-@pytest.mark.parametrize(("optimizer", "dtype"), [("sgd", "float64"), ("adam", "float64"), ("sgd", "float32")])
+# Each optimizer and each dtype, not each pair: SGD in float64 is the launch from outside's, below.
+@pytest.mark.parametrize(("optimizer", "dtype"), [("adam", "float64"), ("sgd", "float32")])
 def test_two_workers_end_where_one_process_ends(framework, optimizer, dtype):
     """The framework's own engine (torch: DistributedDataParallel over gloo; MXNet: the dist_sync
     key-value store, a scheduler and a server; JAX: jax.distributed with gloo's CPU collectives), 2

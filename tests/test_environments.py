@@ -335,30 +335,40 @@ def test_mxnet_and_jax_gradients_agree_across_their_environments():
 class Collected:
     """What conftest's collection hook reads of a test: its id, its parameters and the marks it is given."""
 
-    def __init__(self, nodeid, **params):
-        self.nodeid, self.marks = nodeid, []
+    def __init__(self, nodeid, once=False, **params):
+        self.nodeid, self.marks, self.once = nodeid, [], once
         if params:
             self.callspec = type("CallSpec", (), {"params": params})()
 
     def add_marker(self, mark):
         self.marks.append(mark)
 
+    def get_closest_marker(self, name):
+        return pytest.mark.once if name == "once" and self.once else None
+
 
 def test_a_run_told_that_pytorchs_tests_run_elsewhere_skips_those_alone(monkeypatch):
     import conftest
 
-    items = {
-        "alone": Collected("tests/test_a.py::test[torch]", framework="torch", dtype="float32"),
-        "paired": Collected("tests/test_a.py::test[torch-jax]", first="torch", second="jax"),
-        "its file": Collected("tests/test_torch_backend.py::test"),
-        "the core": Collected("tests/test_a.py::test"),
-        "another": Collected("tests/test_a.py::test[jax]", framework="jax"),
-    }
+    def skipped_when_told(setting: str) -> dict[str, list[str]]:
+        items = {
+            "alone": Collected("tests/test_a.py::test[torch]", framework="torch", dtype="float32"),
+            "paired": Collected("tests/test_a.py::test[torch-jax]", first="torch", second="jax"),
+            "its file": Collected("tests/test_torch_backend.py::test"),
+            "the core": Collected("tests/test_a.py::test"),
+            "another": Collected("tests/test_a.py::test[jax]", framework="jax"),
+            "the same everywhere": Collected("tests/test_b.py::test", once=True),
+        }
+        monkeypatch.setenv(conftest.TESTED_ELSEWHERE, setting)
+        conftest.pytest_collection_modifyitems(config, list(items.values()))
+        return {name: [mark.kwargs["reason"] for mark in item.marks] for name, item in items.items() if item.marks}
+
     config = type("Config", (), {"getoption": staticmethod(lambda name: "")})()
-    monkeypatch.setenv(conftest.TESTED_ELSEWHERE, "torch=.venv")
-    conftest.pytest_collection_modifyitems(config, list(items.values()))
-    skipped = {name: [mark.kwargs["reason"] for mark in item.marks] for name, item in items.items() if item.marks}
-    assert skipped == {"alone": ["torch: run in .venv (make test)"], "its file": ["torch: run in .venv (make test)"]}
+    torchs = {"alone": ["torch: run in .venv (make test)"], "its file": ["torch: run in .venv (make test)"]}
+    assert skipped_when_told("torch=.venv") == torchs
+    once = {"the same everywhere": ["once: run in .venv (make test)"]}
+    assert skipped_when_told("torch=.venv,once=.venv") == {**torchs, **once}
+    assert skipped_when_told("") == {}
     monkeypatch.setenv(conftest.TESTED_ELSEWHERE, "torchh=.venv")
-    with pytest.raises(pytest.UsageError, match="expected FRAMEWORK=ENVIRONMENT"):
+    with pytest.raises(pytest.UsageError, match="expected NAME=ENVIRONMENT"):
         conftest.pytest_collection_modifyitems(config, [])

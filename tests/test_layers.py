@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bert_multi"
+# The source read as text: the same in every environment.
+pytestmark = pytest.mark.once
 
 # Bottom to top, each a package (the base: the package's own modules), so that the tree shows the floors.
 # The framework backends use the layers below them; nothing below imports them by name (the registry

@@ -58,6 +58,7 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@pytest.mark.once  # the pages read as text
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_link_between_pages_leads_somewhere_in_the_repository(page):
     broken = []
@@ -82,6 +83,7 @@ def _prose(text):
     return re.sub(r"\]\([^)]*\)", "]", text)
 
 
+@pytest.mark.once
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_a_page_that_names_another_links_to_it(page):
     """A reference to another page is a link (the link test above then checks it), never plain text a

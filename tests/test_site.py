@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "site"
 SECTIONS = lessons.read_guide()
 SAMPLES = [sample for section in SECTIONS for sample in section.samples]
+# One site, built once, read the same from every environment.
+pytestmark = pytest.mark.once
 
 
 def as_written(sections):
