@@ -101,6 +101,13 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=cuda_cost)
 
 
+def runs_here(backend: str):
+    """A mark that skips a test unless the backend's framework runs in this process (users' models of it
+    are built and wrapped here), with the reason it does not."""
+    reason = not_in_process(backend)
+    return pytest.mark.skipif(reason is not None, reason=str(reason))
+
+
 def cuda_cost(item):
     """Under ``pytest -m cuda`` (on a GPU machine lent for minutes, the tests one after another) the
     cheapest first, so that a run stopped at its limit has done the most: what compiles nothing (PyTorch,

@@ -14,13 +14,7 @@ from bert_multi import BERTConfig
 from bert_multi.backend.registry import not_in_process
 from bert_multi.cli import main
 from bert_multi.verify.session import verify
-
-
-def needs(backend):
-    """Skip unless the backend's framework runs in this process: users' models are wrapped here."""
-    reason = not_in_process(backend)
-    return pytest.mark.skipif(reason is not None, reason=str(reason))
-
+from conftest import runs_here
 
 # An even number of heads, so that PyTorch's encoder takes its nested-tensor fast path in inference.
 EVEN = BERTConfig(vocab_size=31, num_hiddens=16, ffn_num_hiddens=20, num_heads=4, num_blks=2, max_len=16)
@@ -30,7 +24,7 @@ WHOLE_LENGTHS = ["full_valid_len", "no_valid_lens", "single_segment", "edge_pred
 # --- PyTorch's own blocks ----------------------------------------------------------------------------------
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_difference_named():
     report = verify(torch_native.build, EVEN, dtypes=["float64"])
     assert not report.passed
@@ -58,7 +52,7 @@ def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_diff
     assert "observed with its fast path off; outputs with it on" in str(info["framework"])
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_port_on_torchs_own_blocks_whose_maths_is_d2ls_passes():
     """Where every sequence keeps its whole length (nothing padded, no row without a key), the same port
     computes d2l's BERT."""
@@ -67,7 +61,7 @@ def test_a_port_on_torchs_own_blocks_whose_maths_is_d2ls_passes():
     assert "blks.1.output" in report.activations
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_port_lacking_the_heads_is_checked_on_what_it_has_and_says_what_it_did_not_check():
     report = verify(torch_scratch.build, ODD, dtypes=["float64"])
     assert report.config.heads == () and set(report.absent) == {"pooler", "mlm", "nsp"}
@@ -82,7 +76,7 @@ def test_a_port_lacking_the_heads_is_checked_on_what_it_has_and_says_what_it_did
     assert "not checked: " in passing.verdict()
 
 
-@needs("torch")
+@runs_here("torch")
 def test_heads_and_a_map_files_absent_parts_say_what_a_model_lacks(tmp_path, capsys):
     argv = ["verify", "tests/subjects/torch_scratch.py:build", "--config", "tiny", "--dtypes", "float64"]
     argv += ["--cases", ",".join(WHOLE_LENGTHS)]
@@ -99,7 +93,7 @@ def test_heads_and_a_map_files_absent_parts_say_what_a_model_lacks(tmp_path, cap
     assert "are the encoder's, which verify checks in every model" in capsys.readouterr().err
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_model_that_computes_in_float32_only_is_verified_in_float32():
     factory = functools.partial(torch_scratch.build, float32_only=True)
     report = verify(factory, ODD, dtypes=["float32"], cases=WHOLE_LENGTHS, label="float32 only")
@@ -108,7 +102,7 @@ def test_a_model_that_computes_in_float32_only_is_verified_in_float32():
         verify(factory, ODD, dtypes=["float32"], gradients=True)
 
 
-@needs("torch")
+@runs_here("torch")
 def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(capsys):
     argv = ["verify", "tests/subjects/torch_native.py:build", "--config", "tiny", "--dtypes", "float64"]
     assert main(argv) == 1
@@ -119,7 +113,7 @@ def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(caps
     assert "attend to every key alike" in last
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_from_scratch_repositorys_bert_gets_a_verdict_with_its_fixed_positions_and_padded_segments(tmp_path):
     """No parameter for the positions (a sinusoidal buffer), a segment table with a padding row first, no
     pooler and no masked-LM transform: placed with no map file, and a verdict."""
@@ -165,7 +159,7 @@ def test_a_from_scratch_repositorys_bert_gets_a_verdict_with_its_fixed_positions
     assert again.mapping.placements == mapping.placements
 
 
-@needs("torch")
+@runs_here("torch")
 def test_the_command_gives_a_from_scratch_repositorys_bert_a_verdict_and_exit_1(capsys):
     argv = ["verify", "tests/subjects/torch_repo.py:build", "--config", "tiny", "--dtypes", "float64"]
     assert main(argv) == 1
@@ -176,7 +170,7 @@ def test_the_command_gives_a_from_scratch_repositorys_bert_a_verdict_and_exit_1(
     assert last.endswith("the next-sentence classifier: it reads the pooler, which is not checked.")
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_tutorials_layers_made_inside_forward_and_its_bare_ffn_are_each_named(tmp_path):
     """Weights made anew on every call are found where the forward uses them (placed there, never set), the
     two runs that differ are put down to them, not to dropout, and the FFN returned without its residual and
@@ -208,7 +202,7 @@ def test_a_tutorials_layers_made_inside_forward_and_its_bare_ffn_are_each_named(
 # --- Flax's own blocks -------------------------------------------------------------------------------------
 
 
-@needs("jax")
+@runs_here("jax")
 def test_a_port_on_flaxs_own_blocks_is_placed_without_a_map_and_each_default_named(tmp_path):
     """Flax's attention (``nn.MultiHeadDotProductAttention``) keeps its kernels with the heads as an axis of
     their own; its LayerNorm's epsilon (1e-6) differs from the original BERT's at every LayerNorm, its GELU

@@ -16,22 +16,17 @@ import pytest
 from bert_multi import CONFIGS, UsageError, verify
 from bert_multi.backend.registry import not_in_process
 from bert_multi.testing import assert_model_conforms
+from conftest import runs_here
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBJECTS = Path(__file__).resolve().parent / "subjects"
 TINY = CONFIGS["tiny"]
 
 
-def needs(backend):
-    """Skip unless the backend's framework runs in this process: users' models are wrapped here."""
-    reason = not_in_process(backend)
-    return pytest.mark.skipif(reason is not None, reason=str(reason))
-
-
 # --- PyTorch ---------------------------------------------------------------------------------------------
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_port_with_its_own_names_conforms_forward_gradients_and_loss():
     from subjects import torch_port
 
@@ -43,7 +38,7 @@ def test_a_port_with_its_own_names_conforms_forward_gradients_and_loss():
     assert len(report.forward.checks) == 2 * 10 and all(check.intermediates for check in report.forward.checks)
 
 
-@needs("torch")
+@runs_here("torch")
 @pytest.mark.parametrize("fault", ["scale", "inf_mask", "tiled_valid_lens"])
 def test_each_forward_fault_is_caught_at_the_attention_in_the_users_names(fault):
     from subjects import torch_port
@@ -88,7 +83,7 @@ def test_the_ports_faults_cover_the_whole_catalogue():
     assert {mistake for mistake, _ in DIAGNOSED.values()} == set(MISTAKES)
 
 
-@needs("torch")
+@runs_here("torch")
 @pytest.mark.parametrize("fault", sorted(DIAGNOSED))
 def test_each_mistake_of_a_port_is_named_at_its_module_with_its_numbers(fault):
     from subjects import torch_port
@@ -102,7 +97,7 @@ def test_each_mistake_of_a_port_is_named_at_its_module_with_its_numbers(fault):
         assert first.error < 1e-13 and f"(reproduces your output to {first.error:.1g})" in first.describe()
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_forward_that_changes_its_parameters_is_said_to_and_never_taken_for_dropout():
     from subjects import torch_port
 
@@ -115,7 +110,7 @@ def test_a_forward_that_changes_its_parameters_is_said_to_and_never_taken_for_dr
     assert "dropout" not in report.verdict()
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
     from subjects import torch_port
 
@@ -139,7 +134,7 @@ def test_a_mistake_the_catalogue_does_not_know_is_said_so_with_the_numbers():
     assert report.verdict().endswith("float64 on cpu.")  # no mistake named where none fits
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_head_that_computes_something_else_is_named_by_its_module_and_the_others_still_decide_the_roles():
     """The port runs the NSP classifier before the masked LM, so order of use takes the pooler for the masked
     LM's first dense layer; its masked LM divides by a temperature no catalogue knows. The pooler, which
@@ -159,7 +154,7 @@ def test_a_head_that_computes_something_else_is_named_by_its_module_and_the_othe
     assert report.diagnoses[0].describe().startswith("lm: no known mistake reproduces its output")
 
 
-@needs("torch")
+@runs_here("torch")
 def test_alike_modules_placed_by_order_are_decided_by_the_oracle():
     """A port that keeps its projections as bare (in, out) matrices in one module and computes the keys
     first: neither names, nor shapes, nor the order tell W_q from W_k or which way round the matrices are.
@@ -178,7 +173,7 @@ def test_alike_modules_placed_by_order_are_decided_by_the_oracle():
                                      "sqrt(4), the width of a head.")  # fmt: skip
 
 
-@needs("torch")
+@runs_here("torch")
 def test_alike_modules_the_oracle_cannot_tell_apart_keep_their_order_and_say_so(monkeypatch):
     from subjects import torch_matrices
 
@@ -189,7 +184,7 @@ def test_alike_modules_the_oracle_cannot_tell_apart_keep_their_order_and_say_so(
     assert report.mapping.user_name("encoder.blks.0.attention.W_q.weight") == "blocks.0.attention.wk"  # as used
 
 
-@needs("torch")
+@runs_here("torch")
 def test_detached_positions_conform_forward_but_not_in_gradients_unless_stated_frozen():
     from subjects import torch_port
 
@@ -204,7 +199,7 @@ def test_detached_positions_conform_forward_but_not_in_gradients_unless_stated_f
     assert verify(model, TINY, dtypes=["float64"], gradients=True, frozen=["positions"]).passed
 
 
-@needs("torch")
+@runs_here("torch")
 def test_gradients_are_put_down_to_modules_only_where_every_activation_was_located(monkeypatch):
     """Blame needs every module's input and output made the oracle's; with one block's FFN not located, a
     module-by-module blame would be made on a mix of the oracle's and the model's own values: none is made."""
@@ -225,7 +220,7 @@ def test_gradients_are_put_down_to_modules_only_where_every_activation_was_locat
     assert report.gradients and all(not check.passed and check.causes == {} for check in report.gradients)
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_wrong_backward_is_named_at_its_module_and_what_it_carries_is_said_so():
     """A hand-written ReLU whose backward lets the gradient through where the input was negative: the
     outputs conform, and of every parameter whose gradient differs, only those of the layer before the ReLU
@@ -256,7 +251,7 @@ def test_a_wrong_backward_is_named_at_its_module_and_what_it_carries_is_said_so(
     )
 
 
-@needs("torch")
+@runs_here("torch")
 @pytest.mark.parametrize(
     "fault, modules",
     [("scale", ("attention",)), ("eps", ("addnorm1", "output"))],  # the port's MLM norm keeps d2l's eps
@@ -277,7 +272,7 @@ def test_gradient_differences_that_follow_from_a_forward_divergence_are_put_down
         assert not check.caused_by("backward") and "encoder.pos_embedding" in check.caused_by("carried")
 
 
-@needs("torch")
+@runs_here("torch")
 def test_d2ls_loss_with_a_mean_reducing_loss_object_fails_and_says_why():
     from subjects import torch_port
 
@@ -290,7 +285,7 @@ def test_d2ls_loss_with_a_mean_reducing_loss_object_fails_and_says_why():
     assert stated.passed
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_fused_qkv_is_placed_by_a_map_file(tmp_path):
     from subjects import torch_port
 
@@ -300,7 +295,7 @@ def test_a_fused_qkv_is_placed_by_a_map_file(tmp_path):
     assert report.mapping.placements["encoder.blks.1.attention.W_k.bias"].describe() == "layers.1.attn.qkv.bias[1/3]"
 
 
-@needs("torch")
+@runs_here("torch")
 def test_d2ls_classes_under_a_wrappers_prefix_are_found_by_name():
     from subjects import torch_port
 
@@ -308,7 +303,7 @@ def test_d2ls_classes_under_a_wrappers_prefix_are_found_by_name():
     assert report.passed and report.mapping.how == "names (d2l >= 0.12's PyTorch names, under the prefix 'module.')"
 
 
-@needs("torch")
+@runs_here("torch")
 def test_verifying_a_pytorch_model_imports_no_other_framework():
     """A user's pytest run of their PyTorch port sees none of MXNet's deprecation warnings: nothing of
     another framework's can be in a process that never imported it, so its backend is not loaded."""
@@ -322,7 +317,7 @@ def test_verifying_a_pytorch_model_imports_no_other_framework():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_model_object_is_copied_not_changed():
     import torch
     from subjects import torch_port
@@ -334,7 +329,7 @@ def test_a_model_object_is_copied_not_changed():
 
 
 @pytest.mark.cuda
-@needs("torch")
+@runs_here("torch")
 def test_a_port_on_the_gpu_conforms_and_its_gradients_match_there(tmp_path):
     import torch
     from subjects import torch_port
@@ -362,7 +357,7 @@ def _drop_in(framework, module, config):
     return d2l.BERTModel(V, H, F, heads, L, dropout, max_len)
 
 
-@pytest.mark.parametrize("framework", [pytest.param(name, marks=needs(name)) for name in ("torch", "mxnet", "jax")])
+@pytest.mark.parametrize("framework", [pytest.param(name, marks=runs_here(name)) for name in ("torch", "mxnet", "jax")])
 @pytest.mark.parametrize("module, preset", GENERATIONS)
 def test_the_drop_in_classes_of_every_generation_conform(framework, module, preset):
     config = TINY.with_semantics(preset)
@@ -380,7 +375,7 @@ def test_the_drop_in_classes_of_every_generation_conform(framework, module, pres
 # --- Gluon ----------------------------------------------------------------------------------------------
 
 
-@needs("mxnet")
+@runs_here("mxnet")
 def test_a_gluon_port_with_deferred_shapes_conforms_forward_gradients_and_loss():
     from subjects import gluon_port
 
@@ -392,7 +387,7 @@ def test_a_gluon_port_with_deferred_shapes_conforms_forward_gradients_and_loss()
     assert report.activations["blks.0.output"] == "layers.0.norm2 (output)"
 
 
-@needs("mxnet")
+@runs_here("mxnet")
 def test_a_fault_in_a_gluon_port_is_named_in_its_names():
     from subjects import gluon_port
 
@@ -404,7 +399,7 @@ def test_a_fault_in_a_gluon_port_is_named_in_its_names():
 # --- Flax -------------------------------------------------------------------------------------------------
 
 
-@needs("jax")
+@runs_here("jax")
 @pytest.mark.parametrize("factory", ["build", "build_bound"])
 def test_a_flax_port_given_with_its_variables_or_bound_conforms_forward_and_gradients(factory):
     from subjects import flax_port
@@ -418,7 +413,7 @@ def test_a_flax_port_given_with_its_variables_or_bound_conforms_forward_and_grad
     assert max(c.max_abs for check in report.gradients for c in check.comparisons) < 1e-12
 
 
-@needs("jax")
+@runs_here("jax")
 def test_a_fault_in_a_flax_port_is_named_in_its_names():
     from subjects import flax_port
 
@@ -426,7 +421,7 @@ def test_a_fault_in_a_flax_port_is_named_in_its_names():
     assert report.verdict().startswith("FAIL: build_faulty first diverges at blks.0.attention (yours: layer0.attn.out")
 
 
-@needs("jax")
+@runs_here("jax")
 def test_a_wrong_backward_in_a_flax_port_is_named_at_its_module():
     """``jax.custom_vjp`` with a wrong backward: checked alone, Flax modules are fed the oracle's arrays by
     method interception, so the Dense layer before it is named and every other difference is carried."""
@@ -443,7 +438,7 @@ def test_a_wrong_backward_in_a_flax_port_is_named_at_its_module():
     )
 
 
-@needs("jax")
+@runs_here("jax")
 def test_a_notebooks_flax_port_is_placed_without_a_map_and_its_epsilon_named(tmp_path):
     """The chapter ported to Flax as a notebook would: d2l's class names, ``nn.LayerNorm()``'s own epsilon
     (1e-6), the masked LM's MLP as an ``nn.Sequential``, the positions created first, the masked LM called
@@ -476,7 +471,7 @@ def test_a_notebooks_flax_port_is_placed_without_a_map_and_its_epsilon_named(tmp
     assert again.mapping.placements == report.mapping.placements and again.mapping.how == f"map file {path}"
 
 
-@needs("jax")
+@runs_here("jax")
 def test_a_flax_model_that_cannot_be_put_in_inference_mode_is_one_clear_line():
     from flax import linen as nn
     from subjects import flax_notebook
@@ -496,7 +491,7 @@ def test_a_flax_model_that_cannot_be_put_in_inference_mode_is_one_clear_line():
     assert "Traceback" not in str(caught.value) and "\n" not in str(caught.value)
 
 
-@needs("jax")
+@runs_here("jax")
 def test_a_loss_for_a_flax_model_is_refused_before_any_work():
     from subjects import flax_notebook, torch_port
 
@@ -511,7 +506,7 @@ def _no_progress(done, planned, label):
 # --- transformers ---------------------------------------------------------------------------------------
 
 
-@needs("transformers")
+@runs_here("transformers")
 def test_a_transformers_bert_conforms_to_the_original_bert():
     from subjects import hf_port
 
@@ -521,7 +516,7 @@ def test_a_transformers_bert_conforms_to_the_original_bert():
     assert report.activations["blks.0.addnorm1"] == "model.bert.encoder.layer.0.attention.output.LayerNorm (output)"
 
 
-@needs("transformers")
+@runs_here("transformers")
 def test_transformers_padding_row_gets_no_gradient_and_verify_finds_it():
     # BertEmbeddings' padding_idx (pad_token_id, 0 by default) zeroes the gradient of that row: the
     # original BERT trains it. Invisible in every forward output.
@@ -537,7 +532,7 @@ def test_transformers_padding_row_gets_no_gradient_and_verify_finds_it():
     assert f"only row 0 of {table} differs: an embedding built with padding_idx" in report.failures()
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_ports_padding_row_is_said_to_be_the_one_row_that_differs():
     from subjects import torch_port
 
@@ -563,7 +558,7 @@ def cli(*args, cwd=ROOT):
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=environment, timeout=300)
 
 
-@needs("torch")
+@runs_here("torch")
 def test_the_command_says_pass_in_one_sentence_and_exits_0():
     done = cli("tests/subjects/torch_port.py:build", "--config", "tiny", "--gradients")
     assert done.returncode == 0, done.stderr
@@ -574,7 +569,7 @@ def test_the_command_says_pass_in_one_sentence_and_exits_0():
     )
 
 
-@needs("torch")
+@runs_here("torch")
 def test_the_command_puts_each_gradient_difference_down_to_its_cause():
     done = cli("tests/subjects/torch_port.py:build_wrong_backward", "--config", "tiny", "--gradients", "--dtypes",
                "float64", "--cases", "full_valid_len")  # fmt: skip
@@ -604,7 +599,7 @@ def test_the_command_exits_1_and_writes_a_repro_that_needs_numpy_alone(tmp_path)
                         element), element  # fmt: skip
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_repro_quotes_the_model_files_name_never_runs_it(tmp_path):
     """A file named with a docstring's quotes and a backslash: the repro holds its name as a string, runs,
     and runs nothing the name says."""
@@ -620,7 +615,7 @@ def test_a_repro_quotes_the_model_files_name_never_runs_it(tmp_path):
     assert not (tmp_path / "PWNED").exists()
 
 
-@needs("torch")
+@runs_here("torch")
 def test_an_exception_in_the_users_model_shows_their_frames_and_exits_2(tmp_path):
     (tmp_path / "broken.py").write_text(
         f"import sys\nsys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\n\n"
@@ -634,7 +629,7 @@ def test_an_exception_in_the_users_model_shows_their_frames_and_exits_2(tmp_path
     assert "bert_multi/verify" not in done.stderr and "site-packages" not in done.stderr
 
 
-@needs("torch")
+@runs_here("torch")
 @pytest.mark.parametrize(
     "where, code",
     [
@@ -657,7 +652,7 @@ def test_a_users_code_that_exits_is_its_error_never_a_verdict(tmp_path, where, c
     assert "raised SystemExit" in done.stderr and "Traceback (your code):" in done.stderr
 
 
-@needs("torch")
+@runs_here("torch")
 def test_a_factory_in_an_importable_module_is_found_by_its_dotted_name():
     environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     command = [sys.executable, "-m", "bert_multi.cli", "verify", "subjects.torch_port:build", "--config", "tiny"]
@@ -665,7 +660,7 @@ def test_a_factory_in_an_importable_module_is_found_by_its_dotted_name():
     assert done.returncode == 0 and done.stdout.strip().endswith("conform."), done.stderr
 
 
-@needs("torch")
+@runs_here("torch")
 def test_write_map_saves_the_placement_and_the_guess_as_map_files_that_work_as_written(tmp_path):
     written = tmp_path / "map.json"
     done = cli("tests/subjects/torch_matrices.py:build", "--config", "tiny", "--dtypes", "float64",
@@ -682,7 +677,7 @@ def test_write_map_saves_the_placement_and_the_guess_as_map_files_that_work_as_w
     assert json.loads(guessed.read_text())["names"]["encoder.segment_embedding.weight"] == "?"
 
 
-@needs("torch")
+@runs_here("torch")
 def test_write_map_saves_a_placement_that_does_not_fit_for_the_user_to_finish(tmp_path):
     """A parameter no canonical tensor sets stops the run; the placement found is written all the same,
     and listing that parameter under "ignore" is all the map file then needs."""
@@ -721,7 +716,7 @@ def test_a_model_of_a_framework_installed_elsewhere_is_verified_there_and_says_s
     assert done.returncode == (0 if report["passed"] else 1) and "Traceback" not in done.stderr
 
 
-@needs("torch")
+@runs_here("torch")
 def test_set_up_errors_are_one_line_and_exit_2(tmp_path):
     assert "no file" in cli("nothere.py:build", "--config", "tiny").stderr
     done = cli("tests/subjects/torch_port.py:nothing", "--config", "tiny")
@@ -739,7 +734,7 @@ def test_set_up_errors_are_one_line_and_exit_2(tmp_path):
 # --- users' test suites ---------------------------------------------------------------------------------
 
 
-@needs("torch")
+@runs_here("torch")
 def test_assert_model_conforms_raises_with_the_verdict():
     from subjects import torch_port
 
@@ -748,7 +743,7 @@ def test_assert_model_conforms_raises_with_the_verdict():
         assert_model_conforms(torch_port.build_faulty, "tiny", dtypes=["float64"])
 
 
-@needs("torch")
+@runs_here("torch")
 def test_the_pytest_plugin_gives_users_the_bert_verify_fixture(tmp_path):
     (tmp_path / "test_mine.py").write_text(
         f"import sys\nsys.path.insert(0, {str(SUBJECTS)!r})\nimport torch_port\n\n"
