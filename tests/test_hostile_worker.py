@@ -21,6 +21,7 @@ from bert_multi.backend import channel, remote
 from bert_multi.backend.registry import load_backend, not_in_process
 from bert_multi.backend.remote import RemoteBackend, RemoteFailure
 from bert_multi.engine.cases import CASES
+from conftest import runs_here
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBJECT = Path(__file__).parent / "subjects" / "hostile_worker.py"
@@ -213,13 +214,12 @@ def test_the_users_error_in_a_worker_is_the_users_error_here(monkeypatch, hostil
     assert caught.value.error is None  # the original exception stayed in the worker
 
 
+@runs_here("torch")
 def test_an_optimizer_state_the_worker_forgot_is_refused_where_it_arrives_and_where_it_would_be_saved(
     monkeypatch, hostile_python, tmp_path
 ):
     from bert_multi.training import TrainingState, save_training_state
 
-    if not_in_process("torch"):
-        pytest.skip(not_in_process("torch"))
     monkeypatch.setenv("HOSTILE_BACKEND", "torch")
     backend, model = hostile(monkeypatch, hostile_python, "forgets the optimizer state")
     trainer = backend.Pretrainer(model, optimizer="adam", lr=0.01)
@@ -275,6 +275,7 @@ def test_ctrl_c_ends_the_command_and_its_worker_and_leaves_nothing_behind(tmp_pa
     assert not list(temporary.glob("bert_multi-worker-*"))
 
 
+@runs_here("torch")
 def test_a_trainer_in_a_worker_given_a_shard_and_the_batchs_totals_computes_as_here():
     """Each field of the totals travels as itself: a shard's losses and gradients with the whole batch's
     totals are the same, bit for bit, through a worker of this interpreter as here, and the test is not
@@ -284,8 +285,6 @@ def test_a_trainer_in_a_worker_given_a_shard_and_the_batchs_totals_computes_as_h
     from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
     from bert_multi.training.data import shard
 
-    if not_in_process("torch"):
-        pytest.skip(not_in_process("torch"))
     data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(100)), max_len=16, seed=0)
     config = BERTConfig(len(data.vocab), 12, 20, 3, 1, max_len=16)
     weights = random_weights(config, seed=6, dtype="float64")
@@ -323,9 +322,8 @@ def command_line(hostile_python, mode, *args, backend="numpy"):
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
 
 
+@runs_here("torch")
 def test_pretraining_whose_worker_dies_ends_in_one_line(hostile_python):
-    if not_in_process("torch"):
-        pytest.skip(not_in_process("torch"))
     done = command_line(hostile_python, "dies", "pretrain", "--backend", "{backend}", "--steps", "2", backend="torch")
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()[-1:]
@@ -333,9 +331,8 @@ def test_pretraining_whose_worker_dies_ends_in_one_line(hostile_python):
     assert "Traceback" not in done.stderr
 
 
+@runs_here("torch")
 def test_a_bug_in_a_worker_is_reported_as_a_bug_here_in_one_line_with_its_traceback_kept(hostile_python):
-    if not_in_process("torch"):
-        pytest.skip(not_in_process("torch"))
     done = command_line(
         hostile_python, "raises a bug", "pretrain", "--backend", "{backend}", "--steps", "2", backend="torch"
     )
@@ -349,9 +346,8 @@ def test_a_bug_in_a_worker_is_reported_as_a_bug_here_in_one_line_with_its_traceb
     assert "in the worker:\nTraceback" in kept and "raise KeyError" in kept
 
 
+@runs_here("torch")
 def test_an_error_carried_from_a_worker_is_one_bounded_line(hostile_python):
-    if not_in_process("torch"):
-        pytest.skip(not_in_process("torch"))
     command = ("pretrain", "--backend", "{backend}", "--steps", "2")
     done = command_line(hostile_python, "raises a long error", *command, backend="torch")
     assert done.returncode == 2, done.stderr[-500:]
