@@ -18,6 +18,7 @@ from bert_multi.training import (
     paragraphs_from_lines,
     run_pretraining,
 )
+from conftest import runs_here
 
 pytestmark = pytest.mark.needs("Pretrainer")  # training: each framework's own Pretrainer
 
@@ -328,12 +329,11 @@ def test_the_d2l_0_17_pytorch_twin_leaves_the_positions_without_a_gradient(confi
     assert net.encoder.token_embedding.weight.grad is not None
 
 
+@runs_here("torch")
 def test_mixed_precision_computes_the_products_in_bfloat16_and_keeps_float32_weights(config, data, batch):
     """Asked for bfloat16, PyTorch's dense layers compute in it (seen by a hook), the loss stays near the
     oracle's (bfloat16 keeps 8 significant bits: within 1%), and the weights, their gradients and Adam's
     moments stay float32."""
-    if not_in_process("torch"):
-        pytest.skip(not_in_process("torch"))
     torch_backend = load_backend("torch")
     weights = random_weights(config, seed=1, dtype="float64")
     expected = pretraining_loss(config, weights, check_batch(config, batch), "real_slots")
