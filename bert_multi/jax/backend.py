@@ -25,6 +25,7 @@ except ImportError:  # pragma: no cover - no such JAX yet
     jax_compilation_cache = None
 
 from ..arrays import contiguous_transpose
+from ..backend.buckets import distinct_padded, padded
 from ..backend.contract import (
     BackendModel,
     BERTOutput,
@@ -46,7 +47,7 @@ from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
 from ..files.formats import flax as flax_format
 from ..spec.config import BERTConfig
-from ..spec.inputs import ModelInputs, check_inputs
+from ..spec.inputs import ModelInputs
 from ..spec.schema import param_shapes
 from .model import BERTModel
 
@@ -306,8 +307,10 @@ class JaxBERT(BackendModel):
         return precision(self.dtype, self.tf32, self.mixed_precision)
 
     def _forward(self, inputs: ModelInputs, intermediates: bool) -> BERTOutput:
+        # Framework difference: jit compiles for each input shape, so inputs are padded to a few (buckets).
+        bucketed = padded(inputs, self.config.semantics)
         with self.computing():
-            arrays = [None if a is None else jax.device_put(a, self.place) for a in inputs]
+            arrays = [None if a is None else jax.device_put(a, self.place) for a in bucketed.inputs]
             if intermediates:
                 (encoded, mlm, nsp), state = apply[self.compiled](self.module, True, self.params, *arrays)
                 found = _activations(state["intermediates"])
@@ -315,7 +318,7 @@ class JaxBERT(BackendModel):
             else:
                 encoded, mlm, nsp = apply[self.compiled](self.module, False, self.params, *arrays)
                 record = None
-            return BERTOutput(np.asarray(encoded), _to_numpy(mlm), _to_numpy(nsp), record)
+            return bucketed.cut(BERTOutput(np.asarray(encoded), _to_numpy(mlm), _to_numpy(nsp), record))
 
     def on_device(self, inputs: ModelInputs) -> Callable[[], object]:
         with self.computing():
@@ -403,13 +406,10 @@ def prepare(config: BERTConfig, groups: CaseGroups, dtypes: list[str], device: s
             cut = dataclasses.replace(config, max_len=max_len)
             module = _module(cut)
             with precision(dtype):
-                leaves = {
-                    ".".join(path): jax.ShapeDtypeStruct(shape, dtype, sharding=on_place)
-                    for path, shape in flax_shapes(cut).values()
-                }
+                shapes = flax_shapes(cut).values()
+                leaves = {".".join(path): jax.ShapeDtypeStruct(s, dtype, sharding=on_place) for path, s in shapes}
                 params = flax_format.nested(leaves)
-                for batch in batches:
-                    inputs = check_inputs(cut, **batch)
+                for inputs in distinct_padded(cut, batches):  # as a built model pads them
                     arrays = [None if a is None else jax.device_put(a, place) for a in inputs]
                     apply[target.kind].lower(module, True, params, *arrays).compile()
 
