@@ -49,7 +49,7 @@ class Padded(NamedTuple):
         """The outputs of the rows and prediction slots asked for (every output and activation has the
         batch first)."""
         B, P = self.batch_size, self.num_predictions
-        mlm = None if output.mlm is None else np.ascontiguousarray(output.mlm[:B, :P])
+        mlm = None if output.mlm is None else output.mlm[:B, :P]
         record = output.intermediates
         if record is not None:
             record = OrderedDict((name, None if a is None else a[:B]) for name, a in record.items())

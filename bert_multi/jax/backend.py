@@ -275,7 +275,7 @@ apply = Jitted(_apply, static_argnums=(0, 1))
 
 class JaxBERT(BackendModel):
     """A Flax ``BERTModel`` (``.module``) with its parameters (``.params``) on a device; the forward is
-    compiled with ``jax.jit`` (once per input shape)."""
+    compiled with ``jax.jit`` (once per input shape, padded to its bucket)."""
 
     backend = NAME
 
