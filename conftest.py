@@ -46,11 +46,13 @@ LONGEST_FIRST = [
 
 # `make test` runs the suite in both environments, and PyTorch is in both. BERT_MULTI_TESTED_ELSEWHERE
 # ("torch=.venv,once=.venv") tells the second run what the first ran: a framework's own tests (there it
-# skips the tests whose parameters name that framework alone, and its backend's file, and keeps the rest:
+# skips the tests whose parameters name that framework alone, its backend's file, and the tests of users'
+# models of it (``runs_here``, which marks them ``subject``), and keeps the rest:
 # the core's, and the conformance suite's, under NumPy 2; those that pair the framework with another), and
 # the tests marked `once`, whose subject is the same in every environment.
 TESTED_ELSEWHERE = "BERT_MULTI_TESTED_ELSEWHERE"
 ONCE = "once"
+SUBJECT = "subject"
 
 
 def tested_elsewhere() -> dict[str, str]:
@@ -74,13 +76,14 @@ def run_elsewhere(named: set[str], elsewhere: dict[str, str]) -> str | None:
 
 
 def subjects_named(item, names: set[str]) -> set[str]:
-    """Of ``names``, those a test names: in its parameters' values, or its file's (``test_torch_backend.py``);
-    and ``once`` where it is so marked."""
+    """Of ``names``, those a test names: in its parameters' values, its file's (``test_torch_backend.py``) or
+    its ``subject`` mark (``runs_here``); and ``once`` where it is so marked."""
     values = item.callspec.params.values() if hasattr(item, "callspec") else ()
     named = {value for value in values if isinstance(value, str) and value in names}
+    marked = {mark.args[0] for mark in item.iter_markers(SUBJECT)} & names
     stem = os.path.basename(item.nodeid.split("::")[0])
     once = {ONCE} if item.get_closest_marker(ONCE) else set()
-    return named | once | {name for name in names if stem == f"test_{name}_backend.py"}
+    return named | marked | once | {name for name in names if stem == f"test_{name}_backend.py"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -101,11 +104,21 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=cuda_cost)
 
 
-def runs_here(backend: str):
-    """A mark that skips a test unless the backend's framework runs in this process (users' models of it
-    are built and wrapped here), with the reason it does not."""
+class Marks(list):
+    """Marks that decorate a test together, or go to ``pytest.param(..., marks=...)`` as they are."""
+
+    def __call__(self, test):
+        for mark in self:
+            test = mark(test)
+        return test
+
+
+def runs_here(backend: str) -> Marks:
+    """Marks that skip a test unless the backend's framework runs in this process (users' models of it are
+    built and wrapped here), with the reason it does not, and make it a test of that framework alone
+    (``subject``): ``make test`` runs it where that framework's own tests run."""
     reason = not_in_process(backend)
-    return pytest.mark.skipif(reason is not None, reason=str(reason))
+    return Marks([pytest.mark.skipif(reason is not None, reason=str(reason)), pytest.mark.subject(backend)])
 
 
 def cuda_cost(item):

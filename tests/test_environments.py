@@ -335,8 +335,8 @@ def test_mxnet_and_jax_gradients_agree_across_their_environments():
 class Collected:
     """What conftest's collection hook reads of a test: its id, its parameters and the marks it is given."""
 
-    def __init__(self, nodeid, once=False, **params):
-        self.nodeid, self.marks, self.once = nodeid, [], once
+    def __init__(self, nodeid, once=False, subject=None, **params):
+        self.nodeid, self.marks, self.once, self.subject = nodeid, [], once, subject
         if params:
             self.callspec = type("CallSpec", (), {"params": params})()
 
@@ -345,6 +345,9 @@ class Collected:
 
     def get_closest_marker(self, name):
         return pytest.mark.once if name == "once" and self.once else None
+
+    def iter_markers(self, name):
+        return [pytest.mark.subject(self.subject)] if name == "subject" and self.subject else []
 
 
 def test_a_run_told_that_pytorchs_tests_run_elsewhere_skips_those_alone(monkeypatch):
@@ -355,6 +358,8 @@ def test_a_run_told_that_pytorchs_tests_run_elsewhere_skips_those_alone(monkeypa
             "alone": Collected("tests/test_a.py::test[torch]", framework="torch", dtype="float32"),
             "paired": Collected("tests/test_a.py::test[torch-jax]", first="torch", second="jax"),
             "its file": Collected("tests/test_torch_backend.py::test"),
+            "a users model of it": Collected("tests/test_b.py::test_port", subject="torch"),
+            "a users model of another": Collected("tests/test_b.py::test_flax_port", subject="jax"),
             "the core": Collected("tests/test_a.py::test"),
             "another": Collected("tests/test_a.py::test[jax]", framework="jax"),
             "the same everywhere": Collected("tests/test_b.py::test", once=True),
@@ -364,7 +369,7 @@ def test_a_run_told_that_pytorchs_tests_run_elsewhere_skips_those_alone(monkeypa
         return {name: [mark.kwargs["reason"] for mark in item.marks] for name, item in items.items() if item.marks}
 
     config = type("Config", (), {"getoption": staticmethod(lambda name: "")})()
-    torchs = {"alone": ["torch: run in .venv (make test)"], "its file": ["torch: run in .venv (make test)"]}
+    torchs = {name: ["torch: run in .venv (make test)"] for name in ("alone", "its file", "a users model of it")}
     assert skipped_when_told("torch=.venv") == torchs
     once = {"the same everywhere": ["once: run in .venv (make test)"]}
     assert skipped_when_told("torch=.venv,once=.venv") == {**torchs, **once}
