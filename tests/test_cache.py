@@ -99,6 +99,36 @@ def test_a_warm_cache_computes_exactly_what_a_cold_one_and_none_compute(tmp_path
     assert stated == {str(directory / "jax")} and off["runtime"]["jax float64 cpu"]["compilation cache"] == "off"
 
 
+# What a user's factory compiles (Flax's initializers, a second or so each on a CPU) is kept as well:
+# verify loads the backend of each framework the model's file imported before it calls the factory.
+USERS_FACTORY = """
+import flax
+import jax
+from bert_multi import verify
+
+seen = []
+
+def build(config):
+    seen.append(jax.config.jax_compilation_cache_dir)
+    raise RuntimeError("enough")
+
+try:
+    verify(build, "tiny")
+except Exception as error:
+    assert "enough" in str(error), error
+print(seen)
+"""
+
+
+def test_a_users_flax_factory_compiles_with_the_cache_in_place(tmp_path):
+    pytest.importorskip("jax")
+    environment = {**os.environ, CACHE_VARIABLE: str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
+    command = [sys.executable, "-c", USERS_FACTORY]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr([str(tmp_path / "jax")])
+
+
 # --- Entries that cannot be trusted ----------------------------------------------------------------------
 
 

@@ -287,18 +287,23 @@ def wrapper_for(model: object) -> LoadedBackend | None:
     """The backend that wraps ``model`` (a user's own model object) for ``bert-multi verify``: of those
     declaring one of its classes in ``USER_MODELS``, the one nearest its own class (transformers' before
     PyTorch's for a transformers model, which is also an ``nn.Module``); None if no backend does."""
-    found: list[tuple[int, LoadedBackend]] = []
+    found = [(depth, backend) for backend in imported_backends() if (depth := backend.wraps(model)) is not None]
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def imported_backends() -> list[LoadedBackend]:
+    """The backends, loaded, of the frameworks this process has imported (a user's model file imports its
+    own): nothing of another framework's, so that verifying a torch model imports no MXNet. Loaded before a
+    user's code computes, a backend's settings (JAX's compilation cache) hold for what it compiles too."""
+    loaded = []
     for name, registration in _REGISTRY.all().items():
         if registration.packages and registration.packages[0] not in sys.modules:
-            continue  # nothing of that framework's can be here: verifying a torch model imports no MXNet
+            continue
         try:
-            backend = load_backend(name)
+            loaded.append(load_backend(name))
         except (CannotRunHere, BackendContractError):
             continue
-        depth = backend.wraps(model)
-        if depth is not None:
-            found.append((depth, backend))
-    return min(found, key=lambda item: item[0])[1] if found else None
+    return loaded
 
 
 def environment_for(package: str) -> tuple[str, Path] | None:

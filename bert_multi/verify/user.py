@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..backend.contract import BackendModel, BERTOutput, Device, matmul_precision, parse_device, prepare_weights
-from ..backend.registry import LoadedBackend, wrapper_for
+from ..backend.registry import LoadedBackend, imported_backends, wrapper_for
 from ..errors import CannotRunHere, UsageError, UserCodeError
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
@@ -63,6 +63,7 @@ def example_inputs(config: BERTConfig) -> ModelInputs:
 def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tuple[Subject, LoadedBackend | None]:
     """The user's model for ``config`` at ``dtype`` on ``device``, wrapped by its framework, and the
     backend of that framework (None for a NumPy-protocol model)."""
+    imported_backends()
     model, copied = given.make(config, dtype, device)
     # A framework that keeps the parameters apart from the model (Flax) is given (model, parameters).
     backend = wrapper_for(model[0] if isinstance(model, tuple) and len(model) == 2 else model)
