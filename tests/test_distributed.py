@@ -121,6 +121,34 @@ def test_a_worker_that_dies_stops_the_run_with_a_message_naming_it(framework):
     assert len(outcome) == 1 and outcome[0].startswith("worker ") and "of 2 died (signal SIGKILL)" in outcome[0]
 
 
+# A script that starts workers from its top level: spawn runs it again in each worker, where it fails
+# before the worker has read what it was sent (here more than a pipe holds).
+UNGUARDED_SCRIPT = """
+from bert_multi import BERTConfig, init_weights, load_backend
+from bert_multi.training import PretrainingData, builtin_corpus, paragraphs_from_lines
+
+data = PretrainingData.from_paragraphs(paragraphs_from_lines(builtin_corpus(200)), max_len=32, seed=0)
+config = BERTConfig(len(data.vocab), 16, 24, 2, 2, max_len=32)
+weights = init_weights(config, seed=1, dtype="float64")
+load_backend({name!r}).module.train_data_parallel(2, config=config, weights=weights, data=data, steps=1, batch_size=16)
+"""
+
+
+def test_workers_started_from_a_scripts_top_level_fail_the_run_and_never_hang_it(framework, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert sum(array.nbytes for array in WEIGHTS.values()) > 1 << 16  # more than a pipe holds
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT.format(name=framework.NAME))
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=environment)
+    assert done.returncode != 0 and "of 2 died" in done.stderr, done.stderr[-3000:]
+    assert "if __name__ == '__main__'" in done.stderr  # multiprocessing's own advice, from the workers
+
+
 def test_the_command_line_runs_workers_and_says_so(tmp_path, capsys):
     pytest.importorskip("torch")
     from bert_multi.cli import main

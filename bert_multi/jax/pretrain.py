@@ -27,6 +27,7 @@ from ..training import (
     TrainingRun,
     check_batch,
     free_address,
+    handout,
     load_run,
     run_pretraining,
     save_run,
@@ -309,9 +310,8 @@ def end_worker(code: int) -> int:
     return code
 
 
-def _worker(
-    rank: int, workers: int, address: str, cores: list[int], out: str, progress: Any, arguments: dict[str, Any]
-) -> None:
+def _worker(rank: int, workers: int, address: str, cores: list[int], out: str, progress: Any, inputs: Any) -> None:
+    arguments = inputs.get()
     # XLA sizes its thread pool from the cores this process may run on, when JAX first computes.
     os.sched_setaffinity(0, cores)
     # gloo greets each connection on stdout; a worker's progress goes through the queue instead.
@@ -343,9 +343,10 @@ def train_data_parallel(
         [usable[(rank * threads_per_worker + index) % len(usable)] for index in range(threads_per_worker)]
         for rank in range(workers)
     ]
+    inputs = handout(spawn, arguments, workers)
     with tempfile.TemporaryDirectory() as out:
         processes = [
-            spawn.Process(target=_worker, args=(rank, workers, address, cores[rank], out, progress, arguments))
+            spawn.Process(target=_worker, args=(rank, workers, address, cores[rank], out, progress, inputs))
             for rank in range(workers)
         ]
         for process in processes:

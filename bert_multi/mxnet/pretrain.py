@@ -26,6 +26,7 @@ from ..training import (
     TrainingRun,
     check_batch,
     free_address,
+    handout,
     load_run,
     run_pretraining,
     save_run,
@@ -213,7 +214,8 @@ class Pretrainer(Trainer):
         optimizer.num_update = steps
 
 
-def _worker(workers: int, out: str, progress: Any, arguments: dict[str, Any]) -> None:
+def _worker(workers: int, out: str, progress: Any, inputs: Any) -> None:
+    arguments = inputs.get()
     rank = dist_kvstore().rank  # the scheduler numbers the workers as they join
     report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
     run = run_pretraining("mxnet", rank=rank, workers=workers, on_step=report, **arguments)
@@ -255,6 +257,7 @@ def train_data_parallel(
     }
     spawn = multiprocessing.get_context("spawn")
     progress = spawn.SimpleQueue()
+    inputs = handout(spawn, arguments, workers)
 
     # Framework difference: MXNet's engine is a scheduler and key-value servers besides the workers. A
     # process whose DMLC_ROLE is scheduler or server takes that role when it imports mxnet, and exits
@@ -268,7 +271,7 @@ def train_data_parallel(
             # OMP_NUM_THREADS must be set before a worker imports MXNet, so the workers inherit it.
             with worker_environment({**dmlc, "DMLC_ROLE": "worker", "OMP_NUM_THREADS": str(threads_per_worker)}):
                 processes = [
-                    spawn.Process(target=_worker, args=(workers, out, progress, arguments)) for _ in range(workers)
+                    spawn.Process(target=_worker, args=(workers, out, progress, inputs)) for _ in range(workers)
                 ]
                 for process in processes:
                     process.start()

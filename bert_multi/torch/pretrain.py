@@ -26,6 +26,7 @@ from ..training import (
     TrainingRun,
     check_batch,
     free_address,
+    handout,
     load_run,
     relay_steps,
     run_pretraining,
@@ -218,10 +219,9 @@ def end_worker(code: int) -> int:
     os._exit(code)
 
 
-def _worker(
-    rank: int, workers: int, address: str, threads: int, out: str, progress: Any, arguments: dict[str, Any]
-) -> None:
+def _worker(rank: int, workers: int, address: str, threads: int, out: str, progress: Any, inputs: Any) -> None:
     torch.set_num_threads(threads)
+    arguments = inputs.get()
     report = (lambda step, losses: progress.put((step, tuple(losses)))) if rank == 0 else None
     with process_group(rank, workers, address):
         run = run_pretraining("torch", rank=rank, workers=workers, on_step=report, **arguments)
@@ -241,11 +241,11 @@ def train_data_parallel(
     ``on_step(step, losses)`` sees worker 0's steps as they happen. A worker that raises or dies stops
     the others at once and raises ``WorkerFailed`` naming it."""
     spawn = torch.multiprocessing.get_context("spawn")
-    progress = spawn.SimpleQueue()
+    progress, inputs = spawn.SimpleQueue(), handout(spawn, arguments, workers)
     with tempfile.TemporaryDirectory() as out:
         context = torch.multiprocessing.start_processes(
             _worker,
-            args=(workers, free_address(), threads_per_worker, out, progress, arguments),
+            args=(workers, free_address(), threads_per_worker, out, progress, inputs),
             nprocs=workers,
             join=False,
             start_method="spawn",

@@ -128,6 +128,22 @@ def load_run(directory: str | os.PathLike, backend_name: str) -> TrainingRun:
     )
 
 
+def handout(context: Any, arguments: dict[str, Any], workers: int) -> Any:
+    """A queue holding a copy of ``arguments`` for each of ``workers`` processes that ``context`` (a
+    multiprocessing context) is about to start; each worker takes one with ``get()``.
+
+    A spawned process is sent its target's arguments as it starts, and ``start()`` waits until the pipe has
+    taken them all: a worker that dies before reading them (a script that starts workers from its top level,
+    without ``if __name__ == "__main__":``, runs itself again in each, which fails) would leave that wait,
+    and the run, hanging for ever. A queue's own thread writes them instead, so a dead worker is seen and
+    named. Keep the queue until the workers have ended: the semaphore they open goes with it."""
+    queue = context.Queue()
+    queue.cancel_join_thread()  # a copy no worker took is not waited for as this process exits
+    for _ in range(workers):
+        queue.put(arguments)
+    return queue
+
+
 def relay_steps(progress, on_step) -> None:
     """Pass the (step, losses) worker 0 has queued so far to ``on_step``, in order."""
     while not progress.empty():
