@@ -17,9 +17,9 @@ from hostile import HOSTILE, fuzz_in_child, npy_bytes, probe_in_child, weights_b
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import conftest
 from bert_multi import WeightsError, load_weights
 from bert_multi.backend.registry import not_in_process
-from conftest import run_elsewhere, tested_elsewhere
 
 # Readers and the frameworks they need. "mxnet" is the MXNet backend's load_checkpoint on the .params
 # reproducers: it must never hand a file to MXNet's own C++ reader, which crashes on some of them.
@@ -54,7 +54,7 @@ def skipped(reader):
     framework = READERS[reader]
     if framework is None:
         return None
-    return run_elsewhere({framework}, tested_elsewhere()) or not_in_process(framework)
+    return conftest.run_elsewhere({framework}, conftest.tested_elsewhere()) or not_in_process(framework)
 
 
 def skip_without(reader):
