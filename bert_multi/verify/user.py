@@ -63,7 +63,7 @@ def example_inputs(config: BERTConfig) -> ModelInputs:
 def subject_of(given: Given, config: BERTConfig, dtype: str, device: str) -> tuple[Subject, LoadedBackend | None]:
     """The user's model for ``config`` at ``dtype`` on ``device``, wrapped by its framework, and the
     backend of that framework (None for a NumPy-protocol model)."""
-    imported_backends()
+    imported_backends()  # loaded before the user's code runs, so their settings hold for it (JAX's cache)
     model, copied = given.make(config, dtype, device)
     # A framework that keeps the parameters apart from the model (Flax) is given (model, parameters).
     backend = wrapper_for(model[0] if isinstance(model, tuple) and len(model) == 2 else model)
