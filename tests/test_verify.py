@@ -706,9 +706,8 @@ def test_a_model_of_a_framework_installed_elsewhere_is_verified_there_and_says_s
         pytest.skip(f"{backend} runs in this process: nothing to send elsewhere")
     if load_backend(backend).elsewhere is None:
         pytest.skip(f"no environment with {backend} here")
-    # One case: what is tested is the trip to the other environment and back (its cases, in its own run).
-    done = cli(f"tests/subjects/{subject}.py:build", "--config", "tiny", "--dtypes", "float64", "--cases",
-               "mixed_valid_lens", "--json", str(tmp_path / "report.json"))  # fmt: skip
+    done = cli(f"tests/subjects/{subject}.py:build", "--config", "tiny", "--dtypes", "float64", "--json",
+               str(tmp_path / "report.json"))  # fmt: skip
     first = done.stdout.splitlines()[0]
     package = {"jax": "jax", "mxnet": "mxnet"}[backend]
     assert first.startswith(f"your model imports {package}, which is not installed here: verify runs it in .venv")
