@@ -99,6 +99,15 @@ def test_a_warm_cache_computes_exactly_what_a_cold_one_and_none_compute(tmp_path
     assert stated == {str(directory / "jax")} and off["runtime"]["jax float64 cpu"]["compilation cache"] == "off"
 
 
+def python_with_cache(script: str, directory: Path) -> subprocess.CompletedProcess:
+    """``script`` run by this environment's Python on this tree with its cache in ``directory``; it must
+    end well."""
+    environment = {**os.environ, CACHE_VARIABLE: str(directory), "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=environment)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 # What a user's factory compiles (Flax's initializers, a second or so each on a CPU) is kept as well:
 # verify loads the backend of each framework the model's file imported before it calls the factory.
 USERS_FACTORY = """
@@ -122,11 +131,7 @@ print(seen)
 
 def test_a_users_flax_factory_compiles_with_the_cache_in_place(tmp_path):
     pytest.importorskip("jax")
-    environment = {**os.environ, CACHE_VARIABLE: str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
-    command = [sys.executable, "-c", USERS_FACTORY]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == repr([str(tmp_path / "jax")])
+    assert python_with_cache(USERS_FACTORY, tmp_path).stdout.strip() == repr([str(tmp_path / "jax")])
 
 
 # --- Entries that cannot be trusted ----------------------------------------------------------------------
@@ -253,11 +258,7 @@ def test_jax_computes_its_own_programs_whatever_the_cache_holds(tmp_path):
     pytest.importorskip("jax")
 
     def run():
-        environment = {**os.environ, CACHE_VARIABLE: str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
-        done = subprocess.run(
-            [sys.executable, "-c", JITTED], capture_output=True, text=True, timeout=300, env=environment
-        )
-        assert done.returncode == 0, done.stderr
+        done = python_with_cache(JITTED, tmp_path)
         return json.loads(done.stdout), done.stderr
 
     assert run() == ([7.0, 8.0], "")
