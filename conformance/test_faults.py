@@ -125,6 +125,18 @@ def torch_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
+    def additive_mask(mp):  # -1e6 added to the masked scores, where d2l puts it in their place
+        def masked_softmax(X, valid_lens):
+            if valid_lens is None:
+                return nn.functional.softmax(X, dim=-1)
+            shape = X.shape
+            lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
+            mask = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
+            rows = X.reshape(-1, shape[-1])
+            return nn.functional.softmax(torch.where(mask, rows, rows - 1e6).reshape(shape), dim=-1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = _tokens_seen(mp, model)
 
@@ -284,6 +296,18 @@ def mxnet_faults():
             lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
             X = npx.sequence_mask(X.reshape(-1, shape[-1]), lens, True, value=-math.inf, axis=1)
             return npx.softmax(X).reshape(shape)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def additive_mask(mp):  # -1e6 added to the masked scores, where d2l puts it in their place
+        def masked_softmax(X, valid_lens):
+            if valid_lens is None:
+                return npx.softmax(X)
+            shape = X.shape
+            lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
+            rows = X.reshape(-1, shape[-1])
+            keep = npx.sequence_mask(np.ones_like(rows), lens, True, value=0, axis=1)
+            return npx.softmax(rows - (1 - keep) * 1e6).reshape(shape)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
@@ -475,6 +499,17 @@ def jax_faults():
             lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
             keep = jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None]
             return nn.softmax(jnp.where(keep, X, -jnp.inf), axis=-1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+        _plant_flax(mp)
+
+    def additive_mask(mp):  # -1e6 added to the masked scores, where d2l puts it in their place
+        def masked_softmax(X, valid_lens):
+            if valid_lens is None:
+                return nn.softmax(X, axis=-1)
+            lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
+            keep = jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None]
+            return nn.softmax(jnp.where(keep, X, X - 1e6), axis=-1)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
         _plant_flax(mp)

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from subjects import torch_native, torch_repo, torch_scratch, torch_tutorial
+from subjects import torch_fused, torch_native, torch_repo, torch_scratch, torch_tutorial
 
 from bert_multi import BERTConfig
 from bert_multi.backend.registry import not_in_process
@@ -111,6 +111,24 @@ def test_the_command_gives_a_port_on_torchs_own_blocks_a_verdict_and_exit_1(caps
     last = captured.out.strip().splitlines()[-1]
     assert re.match(r"FAIL: torch_native\.py:build first diverges at blks\.0\.attention", last)
     assert "attend to every key alike" in last
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mask, mistake", [("additive", "additive_mask"), ("boolean", "masked_rows_zero")])
+@runs_here("torch")
+def test_a_port_with_a_fused_projection_and_torchs_fused_attention_has_its_mask_named(mask, mistake, dtype):
+    """One matrix for the queries, keys and values, split in three by order of use; the way its mask treats a
+    row with no key to attend to named in either dtype (in float32, -1e6 added to a score rounds it to 1/16)."""
+    report = verify(functools.partial(torch_fused.build, mask=mask), ODD, dtypes=[dtype])
+    placed = report.mapping.placements
+    assert [placed[f"encoder.blks.1.attention.{name}.weight"].describe() for name in ("W_q", "W_k", "W_v")] == [
+        f"blocks.1.qkv.weight[{part}/3]" for part in (0, 1, 2)
+    ]
+    said = [(diagnosis.mistake.name, diagnosis.where) for diagnosis in report.diagnoses if diagnosis.mistake]
+    assert said == [(mistake, "blocks.0.proj"), (mistake, "blocks.1.proj")]
+    assert len(report.diagnoses) == 2
+    assert {check.case for check in report.forward.failures()} == {"mixed_valid_lens", "valid_len_zero"}
+    assert {error.case for error in report.forward.errors} == {"valid_lens_2d"}  # one length per sequence only
 
 
 @runs_here("torch")

@@ -126,6 +126,16 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"empty": "zero"}],
     ),
     Mistake(
+        "additive_mask",
+        "blks.0.attention",
+        "valid_len_zero",
+        lambda rule, config: (
+            f"adds {_fill(rule['fill'])} to the masked scores (an additive mask) where d2l puts -1e6 in their place: "
+            "a row whose every key is masked then attends as if none were, where d2l's attends to every key alike"
+        ),
+        lambda site: [{"fill": fill, "additive": True} for fill in (-1e4, -1e6)],
+    ),
+    Mistake(
         "mask_from_tokens",
         "blks.0.attention",
         "mixed_valid_lens",

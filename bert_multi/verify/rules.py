@@ -1,8 +1,8 @@
 """The oracle's rules at one site of a user's model, open to the changes the catalogue of known mistakes
 makes (``mistakes``): each activation recomputed from the module's own recorded input, d2l's way or with
-one rule changed (a LayerNorm's epsilon or form, the activation, the mask's fill, the score's scale, the
-lengths' layout over the heads, the biases, a transposed weight, pre-norm, the embedding's segments and
-positions, the pooled position, zeros at padded positions)."""
+one rule changed (a LayerNorm's epsilon or form, the activation, the mask's fill, put in place or added,
+the score's scale, the lengths' layout over the heads, the biases, a transposed weight, pre-norm, the
+embedding's segments and positions, the pooled position, zeros at padded positions)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,13 @@ class Site:
         if value is None:
             raise KeyError(name)
         return np.asarray(value, dtype=np.float64)
+
+    @property
+    def precision(self) -> np.dtype:
+        """The floating dtype the user's model computed this activation in (float64 where it is not known)."""
+        value = self.recorded.get(self.activation)
+        dtype = np.asarray(value).dtype if value is not None else np.dtype(np.float64)
+        return dtype if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
 
     def encoding(self) -> np.ndarray:
         """The encoding the heads read: the last block's output where it was recorded (the run whose
@@ -181,13 +188,14 @@ def _normalised(X: np.ndarray, weights: Mapping[str, np.ndarray], prefix: str, e
     return layer_norm(X, weights[f"{prefix}.weight"], weights[f"{prefix}.bias"], eps, form)
 
 
-ATTENTION_RULES = ("fill", "scale", "layout", "bias", "transposed", "empty", "attend")
+ATTENTION_RULES = ("fill", "additive", "scale", "layout", "bias", "transposed", "empty", "attend")
 
 
 def _attention(
     site: Site,
     X: np.ndarray,
     fill: float | str = oracle.MASK_VALUE,
+    additive: bool = False,
     scale: str = "head",
     layout: str | None = None,
     bias: bool | None = None,
@@ -195,7 +203,10 @@ def _attention(
     empty: str = "uniform",
     attend: str = "valid_lens",
 ) -> np.ndarray:
-    """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change; ``empty``:
+    """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change; ``additive``:
+    ``fill`` added to the masked scores rather than put in their place (softmax does not change when a whole
+    row is shifted, so a row whose every key is masked attends as if none were), the sum rounded to the
+    precision the model computed in (in float32, -1e6 keeps a score to 1/16); ``empty``:
     what a row whose every key is masked attends to, "uniform" (d2l's -1e6) or "zero" (none at all);
     ``attend``: the keys attended to, those within "valid_lens" or those whose token id is not 0 ("tokens")."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
@@ -219,7 +230,11 @@ def _attention(
         lens = oracle.repeat_over_heads(valid_lens, heads, layout or semantics.valid_lens_over_heads)
         lens = lens[:, None] if lens.ndim == 1 else lens
         keep = np.arange(scores.shape[-1])[None, None, :] < lens[:, :, None]
-        scores = np.where(keep, scores, fill)
+        if additive:
+            masked = scores.astype(site.precision) + np.where(keep, 0.0, fill).astype(site.precision)
+            scores = masked.astype(np.float64)
+        else:
+            scores = np.where(keep, scores, fill)
     with np.errstate(invalid="ignore"):  # -inf everywhere in a row is NaN, as in the frameworks
         attention = oracle.softmax(scores)
     if empty == "zero" and keep is not None:

@@ -80,8 +80,11 @@ class SelfAttention(nn.Module):
             else:
                 lens = per_row[:, None, :].expand(-1, self.heads, -1)
             keep = torch.arange(scores.shape[-1], device=x.device) < lens[..., None]
-            fill = {"inf_mask": -math.inf, "zero_fill": 0.0}.get(self.fault, -1e6)
-            scores = scores.masked_fill(~keep, fill)
+            if self.fault == "additive_mask":  # -1e4 added where masked, as transformers' BERT once did
+                scores = scores + (~keep).to(scores.dtype) * -1e4
+            else:
+                fill = {"inf_mask": -math.inf, "zero_fill": 0.0}.get(self.fault, -1e6)
+                scores = scores.masked_fill(~keep, fill)
         weights = torch.softmax(scores, dim=-1)
         if self.fault == "empty_rows_zero" and valid_lens is not None:  # a row with no valid key attends to none
             weights = weights * (lens > 0)[..., None]
