@@ -137,6 +137,12 @@ def torch_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
+    def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
+        original = model.masked_softmax
+        mp.setattr(
+            model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
+        )
+
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = _tokens_seen(mp, model)
 
@@ -180,6 +186,15 @@ def torch_faults():
             return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
 
         mp.setattr(model.BERTModel, "forward", forward)
+
+    def pooler_activation(mp):  # the pooler's tanh left out
+        init = model.BERTModel.__init__
+
+        def without_tanh(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.hidden[1] = nn.Identity()
+
+        mp.setattr(model.BERTModel, "__init__", without_tanh)
 
     def padded_positions_zero(mp):  # the encoder's output zero past each valid_len, as nested tensors give
         original = model.BERTEncoder.forward
@@ -311,6 +326,12 @@ def mxnet_faults():
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
+    def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
+        original = model.masked_softmax
+        mp.setattr(
+            model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
+        )
+
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = _tokens_seen(mp, model)
 
@@ -354,6 +375,14 @@ def mxnet_faults():
             return encoded_X, mlm_Y_hat, self.nsp(self.hidden(encoded_X[:, -1, :]))
 
         mp.setattr(model.BERTModel, "forward", forward)
+
+    def pooler_activation(mp):  # the pooler's tanh left out (Gluon's Dense holds its activation: made without)
+        dense = model._dense
+
+        def without_tanh(*args, activation=None, **kwargs):
+            return dense(*args, activation=None if activation == "tanh" else activation, **kwargs)
+
+        mp.setattr(model, "_dense", without_tanh)
 
     def padded_positions_zero(mp):  # the encoder's output zero past each valid_len, as nested tensors give
         original = model.BERTEncoder.forward
@@ -514,6 +543,13 @@ def jax_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
         _plant_flax(mp)
 
+    def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
+        original = model.masked_softmax
+        mp.setattr(
+            model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
+        )
+        _plant_flax(mp)
+
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = {}
 
@@ -568,6 +604,18 @@ def jax_faults():
 
         _plant_flax(mp)
         mp.setattr(backend, "BERTModel", LastPosition)
+
+    def pooler_activation(mp):  # the pooler's tanh left out
+        class NoTanh(model.BERTModel):
+            def __call__(self, tokens, segments, valid_lens=None, pred_positions=None, training=False):
+                encoded_X = self.encoder(tokens, segments, valid_lens, training)
+                mlm_Y_hat = None if pred_positions is None else self.mlm(encoded_X, pred_positions)
+                pooled = self.hidden(encoded_X[:, 0, :])
+                self.sow("intermediates", "pooler", pooled)
+                return encoded_X, mlm_Y_hat, self.nsp(pooled)
+
+        _plant_flax(mp)
+        mp.setattr(backend, "BERTModel", NoTanh)
 
     def padded_positions_zero(mp):  # the encoder's output zero past each valid_len, as nested tensors give
         class Zeroed(model.BERTEncoder):

@@ -69,8 +69,11 @@ DIAGNOSED = {
                                       "Transformer's) where d2l learns them"),
     "no_segments": ("segments_ignored", "leaves the segment embedding out of the embedding sum"),
     "last_position": ("pooler_position", "the input of nsp_out pools the last position"),
+    "no_tanh": ("pooler_activation", "the input of nsp_out uses no activation after the pooler's dense layer where "
+                                     "d2l uses tanh"),
     "dropout_on": ("dropout_at_inference", "layers.0.attn.out leaves dropout on at inference"),
     "additive_mask": ("additive_mask", "layers.0.attn.out adds -10000 to the masked scores (an additive mask)"),
+    "mask_le": ("mask_off_by_one", "layers.0.attn.out attends to one key past each valid length"),
     "empty_rows_zero": ("masked_rows_zero", "layers.0.attn.out gives a row whose every key is masked no attention"),
     "padded_zero": ("padded_positions_zero", "the encoding your model returns returns zeros at the padded positions"),
     "std_eps": ("layer_norm_form", "layers.0.norm1 computes LayerNorm as (x - mean) / (std + eps) with the unbiased "

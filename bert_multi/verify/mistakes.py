@@ -136,6 +136,18 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"fill": fill, "additive": True} for fill in (-1e4, -1e6)],
     ),
     Mistake(
+        "mask_off_by_one",
+        "blks.0.attention",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            "attends to one key past each valid length (the mask compares with <= where d2l's keeps the keys < "
+            "valid_len)"
+            if rule["mask_shift"] > 0
+            else "masks the last key within each valid length too (one key fewer than valid_lens attended to)"
+        ),
+        lambda site: [{"mask_shift": 1}, {"mask_shift": -1}],
+    ),
+    Mistake(
         "mask_from_tokens",
         "blks.0.attention",
         "mixed_valid_lens",
@@ -253,6 +265,16 @@ CATALOGUE: tuple[Mistake, ...] = (
         "batch_one",
         lambda rule, config: "pools the last position where d2l pools <cls>, the first",
         lambda site: [{"position": -1}],
+    ),
+    Mistake(
+        "pooler_activation",
+        "pooler",
+        "mixed_valid_lens",
+        lambda rule, config: (
+            f"uses {ACTIVATION_NAMES[rule['pooler_activation']]} after the pooler's dense layer where "
+            f"{config.semantics.name} uses tanh"
+        ),
+        lambda site: [{"pooler_activation": name} for name in ACTIVATIONS if name != "tanh"],
     ),
     # Nothing to compute: a model with dropout on gives two answers to one input (``diagnose``).
     Mistake(

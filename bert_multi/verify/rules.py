@@ -2,7 +2,7 @@
 makes (``mistakes``): each activation recomputed from the module's own recorded input, d2l's way or with
 one rule changed (a LayerNorm's epsilon or form, the activation, the mask's fill, put in place or added,
 the score's scale, the lengths' layout over the heads, the biases, a transposed weight, pre-norm, the
-embedding's segments and positions, the pooled position, zeros at padded positions)."""
+embedding's segments and positions, the pooler's position and activation, zeros at padded positions)."""
 
 from __future__ import annotations
 
@@ -173,7 +173,8 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
         return hidden @ weights["encoder.token_embedding.weight"].T + weights["mlm.mlp.3.bias"]
     if kind == "pooler":
         encoded = site.encoding()
-        return np.tanh(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
+        act = ACTIVATIONS[rule.get("pooler_activation", "tanh")]
+        return act(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
     if kind == "encoded":  # the last block's output, as the encoder returns it
         last = f"blks.{config.num_blks - 1}"
         X = site.own(f"{last}.ln2_input") + site.own(f"{last}.ffn") if pre_norm else site.own(f"{last}.output")
@@ -188,7 +189,7 @@ def _normalised(X: np.ndarray, weights: Mapping[str, np.ndarray], prefix: str, e
     return layer_norm(X, weights[f"{prefix}.weight"], weights[f"{prefix}.bias"], eps, form)
 
 
-ATTENTION_RULES = ("fill", "additive", "scale", "layout", "bias", "transposed", "empty", "attend")
+ATTENTION_RULES = ("fill", "additive", "mask_shift", "scale", "layout", "bias", "transposed", "empty", "attend")
 
 
 def _attention(
@@ -196,6 +197,7 @@ def _attention(
     X: np.ndarray,
     fill: float | str = oracle.MASK_VALUE,
     additive: bool = False,
+    mask_shift: int = 0,
     scale: str = "head",
     layout: str | None = None,
     bias: bool | None = None,
@@ -206,7 +208,8 @@ def _attention(
     """d2l's multi-head attention (``oracle.multi_head_attention``) with its rules open to change; ``additive``:
     ``fill`` added to the masked scores rather than put in their place (softmax does not change when a whole
     row is shifted, so a row whose every key is masked attends as if none were), the sum rounded to the
-    precision the model computed in (in float32, -1e6 keeps a score to 1/16); ``empty``:
+    precision the model computed in (in float32, -1e6 keeps a score to 1/16); ``mask_shift``: each length
+    moved by that many keys (1: ``<=`` written for ``<``); ``empty``:
     what a row whose every key is masked attends to, "uniform" (d2l's -1e6) or "zero" (none at all);
     ``attend``: the keys attended to, those within "valid_lens" or those whose token id is not 0 ("tokens")."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
@@ -229,7 +232,7 @@ def _attention(
     elif valid_lens is not None and fill != "none":
         lens = oracle.repeat_over_heads(valid_lens, heads, layout or semantics.valid_lens_over_heads)
         lens = lens[:, None] if lens.ndim == 1 else lens
-        keep = np.arange(scores.shape[-1])[None, None, :] < lens[:, :, None]
+        keep = np.arange(scores.shape[-1])[None, None, :] < lens[:, :, None] + mask_shift
         if additive:
             masked = scores.astype(site.precision) + np.where(keep, 0.0, fill).astype(site.precision)
             scores = masked.astype(np.float64)

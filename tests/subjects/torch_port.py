@@ -79,7 +79,8 @@ class SelfAttention(nn.Module):
                 lens = per_row[torch.arange(b * self.heads, device=x.device) % b].reshape(b, self.heads, -1)
             else:
                 lens = per_row[:, None, :].expand(-1, self.heads, -1)
-            keep = torch.arange(scores.shape[-1], device=x.device) < lens[..., None]
+            positions = torch.arange(scores.shape[-1], device=x.device)
+            keep = positions <= lens[..., None] if self.fault == "mask_le" else positions < lens[..., None]
             if self.fault == "additive_mask":  # -1e4 added where masked, as transformers' BERT once did
                 scores = scores + (~keep).to(scores.dtype) * -1e4
             else:
@@ -169,7 +170,8 @@ class MyBERT(nn.Module):
             rows = torch.arange(x.shape[0], device=x.device)[:, None]
             picked = x[rows, pred_positions]
             mlm = self.mlm_out(self.mlm_norm(torch.relu(self.mlm_hidden(picked))))
-        nsp = self.nsp_out(torch.tanh(self.pool(x[:, -1 if self.fault == "last_position" else 0])))
+        pooled = self.pool(x[:, -1 if self.fault == "last_position" else 0])
+        nsp = self.nsp_out(pooled if self.fault == "no_tanh" else torch.tanh(pooled))
         return x, mlm, nsp
 
 
