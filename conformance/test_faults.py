@@ -143,6 +143,31 @@ def torch_faults():
             model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
         )
 
+    def softmax_axis(mp):  # the weights normalised over the queries
+        def masked_softmax(X, valid_lens):
+            if valid_lens is not None:
+                shape = X.shape
+                lens = (
+                    torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
+                )
+                keep = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
+                X = X.reshape(-1, shape[-1]).masked_fill(~keep, -1e6).reshape(shape)
+            return nn.functional.softmax(X, dim=1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
+        mp.setattr(
+            model.MultiHeadAttention,
+            "transpose_qkv",
+            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] // self.num_heads),
+        )
+        mp.setattr(
+            model.MultiHeadAttention,
+            "transpose_output",
+            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] * self.num_heads),
+        )
+
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = _tokens_seen(mp, model)
 
@@ -330,6 +355,28 @@ def mxnet_faults():
         original = model.masked_softmax
         mp.setattr(
             model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
+        )
+
+    def softmax_axis(mp):  # the weights normalised over the queries
+        def masked_softmax(X, valid_lens):
+            if valid_lens is not None:
+                shape = X.shape
+                lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
+                X = npx.sequence_mask(X.reshape(-1, shape[-1]), lens, True, value=-1e6, axis=1).reshape(shape)
+            return npx.softmax(X, axis=1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
+        mp.setattr(
+            model.MultiHeadAttention,
+            "transpose_qkv",
+            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] // self.num_heads),
+        )
+        mp.setattr(
+            model.MultiHeadAttention,
+            "transpose_output",
+            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] * self.num_heads),
         )
 
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
@@ -549,6 +596,26 @@ def jax_faults():
             model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
         )
         _plant_flax(mp)
+
+    def softmax_axis(mp):  # the weights normalised over the queries
+        def masked_softmax(X, valid_lens):
+            if valid_lens is not None:
+                lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
+                X = jnp.where(jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None], X, -1e6)
+            return nn.softmax(X, axis=1)
+
+        mp.setattr(model, "masked_softmax", masked_softmax)
+        _plant_flax(mp)
+
+    def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
+        class Reshaped(model.MultiHeadAttention):
+            def transpose_qkv(self, X):
+                return X.reshape(-1, X.shape[1], X.shape[2] // self.num_heads)
+
+            def transpose_output(self, X):
+                return X.reshape(-1, X.shape[1], X.shape[2] * self.num_heads)
+
+        _plant_flax(mp, MultiHeadAttention=Reshaped)
 
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = {}

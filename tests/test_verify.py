@@ -74,6 +74,8 @@ DIAGNOSED = {
     "dropout_on": ("dropout_at_inference", "layers.0.attn.out leaves dropout on at inference"),
     "additive_mask": ("additive_mask", "layers.0.attn.out adds -10000 to the masked scores (an additive mask)"),
     "mask_le": ("mask_off_by_one", "layers.0.attn.out attends to one key past each valid length"),
+    "softmax_queries": ("softmax_axis", "layers.0.attn.out normalises the attention weights over the queries"),
+    "view_heads": ("heads_reshaped", "layers.0.attn.out splits the heads by a reshape alone"),
     "empty_rows_zero": ("masked_rows_zero", "layers.0.attn.out gives a row whose every key is masked no attention"),
     "padded_zero": ("padded_positions_zero", "the encoding your model returns returns zeros at the padded positions"),
     "std_eps": ("layer_norm_form", "layers.0.norm1 computes LayerNorm as (x - mean) / (std + eps) with the unbiased "

@@ -148,6 +148,26 @@ CATALOGUE: tuple[Mistake, ...] = (
         lambda site: [{"mask_shift": 1}, {"mask_shift": -1}],
     ),
     Mistake(
+        "softmax_axis",
+        "blks.0.attention",
+        "single_segment",
+        lambda rule, config: "normalises the attention weights over the queries where d2l's softmax is over the keys",
+        lambda site: [{"softmax_over": "queries"}],
+    ),
+    Mistake(
+        "heads_reshaped",
+        "blks.0.attention",
+        "single_segment",
+        lambda rule, config: (
+            {"split": "splits the heads", "merge": "merges the heads", "both": "splits and merges the heads"}[
+                rule["reshaped"]
+            ]
+            + " by a reshape alone (B, T, H) to (B*heads, T, H/heads), where d2l moves the heads' axis before the "
+            "positions' (a transpose), so that each head sees every position"
+        ),
+        lambda site: [] if site.config.num_heads == 1 else [{"reshaped": way} for way in ("both", "split", "merge")],
+    ),
+    Mistake(
         "mask_from_tokens",
         "blks.0.attention",
         "mixed_valid_lens",

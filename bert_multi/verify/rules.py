@@ -6,6 +6,7 @@ embedding's segments and positions, the pooler's position and activation, zeros 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -189,15 +190,14 @@ def _normalised(X: np.ndarray, weights: Mapping[str, np.ndarray], prefix: str, e
     return layer_norm(X, weights[f"{prefix}.weight"], weights[f"{prefix}.bias"], eps, form)
 
 
-ATTENTION_RULES = ("fill", "additive", "mask_shift", "scale", "layout", "bias", "transposed", "empty", "attend")
-
-
 def _attention(
     site: Site,
     X: np.ndarray,
     fill: float | str = oracle.MASK_VALUE,
     additive: bool = False,
     mask_shift: int = 0,
+    softmax_over: str = "keys",
+    reshaped: str = "",
     scale: str = "head",
     layout: str | None = None,
     bias: bool | None = None,
@@ -209,7 +209,9 @@ def _attention(
     ``fill`` added to the masked scores rather than put in their place (softmax does not change when a whole
     row is shifted, so a row whose every key is masked attends as if none were), the sum rounded to the
     precision the model computed in (in float32, -1e6 keeps a score to 1/16); ``mask_shift``: each length
-    moved by that many keys (1: ``<=`` written for ``<``); ``empty``:
+    moved by that many keys (1: ``<=`` written for ``<``); ``softmax_over``: the axis the weights sum to 1
+    over, "keys" (d2l's) or "queries"; ``reshaped``: where the heads are split ("split"), merged ("merge") or
+    both by a reshape alone, without the transpose that keeps each position's features together; ``empty``:
     what a row whose every key is masked attends to, "uniform" (d2l's -1e6) or "zero" (none at all);
     ``attend``: the keys attended to, those within "valid_lens" or those whose token id is not 0 ("tokens")."""
     config, weights, semantics = site.config, site.weights, site.config.semantics
@@ -221,7 +223,9 @@ def _attention(
         Y = Z @ (W if name in transposed else W.T)
         return Y + weights[f"{prefix}.{name}.bias"] if biased and f"{prefix}.{name}.bias" in weights else Y
 
-    queries, keys, values = (oracle.split_heads(project(name, X), heads) for name in ("W_q", "W_k", "W_v"))
+    split = _reshaped_split if reshaped in ("split", "both") else oracle.split_heads
+    merge = _reshaped_merge if reshaped in ("merge", "both") else oracle.merge_heads
+    queries, keys, values = (split(project(name, X), heads) for name in ("W_q", "W_k", "W_v"))
     divisor = {"head": math.sqrt(queries.shape[-1]), "full": math.sqrt(config.num_hiddens), "none": 1.0}[scale]
     scores = queries @ keys.transpose(0, 2, 1) / divisor
     valid_lens = site.inputs.valid_lens
@@ -239,10 +243,29 @@ def _attention(
         else:
             scores = np.where(keep, scores, fill)
     with np.errstate(invalid="ignore"):  # -inf everywhere in a row is NaN, as in the frameworks
-        attention = oracle.softmax(scores)
+        attention = (
+            oracle.softmax(scores) if softmax_over == "keys" else oracle.softmax(scores.swapaxes(1, 2)).swapaxes(1, 2)
+        )
     if empty == "zero" and keep is not None:
         attention = np.where(keep.any(axis=-1, keepdims=True), attention, 0.0)
-    return project("W_o", oracle.merge_heads(attention @ values, heads))
+    return project("W_o", merge(attention @ values, heads))
+
+
+# The changes ``_attention`` takes, each a keyword of a rule.
+ATTENTION_RULES = tuple(inspect.signature(_attention).parameters)[2:]
+
+
+def _reshaped_split(X: np.ndarray, num_heads: int) -> np.ndarray:
+    """(B, T, H) -> (B*h, T, H/h) by a reshape alone (``view(B, h, T, -1)``): a head's rows are cut from the
+    positions' features in memory order, not its own slice of every position's."""
+    B, T, H = X.shape
+    return X.reshape(B * num_heads, T, H // num_heads)
+
+
+def _reshaped_merge(X: np.ndarray, num_heads: int) -> np.ndarray:
+    """(B*h, T, H/h) -> (B, T, H) by a reshape alone, the inverse of ``_reshaped_split``."""
+    BH, T, D = X.shape
+    return X.reshape(BH // num_heads, T, num_heads * D)
 
 
 def _embedding(site: Site, segments: str, offset: int, positions_kind: str | None, eps: float, form: str) -> np.ndarray:

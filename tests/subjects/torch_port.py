@@ -60,6 +60,8 @@ class SelfAttention(nn.Module):
 
     def split(self, x):
         b, t, h = x.shape
+        if self.fault == "view_heads":  # (B, heads, T, H/heads) straight from the memory of (B, T, H)
+            return x.reshape(b, self.heads, t, h // self.heads)
         return x.reshape(b, t, self.heads, h // self.heads).transpose(1, 2)
 
     def forward(self, x, valid_lens):
@@ -86,7 +88,7 @@ class SelfAttention(nn.Module):
             else:
                 fill = {"inf_mask": -math.inf, "zero_fill": 0.0}.get(self.fault, -1e6)
                 scores = scores.masked_fill(~keep, fill)
-        weights = torch.softmax(scores, dim=-1)
+        weights = torch.softmax(scores, dim=-2 if self.fault == "softmax_queries" else -1)
         if self.fault == "empty_rows_zero" and valid_lens is not None:  # a row with no valid key attends to none
             weights = weights * (lens > 0)[..., None]
         if self.fault == "dropout_on":
