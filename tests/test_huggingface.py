@@ -5,6 +5,7 @@ every backend; and the importer's own parts (safetensors, attention masks, names
 import dataclasses
 import json
 import math
+import re
 import struct
 
 import numpy as np
@@ -238,6 +239,32 @@ def test_a_switch_in_config_json_must_be_of_its_own_type(tmp_path, field, value)
     document[field] = value
     (tmp_path / "hf" / "config.json").write_text(json.dumps(document))
     with pytest.raises(WeightsError, match=f"{field} is {value!r}; bert_multi computes BERT with {field} "):
+        bm.load_checkpoint(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("architecture", ["DistilBert", "Roberta", "relabelled"])
+def test_a_model_of_another_architecture_is_named_as_such(tmp_path, architecture):
+    """transformers' own DistilBERT and RoBERTa, and a BERT whose config.json says it is a RoBERTa (RoBERTa's
+    weights have BERT's names, its positions another offset): each refused by its model_type, before any
+    tensor is read."""
+    if architecture == "relabelled":
+        config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+        bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
+        document = json.loads((tmp_path / "hf" / "config.json").read_text())
+        (tmp_path / "hf" / "config.json").write_text(json.dumps({**document, "model_type": "roberta"}))
+        model_type = "roberta"
+    else:
+        transformers = transformers_or_skip()
+        sizes = dict(vocab_size=19, max_position_embeddings=12)
+        if architecture == "DistilBert":
+            hf_config = transformers.DistilBertConfig(dim=8, n_layers=1, n_heads=2, hidden_dim=6, **sizes)
+        else:
+            hf_config = transformers.RobertaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                                   intermediate_size=6, **sizes)  # fmt: skip
+        getattr(transformers, f"{architecture}ForMaskedLM")(hf_config).save_pretrained(tmp_path / "hf")
+        model_type = hf_config.model_type
+    expected = f"config.json: model_type is {model_type!r}; bert_multi reads BERT (model_type 'bert')"
+    with pytest.raises(WeightsError, match=re.escape(expected)):
         bm.load_checkpoint(tmp_path / "hf")
 
 

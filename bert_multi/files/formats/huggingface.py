@@ -225,8 +225,6 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 def _semantics(path: Path, hf: dict[str, Any], tied: bool) -> Semantics:
     """The switches a HuggingFace BERT config asks for, or a ``WeightsError`` naming what bert_multi lacks."""
-    if hf.get("model_type", "bert") != "bert":
-        raise WeightsError(f"{path}: a {hf['model_type']!r} model, not BERT (model_type 'bert')")
     for key, wanted in (("position_embedding_type", "absolute"), ("type_vocab_size", 2), ("is_decoder", False)):
         value = hf.get(key, wanted)
         if type(value) is not type(wanted) or value != wanted:  # 2.0 is no count, 0 no false
@@ -255,6 +253,12 @@ def read_directory(
     the config's."""
     path = Path(path)
     hf = _read_config(path / CONFIG_FILE)
+    # Asked before any tensor is read: a model of another architecture (RoBERTa, DistilBERT) is named as such,
+    # not listed as tensors of no known layer.
+    if hf.get("model_type", "bert") != "bert":
+        raise WeightsError(
+            f"{path / CONFIG_FILE}: model_type is {hf['model_type']!r}; bert_multi reads BERT (model_type 'bert')"
+        )
     if (path / SAFETENSORS_FILE).is_file():
         own, dtypes = read_safetensors(path / SAFETENSORS_FILE)
         source = SAFETENSORS_FILE
