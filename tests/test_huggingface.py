@@ -53,10 +53,10 @@ def hf_model(spec, tmp_path):
     config = transformers.BertConfig(vocab_size=19, num_hidden_layers=2, intermediate_size=9,
                                      max_position_embeddings=11, **arguments)  # fmt: skip
     config._attn_implementation = "eager"
-    if kind == "BertForPreTraining":
-        model = transformers.BertForPreTraining(config)
-    else:
+    if kind.startswith("BertModel"):
         model = transformers.BertModel(config, add_pooling_layer=kind == "BertModel")
+    else:
+        model = getattr(transformers, kind)(config)
     model = model.eval().double()
     generator = torch.Generator().manual_seed(sum(map(ord, name)))
     with torch.no_grad():
@@ -240,6 +240,30 @@ def test_a_switch_in_config_json_must_be_of_its_own_type(tmp_path, field, value)
     (tmp_path / "hf" / "config.json").write_text(json.dumps(document))
     with pytest.raises(WeightsError, match=f"{field} is {value!r}; bert_multi computes BERT with {field} "):
         bm.load_checkpoint(tmp_path / "hf")
+
+
+@pytest.mark.parametrize(
+    "kind, head, heads",
+    [("BertForSequenceClassification", "classifier", ("pooler",)), ("BertForQuestionAnswering", "qa_outputs", ())],
+)
+def test_a_fine_tuned_berts_task_head_is_left_out_and_said(kind, head, heads, tmp_path):
+    """A BERT fine-tuned with transformers' task classes is read as the BERT inside it, which computes what
+    transformers' does; its task head is named in a note, never dropped unsaid."""
+    if "torch" not in AVAILABLE:
+        pytest.skip("transformers needs torch")
+    model, directory = hf_model((kind, dict(hidden_size=8, num_attention_heads=2), kind, "safetensors"), tmp_path)
+    checkpoint = bm.from_huggingface(directory)
+    assert checkpoint.config.heads == heads
+    (note,) = [note for note in checkpoint.info.notes if note.startswith("left out")]
+    assert f"'{head}.bias', '{head}.weight'" in note and f"the task head of {kind!r}" in note
+    batch = next(case for case in CASES if case.name == "mixed_valid_lens").batch(checkpoint.config, seed=3)
+    reference = hf_outputs(model, batch)
+    out = bm.load_backend("numpy").build(checkpoint.config, checkpoint.weights)(**batch, intermediates=True)
+    got = {"encoded": out.encoded, "pooler": out.intermediates.get("pooler")}
+    assert set(reference) == {"encoded", *heads}
+    for name, value in reference.items():
+        comparison = compare_arrays(name, got[name], value, tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
 
 
 @pytest.mark.parametrize("architecture", ["DistilBert", "Roberta", "relabelled"])

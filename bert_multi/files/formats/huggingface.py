@@ -83,6 +83,9 @@ SIZE_FIELDS = {
 
 # Buffers, not weights.
 IGNORED = (r"(bert\.)?embeddings\.position_ids",)
+# transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
+# classifier; ForQuestionAnswering: qa_outputs): a BERT fine-tuned is read with its head left out, and said.
+TASK_HEADS = (r"classifier\.(weight|bias)", r"qa_outputs\.(weight|bias)")
 DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
 # hidden_act -> semantics.activation: HuggingFace's "gelu" is the erf form, its tanh forms have 3 names.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -223,15 +226,15 @@ def _read_config(path: Path) -> dict[str, Any]:
     return hf
 
 
-def _semantics(path: Path, hf: dict[str, Any], tied: bool) -> Semantics:
-    """The switches a HuggingFace BERT config asks for, or a ``WeightsError`` naming what bert_multi lacks."""
+def _semantics(hf: dict[str, Any], tied: bool) -> Semantics:
+    """The switches a HuggingFace BERT config asks for, or a ``ValueError`` naming what bert_multi lacks."""
     for key, wanted in (("position_embedding_type", "absolute"), ("type_vocab_size", 2), ("is_decoder", False)):
         value = hf.get(key, wanted)
         if type(value) is not type(wanted) or value != wanted:  # 2.0 is no count, 0 no false
-            raise WeightsError(f"{path}: {key} is {value!r}; bert_multi computes BERT with {key} {wanted!r}")
+            raise ValueError(f"{key} is {value!r}; bert_multi computes BERT with {key} {wanted!r}")
     act = hf.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS:
-        raise WeightsError(f"{path}: hidden_act {act!r} is not one bert_multi computes: {sorted(ACTIVATIONS)}")
+    if not isinstance(act, str) or act not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} is not one bert_multi computes: {sorted(ACTIVATIONS)}")
     eps = hf.get("layer_norm_eps", 1e-12)
     return dataclasses.replace(
         PRESETS["bert"], activation=ACTIVATIONS[act], layer_norm_eps=eps, mlm_decoder="tied" if tied else "own"
@@ -274,12 +277,14 @@ def read_directory(
     if DECODER_BIAS in own:  # the bias the decoder really adds; transformers may also keep its twin
         own[BIAS] = own.pop(DECODER_BIAS)
         dtypes[BIAS] = dtypes[DECODER_BIAS]
-    arrays, kinds, unknown = {}, {}, []
+    arrays, kinds, unknown, task_head = {}, {}, [], []
     named: dict[str, str] = {}  # canonical name -> the file's name for it
     for name, array in own.items():
         canonical = _canonical_name(name)
         if canonical is None:
-            if not any(re.fullmatch(pattern, name) for pattern in IGNORED):
+            if any(re.fullmatch(pattern, name) for pattern in TASK_HEADS):
+                task_head.append(name)
+            elif not any(re.fullmatch(pattern, name) for pattern in IGNORED):
                 unknown.append(name)
             continue
         if canonical in named:  # gamma beside weight, or a name with and without "bert.": which is meant?
@@ -292,6 +297,8 @@ def read_directory(
             f"{path}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
             + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         )
+    if task_head:
+        notes.append(_left_out(hf, task_head))
     heads = tuple(
         head
         for head, probe in zip(HEADS, ("hidden.0.weight", "mlm.mlp.0.weight", "nsp.output.weight"))
@@ -302,10 +309,21 @@ def read_directory(
         # Checked against what the file holds before anything of that size is built (each layer has tensors).
         if sizes["num_blks"] > len(arrays):
             raise ValueError(f"num_hidden_layers is {sizes['num_blks']}, but the weights hold {len(arrays)} tensors")
-        config = BERTConfig(**sizes, semantics=_semantics(path, hf, tied), heads=heads, dropout=_dropout(hf))
+        config = BERTConfig(**sizes, semantics=_semantics(hf, tied), heads=heads, dropout=_dropout(hf))
     except (KeyError, TypeError, ValueError) as error:  # UsageError too: BERTConfig's own checks
         raise WeightsError(f"{path / CONFIG_FILE}: not a usable BERT config: {reason(error)}") from None
     return config, arrays, kinds, notes, hf
+
+
+def _left_out(hf: dict[str, Any], names: list[str]) -> str:
+    """The note for a fine-tuning head read past, naming the model class config.json records."""
+    architectures = hf.get("architectures")
+    named = architectures[0] if isinstance(architectures, list) and architectures else None
+    whose = f" of {named[:80]!r}" if isinstance(named, str) else ""
+    return (
+        f"left out {sorted(names)}, the task head{whose}: not part of BERT (bert_multi computes the encoder and "
+        "the pretraining heads), so neither compared nor converted"
+    )
 
 
 def _dropout(hf: dict[str, Any]) -> float:
