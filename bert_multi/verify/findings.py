@@ -14,9 +14,9 @@ from ..engine.report import failure_details
 from ..engine.results import Report, computation_rank
 from ..spec.config import BERTConfig
 from ..spec.semantics import releases_of
+from .diagnosis import Diagnosis
 from .gradients import CAUSES, GradientCheck, LossCheck
 from .map_file import MapFile
-from .mistakes import Diagnosis
 from .placement import ParameterMap
 from .subject import activation_of
 

@@ -22,11 +22,12 @@ from ..errors import CannotRunHere, UsageError
 from ..spec.config import CONFIGS, HEADS, BERTConfig
 from ..spec.inputs import check_inputs
 from ..spec.schema import cut_max_len, head_of, param_shapes, random_weights, validate_weights, without_heads
+from .diagnosis import Diagnosis, diagnose, nondeterminism
 from .findings import VerifyReport
 from .gradients import check_gradients, check_loss, resolve_frozen
 from .map_file import MapFile, read_map
 from .mapping import MappingError, may_lack
-from .mistakes import LAYERS_IN_FORWARD, MISTAKES, PARAMETERS_CHANGED, Diagnosis, diagnose, nondeterminism
+from .mistakes import LAYERS_IN_FORWARD, MISTAKES, PARAMETERS_CHANGED
 from .roles import decide_roles
 from .rules import Site
 from .subject import ProtocolSubject, call_user
@@ -263,7 +264,7 @@ def diagnose_divergences(
     computation order, from a run in ``dtype`` on ``device`` (the set-up's: float64 on the CPU where asked)
     of the first case that shows it. Dropout left on if two runs of that case differ; else, for each, the
     catalogue's mistake that reproduces the module's output from its own recorded input
-    (``mistakes.diagnose``), so that a module fed a difference from upstream is not blamed for it and every
+    (``diagnosis.diagnose``), so that a module fed a difference from upstream is not blamed for it and every
     module that differs itself is named, not only the first."""
     wanted: dict[str, list[str]] = {}  # case -> the activations it is the first to show diverging
     seen: set[str] = set()
