@@ -89,6 +89,17 @@ def test_the_ports_faults_cover_the_whole_catalogue():
     assert {mistake for mistake, _ in DIAGNOSED.values()} == set(MISTAKES)
 
 
+@pytest.mark.once  # the page read as text
+def test_the_verify_page_lists_every_mistake_the_diagnosis_can_name():
+    from bert_multi.verify.mistakes import LAYERS_IN_FORWARD, MISTAKES, PARAMETERS_CHANGED
+
+    page = (Path(__file__).parent.parent / "docs" / "verify.md").read_text()
+    table = page[page.index("| mistake | what is tried |") :].split("\n\n")[0]
+    listed = re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
+    assert len(listed) == len(set(listed))
+    assert set(listed) == {*MISTAKES, LAYERS_IN_FORWARD.name, PARAMETERS_CHANGED.name}
+
+
 @runs_here("torch")
 @pytest.mark.parametrize("fault", sorted(DIAGNOSED))
 def test_each_mistake_of_a_port_is_named_at_its_module_with_its_numbers(fault):
