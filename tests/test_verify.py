@@ -431,6 +431,46 @@ def test_a_flax_port_given_with_its_variables_or_bound_conforms_forward_and_grad
 
 
 @runs_here("jax")
+def test_an_nnx_port_conforms_forward_and_gradients_and_is_left_as_it_was():
+    """Flax's NNX API: a module that holds its parameters, put in inference mode by ``eval()``, its layers'
+    own dtypes (``nnx.Embed`` keeps float32) cast as torch's ``.to`` casts; a copy runs, never the user's."""
+    import jax
+    from flax import nnx
+    from subjects import flax_nnx
+
+    built = []
+
+    def factory(config):
+        built.append(flax_nnx.build(config))
+        return built[-1]
+
+    report = verify(factory, TINY, gradients=True)
+    assert report.passed, report.failures()
+    assert report.mapping.placements["encoder.blks.1.attention.W_k.weight"].describe() == "blocks.1.key.kernel.T"
+    assert report.mapping.placements["encoder.pos_embedding"].describe() == "positions"
+    assert report.activations["blks.0.output"] == "blocks.0.norm2 (output)"
+    assert max(c.max_abs for check in report.gradients for c in check.comparisons) < 1e-12
+    fresh = nnx.to_pure_dict(nnx.state(flax_nnx.build(TINY), nnx.Param))
+    # The classes whose calls were reported while a forward was traced have their own __call__ back.
+    for cls in (flax_nnx.Block, flax_nnx.NnxBERT, nnx.Linear, nnx.LayerNorm, nnx.Embed, nnx.Dropout):
+        assert vars(cls)["__call__"].__qualname__ == f"{cls.__name__}.__call__"
+    for model in built:  # one a dtype
+        assert model.blocks[0].drop.deterministic is False and model.tokens.dtype == jax.numpy.float32
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), params, fresh))
+
+
+@runs_here("jax")
+def test_an_nnx_port_on_flaxs_default_epsilon_is_named_at_each_layer_norm():
+    from subjects import flax_nnx
+
+    report = verify(flax_nnx.build_default_eps, TINY, dtypes=["float64"])
+    said = [(d.mistake.name, d.where) for d in report.diagnoses if d.mistake is not None]
+    assert said == [("layer_norm_eps", f"blocks.{i}.norm{j}") for i in range(TINY.num_blks) for j in (1, 2)]
+    assert report.verdict().endswith("it computes LayerNorm with eps 1e-06; d2l's eps is 1e-05.")
+
+
+@runs_here("jax")
 def test_a_fault_in_a_flax_port_is_named_in_its_names():
     from subjects import flax_port
 

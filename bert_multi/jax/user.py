@@ -1,6 +1,7 @@
-"""A user's own Flax BERT, wrapped for ``bert-multi verify`` (``bert_multi.verify.subject.Subject``):
-its parameters under their own dotted paths, activations seen by Flax's method interception at its
-modules, its gradients by ``jax.grad``.
+"""A user's own Flax BERT, linen or NNX, wrapped for ``bert-multi verify`` (``bert_multi.verify.subject.Subject``):
+its parameters under their own dotted paths, activations seen at its modules by intercepting their calls
+(linen's method interception; for NNX, its classes' ``__call__`` while a forward is traced), its
+gradients by ``jax.grad``.
 
 Parallel to ``bert_multi/torch/user.py`` and ``bert_multi/mxnet/user.py``.
 """
@@ -10,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import flax
 import jax
 import numpy as np
 from flax import linen as nn
+from flax import nnx
 
 from ..backend.contract import parse_device
 from ..errors import UsageError, UserCodeError
@@ -36,15 +39,15 @@ from ..verify.subject import (
 from .backend import precision, quick_options, to_framework_device
 
 # The classes whose instances this framework wraps (most derived first wins across frameworks).
-USER_MODELS = ("flax.linen.module.Module",)
+USER_MODELS = ("flax.linen.module.Module", "flax.nnx.module.Module")
 
 
 def _to_numpy(value: Any) -> np.ndarray | None:
     return None if value is None else np.asarray(value)
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    """A parameter tree as {dotted path: array}, in the tree's order."""
+def _flatten(tree: Mapping[Any, Any], prefix: str = "") -> dict[str, np.ndarray]:
+    """A parameter tree as {dotted path: array}, in the tree's order (an NNX list's items by index)."""
     flat: dict[str, np.ndarray] = {}
     for key, value in tree.items():
         if isinstance(value, Mapping):
@@ -117,6 +120,15 @@ class WrappedModel:
         self.quick = quick_options(target.kind)  # a checked model: a few calls a shape, compiled quickly
         self.dtype = dtype
         self.framework = f"Flax {flax.__version__} (JAX {jax.__version__})"
+        self.flat = {name: array.astype(dtype) for name, array in _flatten(self._parameters_of(model, example)).items()}
+        # Compiled once per set of taps (and, by jit, per input shape): a first call on a shape costs one
+        # compilation instead of one per operation.
+        self.forwards: dict[tuple, Any] = {}
+        self.gradient = jax.jit(jax.grad(self._projected), compiler_options=self.quick)
+        self.isolated: dict[tuple, Any] = {}  # isolated_vjp's gradient, compiled once per set of taps
+
+    def _parameters_of(self, model: Any, example: ModelInputs) -> Mapping[str, Any]:
+        """The parameter tree of the model given, the module kept (and the flags that put it in inference)."""
         # Framework difference: the parameters live outside the module, so the user hands both over (a
         # bound module carries them); JAX arrays are immutable, so nothing of the user's is ever changed.
         if isinstance(model, tuple):
@@ -130,17 +142,17 @@ class WrappedModel:
             # Compiled whole: run as it is, init compiles each operation at each shape it meets (over a
             # hundred compilations for d2l's BERT, most of a verify's time).
             init = jax.jit(functools.partial(module.init, **self.flags), compiler_options=self.quick)
-            with precision(dtype), _explained():
+            with precision(self.dtype), _explained():
                 variables = call_user("your module's init", init, jax.random.key(0), *self._arrays(example))
         variables = flax.core.unfreeze(variables)
-        self.module: nn.Module = module
-        params = variables.get("params", variables)
-        self.flat = {name: array.astype(dtype) for name, array in _flatten(params).items()}
-        # Compiled once per set of taps (and, by jit, per input shape): a first call on a shape costs one
-        # compilation instead of one per operation.
-        self.forwards: dict[tuple, Any] = {}
-        self.gradient = jax.jit(jax.grad(self._projected), compiler_options=self.quick)
-        self.isolated: dict[tuple, Any] = {}  # isolated_vjp's gradient, compiled once per set of taps
+        self.module: Any = module
+        return variables.get("params", variables)
+
+    def _call(self, params: Any, arrays: list[Any], interceptor: Callable | None = None) -> Any:
+        """The user's forward on ``params``, every module call passed through ``interceptor`` where one is
+        given (as ``nn.intercept_methods`` passes it: the call, its arguments, a context naming the module)."""
+        with nn.intercept_methods(interceptor) if interceptor else contextlib.nullcontext():
+            return self.module.apply({"params": params}, *arrays, **self.flags)
 
     def _arrays(self, inputs: ModelInputs) -> list[jax.Array | None]:
         return [None if array is None else jax.device_put(array, self.place) for array in inputs]
@@ -171,8 +183,7 @@ class WrappedModel:
         """The forward traced, not run (nothing compiled), with every module method call intercepted."""
 
         def forward(params: Any, *arrays: Any) -> Any:
-            with nn.intercept_methods(interceptor):
-                return self.module.apply({"params": params}, *arrays, **self.flags)
+            return self._call(params, list(arrays), interceptor)
 
         with precision(self.dtype), _explained():
             call_user("your model", jax.eval_shape, forward, self._tree(self.flat), *self._arrays(inputs))
@@ -211,9 +222,7 @@ class WrappedModel:
                         record.setdefault(activation, args[0] if side == "input" else output)  # first call
                 return output
 
-            with nn.intercept_methods(keep):
-                returned = self.module.apply({"params": params}, *arrays, **self.flags)
-            return returned, record
+            return self._call(params, list(arrays), keep), record
 
         return jax.jit(forward, compiler_options=self.quick)
 
@@ -225,7 +234,7 @@ class WrappedModel:
             return {name: np.asarray(array) for name, array in _flatten(grads).items()}
 
     def _projected(self, params: Any, arrays: list[Any], cotangents: tuple[Any, ...]) -> jax.Array:
-        returned = self.module.apply({"params": params}, *arrays, **self.flags)
+        returned = self._call(params, arrays)
         pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
         return sum((o * c.astype(o.dtype)).sum() for o, c in pairs)
 
@@ -276,8 +285,7 @@ class WrappedModel:
                         output = (tensor, *output[1:]) if isinstance(output, (tuple, list)) else tensor
                 return output
 
-            with nn.intercept_methods(force):
-                returned = self.module.apply({"params": params}, *arrays, **self.flags)
+            returned = self._call(params, arrays, force)
             pairs = [(o, c) for o, c in zip(returned, cotangents) if o is not None and c is not None]
             return sum((o * c.astype(o.dtype)).sum() for o, c in pairs), (computed, returned[1], returned[2])
 
@@ -303,7 +311,98 @@ class WrappedModel:
         return readers
 
 
+class NnxModel(WrappedModel):
+    """A user's NNX ``Module``, which holds its own parameters (``nnx.Param``): run as a function of them, on
+    a copy put in inference mode by its ``eval()``, so nothing of the user's is changed."""
+
+    def _parameters_of(self, model: Any, example: ModelInputs) -> Mapping[Any, Any]:
+        # Framework difference: an NNX module is an object with its weights, as a torch module is; jit and
+        # grad take it apart into its structure and its state, and it is merged again in each trace.
+        running = nnx.merge(*nnx.split(model))
+        running.eval()
+        for _, module in nnx.iter_modules(running):
+            _cast(module, self.dtype)
+        self.module, self.flags = model, inference_flags(running)
+        self.graphdef, self.template, self.rest = nnx.split(running, nnx.Param, ...)
+        params = nnx.to_pure_dict(self.template)
+        self.keys = dict(_key_paths(params))
+        return params
+
+    def _tree(self, flat: Mapping[str, np.ndarray]) -> dict[Any, Any]:
+        tree: dict[Any, Any] = {}
+        for name, array in flat.items():
+            *parents, leaf = self.keys[name]
+            node = tree
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = jax.device_put(array, self.place)
+        return tree
+
+    def _call(self, params: Any, arrays: list[Any], interceptor: Callable | None = None) -> Any:
+        state = jax.tree.map(lambda leaf: leaf, self.template)  # filled afresh in each trace
+        nnx.replace_by_pure_dict(state, params)
+        model = nnx.merge(self.graphdef, state, self.rest)
+        with _intercepting(model, interceptor):
+            return model(*arrays, **self.flags)
+
+
+def _cast(module: Any, dtype: str) -> None:
+    """A module's own computing dtypes made ``dtype``. Framework difference: an NNX layer keeps the dtype it
+    computes in as an attribute (``nnx.Embed`` takes its parameters' when made), where linen's follows
+    the parameters it is given and torch's ``.to`` casts both."""
+    for attribute in ("dtype", "param_dtype"):
+        try:
+            floating = np.issubdtype(np.dtype(getattr(module, attribute, None)), np.floating)
+        except TypeError:  # None (follow the inputs), or not a dtype at all
+            continue
+        if floating:
+            setattr(module, attribute, np.dtype(dtype))
+
+
+def _key_paths(tree: Mapping[Any, Any], prefix: tuple = ()) -> Iterator[tuple[str, tuple]]:
+    """(dotted name, the keys that reach it) of each leaf of a parameter tree, as ``_flatten`` names them."""
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _key_paths(value, (*prefix, key))
+        else:
+            yield ".".join(map(str, (*prefix, key))), (*prefix, key)
+
+
+@contextlib.contextmanager
+def _intercepting(model: Any, interceptor: Callable | None) -> Iterator[None]:
+    """Every call of an NNX ``model``'s modules passed to ``interceptor``, as linen's interception passes it.
+    Framework difference: NNX has no interception; while the forward is traced, each module class's
+    ``__call__`` is one that reports the call, and it is put back after."""
+    if interceptor is None:
+        yield
+        return
+    modules = list(nnx.iter_modules(model))
+    paths = {id(module): tuple(map(str, path)) for path, module in modules}
+    own = {type(module): type(module).__dict__.get("__call__") for _, module in modules}
+    for cls in own:
+        cls.__call__ = _reporting(cls.__call__, paths, interceptor)
+    try:
+        yield
+    finally:
+        for cls, call in own.items():
+            if call is None:
+                del cls.__call__
+            else:
+                cls.__call__ = call
+
+
+def _reporting(call: Callable, paths: Mapping[int, tuple[str, ...]], interceptor: Callable) -> Callable:
+    def reported(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(self).__call__ is not reported or id(self) not in paths:  # a superclass's __call__ inside it
+            return call(self, *args, **kwargs)
+        context = SimpleNamespace(module=SimpleNamespace(path=paths[id(self)]), method_name="__call__")
+        return interceptor(functools.partial(call, self), args, kwargs, context)
+
+    return reported
+
+
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:
-    """``model`` (a linen ``Module`` with its variables, or bound to them) wrapped for verify at ``dtype``
-    on ``device``; ``example`` inputs make the parameters of a module given alone."""
-    return WrappedModel(model, dtype, device, example, copied)
+    """``model`` (a linen ``Module`` with its variables, or bound to them; or an NNX ``Module``) wrapped for
+    verify at ``dtype`` on ``device``; ``example`` inputs make the parameters of a linen module given alone."""
+    wrapper = NnxModel if isinstance(model, nnx.Module) else WrappedModel
+    return wrapper(model, dtype, device, example, copied)
