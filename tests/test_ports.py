@@ -53,6 +53,19 @@ def test_a_port_on_torchs_own_blocks_is_placed_by_their_names_and_each_real_diff
 
 
 @runs_here("torch")
+def test_a_pre_norm_port_on_torchs_own_blocks_has_every_diverging_module_named_pooler_included():
+    """``norm_first=True``: each block's LayerNorms read before its sublayers, so every activation of a block,
+    the encoding and the pooler (reading the last block's residual sum, which no module returns) differ
+    from d2l's, and each is put down to pre-norm, none to a module of its own."""
+    report = verify(functools.partial(torch_native.build, norm_first=True), ODD, dtypes=["float64"])
+    assert not report.passed and report.diagnoses
+    unexplained = [diagnosis.describe() for diagnosis in report.diagnoses if diagnosis.mistake is None]
+    assert not unexplained
+    pooler = [d for d in report.diagnoses if d.activation == "pooler"]
+    assert [d.mistake.name for d in pooler if d.mistake] == ["pre_norm"]
+
+
+@runs_here("torch")
 def test_a_port_on_torchs_own_blocks_whose_maths_is_d2ls_passes():
     """Where every sequence keeps its whole length (nothing padded, no row without a key), the same port
     computes d2l's BERT."""

@@ -339,12 +339,13 @@ def _also_at(mistake: Mistake, site: Site) -> bool:
     the masked LM's, the embedding's: the original BERT's, or a pre-norm block's first), the activation in
     the masked LM's transform too, a sublayer left without its add-and-norm at either of a block's, and a
     pre-norm block at every activation of its own (each reads another value than d2l's block) and where a
-    user's model is read: W_q's input, the normalised embedding."""
+    user's model is read: W_q's input, the normalised embedding, the pooler (which reads the last block's
+    residual sum)."""
     elsewhere = {
         "layer_norm_eps": ("output", "mlm", "embedding"),
         "layer_norm_form": ("output", "mlm", "embedding"),
         "activation": ("mlm",),
-        "pre_norm": ("embedding", "addnorm1", "ffn", "output", "encoded"),
+        "pre_norm": ("embedding", "addnorm1", "ffn", "output", "encoded", "pooler"),
         "sublayer_unwrapped": ("addnorm1",),
     }
     return site.kind in elsewhere.get(mistake.name, ())

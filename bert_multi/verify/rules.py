@@ -172,13 +172,16 @@ def compute(site: Site, **rule: Any) -> np.ndarray:
         if semantics.mlm_decoder == "own":
             return oracle.dense(hidden, weights, "mlm.mlp.3")
         return hidden @ weights["encoder.token_embedding.weight"].T + weights["mlm.mlp.3.bias"]
+    last = f"blks.{config.num_blks - 1}"
+    # A pre-norm block's output is its residual sum, which no module returns: the FFN's, added to what its
+    # second LayerNorm read.
+    block_output = site.own(f"{last}.ln2_input") + site.own(f"{last}.ffn") if pre_norm else None
     if kind == "pooler":
-        encoded = site.encoding()
+        encoded = site.encoding() if block_output is None else block_output
         act = ACTIVATIONS[rule.get("pooler_activation", "tanh")]
         return act(oracle.dense(encoded[:, rule.get("position", 0), :], weights, nsp_layers(config)[0]))
     if kind == "encoded":  # the last block's output, as the encoder returns it
-        last = f"blks.{config.num_blks - 1}"
-        X = site.own(f"{last}.ln2_input") + site.own(f"{last}.ffn") if pre_norm else site.own(f"{last}.output")
+        X = site.own(f"{last}.output") if block_output is None else block_output
         lens = site.inputs.valid_lens
         if rule.get("padded") == "zero" and lens is not None and lens.ndim == 1:
             X = np.where(np.arange(X.shape[1])[None, :, None] < lens[:, None, None], X, 0.0)
