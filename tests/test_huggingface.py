@@ -292,6 +292,17 @@ def test_a_model_of_another_architecture_is_named_as_such(tmp_path, architecture
         bm.load_checkpoint(tmp_path / "hf")
 
 
+@pytest.mark.parametrize("field", ["model_type", "hidden_act", "position_embedding_type", "hidden_dropout_prob"])
+def test_a_huge_value_in_config_json_is_shown_cut_short(tmp_path, field):
+    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
+    document = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**document, field: "x" * 100_000}))
+    with pytest.raises(WeightsError, match=f"{field} (is )?'xxx") as caught:
+        bm.load_checkpoint(tmp_path / "hf")
+    assert len(str(caught.value)) < 300 + len(str(tmp_path))
+
+
 @pytest.mark.parametrize("twin", ["gamma", "prefix"])
 def test_two_names_for_one_tensor_in_a_huggingface_directory_are_refused(tmp_path, twin):
     """A TensorFlow-era gamma beside its weight, or a tensor with and without "bert.": never one of them

@@ -231,10 +231,10 @@ def _semantics(hf: dict[str, Any], tied: bool) -> Semantics:
     for key, wanted in (("position_embedding_type", "absolute"), ("type_vocab_size", 2), ("is_decoder", False)):
         value = hf.get(key, wanted)
         if type(value) is not type(wanted) or value != wanted:  # 2.0 is no count, 0 no false
-            raise ValueError(f"{key} is {value!r}; bert_multi computes BERT with {key} {wanted!r}")
+            raise ValueError(f"{key} is {value!r:.80}; bert_multi computes BERT with {key} {wanted!r}")
     act = hf.get("hidden_act", "gelu")
     if not isinstance(act, str) or act not in ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} is not one bert_multi computes: {sorted(ACTIVATIONS)}")
+        raise ValueError(f"hidden_act {act!r:.80} is not one bert_multi computes: {sorted(ACTIVATIONS)}")
     eps = hf.get("layer_norm_eps", 1e-12)
     return dataclasses.replace(
         PRESETS["bert"], activation=ACTIVATIONS[act], layer_norm_eps=eps, mlm_decoder="tied" if tied else "own"
@@ -258,9 +258,10 @@ def read_directory(
     hf = _read_config(path / CONFIG_FILE)
     # Asked before any tensor is read: a model of another architecture (RoBERTa, DistilBERT) is named as such,
     # not listed as tensors of no known layer.
-    if hf.get("model_type", "bert") != "bert":
+    model_type = hf.get("model_type", "bert")
+    if model_type != "bert":
         raise WeightsError(
-            f"{path / CONFIG_FILE}: model_type is {hf['model_type']!r}; bert_multi reads BERT (model_type 'bert')"
+            f"{path / CONFIG_FILE}: model_type is {model_type!r:.80}; bert_multi reads BERT (model_type 'bert')"
         )
     if (path / SAFETENSORS_FILE).is_file():
         own, dtypes = read_safetensors(path / SAFETENSORS_FILE)
@@ -330,7 +331,7 @@ def _dropout(hf: dict[str, Any]) -> float:
     """config.json's hidden dropout (transformers' default where it has none), a number in [0, 1)."""
     value = hf.get(DROPOUT_FIELDS[0], TRANSFORMERS_DROPOUT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{DROPOUT_FIELDS[0]} is {value!r}; expected a number in [0, 1)")
+        raise ValueError(f"{DROPOUT_FIELDS[0]} is {value!r:.80}; expected a number in [0, 1)")
     return float(value)
 
 
