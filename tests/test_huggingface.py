@@ -292,7 +292,9 @@ def test_a_model_of_another_architecture_is_named_as_such(tmp_path, architecture
         bm.load_checkpoint(tmp_path / "hf")
 
 
-@pytest.mark.parametrize("field", ["model_type", "hidden_act", "position_embedding_type", "hidden_dropout_prob"])
+@pytest.mark.parametrize(
+    "field", ["model_type", "hidden_act", "position_embedding_type", "hidden_dropout_prob", "layer_norm_eps"]
+)
 def test_a_huge_value_in_config_json_is_shown_cut_short(tmp_path, field):
     config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
     bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")

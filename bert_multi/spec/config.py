@@ -50,7 +50,7 @@ class BERTConfig:
             value = getattr(self, name)
             # bool is an int subclass; True is not a size.
             if isinstance(value, bool) or not isinstance(value, int):
-                raise UsageError(f"BERTConfig.{name} must be an int, got {value!r} ({type(value).__name__})")
+                raise UsageError(f"BERTConfig.{name} must be an int, got {value!r:.80} ({type(value).__name__})")
             if value < 1:
                 raise UsageError(f"BERTConfig.{name} must be a positive int, got {value}")
         if self.num_hiddens % self.num_heads:
@@ -59,7 +59,7 @@ class BERTConfig:
                 f"num_heads ({self.num_heads}): each head gets num_hiddens / num_heads features"
             )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise UsageError(f"BERTConfig.dropout must be a number, got {self.dropout!r}")
+            raise UsageError(f"BERTConfig.dropout must be a number, got {self.dropout!r:.80}")
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"BERTConfig.dropout must be in [0, 1), got {self.dropout}")
         if self.semantics.positions == "sinusoidal" and self.num_hiddens % 2:
@@ -111,7 +111,7 @@ class BERTConfig:
 def _check_heads(heads: object, semantics: Semantics) -> tuple[str, ...]:
     """``heads`` as a tuple in ``HEADS`` order, or a ``ValueError`` saying which parts cannot go together."""
     if isinstance(heads, str) or not isinstance(heads, (tuple, list, set, frozenset)):
-        raise UsageError(f"BERTConfig.heads must be a tuple of some of {list(HEADS)}, got {heads!r}")
+        raise UsageError(f"BERTConfig.heads must be a tuple of some of {list(HEADS)}, got {heads!r:.80}")
     unknown = [head for head in heads if head not in HEADS]
     if unknown:
         raise UsageError(f"unknown head(s) {unknown} in BERTConfig.heads: expected some of {list(HEADS)}")

@@ -55,10 +55,10 @@ class Semantics:
         for field, allowed in CHOICES.items():
             value = getattr(self, field)
             if value not in allowed or type(value) is not type(allowed[0]):
-                raise UsageError(f"Semantics.{field} is {value!r}; expected one of {list(allowed)}")
+                raise UsageError(f"Semantics.{field} is {value!r:.80}; expected one of {list(allowed)}")
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            raise UsageError(f"Semantics.layer_norm_eps is {eps!r}; expected a number in (0, 1)")
+            raise UsageError(f"Semantics.layer_norm_eps is {eps!r:.80}; expected a number in (0, 1)")
         object.__setattr__(self, "layer_norm_eps", float(eps))
 
     def __repr__(self) -> str:
@@ -87,7 +87,7 @@ class Semantics:
         """Inverse of ``to_dict``; unknown or missing switches are a ``ValueError``."""
         switches = [field.name for field in dataclasses.fields(cls)]
         if not isinstance(data, dict) or not set(FIRST_SWITCHES) <= set(data) or not set(data) <= set(switches):
-            raise UsageError(f"semantics must be a dict of the switches {switches}, got {data!r}")
+            raise UsageError(f"semantics must be a dict of the switches {switches}, got {data!r:.200}")
         return cls(**data)
 
 
@@ -149,12 +149,14 @@ def semantics_for(spec: str | Semantics) -> Semantics:
     if isinstance(spec, Semantics):
         return spec
     if not isinstance(spec, str):
-        raise UsageError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r}")
+        raise UsageError(f"a preset is a name {list(PRESETS)} or a d2l version, got {spec!r:.80}")
     if spec in PRESETS:
         return PRESETS[spec]
     match = re.fullmatch(r"(?:d2l\s*(?:==|-|\s)\s*)?v?(\d{1,4}(?:\.\d{1,4}){1,3})(?:\.?post\d+)?", spec.strip().lower())
     if not match:
-        raise UsageError(f"unknown preset {spec!r}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'")
+        raise UsageError(
+            f"unknown preset {spec!r:.80}: expected one of {list(PRESETS)} or a d2l version such as '0.14.4'"
+        )
     parts = match[1].split(".")
     released = [release for release in D2L_RELEASES if release.split(".")[: len(parts)] == parts[:3]]
     if not released or len(parts) > 3:
