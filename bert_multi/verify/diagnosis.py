@@ -15,10 +15,13 @@ import numpy as np
 
 from ..engine.compare import Tolerance, tolerance_for
 from ..spec.config import BERTConfig
-from .mistakes import Mistake, tries_at
+from .mistakes import FLOAT32_INSIDE, Mistake, tries_at
 from .rules import Rule, Site, compute
 
 FLOAT32 = tolerance_for("float32")
+# How far float32's rounding inside a module can move its output, relative to the output's scale: 64 of
+# float32's units in the last place.
+FLOAT32_ROUNDING = 64 * float(np.finfo(np.float32).eps)
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Diagnosis:
 
     def describe(self) -> str:
         if self.mistake is not None:
-            reproduced = f" (reproduces your output to {self.error:.1g})" if "apart" not in self.rule else ""
+            reproduced = f" (reproduces your output to {self.error:.1g})" if self.mistake.reproduced_by_rule else ""
             return f"{self.where} {self.says()}{reproduced}"
         closest = (
             f"; the closest known mistake, that it {self.rule['said']}, is off by {self.error:.3g}" if self.rule else ""
@@ -108,6 +111,9 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
     if single is not None:
         error, found, rule = single
         return Diagnosis(site.activation, where, found, rule, error, off, site.config)
+    scale = max(1.0, float(np.nanmax(np.abs(own), initial=0.0)))
+    if site.precision == np.float64 and off <= FLOAT32_ROUNDING * scale:
+        return Diagnosis(site.activation, where, FLOAT32_INSIDE, {"off": off}, off, off, site.config)
     if not ranked:
         return Diagnosis(site.activation, where, None, {}, math.inf, off, site.config)
     error, found, rule = ranked[0][0]

@@ -29,6 +29,8 @@ class Mistake:
     caught_by: str  # the conformance case that catches it there
     says: Callable[[Rule, BERTConfig], str]
     tries: Callable[[Site], Iterable[Rule]] = field(default=lambda site: ())
+    # Whether a changed rule reproduces it; False for what is found otherwise (two runs, the model's weights).
+    reproduced_by_rule: bool = True
 
 
 def _eps_values(site: Site) -> list[Rule]:
@@ -296,6 +298,7 @@ CATALOGUE: tuple[Mistake, ...] = (
         "blks.0.attention",
         "valid_lens_2d",
         lambda rule, config: f"leaves dropout on at inference: two runs of one input differ by {rule['apart']:.3g}",
+        reproduced_by_rule=False,
     ),
 )
 MISTAKES = {mistake.name: mistake for mistake in CATALOGUE}
@@ -311,6 +314,7 @@ LAYERS_IN_FORWARD = Mistake(
         f"parameters, so no weights can be given to them ({rule['made']}): two runs of one input differ by "
         f"{rule['apart']:.3g}"
     ),
+    reproduced_by_rule=False,
 )
 
 # Found from the model's own parameters, read before and after a run: a forward that writes to them gives
@@ -323,6 +327,22 @@ PARAMETERS_CHANGED = Mistake(
         f"changes its own parameters when it runs ({rule['changed']}), where d2l's forward only reads them: two "
         f"runs of one input differ by {rule['apart']:.3g}"
     ),
+    reproduced_by_rule=False,
+)
+
+
+# Found from the size of a difference, not planted: in a float64 run, a module off d2l's rule by no more than
+# float32's rounding, that no change of the catalogue's reproduces, computes some of its work in float32.
+FLOAT32_INSIDE = Mistake(
+    "float32_inside",
+    "blks.0.attention",
+    "mixed_valid_lens",
+    lambda rule, config: (
+        f"computes part of its work in float32 in a float64 run: it is {rule['off']:.1g} from d2l's rule, the size "
+        "of float32's rounding (a cast, or a library call that rounds to float32, as jax.nn.dot_product_attention's "
+        "softmax does)"
+    ),
+    reproduced_by_rule=False,
 )
 
 

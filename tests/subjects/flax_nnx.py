@@ -3,7 +3,9 @@ parameters (``nnx.Linear``, ``nnx.Embed``, ``nnx.LayerNorm``, the positions an `
 ``nnx.Dropout`` switched off by ``eval()``, its own names and module order. No bert_multi import.
 
 ``build`` is faithful to d2l 1.0; ``build_default_eps`` leaves ``nnx.LayerNorm()`` at Flax's epsilon (1e-6,
-where d2l's is 1e-5), the slip a port on Flax's defaults makes."""
+where d2l's is 1e-5), the slip a port on Flax's defaults makes; ``build_on_flax_attention`` uses Flax's own
+``nnx.MultiHeadAttention`` with a mask from the lengths, whose softmax (``jax.nn.dot_product_attention``'s)
+is float32 whatever the dtype."""
 
 import math
 
@@ -37,13 +39,31 @@ class Block(nnx.Module):
         return self.norm2(x + self.drop(self.down(jax.nn.relu(self.up(x)))))
 
 
+class FlaxAttentionBlock(Block):
+    def __init__(self, d, heads, ffn, dropout, eps, rngs):
+        super().__init__(d, heads, ffn, dropout, eps, rngs)
+        del self.query, self.key, self.value, self.out
+        self.attention = nnx.MultiHeadAttention(heads, d, decode=False, rngs=rngs)  # no attention dropout
+
+    def __call__(self, x, valid_lens):
+        b, t, _ = x.shape
+        mask = None
+        if valid_lens is not None:
+            lens = valid_lens.reshape(b, -1)  # (B, 1), or (B, T) with a length per query
+            mask = (jnp.arange(t)[None, None, :] < lens[:, :, None])[:, None, :, :]
+        x = self.norm1(
+            x + self.drop(self.attention(x, mask=jnp.broadcast_to(mask, (b, 1, t, t)) if mask is not None else None))
+        )
+        return self.norm2(x + self.drop(self.down(jax.nn.relu(self.up(x)))))
+
+
 class NnxBERT(nnx.Module):
-    def __init__(self, config, eps, rngs):
+    def __init__(self, config, eps, rngs, block=Block):
         d = config.num_hiddens
         self.tokens, self.segments = nnx.Embed(config.vocab_size, d, rngs=rngs), nnx.Embed(2, d, rngs=rngs)
         self.positions = nnx.Param(jax.random.normal(rngs.params(), (1, config.max_len, d)))
         self.blocks = nnx.List(
-            Block(d, config.num_heads, config.ffn_num_hiddens, 0.1, eps, rngs) for _ in range(config.num_blks)
+            block(d, config.num_heads, config.ffn_num_hiddens, 0.1, eps, rngs) for _ in range(config.num_blks)
         )
         self.mlm_dense, self.mlm_norm = nnx.Linear(d, d, rngs=rngs), nnx.LayerNorm(d, epsilon=1e-5, rngs=rngs)
         self.mlm_out = nnx.Linear(d, config.vocab_size, rngs=rngs)
@@ -66,3 +86,7 @@ def build(config):
 
 def build_default_eps(config):
     return NnxBERT(config, None, nnx.Rngs(0))
+
+
+def build_on_flax_attention(config):
+    return NnxBERT(config, 1e-5, nnx.Rngs(0), FlaxAttentionBlock)

@@ -129,7 +129,10 @@ class Layer(nn.Module):
             y = x + self.attn(self.norm1(x), valid_lens)
             return y + self.down(activation(self.up(self.norm2(y))))
         y = self.norm1(x + self.attn(x, valid_lens))
-        ffn = self.down(activation(self.up(y)))
+        hidden = activation(self.up(y))
+        if self.fault == "float32_hidden":  # a .float() left from a mixed-precision experiment
+            hidden = hidden.float().to(y.dtype)
+        ffn = self.down(hidden)
         if self.fault == "ffn_unwrapped":
             return ffn
         return self.norm2(y + (2 * ffn if self.fault == "ffn_doubled" else ffn))
