@@ -47,6 +47,20 @@ def _unwrapped_forward(self, X, valid_lens):
     return self.ffn(self.addnorm1(X, self.attention(X, X, X, valid_lens)))
 
 
+def _reshaped_heads(mp, attention):
+    """d2l's ``transpose_qkv`` and ``transpose_output`` as a reshape alone, without their transposes."""
+    mp.setattr(attention, "transpose_qkv", lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] // self.num_heads))
+    mp.setattr(attention, "transpose_output", lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] * self.num_heads))
+
+
+def _lengths_one_longer(mp, model):
+    """``masked_softmax`` given each valid length plus one (every framework's model module has one)."""
+    original = model.masked_softmax
+    mp.setattr(
+        model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
+    )
+
+
 def _tokens_seen(mp, model):
     """``BERTEncoder.forward`` planted to keep, in the dict it returns, where each token id is not 0: what a
     mask made from the tokens reads, for the ``masked_softmax`` planted beside it."""
@@ -138,10 +152,7 @@ def torch_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
-        original = model.masked_softmax
-        mp.setattr(
-            model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
-        )
+        _lengths_one_longer(mp, model)
 
     def softmax_axis(mp):  # the weights normalised over the queries
         def masked_softmax(X, valid_lens):
@@ -157,16 +168,7 @@ def torch_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
-        mp.setattr(
-            model.MultiHeadAttention,
-            "transpose_qkv",
-            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] // self.num_heads),
-        )
-        mp.setattr(
-            model.MultiHeadAttention,
-            "transpose_output",
-            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] * self.num_heads),
-        )
+        _reshaped_heads(mp, model.MultiHeadAttention)
 
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = _tokens_seen(mp, model)
@@ -352,10 +354,7 @@ def mxnet_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
-        original = model.masked_softmax
-        mp.setattr(
-            model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
-        )
+        _lengths_one_longer(mp, model)
 
     def softmax_axis(mp):  # the weights normalised over the queries
         def masked_softmax(X, valid_lens):
@@ -368,16 +367,7 @@ def mxnet_faults():
         mp.setattr(model, "masked_softmax", masked_softmax)
 
     def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
-        mp.setattr(
-            model.MultiHeadAttention,
-            "transpose_qkv",
-            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] // self.num_heads),
-        )
-        mp.setattr(
-            model.MultiHeadAttention,
-            "transpose_output",
-            lambda self, X: X.reshape(-1, X.shape[1], X.shape[2] * self.num_heads),
-        )
+        _reshaped_heads(mp, model.MultiHeadAttention)
 
     def mask_from_tokens(mp):  # the keys whose token id is not 0 attended to, whatever valid_lens says
         seen = _tokens_seen(mp, model)
@@ -591,10 +581,7 @@ def jax_faults():
         _plant_flax(mp)
 
     def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
-        original = model.masked_softmax
-        mp.setattr(
-            model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
-        )
+        _lengths_one_longer(mp, model)
         _plant_flax(mp)
 
     def softmax_axis(mp):  # the weights normalised over the queries
