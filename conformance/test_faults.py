@@ -54,7 +54,7 @@ def _reshaped_heads(mp, attention):
 
 
 def _lengths_one_longer(mp, model):
-    """``masked_softmax`` given each valid length plus one (every framework's model module has one)."""
+    """``masked_softmax`` given each valid length plus one (JAX's model module has it too, so JAX plants this)."""
     original = model.masked_softmax
     mp.setattr(
         model, "masked_softmax", lambda X, valid_lens: original(X, None if valid_lens is None else valid_lens + 1)
