@@ -604,6 +604,29 @@ def test_a_transformers_bert_conforms_to_the_original_bert():
 
 
 @runs_here("transformers")
+@pytest.mark.parametrize(
+    "name, checked",
+    [
+        ("BertForMaskedLM", {"mlm"}),
+        ("BertForNextSentencePrediction", {"pooler", "nsp"}),
+        ("BertForSequenceClassification", set()),
+        ("BertForQuestionAnswering", set()),
+    ],
+)
+def test_transformers_other_bert_classes_are_verified_on_the_parts_d2ls_bert_has(name, checked):
+    """Each class's heads read from its own outputs (``logits`` is the masked LM's in one, the next-sentence
+    classifier's in another); a class fine-tuned for a task is verified on its BertModel, its task head never
+    taken for d2l's next-sentence classifier, and the report says the head was left out."""
+    from subjects import hf_port
+
+    report = verify(functools.partial(hf_port.build_class, name=name), TINY.with_semantics("bert"), label=name)
+    assert report.passed, report.failures()
+    assert {"pooler", "mlm", "nsp"} - set(report.absent) == checked
+    framework = str(next(iter(report.forward.runtime.values()))["framework"])
+    assert ("without its task head" in framework) == name.endswith(("Classification", "Answering"))
+
+
+@runs_here("transformers")
 def test_transformers_padding_row_gets_no_gradient_and_verify_finds_it():
     # BertEmbeddings' padding_idx (pad_token_id, 0 by default) zeroes the gradient of that row: the
     # original BERT trains it. Invisible in every forward output.

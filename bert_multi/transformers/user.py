@@ -1,6 +1,7 @@
-"""A user's own transformers BERT (``BertForPreTraining``, ``BertModel``, a fine-tuned copy), wrapped for
-``bert-multi verify``: seen through ``D2LView`` as d2l's call (tokens, segments, valid_lens,
-pred_positions) -> (encoded, mlm, nsp), and otherwise wrapped as any PyTorch model."""
+"""A user's own transformers BERT (``BertForPreTraining``, ``BertModel``, ``BertForMaskedLM``,
+``BertForNextSentencePrediction``, or one fine-tuned for a task), wrapped for ``bert-multi verify``: seen
+through ``D2LView`` as d2l's call (tokens, segments, valid_lens, pred_positions) -> (encoded, mlm, nsp),
+and otherwise wrapped as any PyTorch model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from .backend import attention_mask
 
 # transformers' models are also nn.Modules; being nearer their own class, this wrapper is chosen first.
 USER_MODELS = ("transformers.modeling_utils.PreTrainedModel",)
+# The heads transformers' fine-tuning classes put on their BertModel (``bert``), which d2l's BERT has no
+# counterpart for: only the BertModel is verified, and the report says the head is left out.
+TASK_HEADS = ("classifier", "qa_outputs")
 
 
 class D2LView(nn.Module):
@@ -31,15 +35,29 @@ class D2LView(nn.Module):
         mask = attention_mask(valid_lens, tokens.shape[1], dtype, tokens.device)
         out = self.model(input_ids=tokens, token_type_ids=segments, attention_mask=mask, output_hidden_states=True)
         encoded = out.hidden_states[-1]
-        if not hasattr(out, "seq_relationship_logits"):  # a BertModel: no heads
-            return encoded, None, None
+        # Each class names its heads' outputs its own way: both (BertForPreTraining), the masked LM's or the
+        # next-sentence classifier's alone as ``logits`` (BertForMaskedLM, BertForNextSentencePrediction), or
+        # none (BertModel).
+        heads = type(getattr(self.model, "cls", None)).__name__
+        vocabulary = out.prediction_logits if hasattr(out, "prediction_logits") else None
+        nsp = out.seq_relationship_logits if hasattr(out, "seq_relationship_logits") else None
+        if heads == "BertOnlyMLMHead":
+            vocabulary = out.logits
+        elif heads == "BertOnlyNSPHead":
+            nsp = out.logits
         mlm = None
-        if pred_positions is not None:
+        if vocabulary is not None and pred_positions is not None:
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
-            mlm = out.prediction_logits[rows, pred_positions]
-        return encoded, mlm, out.seq_relationship_logits
+            mlm = vocabulary[rows, pred_positions]
+        return encoded, mlm, nsp
 
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:
-    """``model`` (a transformers BERT) seen the d2l way and wrapped as a PyTorch model."""
-    return WrappedModel(D2LView(copy.deepcopy(model) if copied else model), dtype, device, example, copied=False)
+    """``model`` (a transformers BERT) seen the d2l way and wrapped as a PyTorch model; of a model fine-tuned
+    for a task, its BertModel."""
+    model = copy.deepcopy(model) if copied else model
+    task_head = next((name for name in TASK_HEADS if hasattr(model, name) and hasattr(model, "bert")), None)
+    wrapped = WrappedModel(D2LView(model.bert if task_head else model), dtype, device, example, copied=False)
+    if task_head:
+        wrapped.framework += f" ({type(model).__name__}: its BertModel, without its task head {task_head!r})"
+    return wrapped
