@@ -11,15 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..files.formats.huggingface import TASK_HEADS
 from ..spec.inputs import ModelInputs
 from ..torch.user import WrappedModel
 from .backend import attention_mask
 
 # transformers' models are also nn.Modules; being nearer their own class, this wrapper is chosen first.
 USER_MODELS = ("transformers.modeling_utils.PreTrainedModel",)
-# The heads transformers' fine-tuning classes put on their BertModel (``bert``), which d2l's BERT has no
-# counterpart for: only the BertModel is verified, and the report says the head is left out.
-TASK_HEADS = ("classifier", "qa_outputs")
 
 
 class D2LView(nn.Module):
@@ -54,7 +52,8 @@ class D2LView(nn.Module):
 
 def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, copied: bool) -> WrappedModel:
     """``model`` (a transformers BERT) seen the d2l way and wrapped as a PyTorch model; of a model fine-tuned
-    for a task, its BertModel."""
+    for a task (a ``TASK_HEADS`` head on its BertModel, ``bert``, which d2l's BERT has no counterpart for),
+    its BertModel."""
     model = copy.deepcopy(model) if copied else model
     task_head = next((name for name in TASK_HEADS if hasattr(model, name) and hasattr(model, "bert")), None)
     wrapped = WrappedModel(D2LView(model.bert if task_head else model), dtype, device, example, copied=False)

@@ -85,7 +85,7 @@ SIZE_FIELDS = {
 IGNORED = (r"(bert\.)?embeddings\.position_ids",)
 # transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
 # classifier; ForQuestionAnswering: qa_outputs): a BERT fine-tuned is read with its head left out, and said.
-TASK_HEADS = (r"classifier\.(weight|bias)", r"qa_outputs\.(weight|bias)")
+TASK_HEADS = ("classifier", "qa_outputs")
 DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
 # hidden_act -> semantics.activation: HuggingFace's "gelu" is the erf form, its tanh forms have 3 names.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
@@ -283,7 +283,7 @@ def read_directory(
     for name, array in own.items():
         canonical = _canonical_name(name)
         if canonical is None:
-            if any(re.fullmatch(pattern, name) for pattern in TASK_HEADS):
+            if any(re.fullmatch(rf"{head}\.(weight|bias)", name) for head in TASK_HEADS):
                 task_head.append(name)
             elif not any(re.fullmatch(pattern, name) for pattern in IGNORED):
                 unknown.append(name)
