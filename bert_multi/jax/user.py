@@ -324,22 +324,11 @@ class NnxModel(WrappedModel):
             _cast(module, self.dtype)
         self.module, self.flags = model, inference_flags(running)
         self.graphdef, self.template, self.rest = nnx.split(running, nnx.Param, ...)
-        params = nnx.to_pure_dict(self.template)
-        self.keys = dict(_key_paths(params))
-        return params
-
-    def _tree(self, flat: Mapping[str, np.ndarray]) -> dict[Any, Any]:
-        tree: dict[Any, Any] = {}
-        for name, array in flat.items():
-            *parents, leaf = self.keys[name]
-            node = tree
-            for key in parents:
-                node = node.setdefault(key, {})
-            node[leaf] = jax.device_put(array, self.place)
-        return tree
+        return nnx.to_pure_dict(self.template)
 
     def _call(self, params: Any, arrays: list[Any], interceptor: Callable | None = None) -> Any:
         state = jax.tree.map(lambda leaf: leaf, self.template)  # filled afresh in each trace
+        # The tree of dotted names (``nested``) has "0" where an NNX list has 0: NNX takes either.
         nnx.replace_by_pure_dict(state, params)
         model = nnx.merge(self.graphdef, state, self.rest)
         with _intercepting(model, interceptor):
@@ -357,15 +346,6 @@ def _cast(module: Any, dtype: str) -> None:
             continue
         if floating:
             setattr(module, attribute, np.dtype(dtype))
-
-
-def _key_paths(tree: Mapping[Any, Any], prefix: tuple = ()) -> Iterator[tuple[str, tuple]]:
-    """(dotted name, the keys that reach it) of each leaf of a parameter tree, as ``_flatten`` names them."""
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            yield from _key_paths(value, (*prefix, key))
-        else:
-            yield ".".join(map(str, (*prefix, key))), (*prefix, key)
 
 
 @contextlib.contextmanager
