@@ -78,7 +78,8 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
     except (KeyError, ValueError):  # its input not recorded, or recorded at a module of another shape
         return None
     off = _distance(expected, own)
-    bound = tolerance.atol + tolerance.rtol * float(np.nanmax(np.abs(own), initial=0.0))
+    peak = float(np.nanmax(np.abs(own), initial=0.0))  # the output's scale, for every bound below
+    bound = tolerance.atol + tolerance.rtol * peak
     if off <= bound:  # d2l's rule reproduces it here: nothing to diagnose in this run
         return None
     tried: dict[str, list[tuple[float, Mistake, Rule]]] = {}  # each mistake's changes, the closest first
@@ -92,7 +93,7 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
         changes.sort(key=lambda entry: entry[0])
     # Reproduced: to the dtype's own bound, or, where a framework's kernel is itself less exact than that
     # (MXNet's float64 GELU: 1e-7), within float32's and a thousand times closer than d2l's rule.
-    loose = FLOAT32.atol + FLOAT32.rtol * float(np.nanmax(np.abs(own), initial=0.0))
+    loose = FLOAT32.atol + FLOAT32.rtol * peak
 
     def reproduces(error: float) -> bool:
         return error <= bound or (error <= loose and 1000 * error <= off)
@@ -111,8 +112,7 @@ def diagnose(site: Site, where: str, tolerance: Tolerance) -> Diagnosis | None:
     if single is not None:
         error, found, rule = single
         return Diagnosis(site.activation, where, found, rule, error, off, site.config)
-    scale = max(1.0, float(np.nanmax(np.abs(own), initial=0.0)))
-    if site.precision == np.float64 and off <= FLOAT32_ROUNDING * scale:
+    if site.precision == np.float64 and off <= FLOAT32_ROUNDING * max(1.0, peak):
         return Diagnosis(site.activation, where, FLOAT32_INSIDE, {"off": off}, off, off, site.config)
     if not ranked:
         return Diagnosis(site.activation, where, None, {}, math.inf, off, site.config)
