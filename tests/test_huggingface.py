@@ -209,6 +209,16 @@ def test_a_header_of_many_tensors_is_refused_before_any_is_read(tmp_path, monkey
     assert looked_at == []
 
 
+def directory_with_config(tmp_path, **fields):
+    """A small original BERT saved as a HuggingFace directory, its config.json given ``fields`` (as Python's json
+    writes them: Infinity too)."""
+    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
+    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
+    document = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**document, **fields}))
+    return tmp_path / "hf"
+
+
 @pytest.mark.parametrize(
     "field, value",
     [
@@ -221,25 +231,17 @@ def test_a_header_of_many_tensors_is_refused_before_any_is_read(tmp_path, monkey
     ],
 )
 def test_sizes_in_config_json_are_whole_numbers_checked_against_the_weights(tmp_path, field, value):
-    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
-    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
-    document = json.loads((tmp_path / "hf" / "config.json").read_text())
-    document[field] = value
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(document))  # Infinity, as Python's json writes it
+    directory = directory_with_config(tmp_path, **{field: value})
     with pytest.raises(WeightsError, match=f"config.json: not a usable BERT config: {field} is") as caught:
-        bm.load_checkpoint(tmp_path / "hf")
+        bm.load_checkpoint(directory)
     assert str(tmp_path / "hf") in str(caught.value)
 
 
 @pytest.mark.parametrize("field, value", [("type_vocab_size", 2.0), ("is_decoder", 0), ("is_decoder", None)])
 def test_a_switch_in_config_json_must_be_of_its_own_type(tmp_path, field, value):
-    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
-    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
-    document = json.loads((tmp_path / "hf" / "config.json").read_text())
-    document[field] = value
-    (tmp_path / "hf" / "config.json").write_text(json.dumps(document))
+    directory = directory_with_config(tmp_path, **{field: value})
     with pytest.raises(WeightsError, match=f"{field} is {value!r}; bert_multi computes BERT with {field} "):
-        bm.load_checkpoint(tmp_path / "hf")
+        bm.load_checkpoint(directory)
 
 
 @pytest.mark.parametrize(
@@ -272,10 +274,7 @@ def test_a_model_of_another_architecture_is_named_as_such(tmp_path, architecture
     weights have BERT's names, its positions another offset): each refused by its model_type, before any
     tensor is read."""
     if architecture == "relabelled":
-        config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
-        bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
-        document = json.loads((tmp_path / "hf" / "config.json").read_text())
-        (tmp_path / "hf" / "config.json").write_text(json.dumps({**document, "model_type": "roberta"}))
+        directory_with_config(tmp_path, model_type="roberta")
         model_type = "roberta"
     else:
         transformers = transformers_or_skip()
@@ -296,12 +295,9 @@ def test_a_model_of_another_architecture_is_named_as_such(tmp_path, architecture
     "field", ["model_type", "hidden_act", "position_embedding_type", "hidden_dropout_prob", "layer_norm_eps"]
 )
 def test_a_huge_value_in_config_json_is_shown_cut_short(tmp_path, field):
-    config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
-    bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
-    document = json.loads((tmp_path / "hf" / "config.json").read_text())
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({**document, field: "x" * 100_000}))
+    directory = directory_with_config(tmp_path, **{field: "x" * 100_000})
     with pytest.raises(WeightsError, match=f"{field} (is )?'xxx") as caught:
-        bm.load_checkpoint(tmp_path / "hf")
+        bm.load_checkpoint(directory)
     assert len(str(caught.value)) < 300 + len(str(tmp_path))
 
 
