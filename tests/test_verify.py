@@ -607,23 +607,73 @@ def test_a_transformers_bert_conforms_to_the_original_bert():
 @pytest.mark.parametrize(
     "name, checked",
     [
+        ("BertModel", {"pooler"}),
         ("BertForMaskedLM", {"mlm"}),
         ("BertForNextSentencePrediction", {"pooler", "nsp"}),
-        ("BertForSequenceClassification", set()),
-        ("BertForQuestionAnswering", set()),
+        ("BertForSequenceClassification", {"pooler"}),
+        ("BertForQuestionAnswering", set()),  # built without a pooler
     ],
 )
 def test_transformers_other_bert_classes_are_verified_on_the_parts_d2ls_bert_has(name, checked):
     """Each class's heads read from its own outputs (``logits`` is the masked LM's in one, the next-sentence
-    classifier's in another); a class fine-tuned for a task is verified on its BertModel, its task head never
-    taken for d2l's next-sentence classifier, and the report says the head was left out."""
+    classifier's in another), and a BertModel's pooler at its own output; a class fine-tuned for a task is
+    verified on its BertModel, its task head never taken for d2l's next-sentence classifier, and the report
+    says the head was left out. Every class is placed by transformers' names, with or without ``bert.``."""
     from subjects import hf_port
 
     report = verify(functools.partial(hf_port.build_class, name=name), TINY.with_semantics("bert"), label=name)
     assert report.passed, report.failures()
     assert {"pooler", "mlm", "nsp"} - set(report.absent) == checked
+    assert re.fullmatch(r"names \(transformers' (BertModel )?names, under the prefix 'model\.'\)", report.mapping.how)
+    assert ("pooler" in report.activations) == ("pooler" in checked)
     framework = str(next(iter(report.forward.runtime.values()))["framework"])
     assert ("without its task head" in framework) == name.endswith(("Classification", "Answering"))
+
+
+@runs_here("transformers")
+@pytest.mark.parametrize("activation, named", [("Identity", "no activation"), ("ReLU", "ReLU")])
+def test_a_transformers_bertmodels_pooler_is_checked_at_its_own_output(activation, named):
+    # Nothing reads a BertModel's pooler: it is observed at BertPooler's output, its tanh included.
+    from subjects import hf_port
+    from torch import nn
+
+    def build(config):
+        model = hf_port.build_class(config, "BertModel")
+        model.pooler.activation = getattr(nn, activation)()
+        return model
+
+    report = verify(build, TINY.with_semantics("bert"), dtypes=["float64"])
+    expected = (
+        f"first diverges at pooler (yours: model.pooler (output)), case mixed_valid_lens, float64 on cpu: it uses "
+        f"{named} after the pooler's dense layer where bert uses tanh; not checked: the masked-LM head"
+    )
+    assert expected in report.verdict()
+
+
+@runs_here("torch")
+@pytest.mark.parametrize("fault", [None, "last_position", "no_tanh"])
+def test_a_pooler_that_nothing_reads_is_said_to_be_not_checked(fault):
+    """A port without the NSP classifier: nothing the model gives shows its pooler, so the report says
+    the pooler was not checked, whether it is right or wrong, never that it conforms."""
+    from subjects import torch_port
+    from torch import nn
+
+    class WithoutNSP(torch_port.MyBERT):
+        def forward(self, tokens, segments, valid_lens=None, pred_positions=None):
+            encoded, mlm, _ = super().forward(tokens, segments, valid_lens, pred_positions)
+            return encoded, mlm, None
+
+    def build(config):
+        model = torch_port.make(config, fault)
+        model.__class__, model.nsp_out = WithoutNSP, nn.Identity()
+        return model
+
+    report = verify(build, TINY, dtypes=["float64"])
+    assert report.passed, report.failures()
+    assert report.absent["pooler"] == "no NSP classifier reads it, and no module of your model is known to output it"
+    assert "pooler" not in report.activations and "hidden.0.weight" not in report.mapping.placements
+    assert report.verdict().endswith("the pooler: no NSP classifier reads it, and no module of your model is known "
+                                     "to output it.")  # fmt: skip
 
 
 @runs_here("transformers")

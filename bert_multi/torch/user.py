@@ -141,6 +141,7 @@ class WrappedModel:
         native = any(isinstance(module, nn.TransformerEncoderLayer) for module in self.module.modules())
         self.native_names = NATIVE_NAMES if native else {}
         self.made_in_forward: dict[str, Shape] = {}  # weights its forward makes anew on every call (``_Uses``)
+        self.pooled_at: str | None = None  # set by a wrapper whose class says where its pooler's output is
         # Framework difference: only PyTorch's embedding says which row is padding (``padding_idx``).
         self.padded_tables = {
             f"{path}.weight" if path else "weight"

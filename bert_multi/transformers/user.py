@@ -56,7 +56,10 @@ def wrap_user_model(model: Any, dtype: str, device: str, example: ModelInputs, c
     its BertModel."""
     model = copy.deepcopy(model) if copied else model
     task_head = next((name for name in TASK_HEADS if hasattr(model, name) and hasattr(model, "bert")), None)
-    wrapped = WrappedModel(D2LView(model.bert if task_head else model), dtype, device, example, copied=False)
+    bert = model.bert if task_head else model
+    wrapped = WrappedModel(D2LView(bert), dtype, device, example, copied=False)
+    if isinstance(getattr(bert, "pooler", None), nn.Module):  # a BertModel's BertPooler: its dense, then tanh
+        wrapped.pooled_at = "model.pooler"
     if task_head:
         wrapped.framework += f" ({type(model).__name__}: its BertModel, without its task head {task_head!r})"
     return wrapped

@@ -109,8 +109,9 @@ def families(
             names = framework_names(config, moved + rules)
             placed = {name: Placement(own, flax.transposed(own) and framework == "Flax") for name, own in names.items()}
             found.append((f"{generation}'s {framework} names", placed))
-    if huggingface.expressible(config) is None:
-        found.append(("transformers' names", {c: Placement(own) for c, own in huggingface.hf_names(config).items()}))
+    if huggingface.inexpressible_semantics(config) is None:  # a BertModel alone, or inside a class with heads
+        for label, inside in (("transformers' names", True), ("transformers' BertModel names", False)):
+            found.append((label, {c: Placement(own) for c, own in huggingface.hf_names(config, inside).items()}))
     return found
 
 

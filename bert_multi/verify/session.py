@@ -174,9 +174,10 @@ def _set_up(
     model is found for some of a head's tensors only, the model lacks that head: ``absent`` says so, and
     the model, its config and weights without it come back. A tensor it may lack (``may_lack``: a fixed
     table for the positions, a LayerNorm left out) is placed nowhere, and what the model computes in its
-    place is compared."""
+    place is compared. A pooler that nothing observed shows (no NSP classifier reads it, and its class
+    names no module whose output it is: ``Subject.pooled_at``) is not checked either, and ``absent`` says so."""
     try:
-        return backend.build(config, weights, setup[1], setup[0]), config, weights
+        probe = backend.build(config, weights, setup[1], setup[0])
     except MappingError as error:
         kept = tuple(name for name in error.unplaced if may_lack(name))
         lacked = _parts_of(
@@ -184,12 +185,26 @@ def _set_up(
         )
         if not (lacked or kept) or None in lacked:
             raise
-    backend.kept = kept
-    absent.update(lacked)
+        backend.kept = kept
+        absent.update(lacked)
+        config, weights = _lacking(backend, config, weights, absent)
+        probe = backend.build(config, weights, setup[1], setup[0])
+    if "nsp" not in config.heads and "pooler" in config.heads and "pooler" not in probe.taps \
+            and not isinstance(probe.subject, ProtocolSubject):  # fmt: skip
+        absent["pooler"] = "no NSP classifier reads it, and no module of your model is known to output it"
+        config, weights = _lacking(backend, config, weights, absent)
+        probe = backend.build(config, weights, setup[1], setup[0])
+    return probe, config, weights
+
+
+def _lacking(
+    backend: UserBackend, config: BERTConfig, weights: dict[str, np.ndarray], absent: dict[str | None, str]
+) -> tuple[BERTConfig, dict[str, np.ndarray]]:
+    """``config`` and ``weights`` without the ``absent`` parts, which ``backend``'s model is then built
+    without (its parameters for them ignored)."""
     config = _without(config, absent)
-    weights = {name: weights[name] for name in param_shapes(config)}
-    backend.lacking = backend.lacking or bool(lacked)
-    return backend.build(config, weights, setup[1], setup[0]), config, weights
+    backend.lacking = True
+    return config, {name: weights[name] for name in param_shapes(config)}
 
 
 def _check_gradients(

@@ -50,7 +50,9 @@ class Subject(Protocol):
     weights are placed where names do not place them; and ``native_names``: the names its framework's own
     blocks give the canonical tensors (a family's label -> map-file rules: PyTorch's
     ``nn.TransformerEncoderLayer``), which place them as d2l's names do; ``padded_tables``: its tables
-    whose row 0 is padding, where its framework says so (PyTorch's ``padding_idx=0``)."""
+    whose row 0 is padding, where its framework says so (PyTorch's ``padding_idx=0``); ``pooled_at``: the
+    path of the module whose output is the pooler's, tanh included, where the model's class says so
+    (transformers' ``BertPooler``), at which the pooler is observed where no NSP classifier reads it."""
 
     framework: str  # the framework and its version, for the report
 

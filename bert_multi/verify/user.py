@@ -139,6 +139,9 @@ class UserBERT(BackendModel):
             module = mapping.module_of(parameter) if parameter in mapping.placements else None
             if module is not None and module in modules:
                 self.taps[activation] = (module, side)
+        pooled_at = getattr(subject, "pooled_at", None)
+        if "pooler" in config.heads and "pooler" not in self.taps and pooled_at in modules:
+            self.taps["pooler"] = (pooled_at, "output")
         # A framework's model is hooked where the mapping located its modules; a NumPy-protocol model
         # records what it returns, known once it has run.
         self.recorded = () if isinstance(subject, ProtocolSubject) else tuple(self.taps)

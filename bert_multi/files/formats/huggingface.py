@@ -335,30 +335,40 @@ def _dropout(hf: dict[str, Any]) -> float:
     return float(value)
 
 
-def hf_names(config: BERTConfig) -> dict[str, str]:
-    """Canonical name -> transformers' name, in the schema's order (``bert.`` prefixed when the model has
-    both heads: ``BertForPreTraining`` holds a ``BertModel`` as ``bert``)."""
-    prefix = "bert." if config.heads == HEADS else ""
+def hf_names(config: BERTConfig, inside: bool | None = None) -> dict[str, str]:
+    """Canonical name -> transformers' name, in the schema's order: ``bert.`` prefixed where the BertModel is
+    ``inside`` a class with heads (``BertForPreTraining`` ... hold it as ``bert``; by default, where the
+    model has all three heads), and without the heads' (``cls.``) names where it is not (a ``BertModel``)."""
+    inside = config.heads == HEADS if inside is None else inside
     names = {}
     for name in param_shapes(config):
         hf_name = _translate(name, to_canonical=False)
         assert hf_name is not None, name  # every canonical name of the original BERT has a row
-        names[name] = hf_name if hf_name.startswith("cls.") else prefix + hf_name
+        if not hf_name.startswith("cls."):
+            names[name] = f"bert.{hf_name}" if inside else hf_name
+        elif inside:
+            names[name] = hf_name
     return names
 
 
 def expressible(config: BERTConfig) -> str | None:
     """Why a HuggingFace BERT cannot express ``config``, or None if it can."""
-    semantics = config.semantics
-    if not (semantics.embedding_norm and semantics.positions == "learned" and semantics.attention_bias
-            and semantics.valid_lens_over_heads == "interleaved" and semantics.nsp_head == "pooler"):  # fmt: skip
-        return (
-            f"a HuggingFace BERT computes the original BERT; this model computes {semantics!r}, which it cannot "
-            "express (it needs the embedding LayerNorm, learned positions, biased attention, interleaved heads)"
-        )
-    if config.heads not in (HEADS, ("pooler",), ()):
+    reason = inexpressible_semantics(config)
+    if reason is None and config.heads not in (HEADS, ("pooler",), ()):
         return f"transformers has no BERT class with exactly the heads {list(config.heads)}"
-    return None
+    return reason
+
+
+def inexpressible_semantics(config: BERTConfig) -> str | None:
+    """Why no HuggingFace BERT computes ``config``'s semantics, or None if one does (whatever its heads)."""
+    semantics = config.semantics
+    if (semantics.embedding_norm and semantics.positions == "learned" and semantics.attention_bias
+            and semantics.valid_lens_over_heads == "interleaved" and semantics.nsp_head == "pooler"):  # fmt: skip
+        return None
+    return (
+        f"a HuggingFace BERT computes the original BERT; this model computes {semantics!r}, which it cannot "
+        "express (it needs the embedding LayerNorm, learned positions, biased attention, interleaved heads)"
+    )
 
 
 def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
