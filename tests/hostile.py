@@ -721,6 +721,8 @@ def hostile_maps() -> dict[str, tuple[bytes, str]]:
         "a number as a name": (b'{"names": {"a": 7}}', "must map canonical names to strings"),
         "a part past the end": (b'{"names": {"a": "b[3/3]"}}', "does not exist"),
         "ignore not a list": (b'{"ignore": "x"}', "must be a list"),
+        "a pooler output of a list": (b'{"pooler_output": ["pool"]}', "must be a module's path"),
+        "a pooler output of control characters": (b'{"pooler_output": "pool\\u0000"}', "must be a module's path"),
         "two megabytes": (b'{"ignore": ["' + b"x" * (2 << 20) + b'"]}', "is not one"),
         # Round 4 (issue 40): a list of a hundred million parts, Python's int-string limit.
         "a hundred million parts": (b'{"names": {"a": "b[0/100000000]"}}', "expected at most 1024"),

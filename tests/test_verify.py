@@ -16,6 +16,7 @@ import pytest
 from bert_multi import CONFIGS, UsageError, verify
 from bert_multi.backend.registry import not_in_process
 from bert_multi.testing import assert_model_conforms
+from bert_multi.verify.map_file import MapFile
 from conftest import runs_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -650,11 +651,9 @@ def test_a_transformers_bertmodels_pooler_is_checked_at_its_own_output(activatio
     assert expected in report.verdict()
 
 
-@runs_here("torch")
-@pytest.mark.parametrize("fault", [None, "last_position", "no_tanh"])
-def test_a_pooler_that_nothing_reads_is_said_to_be_not_checked(fault):
-    """A port without the NSP classifier: nothing the model gives shows its pooler, so the report says
-    the pooler was not checked, whether it is right or wrong, never that it conforms."""
+def _without_nsp(fault=None, pooler_module=False):
+    """A factory of torch_port's model without its NSP classifier; ``pooler_module``: its pooler a module of
+    its own, the dense layer and its tanh (``pool``)."""
     from subjects import torch_port
     from torch import nn
 
@@ -666,14 +665,45 @@ def test_a_pooler_that_nothing_reads_is_said_to_be_not_checked(fault):
     def build(config):
         model = torch_port.make(config, fault)
         model.__class__, model.nsp_out = WithoutNSP, nn.Identity()
+        if pooler_module:
+            model.pool = nn.Sequential(model.pool, nn.Tanh())
         return model
 
-    report = verify(build, TINY, dtypes=["float64"])
+    return build
+
+
+UNSEEN_POOLER = (
+    "no NSP classifier reads it, and no module of your model is known to output it (a map file's pooler_output "
+    "names one)"
+)
+
+
+@runs_here("torch")
+@pytest.mark.parametrize("fault", [None, "last_position", "no_tanh"])
+def test_a_pooler_that_nothing_reads_is_said_to_be_not_checked(fault):
+    """A port without the NSP classifier: nothing the model gives shows its pooler, so the report says
+    the pooler was not checked, whether it is right or wrong, never that it conforms."""
+    report = verify(_without_nsp(fault), TINY, dtypes=["float64"])
     assert report.passed, report.failures()
-    assert report.absent["pooler"] == "no NSP classifier reads it, and no module of your model is known to output it"
+    assert report.absent["pooler"] == UNSEEN_POOLER
     assert "pooler" not in report.activations and "hidden.0.weight" not in report.mapping.placements
-    assert report.verdict().endswith("the pooler: no NSP classifier reads it, and no module of your model is known "
-                                     "to output it.")  # fmt: skip
+    assert report.verdict().endswith(f"the pooler: {UNSEEN_POOLER}.")
+
+
+@runs_here("torch")
+def test_a_map_files_pooler_output_is_where_the_pooler_is_checked(tmp_path):
+    # The same port with its pooler a module of its own: named by the map file, it is observed there.
+    named = tmp_path / "map.json"
+    named.write_text(json.dumps({"pooler_output": "pool"}))
+    report = verify(_without_nsp(pooler_module=True), TINY, dtypes=["float64"], map_file=named)
+    assert report.passed and "pooler" not in report.absent, report.failures()
+    assert report.activations["pooler"] == "pool (output)"
+    wrong = verify(_without_nsp("last_position", pooler_module=True), TINY, dtypes=["float64"], map_file=named)
+    assert "first diverges at pooler (yours: pool (output))" in wrong.verdict()
+    assert "it pools the last position where d2l pools <cls>" in wrong.verdict()
+    with pytest.raises(UsageError, match=r"map.json: pooler_output 'pooler' is no module of your model \(its "
+                       r"modules named like a pooler: \['pool'\]\)"):  # fmt: skip
+        verify(_without_nsp(), TINY, dtypes=["float64"], map_file=MapFile({}, (), "map.json", pooler_output="pooler"))
 
 
 @runs_here("transformers")

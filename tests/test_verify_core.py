@@ -21,7 +21,7 @@ from bert_multi import (
     verify_masking,
 )
 from bert_multi.backend import backward, oracle
-from bert_multi.verify.map_file import parse_placement, read_map
+from bert_multi.verify.map_file import parse_placement, read_map, write_map
 from bert_multi.verify.mapping import Placement, map_parameters
 
 CONFIG = CONFIGS["tiny"]
@@ -122,6 +122,7 @@ def test_a_parameter_no_canonical_tensor_sets_is_an_error_unless_ignored(tmp_pat
         (b'{"names": {"a": 1}}', "must map canonical names to strings"),
         (b'{"names": {"a": "b[3/3]"}}', "does not exist"),
         (b'{"renames": {}}', "expected an object"),
+        (b'{"pooler_output": ""}', "must be a module's path"),
         (b"[" * 100_000, "not a JSON map file"),
     ],
 )
@@ -131,6 +132,18 @@ def test_a_malformed_map_file_is_a_weights_error_naming_the_file(tmp_path, text,
     with pytest.raises(WeightsError, match=problem) as caught:
         read_map(path)
     assert str(path) in str(caught.value)
+
+
+def test_what_a_map_file_declares_beside_its_placements_is_kept_by_the_map_written_from_it(tmp_path):
+    given = {"names": {}, "absent": ["nsp.output.{p}"], "pooler_output": "pool"}
+    (tmp_path / "map.json").write_text(json.dumps(given))
+    declared = read_map(tmp_path / "map.json").declared()
+    assert declared == {"absent": ["nsp.output.{p}"], "pooler_output": "pool"}
+    write_map(tmp_path / "again.json", {"names": {}, "ignore": [], **declared})
+    again = read_map(tmp_path / "again.json")
+    assert again.declared() == declared
+    (tmp_path / "bare.json").write_text("{}")
+    assert read_map(tmp_path / "bare.json").declared() == {}
 
 
 def test_a_map_rule_that_names_no_canonical_tensor_is_refused(tmp_path):

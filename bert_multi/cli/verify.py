@@ -114,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     print(f"parameters placed by {report.mapping.how}: {len(report.mapping.placements)} canonical tensors")
     if args.write_map:
-        write_map(args.write_map, report.mapping.as_map_file())
+        write_map(
+            args.write_map, report.mapping.as_map_file() | (report.map_file.declared() if report.map_file else {})
+        )
         print(f"the placement written to {args.write_map} (--map reads it)")
     print(summary_table(report.forward, wide=args.wide))
     print(f"\nran on:\n{runtime_lines(report.forward)}")

@@ -1,11 +1,13 @@
 """The map file: a user's own rules for where each canonical tensor lives in their model, for what
 ``bert-multi verify`` cannot place alone (``mapping.py``), and the file ``--write-map`` writes.
 
-JSON ``{"names": {canonical pattern: placement}, "ignore": [names], "absent": [canonical patterns]}``: a
-pattern's ``{i}`` stands for a block's index and ``{p}`` for weight or bias; a placement is ``name``,
-``name.T`` (transposed) or ``name[k/n]`` (the k-th of n equal parts along the first axis, as in a fused
-QKV); ``ignore`` lists the user's parameters that are no canonical tensor's, ``absent`` the canonical
-tensors the model lacks (a head's: the part they belong to is then not checked, and the report says so).
+JSON ``{"names": {canonical pattern: placement}, "ignore": [names], "absent": [canonical patterns],
+"pooler_output": module}``: a pattern's ``{i}`` stands for a block's index and ``{p}`` for weight or bias;
+a placement is ``name``, ``name.T`` (transposed) or ``name[k/n]`` (the k-th of n equal parts along the
+first axis, as in a fused QKV); ``ignore`` lists the user's parameters that are no canonical tensor's,
+``absent`` the canonical tensors the model lacks (a head's: the part they belong to is then not checked,
+and the report says so), ``pooler_output`` the module whose output is the pooler's, tanh included (where
+no NSP classifier reads it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ MAX_MAP_BYTES = 1 << 20
 # A fused tensor has a few parts (3 for a QKV, 3 per block where blocks are fused too); the count sizes
 # what is checked, so it is bounded where it is read.
 MAX_PARTS = 1024
+MAX_MODULE_PATH = 1000
 
 _PLACE = re.compile(
     r"(?P<name>[^\[\]\x00-\x1f\x7f]+?)(?P<t>\.T)?(?:\[(?P<k>\d{1,9})/(?P<n>\d{1,9})\]|\[(?P<rows>\d{1,9}):\])?(?P<t2>\.T)?"
@@ -67,6 +70,13 @@ class MapFile:
     ignore: tuple[str, ...]
     source: str
     absent: tuple[str, ...] = ()
+    pooler_output: str | None = None  # the user's module whose output is the pooler's
+
+    def declared(self) -> dict[str, object]:
+        """What this map file says beside its placements (``absent``, ``pooler_output``, where given), as a
+        map file's contents: ``--write-map`` keeps it with the placement it writes."""
+        declared: dict[str, object] = {"absent": list(self.absent)} if self.absent else {}
+        return declared | ({"pooler_output": self.pooler_output} if self.pooler_output is not None else {})
 
     def lacking(self, canonical: Iterable[str]) -> list[str]:
         """The canonical tensors the map file declares absent."""
@@ -95,8 +105,9 @@ class MapFile:
 
 
 def read_map(path: str | Path) -> MapFile:
-    """A map file: JSON ``{"names": {canonical pattern: placement}, "ignore": [names]}``. Anything else
-    is a ``WeightsError`` naming the file (it is read like every other file: size first, then parsed)."""
+    """A map file: JSON ``{"names": {canonical pattern: placement}, "ignore": [names], "absent": [canonical
+    patterns], "pooler_output": module}``, each optional. Anything else is a ``WeightsError`` naming the file
+    (it is read like every other file: size first, then parsed)."""
     path = Path(path)
     with open_regular(path, "map file", WeightsError) as file:
         data = file.read(MAX_MAP_BYTES + 1)
@@ -106,9 +117,10 @@ def read_map(path: str | Path) -> MapFile:
         document = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise WeightsError(f"{path}: not a JSON map file ({str(error)[:200]})") from None
-    if not isinstance(document, dict) or set(document) - {"names", "ignore", "absent"}:
+    if not isinstance(document, dict) or set(document) - {"names", "ignore", "absent", "pooler_output"}:
         raise WeightsError(
-            f'{path}: expected an object with "names" (and optionally "ignore" and "absent"), got {str(document)[:100]}'
+            f'{path}: expected an object with "names" (and optionally "ignore", "absent" and "pooler_output"), got '
+            f"{str(document)[:100]}"
         )
     rules, ignore, absent = document.get("names", {}), document.get("ignore", []), document.get("absent", [])
     if not isinstance(rules, dict) or not all(isinstance(v, str) for v in rules.values()):
@@ -116,12 +128,17 @@ def read_map(path: str | Path) -> MapFile:
     for key, listed in (("ignore", ignore), ("absent", absent)):
         if not isinstance(listed, list) or not all(isinstance(v, str) for v in listed):
             raise WeightsError(f'{path}: "{key}" must be a list of names')
+    pooler = document.get("pooler_output")
+    if pooler is not None and not (
+        isinstance(pooler, str) and 0 < len(pooler) <= MAX_MODULE_PATH and pooler.isprintable()
+    ):
+        raise WeightsError(f'{path}: "pooler_output" must be a module\'s path, got {str(pooler)[:100]!r}')
     for target in rules.values():
         try:
             parse_placement(target.replace("{i}", "0").replace("{p}", "weight"))
         except UsageError as error:
             raise WeightsError(f"{path}: {error}") from None
-    return MapFile(rules, tuple(ignore), str(path), tuple(absent))
+    return MapFile(rules, tuple(ignore), str(path), tuple(absent), pooler)
 
 
 def write_map(path: str | Path, contents: dict[str, object]) -> None:

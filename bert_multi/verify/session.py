@@ -162,6 +162,13 @@ def _declared_absent(config: BERTConfig, map_file: MapFile | None) -> dict[str |
     return absent
 
 
+# Why a pooler is not checked where nothing verify observes shows it.
+UNSEEN_POOLER = (
+    "no NSP classifier reads it, and no module of your model is known to output it (a map file's pooler_output "
+    "names one)"
+)
+
+
 def _set_up(
     backend: UserBackend,
     config: BERTConfig,
@@ -191,7 +198,7 @@ def _set_up(
         probe = backend.build(config, weights, setup[1], setup[0])
     if "nsp" not in config.heads and "pooler" in config.heads and "pooler" not in probe.taps \
             and not isinstance(probe.subject, ProtocolSubject):  # fmt: skip
-        absent["pooler"] = "no NSP classifier reads it, and no module of your model is known to output it"
+        absent["pooler"] = UNSEEN_POOLER
         config, weights = _lacking(backend, config, weights, absent)
         probe = backend.build(config, weights, setup[1], setup[0])
     return probe, config, weights

@@ -124,7 +124,14 @@ class UserBERT(BackendModel):
     located, and named there in the user's words (``activation_names``)."""
 
     def __init__(
-        self, name: str, config: BERTConfig, subject: Subject, mapping: ParameterMap, dtype: str, device: Device
+        self,
+        name: str,
+        config: BERTConfig,
+        subject: Subject,
+        mapping: ParameterMap,
+        dtype: str,
+        device: Device,
+        pooler_output: str | None = None,
     ) -> None:
         super().__init__(config, dtype, device)
         self.backend, self.subject, self.mapping = name, subject, mapping
@@ -139,8 +146,10 @@ class UserBERT(BackendModel):
             module = mapping.module_of(parameter) if parameter in mapping.placements else None
             if module is not None and module in modules:
                 self.taps[activation] = (module, side)
-        pooled_at = getattr(subject, "pooled_at", None)
-        if "pooler" in config.heads and "pooler" not in self.taps and pooled_at in modules:
+        # Where no NSP classifier reads the pooler, its own module shows it, where that is known: named by the
+        # map file (which the user may name anyway) or by the model's class.
+        pooled_at = pooler_output or (None if "pooler" in self.taps else getattr(subject, "pooled_at", None))
+        if "pooler" in config.heads and pooled_at in modules:
             self.taps["pooler"] = (pooled_at, "output")
         # A framework's model is hooked where the mapping located its modules; a NumPy-protocol model
         # records what it returns, known once it has run.
@@ -265,4 +274,15 @@ class UserBackend:
         subject, self.framework = subject_of(self.given, config, dtype, device)
         mapping = self.mapping(config, subject)
         subject.load(mapping.to_user(weights))
-        return UserBERT(self.NAME, config, subject, mapping, dtype, parse_device(device))
+        return UserBERT(self.NAME, config, subject, mapping, dtype, parse_device(device), self._pooler_output(subject))
+
+    def _pooler_output(self, subject: Subject) -> str | None:
+        """The module the map file says outputs the pooler, one of ``subject``'s (else a ``UsageError``)."""
+        if self.map_file is None or self.map_file.pooler_output is None:
+            return None
+        named, modules = self.map_file.pooler_output, subject.modules()
+        if named not in modules:
+            pooling = sorted(name for name in modules if "pool" in name.lower())[:5]
+            hint = f" (its modules named like a pooler: {pooling})" if pooling else ""
+            raise UsageError(f"{self.map_file.source}: pooler_output {named!r:.80} is no module of your model{hint}")
+        return named
