@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import random
 import resource
 import struct
@@ -38,6 +39,7 @@ from bert_multi.cache import EntryRefused
 from bert_multi.safe_files import MXNET_LIST_MAGIC
 
 HERE = Path(__file__).resolve()
+TF_CHECKPOINT = HERE.parent.parent / "conformance" / "original_bert" / "checkpoints" / "pretrained"
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -113,8 +115,24 @@ def _cache_entry(path: str) -> object:
     return read_entry(path, CACHE_KEY)
 
 
+def _tf_checkpoint(path: str) -> object:
+    """A file as the index of Google's TensorFlow checkpoint, beside the fixture's data and config."""
+    import shutil
+
+    from bert_multi import load_checkpoint
+    from bert_multi.files.formats.tensorflow import read_index
+
+    if not os.path.isfile(path):  # a FIFO, a directory: what the index's reader says of it, without a copy
+        return read_index(Path(path))
+    with tempfile.TemporaryDirectory() as directory:
+        checkpoint = Path(directory) / "pretrained"
+        shutil.copytree(TF_CHECKPOINT, checkpoint)
+        shutil.copyfile(path, checkpoint / "bert_model.ckpt.index")
+        return load_checkpoint(checkpoint)
+
+
 def _safetensors(path: str) -> object:
-    from bert_multi.files.formats.huggingface import read_safetensors
+    from bert_multi.files.formats.safetensors import read_safetensors
 
     return read_safetensors(path)
 
@@ -185,6 +203,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "state": _training_state,
     "safetensors": _safetensors,
     "hfconfig": _huggingface_config,
+    "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
     "flax": _read_flax,
@@ -197,7 +216,8 @@ LOADERS: dict[str, Callable[[str], object]] = {
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
-    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "weights", "params", "flax", "torch", "mxnet"),
+    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "tfindex", "weights", "params", "flax"),
+    *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
     **{name: WeightsError for name in WEIGHT_READERS},
@@ -646,6 +666,90 @@ def hostile_hfconfigs() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    return bytes(out + bytes([number]))
+
+
+def _proto(*fields: tuple[int, int | bytes]) -> bytes:
+    """A protocol-buffer message of (field number, a varint or a length-delimited value)."""
+    return b"".join(
+        _varint(number << 3) + _varint(value) if isinstance(value, int) else
+        _varint(number << 3 | 2) + _varint(len(value)) + value
+        for number, value in fields
+    )  # fmt: skip
+
+
+def tf_entry(dtype: int = 1, shape: tuple[int, ...] = (13, 8), offset: int = 0, size: int = 416, **more: int) -> bytes:
+    """A BundleEntryProto: dtype, shape, offset and size (``more``: other fields by number, ``f3=`` the shard)."""
+    dims = _proto(*((2, _proto((1, dim))) for dim in shape))
+    return _proto((1, dtype), (2, dims), (4, offset), (5, size), *((int(k[1:]), v) for k, v in more.items()))
+
+
+TF_HEADER = (b"", _proto((1, 1), (3, _proto((1, 1)))))  # one shard, little-endian, version 1
+
+
+def tf_index_bytes(
+    records: list[tuple[bytes, bytes]], compression: int = 0, restarts: int = 1, handle: bytes | None = None
+) -> bytes:
+    """A TensorFlow checkpoint index (a LevelDB table) of one data block holding ``records``, written without
+    TensorFlow; ``handle``: the index block's record in place of the data block's handle."""
+    block = b"".join(_varint(0) + _varint(len(k)) + _varint(len(v)) + k + v for k, v in records)
+    block += struct.pack("<I", 0) * min(restarts, 1) + struct.pack("<I", restarts)
+    data = block + bytes([compression]) + b"\0" * 4
+    index = _varint(0) + _varint(1) + _varint(len(handle or b"")) + b"\xff" + (handle or b"")
+    if handle is None:
+        value = _varint(0) + _varint(len(block))
+        index = _varint(0) + _varint(1) + _varint(len(value)) + b"\xff" + value
+    index += struct.pack("<II", 0, 1)
+    meta = struct.pack("<II", 0, 1)
+    out = data + meta + b"\0" * 5 + index + b"\0" * 5
+    footer = _varint(len(data)) + _varint(len(meta)) + _varint(len(data) + len(meta) + 5) + _varint(len(index))
+    return out + footer.ljust(40, b"\0") + struct.pack("<Q", 0xDB4775248B80FB57)
+
+
+def hostile_tf_indexes() -> dict[str, tuple[bytes, str]]:
+    valid = (TF_CHECKPOINT / "bert_model.ckpt.index").read_bytes()
+    word = b"bert/embeddings/word_embeddings"
+
+    def one(entry: bytes, name: bytes = word) -> bytes:
+        return tf_index_bytes([TF_HEADER, (name, entry)])
+
+    return {
+        "no magic at the end": (valid[:-1] + b"\0", "does not end with a LevelDB table's magic number"),
+        "shorter than a footer": (valid[-20:], "20 bytes, where an index is 48 bytes"),
+        "a block past the end": (
+            tf_index_bytes([TF_HEADER], handle=_varint(2**40) + _varint(8)),
+            "past the file's",
+        ),
+        "a compressed block (snappy)": (tf_index_bytes([TF_HEADER], compression=1), "compressed with method 1"),
+        "2**32 - 1 restart points": (tf_index_bytes([TF_HEADER], restarts=2**32 - 1), "claims 4294967295 restart"),
+        "a number of 11 bytes": (tf_index_bytes([TF_HEADER], handle=b"\xff" * 11), "a number longer than 10 bytes"),
+        "a string tensor": (one(tf_entry(dtype=7)), "TensorFlow dtype number 7"),
+        "an axis of 2**62": (one(tf_entry(shape=(2**62, 2))), "an axis past 2**62"),
+        "a shape of 2**40 x 2**40": (one(tf_entry(shape=(2**40, 2**40))), "too large for any array"),
+        "a partitioned variable": (one(tf_entry(f7=b"")), "saved in slices"),
+        "big-endian": (tf_index_bytes([(b"", _proto((1, 1), (2, 1))), (word, tf_entry())]), "big-endian"),
+        "no header": (tf_index_bytes([(word, tf_entry())]), "its header gives None data shards"),
+        "a name twice": (tf_index_bytes([TF_HEADER, (word, tf_entry()), (word, tf_entry())]), "appears twice"),
+        "a name that would write a line of its own": (one(tf_entry(), b"bert/\n\x1b[31m"), "control character \\n"),
+        "a name not UTF-8": (one(tf_entry(), b"\xff\xfe"), "not UTF-8"),
+        "data past the end of the shard": (one(tf_entry(offset=2**40)), "not within the file's"),
+        "a size that is not the shape's": (one(tf_entry(size=4)), "claims 4 bytes at 0"),
+        "in shard 3 of 1": (one(tf_entry(f3=3)), "is in shard 3 of 1"),
+        "two tensors in the same bytes": (
+            tf_index_bytes(
+                [TF_HEADER, (word, tf_entry()), (b"bert/embeddings/LayerNorm/beta", tf_entry(shape=(8,), size=32))]
+            ),
+            "overlap in the data",
+        ),
+        "a tensor of no BERT layer": (one(tf_entry(), b"bert/encoder/layer_0/attention/oops"), "no BERT layer"),
+    }
+
+
 def state_bytes(**changes: object) -> bytes:
     """A training state of CONFIG after a step of Adam (moments of every parameter), as saved."""
     import dataclasses
@@ -835,6 +939,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "state": hostile_states,
     "safetensors": hostile_safetensors,
     "hfconfig": hostile_hfconfigs,
+    "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
     "params": hostile_params,
     "flax": hostile_flax,
@@ -954,6 +1059,10 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [corpus_bytes()], generic
     if loader == "state":
         return [state_bytes()], [*generic, mutate_inside_zip, mutate_manifest, mutate_npy_header]
+    if loader == "tfindex":
+        valid = (TF_CHECKPOINT / "bert_model.ckpt.index").read_bytes()
+        classifier = (TF_CHECKPOINT.parent / "classifier" / "model.ckpt-2.index").read_bytes()
+        return [valid, classifier], generic
     if loader in ("safetensors", "hfconfig"):
         return [huggingface_files()["model.safetensors" if loader == "safetensors" else "config.json"]], generic
     if loader == "weights":

@@ -31,6 +31,7 @@ READERS = {
     "state": None,
     "safetensors": None,
     "hfconfig": None,
+    "tfindex": None,
     "weights": None,
     "params": None,
     "flax": None,

@@ -15,7 +15,7 @@ import bert_multi as bm
 from bert_multi import InputError, WeightsError, backends
 from bert_multi.engine.cases import CASES
 from bert_multi.engine.compare import compare_arrays, tolerance_for
-from bert_multi.files.formats.huggingface import read_safetensors, write_safetensors
+from bert_multi.files.formats.safetensors import read_safetensors, write_safetensors
 
 AVAILABLE = [name for name, status in backends().items() if status.available]
 
@@ -196,7 +196,7 @@ def _header_text(data, text):
 
 def test_a_header_of_many_tensors_is_refused_before_any_is_read(tmp_path, monkeypatch):
     """Counted, not timed: not one of its entries is looked at (a busy machine changes no count)."""
-    from bert_multi.files.formats import huggingface as formats
+    from bert_multi.files.formats import safetensors as formats
 
     entries = {f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(200_000)}
     encoded = json.dumps(entries).encode()
@@ -305,7 +305,7 @@ def test_a_huge_value_in_config_json_is_shown_cut_short(tmp_path, field):
 def test_two_names_for_one_tensor_in_a_huggingface_directory_are_refused(tmp_path, twin):
     """A TensorFlow-era gamma beside its weight, or a tensor with and without "bert.": never one of them
     taken silently."""
-    from bert_multi.files.formats.huggingface import write_safetensors
+    from bert_multi.files.formats.safetensors import write_safetensors
 
     config = bm.BERTConfig(11, 4, 6, 2, 1, max_len=6, semantics="bert")
     bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")

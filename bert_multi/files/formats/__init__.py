@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...errors import UsageError, WeightsError
 from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
-from . import d2l, flax, gluon, huggingface, npz, pytorch
+from . import d2l, flax, gluon, huggingface, npz, pytorch, tensorflow
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
 
 # d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read).
@@ -21,6 +21,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     gluon.FORMAT,
     flax.FORMAT,
     huggingface.FORMAT,
+    tensorflow.FORMAT,
     DIRECTORY,
     ZIP,
 )
@@ -39,7 +40,8 @@ def sniff(path: Path) -> CheckpointFormat:
         for own in FORMATS:
             if own.directory and own.recognizes(Probe(path, b"", ())):
                 return own
-        raise WeightsError(f"{path}: is a directory, but not a d2l pretrained-model one (it has no {PARAMS_FILE})")
+        needs = "; ".join(own.description for own in FORMATS if own.directory)
+        raise WeightsError(f"{path}: is a directory, but none bert_multi reads, which are: {needs}")
     problem = None
     with open_regular(path, "checkpoint", WeightsError) as file:
         head = file.read(8)

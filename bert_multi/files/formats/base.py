@@ -17,6 +17,7 @@ from ...errors import UsageError, WeightsError
 from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
+MAX_TENSORS = 100_000  # a BERT has hundreds; more is no BERT, and refused before any is read
 
 
 @dataclass

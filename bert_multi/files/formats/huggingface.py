@@ -4,18 +4,16 @@ A HuggingFace BERT is a directory holding ``config.json`` and its weights, ``mod
 ``pytorch_model.bin``. Its config says every size, the number of heads included, so nothing needs stating.
 Names map to the canonical ones by one table (``NAMES``); buffers such as ``position_ids`` and the
 decoder weight tied to the word embeddings are ignored by name (the tie is checked). safetensors is
-parsed here, every size checked against the file before anything is read; ``pytorch_model.bin`` goes to
-torch with ``weights_only=True``.
+parsed by ``safetensors.py``, every size checked against the file before anything is read;
+``pytorch_model.bin`` goes to torch with ``weights_only=True``. Google's TensorFlow checkpoints use the
+same names and config (``tensorflow.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
-import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +21,14 @@ import numpy as np
 
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
-from ...safe_files import atomic_path, check_shape, file_size, open_regular, reason, replace_text, size_field
+from ...safe_files import open_regular, reason, replace_text, size_field
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from ...spec.weight_file import c_ordered_bytes
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
+from .safetensors import read_safetensors, write_safetensors
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
-MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header
-MAX_TENSORS = 100_000  # a BERT has hundreds; more is no BERT, and refused before any is read
-MAX_NDIM = 32  # NumPy's limit
 MAX_CONFIG_BYTES = 1 << 20
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
@@ -89,8 +84,6 @@ TASK_HEADS = ("classifier", "qa_outputs")
 DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
 # hidden_act -> semantics.activation: HuggingFace's "gelu" is the erf form, its tanh forms have 3 names.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
-                      "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
 
 
 def is_model_directory(path: Path) -> bool:
@@ -98,123 +91,13 @@ def is_model_directory(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file() and any((path / name).is_file() for name in (SAFETENSORS_FILE, TORCH_FILE))
 
 
-# --- safetensors ----------------------------------------------------------------------------------------
-
-
-def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Every tensor of a safetensors file as NumPy arrays, and each one's own dtype (bfloat16 arrives
-    as float32, exactly). Each header entry is checked against the bytes really there first."""
-
-    def fail(message: str) -> WeightsError:
-        return WeightsError(f"{path}: not a readable safetensors file: {message}")
-
-    with open_regular(path, "safetensors file", WeightsError) as file:
-        size = file_size(file)
-        head = file.read(8)
-        if len(head) < 8:
-            raise fail(f"{size} bytes, shorter than the 8-byte header length")
-        (header_size,) = struct.unpack("<Q", head)
-        if header_size > min(MAX_HEADER_BYTES, size - 8):
-            raise fail(f"its header claims {header_size} bytes, the file has {size - 8} after the length")
-        header = _header(file.read(header_size), fail)
-        header.pop("__metadata__", None)
-        if len(header) > MAX_TENSORS:
-            raise fail(f"its header lists {len(header)} tensors; a BERT has hundreds")
-        data_size = size - 8 - header_size
-        entries = {name: _entry(name, entry, data_size, fail) for name, entry in header.items()}
-        # Each byte of data belongs to one tensor at most: what is read is never more than the file holds.
-        spans = sorted((begin, end, name) for name, (_, _, begin, end) in entries.items() if end > begin)
-        for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-            if begin < end:
-                raise fail(f"tensors {first!r} and {second!r} overlap in the data")
-        arrays: dict[str, np.ndarray] = {}
-        dtypes: dict[str, str] = {}
-        for name, (kind, shape, begin, end) in entries.items():
-            dtype = np.dtype("<u2" if kind == "BF16" else SAFETENSORS_DTYPES[kind]).newbyteorder("<")
-            file.seek(8 + header_size + begin)
-            array = np.frombuffer(file.read(end - begin), dtype=dtype).reshape(shape)
-            if kind == "BF16":  # bfloat16 is the top half of a float32
-                array = (array.astype("<u4") << 16).view("<f4")
-            arrays[name] = array.astype(array.dtype.newbyteorder("="))
-            dtypes[name] = "bfloat16" if kind == "BF16" else dtype.name
-    return arrays, dtypes
-
-
-def _header(data: bytes, fail: Callable[[str], WeightsError]) -> dict[str, Any]:
-    """A safetensors header: a JSON object, each name once (JSON lets a later twin silently win)."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in found:
-                raise fail(f"{key!r} appears twice in its header")
-            found[key] = value
-        return found
-
-    try:
-        header = json.loads(data, object_pairs_hook=unique)
-    except (ValueError, RecursionError) as error:
-        if isinstance(error, WeightsError):
-            raise
-        raise fail(f"its header is not JSON: {reason(error)}") from None
-    if not isinstance(header, dict):
-        raise fail("its header is not a JSON object")
-    return header
-
-
-def _entry(
-    name: str, entry: object, data_size: int, fail: Callable[[str], WeightsError]
-) -> tuple[str, tuple[int, ...], int, int]:
-    """(dtype, shape, begin, end) of one header entry, checked against the data really there."""
-    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise fail(f"tensor {name!r}: expected dtype, shape and data_offsets, got {entry!r:.200}")
-    kind, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(kind, str) or (kind != "BF16" and kind not in SAFETENSORS_DTYPES):
-        raise fail(f"tensor {name!r} has dtype {kind!r:.40}, which bert_multi does not read")
-    dtype = np.dtype("<u2" if kind == "BF16" else SAFETENSORS_DTYPES[kind])
-    valid = isinstance(shape, list) and len(shape) <= MAX_NDIM and all(type(n) is int and n >= 0 for n in shape)
-    valid = valid and isinstance(offsets, list) and len(offsets) == 2 and all(type(n) is int for n in offsets)
-    if not valid:
-        raise fail(
-            f"tensor {name!r}: shape (at most {MAX_NDIM} axes) and data_offsets must be lists of non-negative ints"
-        )
-    try:
-        check_shape(tuple(shape), dtype)
-    except ValueError as error:
-        raise fail(f"tensor {name!r}: {error}") from None
-    begin, end = offsets
-    if not 0 <= begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
-        raise fail(f"tensor {name!r}: data_offsets {offsets} do not hold shape {shape} of {kind} "
-                   f"within the file's {data_size} data bytes")  # fmt: skip
-    return kind, tuple(shape), begin, end
-
-
-def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    """``arrays`` as a safetensors file, atomically (float32/float64, little-endian, C order)."""
-    kinds = {"float64": "F64", "float32": "F32"}
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name, array in arrays.items():
-        size = array.size * array.dtype.itemsize
-        header[name] = {
-            "dtype": kinds[array.dtype.name],
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    with atomic_path(path) as tmp_path, open(tmp_path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)) + encoded)
-        for array in arrays.values():
-            for piece in c_ordered_bytes(array, array.dtype.newbyteorder("<")):
-                out.write(piece)
-
-
 # --- Directories ------------------------------------------------------------------------------------------
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> dict[str, Any]:
+    """A BERT's JSON config (transformers' config.json, Google's bert_config.json) as a dict. Asked before any
+    tensor is read: a model of another architecture (RoBERTa, DistilBERT) is named as such, not listed as
+    tensors of no known layer."""
     with open_regular(path, "HuggingFace config", WeightsError) as file:
         data = file.read(MAX_CONFIG_BYTES + 1)
     try:
@@ -223,6 +106,9 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise WeightsError(f"{path}: not valid JSON: {reason(error)}") from None
     if not isinstance(hf, dict) or len(data) > MAX_CONFIG_BYTES:
         raise WeightsError(f"{path}: expected a JSON object of at most {MAX_CONFIG_BYTES} bytes")
+    model_type = hf.get("model_type", "bert")
+    if model_type != "bert":
+        raise WeightsError(f"{path}: model_type is {model_type!r:.80}; bert_multi reads BERT (model_type 'bert')")
     return hf
 
 
@@ -241,7 +127,8 @@ def _semantics(hf: dict[str, Any], tied: bool) -> Semantics:
     )
 
 
-def _canonical_name(name: str) -> str | None:
+def canonical_name(name: str) -> str | None:
+    """The canonical name of a transformers BERT's tensor (with or without ``bert.``), or None."""
     bare = name.removeprefix("bert.")
     bare = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", bare))  # TensorFlow-era LayerNorm names
     return _translate(bare, to_canonical=True)
@@ -255,14 +142,7 @@ def read_directory(
     but ``COMPUTED``) is written again unchanged, in its place (``write_directory``); its hidden dropout is
     the config's."""
     path = Path(path)
-    hf = _read_config(path / CONFIG_FILE)
-    # Asked before any tensor is read: a model of another architecture (RoBERTa, DistilBERT) is named as such,
-    # not listed as tensors of no known layer.
-    model_type = hf.get("model_type", "bert")
-    if model_type != "bert":
-        raise WeightsError(
-            f"{path / CONFIG_FILE}: model_type is {model_type!r:.80}; bert_multi reads BERT (model_type 'bert')"
-        )
+    hf = read_config(path / CONFIG_FILE)
     if (path / SAFETENSORS_FILE).is_file():
         own, dtypes = read_safetensors(path / SAFETENSORS_FILE)
         source = SAFETENSORS_FILE
@@ -270,6 +150,21 @@ def read_directory(
         own, dtypes, _ = load_backend("torch").read_checkpoint(path / TORCH_FILE)
         source = TORCH_FILE
     notes = [f"read {source} and {CONFIG_FILE}"]
+    config, arrays, kinds = from_transformers_names(path / source, path / CONFIG_FILE, own, dtypes, hf, notes)
+    return config, arrays, kinds, notes, hf
+
+
+def from_transformers_names(
+    source: Path,
+    config_file: Path,
+    own: dict[str, np.ndarray],
+    dtypes: dict[str, str],
+    hf: dict[str, Any],
+    notes: list[str],
+) -> tuple[BERTConfig, dict[str, np.ndarray], dict[str, str]]:
+    """(config, canonical arrays, their own dtypes) of a BERT's tensors under transformers' names (``own``,
+    read from ``source``) and its config (``hf``, read from ``config_file``). A task head is left out, and
+    ``notes`` says so; a decoder equal to the word embeddings is the tie."""
     decoder = own.get("cls.predictions.decoder.weight")
     embedding = own.get("bert.embeddings.word_embeddings.weight", own.get("embeddings.word_embeddings.weight"))
     tied = decoder is None or (embedding is not None and np.array_equal(decoder, embedding))
@@ -281,7 +176,7 @@ def read_directory(
     arrays, kinds, unknown, task_head = {}, {}, [], []
     named: dict[str, str] = {}  # canonical name -> the file's name for it
     for name, array in own.items():
-        canonical = _canonical_name(name)
+        canonical = canonical_name(name)
         if canonical is None:
             if any(re.fullmatch(rf"{head}\.(weight|bias)", name) for head in TASK_HEADS):
                 task_head.append(name)
@@ -289,17 +184,17 @@ def read_directory(
                 unknown.append(name)
             continue
         if canonical in named:  # gamma beside weight, or a name with and without "bert.": which is meant?
-            raise WeightsError(f"{path / source}: {named[canonical]!r} and {name!r} are both {canonical}")
+            raise WeightsError(f"{source}: {named[canonical]!r} and {name!r} are both {canonical}")
         named[canonical] = name
         arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
         kinds[canonical] = dtypes[name]
     if unknown:
         raise WeightsError(
-            f"{path}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
+            f"{source.parent}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
             + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         )
     if task_head:
-        notes.append(_left_out(hf, task_head))
+        notes.append(left_out(hf, task_head))
     heads = tuple(
         head
         for head, probe in zip(HEADS, ("hidden.0.weight", "mlm.mlp.0.weight", "nsp.output.weight"))
@@ -312,11 +207,11 @@ def read_directory(
             raise ValueError(f"num_hidden_layers is {sizes['num_blks']}, but the weights hold {len(arrays)} tensors")
         config = BERTConfig(**sizes, semantics=_semantics(hf, tied), heads=heads, dropout=_dropout(hf))
     except (KeyError, TypeError, ValueError) as error:  # UsageError too: BERTConfig's own checks
-        raise WeightsError(f"{path / CONFIG_FILE}: not a usable BERT config: {reason(error)}") from None
-    return config, arrays, kinds, notes, hf
+        raise WeightsError(f"{config_file}: not a usable BERT config: {reason(error)}") from None
+    return config, arrays, kinds
 
 
-def _left_out(hf: dict[str, Any], names: list[str]) -> str:
+def left_out(hf: dict[str, Any], names: list[str]) -> str:
     """The note for a fine-tuning head read past, naming the model class config.json records."""
     architectures = hf.get("architectures")
     named = architectures[0] if isinstance(architectures, list) and architectures else None

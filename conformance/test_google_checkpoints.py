@@ -1,0 +1,91 @@
+"""Checkpoints of Google's original BERT, saved by TensorFlow itself (``conformance/original_bert/
+tf_checkpoints.py`` wrote them; this suite only reads them), and what transformers' own TensorFlow loader
+computes from them.
+
+bert_multi parses TensorFlow's tensor bundle without TensorFlow, and maps Google's names by transformers'
+table, so a file read right computes, in the oracle, transformers' outputs to float64's rounding.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import WeightsError, convert, inspect_checkpoint, load_checkpoint, load_weights
+from bert_multi.backend.registry import load_backend
+from bert_multi.engine.compare import compare_arrays, tolerance_for
+
+HERE = Path(__file__).parent / "original_bert" / "checkpoints"
+PRETRAINED, CLASSIFIER = HERE / "pretrained", HERE / "classifier"
+with np.load(HERE / "expected.npz", allow_pickle=False) as archive:
+    INPUTS = {name.removeprefix("inputs/"): archive[name] for name in archive.files if name.startswith("inputs/")}
+    EXPECTED = {name.removeprefix("outputs/"): archive[name] for name in archive.files if name.startswith("outputs/")}
+GOOGLE_CONFIG = json.loads((PRETRAINED / "bert_config.json").read_text())
+
+
+def test_googles_checkpoint_computes_what_transformers_computes_from_it():
+    checkpoint = load_checkpoint(PRETRAINED)
+    config = checkpoint.config
+    sizes = (config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_heads, config.num_blks)
+    assert sizes == (13, 8, 12, 2, 2) and config.max_len == 16 and config.dropout == 0.1
+    assert config.heads == ("pooler", "mlm", "nsp")
+    semantics = config.semantics
+    assert (semantics.activation, semantics.layer_norm_eps, semantics.mlm_decoder) == ("gelu", 1e-12, "tied")
+    assert checkpoint.info.notes == ["read bert_model.ckpt and bert_config.json (TensorFlow's kernels transposed)"]
+    weights = {name: array.astype(np.float64) for name, array in checkpoint.weights.items()}
+    out = load_backend("numpy").build(config, weights, dtype="float64")(**INPUTS)
+    tolerance = tolerance_for("float64", "cpu")
+    for name, expected in EXPECTED.items():
+        comparison = compare_arrays(name, getattr(out, name), expected, tolerance)
+        assert comparison.passed, comparison.describe()
+
+
+def test_inspect_names_googles_directory_and_the_config_it_records():
+    described = inspect_checkpoint(PRETRAINED).describe()
+    assert "Google's TensorFlow BERT directory" in described
+    assert "config (recorded in the file): BERTConfig(vocab_size=13, num_hiddens=8" in described
+    assert "46 tensors, 1,519 numbers" in described
+
+
+def test_a_fine_tuned_directory_is_read_at_its_latest_checkpoint_without_its_training_state_or_head():
+    """``run_classifier.py``'s output: two checkpoints with Adam's moments, global_step and a classifier."""
+    checkpoint = load_checkpoint(CLASSIFIER)
+    assert checkpoint.config.heads == ("pooler",)
+    read, state, head = checkpoint.info.notes
+    assert read.startswith("read model.ckpt-2 (the latest of 2 checkpoints, as its checkpoint file says)")
+    assert state.startswith("left out 83 tensors of training state (Adam's moments, global_step): ")
+    assert head.startswith("left out ['output_bias', 'output_weights'], a head fine-tuned for a task")
+    # The classifier was saved from the pretrained encoder and pooler: the same numbers, not a moment's.
+    pretrained = load_checkpoint(PRETRAINED).weights
+    assert all(np.array_equal(array, pretrained[name]) for name, array in checkpoint.weights.items())
+
+
+def test_several_checkpoints_and_none_named_the_latest_is_refused(tmp_path):
+    directory = tmp_path / "run"
+    shutil.copytree(CLASSIFIER, directory)
+    (directory / "checkpoint").unlink()
+    with pytest.raises(WeightsError, match=r"holds 2 checkpoints \(\['model.ckpt-1', 'model.ckpt-2'\]\) and no "
+                       "checkpoint file naming one of them as the latest"):  # fmt: skip
+        load_checkpoint(directory)
+
+
+def test_a_checkpoint_without_bert_config_json_says_what_a_directory_needs(tmp_path):
+    directory = tmp_path / "run"
+    shutil.copytree(PRETRAINED, directory)
+    (directory / "bert_config.json").unlink()
+    google = r"Google's TensorFlow BERT directory \(bert_config.json \+ bert_model.ckpt.index and .data files\)"
+    with pytest.raises(WeightsError, match=rf"is a directory, but none bert_multi reads, which are: .*{google}"):
+        load_checkpoint(directory)
+
+
+def test_googles_checkpoint_converts_to_a_huggingface_directory_keeping_its_config(tmp_path):
+    convert(PRETRAINED, tmp_path / "bert.npz")
+    config, weights = load_weights(tmp_path / "bert.npz")
+    assert config == load_checkpoint(PRETRAINED).config
+    assert all(np.array_equal(weights[name], array) for name, array in load_checkpoint(PRETRAINED).weights.items())
+    convert(PRETRAINED, tmp_path / "hf", framework="huggingface")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {key: written[key] for key in GOOGLE_CONFIG} == GOOGLE_CONFIG  # initializer_range, dropouts too
+    assert load_checkpoint(tmp_path / "hf").config == config
