@@ -62,6 +62,13 @@ def test_a_fine_tuned_directory_is_read_at_its_latest_checkpoint_without_its_tra
     assert all(np.array_equal(array, pretrained[name]) for name, array in checkpoint.weights.items())
 
 
+@pytest.mark.parametrize("named", ["model.ckpt-1", "model.ckpt-1.index"])
+def test_a_checkpoint_is_read_by_its_prefix_as_tensorflow_names_it_or_by_its_index(named):
+    checkpoint = load_checkpoint(CLASSIFIER / named)
+    assert checkpoint.info.notes[0] == "read model.ckpt-1 and bert_config.json (TensorFlow's kernels transposed)"
+    assert inspect_checkpoint(CLASSIFIER / named).format == "tf-dir"
+
+
 def test_several_checkpoints_and_none_named_the_latest_is_refused(tmp_path):
     directory = tmp_path / "run"
     shutil.copytree(CLASSIFIER, directory)

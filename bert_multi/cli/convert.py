@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "convert",
         help="convert a checkpoint between .npz, .pt, .params, .msgpack, d2l's pretrained-model directory and "
         "HuggingFace's",
-        description="Read a checkpoint in any format and write it in the format OUT's name asks for: .npz "
+        description="Read a checkpoint in any format (Google's TensorFlow BERT directory among them) and write it "
+        "in the format OUT's name asks for: .npz "
         "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), .msgpack (Flax), or a directory (with "
         "--framework: d2l's "
         "pretrained.params + vocab.json, or HuggingFace's config.json + model.safetensors). Each is what that "

@@ -16,7 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="what a checkpoint is: format, tensors, implied sizes and generations, what it cannot tell",
         description="Describe a checkpoint in any format bert_multi reads, without loading it into a model.",
     )
-    parser.add_argument("path", help="a .npz, .pt/.pth, .params, .msgpack, d2l pretrained-model directory or zip")
+    parser.add_argument(
+        "path",
+        help="a .npz, .pt/.pth, .params, .msgpack, a d2l pretrained-model directory or zip, a HuggingFace BERT "
+        "directory, or Google's TensorFlow BERT directory",
+    )
     parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict")
     parser.add_argument("--json", metavar="PATH", help="write the description as JSON")
     return parser

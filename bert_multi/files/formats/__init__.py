@@ -36,6 +36,9 @@ DIRECTORY_FRAMEWORKS = [*(own.framework for own in FRAMEWORK_FORMATS.values() if
 def sniff(path: Path) -> CheckpointFormat:
     """The format of the file or directory at ``path``, from its first bytes and, for a zip, its member
     names; a ``WeightsError`` saying what it looks like when it is none of them."""
+    for own in FORMATS:
+        if own.names_checkpoint(path):
+            return own
     if is_directory(path):
         for own in FORMATS:
             if own.directory and own.recognizes(Probe(path, b"", ())):

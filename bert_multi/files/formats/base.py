@@ -63,6 +63,11 @@ class CheckpointFormat:
         """Whether the file (or directory) is one of this format."""
         raise NotImplementedError
 
+    def names_checkpoint(self, path: Path) -> bool:
+        """Whether ``path`` names one of this format's checkpoints though it is neither a file of this format
+        nor a directory it recognizes (TensorFlow's checkpoint prefix, ``bert_model.ckpt``)."""
+        return False
+
     def framework_of(self, path: Path) -> str | None:
         """The backend whose own file ``path`` is, before reading it (a d2l directory's is its file's)."""
         return self.framework

@@ -4,7 +4,9 @@ without TensorFlow.
 Such a directory holds ``bert_config.json`` (transformers' config.json fields, without ``model_type``)
 and a checkpoint in TensorFlow's tensor-bundle format: ``bert_model.ckpt.index``, a LevelDB table that
 gives each tensor's dtype, shape and place, and ``bert_model.ckpt.data-00000-of-00001``, their bytes.
-Both are parsed here, each entry checked against the bytes really there before any tensor is read.
+Both are parsed here, each entry checked against the bytes really there before any tensor is read. The
+directory is read at its latest checkpoint; one checkpoint of it is named as TensorFlow names it, by its
+prefix (``bert_model.ckpt``, ``model.ckpt-2``), or by its ``.index`` file.
 Google's names are transformers' with ``/`` for ``.`` (transformers' own converter read them so), and
 TensorFlow's (in, out) kernels are transposed; Adam's moments and ``global_step`` are training state,
 left out with a note, as is a head that ``run_classifier.py`` or ``run_squad.py`` fine-tuned.
@@ -13,6 +15,7 @@ left out with a note, as is a head that ``run_classifier.py`` or ``run_squad.py`
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
 from collections.abc import Iterator
@@ -68,11 +71,24 @@ def transformers_name(name: str) -> tuple[str, bool]:
     return dotted, False
 
 
-def read_checkpoint_directory(path: Path) -> Raw:
-    """The canonical tensors and config of Google's BERT checkpoint directory (its latest checkpoint where it
-    holds several, as ``tf.train.latest_checkpoint`` picks), with notes of what was read past."""
+def checkpoint_prefix(path: Path) -> Path | None:
+    """The checkpoint ``path`` names where it is TensorFlow's prefix of one (``bert_model.ckpt``, as
+    ``--init_checkpoint`` takes it) or its ``.index`` file, beside ``bert_config.json``; else None."""
+    if not path.name:
+        return None
+    prefix = path.with_name(path.name.removesuffix(INDEX_SUFFIX))
+    index = prefix.with_name(prefix.name + INDEX_SUFFIX)
+    return prefix if os.path.isfile(index) and os.path.isfile(prefix.parent / CONFIG_FILE) else None
+
+
+def read_checkpoint(path: Path) -> Raw:
+    """The canonical tensors and config of Google's BERT checkpoint: a directory (its latest checkpoint where
+    it holds several, as ``tf.train.latest_checkpoint`` picks) or one of its checkpoints (``checkpoint_prefix``),
+    with notes of what was read past."""
+    prefix = checkpoint_prefix(path)
+    prefix, chosen = (prefix, "") if prefix is not None else _checkpoint_prefix(path)
+    path = prefix.parent
     hf = read_config(path / CONFIG_FILE)
-    prefix, chosen = _checkpoint_prefix(path)
     entries, shards = read_index(prefix.with_name(prefix.name + INDEX_SUFFIX))
     state = [name for name in entries if re.fullmatch(TRAINING_STATE, name)]
     task = [name for name in entries if re.fullmatch(TASK_HEADS, name)]
@@ -326,9 +342,12 @@ class GoogleDirectory(CheckpointFormat):
     def recognizes(self, probe: Probe) -> bool:
         return is_directory(probe.path) and is_checkpoint_directory(probe.path)
 
+    def names_checkpoint(self, path: Path) -> bool:
+        return checkpoint_prefix(path) is not None
+
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
-        return read_checkpoint_directory(path)
+        return read_checkpoint(path)
 
 
 FORMAT = GoogleDirectory()
