@@ -17,6 +17,7 @@ from bert_multi import CONFIGS, UsageError, verify
 from bert_multi.backend.registry import not_in_process
 from bert_multi.testing import assert_model_conforms
 from bert_multi.verify.map_file import MapFile
+from bert_multi.verify.mapping import MappingError
 from conftest import runs_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -670,6 +671,21 @@ def _without_nsp(fault=None, pooler_module=False):
         return model
 
     return build
+
+
+@runs_here("torch")
+def test_a_parameter_no_tensor_sets_is_refused_in_a_model_that_lacks_a_layernorm():
+    # A LayerNorm left out is no part left out: the model's other parameters are still all accounted for.
+    from subjects import torch_port
+    from torch import nn
+
+    def build(config):
+        model = torch_port.make(config, "ffn_unwrapped")
+        model.unused = nn.Linear(3, 3)
+        return model
+
+    with pytest.raises(MappingError, match=r"does not fit.*\['unused.weight', 'unused.bias'\]"):
+        verify(build, TINY, dtypes=["float64"])
 
 
 UNSEEN_POOLER = (

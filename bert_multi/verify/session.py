@@ -208,9 +208,9 @@ def _lacking(
     backend: UserBackend, config: BERTConfig, weights: dict[str, np.ndarray], absent: dict[str | None, str]
 ) -> tuple[BERTConfig, dict[str, np.ndarray]]:
     """``config`` and ``weights`` without the ``absent`` parts, which ``backend``'s model is then built
-    without (its parameters for them ignored)."""
+    without (its parameters for parts it lacks ignored; a tensor it may lack is no part)."""
     config = _without(config, absent)
-    backend.lacking = True
+    backend.lacking = backend.lacking or config.heads != HEADS
     return config, {name: weights[name] for name in param_shapes(config)}
 
 
