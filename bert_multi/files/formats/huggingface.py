@@ -94,11 +94,11 @@ def is_model_directory(path: Path) -> bool:
 # --- Directories ------------------------------------------------------------------------------------------
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path, what: str = "HuggingFace config") -> dict[str, Any]:
     """A BERT's JSON config (transformers' config.json, Google's bert_config.json) as a dict. Asked before any
     tensor is read: a model of another architecture (RoBERTa, DistilBERT) is named as such, not listed as
     tensors of no known layer."""
-    with open_regular(path, "HuggingFace config", WeightsError) as file:
+    with open_regular(path, what, WeightsError) as file:
         data = file.read(MAX_CONFIG_BYTES + 1)
     try:
         hf = json.loads(data)

@@ -88,7 +88,7 @@ def read_checkpoint(path: Path) -> Raw:
     prefix = checkpoint_prefix(path)
     prefix, chosen = (prefix, "") if prefix is not None else _checkpoint_prefix(path)
     path = prefix.parent
-    hf = read_config(path / CONFIG_FILE)
+    hf = read_config(path / CONFIG_FILE, "BERT config")
     entries, shards = read_index(prefix.with_name(prefix.name + INDEX_SUFFIX))
     state = [name for name in entries if re.fullmatch(TRAINING_STATE, name)]
     task = [name for name in entries if re.fullmatch(TASK_HEADS, name)]
