@@ -198,8 +198,10 @@ def _entry(value: bytes) -> Entry:
     dtype = DTYPES.get(fields.get(1, 0))
     if dtype is None:
         raise _Malformed(f"TensorFlow dtype number {fields.get(1, 0)}, which bert_multi does not read")
-    if len(dims) > 32 or any(dim >= 1 << 62 for dim in dims):
-        raise _Malformed(f"a shape of {len(dims)} axes or of an axis past 2**62")
+    if len(dims) > 32:
+        raise _Malformed(f"a shape of {len(dims)} axes; NumPy's arrays have at most 32")
+    if any(dim >= 1 << 62 for dim in dims):
+        raise _Malformed(f"a shape {tuple(dims)} with an axis past 2**62")
     return Entry(dtype, tuple(dims), fields.get(3, 0), fields.get(4, 0), fields.get(5, 0))
 
 
@@ -281,7 +283,10 @@ def _entries(file: BinaryIO, size: int, index: bytes) -> tuple[dict[str, Entry],
                 raise _Malformed(f"a tensor name holds the control character {control_character(name)}")
             if name in entries:
                 raise _Malformed(f"{name!r:.80} appears twice")
-            entries[name] = _entry(value)
+            try:
+                entries[name] = _entry(value)
+            except _Malformed as error:
+                raise _Malformed(f"tensor {name!r:.80}: {error}") from None
             if len(entries) > MAX_TENSORS:
                 raise _Malformed(f"it lists over {MAX_TENSORS} tensors; a BERT has hundreds")
     if shards is None or not 1 <= shards <= 1 << 16:
