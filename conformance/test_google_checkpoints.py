@@ -79,13 +79,25 @@ def test_several_checkpoints_and_none_named_the_latest_is_refused(tmp_path):
         load_checkpoint(directory)
 
 
-def test_a_checkpoint_without_bert_config_json_says_what_a_directory_needs(tmp_path):
+@pytest.mark.parametrize("named", ["", "model.ckpt-2", "model.ckpt-2.index"])
+def test_a_checkpoint_without_bert_config_json_says_where_its_sizes_are(tmp_path, named):
+    """A training run's directory holds no bert_config.json: the model's it started from gives the sizes."""
     directory = tmp_path / "run"
-    shutil.copytree(PRETRAINED, directory)
+    shutil.copytree(CLASSIFIER, directory)
     (directory / "bert_config.json").unlink()
+    said = (
+        "a TensorFlow checkpoint without bert_config.json beside it, which gives its sizes: copy in the "
+        "bert_config.json of the model it was trained or fine-tuned from"
+    )
+    with pytest.raises(WeightsError, match=said):
+        load_checkpoint(directory / named)
+
+
+def test_a_directory_of_no_format_says_what_each_directory_holds(tmp_path):
+    (tmp_path / "notes.txt").write_text("")
     google = r"Google's TensorFlow BERT directory \(bert_config.json \+ bert_model.ckpt.index and .data files\)"
     with pytest.raises(WeightsError, match=rf"is a directory, but none bert_multi reads, which are: .*{google}"):
-        load_checkpoint(directory)
+        load_checkpoint(tmp_path)
 
 
 def test_googles_checkpoint_converts_to_a_huggingface_directory_keeping_its_config(tmp_path):

@@ -73,12 +73,11 @@ def transformers_name(name: str) -> tuple[str, bool]:
 
 def checkpoint_prefix(path: Path) -> Path | None:
     """The checkpoint ``path`` names where it is TensorFlow's prefix of one (``bert_model.ckpt``, as
-    ``--init_checkpoint`` takes it) or its ``.index`` file, beside ``bert_config.json``; else None."""
+    ``--init_checkpoint`` takes it) or its ``.index`` file; else None."""
     if not path.name:
         return None
     prefix = path.with_name(path.name.removesuffix(INDEX_SUFFIX))
-    index = prefix.with_name(prefix.name + INDEX_SUFFIX)
-    return prefix if os.path.isfile(index) and os.path.isfile(prefix.parent / CONFIG_FILE) else None
+    return prefix if os.path.isfile(prefix.with_name(prefix.name + INDEX_SUFFIX)) else None
 
 
 def read_checkpoint(path: Path) -> Raw:
@@ -88,6 +87,11 @@ def read_checkpoint(path: Path) -> Raw:
     prefix = checkpoint_prefix(path)
     prefix, chosen = (prefix, "") if prefix is not None else _checkpoint_prefix(path)
     path = prefix.parent
+    if not (path / CONFIG_FILE).is_file():  # a training run's directory: its sizes are in the model's config
+        raise WeightsError(
+            f"{path}: a TensorFlow checkpoint without {CONFIG_FILE} beside it, which gives its sizes: copy in the "
+            f"{CONFIG_FILE} of the model it was trained or fine-tuned from"
+        )
     hf = read_config(path / CONFIG_FILE, "BERT config")
     entries, shards = read_index(prefix.with_name(prefix.name + INDEX_SUFFIX))
     state = [name for name in entries if re.fullmatch(TRAINING_STATE, name)]
@@ -335,8 +339,8 @@ def read_tensors(prefix: Path, shards: int, entries: dict[str, Entry]) -> tuple[
 
 
 def is_checkpoint_directory(path: Path) -> bool:
-    """Whether ``path`` is Google's BERT directory: ``bert_config.json`` beside a TensorFlow checkpoint."""
-    return (path / CONFIG_FILE).is_file() and any(path.glob(f"*{INDEX_SUFFIX}"))
+    """Whether ``path`` holds a TensorFlow checkpoint (Google's BERT directory: with ``bert_config.json``)."""
+    return any(path.glob(f"*{INDEX_SUFFIX}"))
 
 
 class GoogleDirectory(CheckpointFormat):
