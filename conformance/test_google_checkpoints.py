@@ -7,6 +7,7 @@ table, so a file read right computes, in the oracle, transformers' outputs to fl
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_checkpoint, load_weights
 from bert_multi.backend.registry import load_backend
 from bert_multi.engine.compare import compare_arrays, tolerance_for
+from bert_multi.files.formats.tensorflow import TRAINING_STATE
 from conftest import runs_here
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
@@ -134,3 +136,20 @@ def test_the_huggingface_directory_converted_from_it_computes_what_transformers_
     for name, expected in EXPECTED.items():
         comparison = compare_arrays(name, computed[name], expected, tolerance)
         assert comparison.passed, comparison.describe()
+
+
+@pytest.mark.parametrize(
+    "name, state",
+    [
+        ("bert/encoder/layer_3/output/dense/kernel/AdamWeightDecayOptimizer", True),
+        ("bert/encoder/layer_3/output/dense/kernel/AdamWeightDecayOptimizer_1", True),
+        ("bert/pooler/dense/bias/Adam_1", True),
+        ("beta1_power", True),
+        ("global_step", True),
+        ("bert/encoder/layer_3/output/dense/kernel", False),
+        ("cls/predictions/output_bias", False),
+    ],
+)
+def test_the_optimizer_slots_transformers_read_past_are_training_state_and_no_weight_is(name, state):
+    # The names transformers' own TensorFlow loader skipped, as the optimizers of Google's scripts name them.
+    assert bool(re.fullmatch(TRAINING_STATE, name)) == state

@@ -37,9 +37,11 @@ MAX_INDEX_BYTES = 64 << 20  # a BERT's index lists hundreds of tensors in kiloby
 MAX_LATEST_BYTES = 1 << 20
 # TensorFlow's DataType numbers of the dtypes a BERT's weights are saved in (bfloat16 arrives as float32).
 DTYPES = {1: "float32", 2: "float64", 3: "int32", 9: "int64", 14: "bfloat16", 19: "float16"}
-# Training state, not the model: Adam's moments (Google's AdamWeightDecayOptimizer, or tf.train.Adam's),
-# its powers of beta, the step count.
-TRAINING_STATE = r".*/(adam_m|adam_v|Adam|Adam_1)|beta[12]_power|global_step"
+# Training state, not the model: Adam's moments (Google's AdamWeightDecayOptimizer names them adam_m and
+# adam_v, or as TensorFlow names an optimizer's slots; tf.train.Adam's), its powers of beta, the step count.
+TRAINING_STATE = (
+    r".*/(adam_m|adam_v|AdamWeightDecayOptimizer|AdamWeightDecayOptimizer_1|Adam|Adam_1)|beta[12]_power|global_step"
+)
 # A head fine-tuned by Google's scripts: run_classifier.py's classifier, run_squad.py's span head.
 TASK_HEADS = r"output_(weights|bias)|cls/squad/output_(weights|bias)"
 
