@@ -306,7 +306,7 @@ def load_checkpoint(
     if framework is not None and own is not ZIP:  # a zip's framework is that of the file inside
         _check_framework(path, own.kind, own.framework_of(path), framework)
     raw = _read(path, key, own)
-    if framework is not None:
+    if framework is not None and own is ZIP:
         _check_framework(path, raw.format, raw.framework, framework)
     if raw.config is not None:
         info = _describe(path, raw)[0]

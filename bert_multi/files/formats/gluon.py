@@ -13,6 +13,8 @@ little-endian:
 - u64 number of names (0 or the number of arrays), then each name: u64 length and UTF-8 bytes.
 
 The names are Gluon's structural names (``NAME_RULES``), which the MXNet backend's parameters carry too.
+A file of GluonNLP's ``BERTModel`` (its model zoo's BERTs: the original BERT under GluonNLP's names,
+``GLUONNLP_NAMES``) is read as the canonical original BERT.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import collections
 import io
 import math
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -28,7 +31,7 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
-from .base import FrameworkFile, Probe, control_character, no_key
+from .base import FrameworkFile, Probe, Raw, control_character, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -171,6 +174,76 @@ def read_checkpoint(
     return arrays, {name: array.dtype.name for name, array in arrays.items()}, []
 
 
+# (GluonNLP's name, canonical name): {i} is a block, {p} weight or bias, {g} GluonNLP's LayerNorm's gamma
+# or beta. GluonNLP's BERTModel ties its decoder's weight to the word embedding (decoder.3.weight, saved
+# under both names) and fuses the pooler's tanh into its Dense.
+GLUONNLP_NAMES: list[tuple[str, str]] = [
+    ("word_embed.0.weight", "encoder.token_embedding.weight"),
+    ("token_type_embed.0.weight", "encoder.segment_embedding.weight"),
+    ("encoder.position_weight", "encoder.pos_embedding"),  # (P, H) there, (1, P, H) here
+    ("encoder.layer_norm.{g}", "encoder.embedding_norm.{g}"),
+    ("encoder.transformer_cells.{i}.attention_cell.proj_query.{p}", "encoder.blks.{i}.attention.W_q.{p}"),
+    ("encoder.transformer_cells.{i}.attention_cell.proj_key.{p}", "encoder.blks.{i}.attention.W_k.{p}"),
+    ("encoder.transformer_cells.{i}.attention_cell.proj_value.{p}", "encoder.blks.{i}.attention.W_v.{p}"),
+    ("encoder.transformer_cells.{i}.proj.{p}", "encoder.blks.{i}.attention.W_o.{p}"),
+    ("encoder.transformer_cells.{i}.layer_norm.{g}", "encoder.blks.{i}.addnorm1.ln.{g}"),
+    ("encoder.transformer_cells.{i}.ffn.ffn_1.{p}", "encoder.blks.{i}.ffn.dense1.{p}"),
+    ("encoder.transformer_cells.{i}.ffn.ffn_2.{p}", "encoder.blks.{i}.ffn.dense2.{p}"),
+    ("encoder.transformer_cells.{i}.ffn.layer_norm.{g}", "encoder.blks.{i}.addnorm2.ln.{g}"),
+    ("pooler.{p}", "hidden.0.{p}"),
+    ("classifier.{p}", "nsp.output.{p}"),
+    ("decoder.0.{p}", "mlm.mlp.0.{p}"),
+    ("decoder.2.{g}", "mlm.mlp.2.{g}"),
+    ("decoder.3.bias", "mlm.mlp.3.bias"),
+    ("decoder.3.weight", "mlm.mlp.3.weight"),  # only when not tied to the word embedding
+]
+_GLUONNLP_FIELDS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)", "{g}": r"(?P<g>gamma|beta)"}
+
+
+def gluonnlp_canonical(name: str) -> str | None:
+    """The canonical name of a tensor of GluonNLP's BERTModel, or None."""
+    for own, canonical in GLUONNLP_NAMES:
+        regex = re.escape(own)
+        for field, pattern in _GLUONNLP_FIELDS.items():
+            regex = regex.replace(re.escape(field), pattern)
+        match = re.fullmatch(regex, name)
+        if match:
+            found = match.groupdict()
+            g = {"gamma": "weight", "beta": "bias"}.get(found.pop("g", "") or "", "")
+            return canonical.replace("{g}", g).format(**found)
+    return None
+
+
+def is_gluonnlp_bert(names: collections.abc.Collection[str]) -> bool:
+    """Whether a file's names are GluonNLP's BERTModel's (its word and segment embeddings, its cells)."""
+    return {"word_embed.0.weight", "token_type_embed.0.weight"} <= set(names) and any(
+        name.startswith("encoder.transformer_cells.") for name in names
+    )
+
+
+def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> Raw:
+    """A GluonNLP BERTModel's file as canonical tensors, the tied decoder's twin dropped; the names no
+    canonical tensor has are a ``WeightsError``."""
+    own = dict(arrays)
+    if np.array_equal(own.get("decoder.3.weight", np.empty(0)), own["word_embed.0.weight"]):
+        del own["decoder.3.weight"]  # the word embedding, saved again under the decoder's name
+    canonical = {name: gluonnlp_canonical(name) for name in own}
+    unknown = [name for name, found in canonical.items() if found is None]
+    if unknown:
+        raise WeightsError(f"{path}: names GluonNLP's BERTModel has, with tensors of no BERT layer: {unknown[:5]}")
+    read = {
+        found: own[name][None] if found == "encoder.pos_embedding" else own[name]
+        for name, found in canonical.items()
+        if found is not None
+    }
+    kinds = {found: dtypes[name] for name, found in canonical.items() if found is not None}
+    note = (
+        "GluonNLP's BERTModel names, read as the original BERT (GluonNLP's BERTModel also zeroes the encoder's "
+        "output past valid_length, which the original BERT does not)"
+    )
+    return Raw(FORMAT.kind, None, read, kinds, [note])
+
+
 BACKEND = "mxnet"  # whose own file it is
 
 
@@ -186,6 +259,12 @@ class ParameterFile(FrameworkFile):
 
     def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
         return read_checkpoint(path, key)  # framework-free: MXNet's own reader trusts every size in the file
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        arrays, dtypes, notes = self.read_arrays(path, key)
+        if is_gluonnlp_bert(arrays):
+            return from_gluonnlp(path, arrays, dtypes)
+        return Raw(self.kind, self.framework, arrays, dtypes, notes)
 
 
 FORMAT = ParameterFile()
