@@ -109,6 +109,19 @@ def some(names: list[Any] | set[str]) -> str:
     return f"{names[:SHOWN]}{more}"
 
 
+def translated(name: str, table: list[tuple[str, str]], reverse: bool = False) -> str | None:
+    """``name`` rewritten by the first row of ``table`` (one naming's pattern, the other's) that matches it,
+    read right to left where ``reverse``; or None. A pattern's ``{i}`` is a block's index and ``{p}``
+    weight or bias, the same in both."""
+    for row in table:
+        source, target = row[::-1] if reverse else row
+        regex = re.escape(source).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", "(?P<p>weight|bias)")
+        match = re.fullmatch(regex, name)
+        if match:
+            return target.format(**match.groupdict())
+    return None
+
+
 def no_key(path: Path, key: str | None) -> None:
     """Refuse ``key`` for a format that has no wrapper dict to pick from."""
     if key is not None:

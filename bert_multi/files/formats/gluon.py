@@ -31,7 +31,7 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
-from .base import FrameworkFile, Probe, Raw, control_character, no_key
+from .base import FrameworkFile, Probe, Raw, control_character, no_key, translated
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -174,44 +174,33 @@ def read_checkpoint(
     return arrays, {name: array.dtype.name for name, array in arrays.items()}, []
 
 
-# (GluonNLP's name, canonical name): {i} is a block, {p} weight or bias, {g} GluonNLP's LayerNorm's gamma
-# or beta. GluonNLP's BERTModel ties its decoder's weight to the word embedding (decoder.3.weight, saved
-# under both names) and fuses the pooler's tanh into its Dense.
+# (GluonNLP's name, canonical name): {i} is a block, {p} weight or bias (a LayerNorm's gamma or beta, as
+# Gluon calls them). GluonNLP's BERTModel ties its decoder's weight to the word embedding (decoder.3.weight,
+# saved under both names) and fuses the pooler's tanh into its Dense.
 GLUONNLP_NAMES: list[tuple[str, str]] = [
     ("word_embed.0.weight", "encoder.token_embedding.weight"),
     ("token_type_embed.0.weight", "encoder.segment_embedding.weight"),
     ("encoder.position_weight", "encoder.pos_embedding"),  # (P, H) there, (1, P, H) here
-    ("encoder.layer_norm.{g}", "encoder.embedding_norm.{g}"),
+    ("encoder.layer_norm.{p}", "encoder.embedding_norm.{p}"),
     ("encoder.transformer_cells.{i}.attention_cell.proj_query.{p}", "encoder.blks.{i}.attention.W_q.{p}"),
     ("encoder.transformer_cells.{i}.attention_cell.proj_key.{p}", "encoder.blks.{i}.attention.W_k.{p}"),
     ("encoder.transformer_cells.{i}.attention_cell.proj_value.{p}", "encoder.blks.{i}.attention.W_v.{p}"),
     ("encoder.transformer_cells.{i}.proj.{p}", "encoder.blks.{i}.attention.W_o.{p}"),
-    ("encoder.transformer_cells.{i}.layer_norm.{g}", "encoder.blks.{i}.addnorm1.ln.{g}"),
+    ("encoder.transformer_cells.{i}.layer_norm.{p}", "encoder.blks.{i}.addnorm1.ln.{p}"),
     ("encoder.transformer_cells.{i}.ffn.ffn_1.{p}", "encoder.blks.{i}.ffn.dense1.{p}"),
     ("encoder.transformer_cells.{i}.ffn.ffn_2.{p}", "encoder.blks.{i}.ffn.dense2.{p}"),
-    ("encoder.transformer_cells.{i}.ffn.layer_norm.{g}", "encoder.blks.{i}.addnorm2.ln.{g}"),
+    ("encoder.transformer_cells.{i}.ffn.layer_norm.{p}", "encoder.blks.{i}.addnorm2.ln.{p}"),
     ("pooler.{p}", "hidden.0.{p}"),
     ("classifier.{p}", "nsp.output.{p}"),
     ("decoder.0.{p}", "mlm.mlp.0.{p}"),
-    ("decoder.2.{g}", "mlm.mlp.2.{g}"),
-    ("decoder.3.bias", "mlm.mlp.3.bias"),
-    ("decoder.3.weight", "mlm.mlp.3.weight"),  # only when not tied to the word embedding
+    ("decoder.2.{p}", "mlm.mlp.2.{p}"),
+    ("decoder.3.{p}", "mlm.mlp.3.{p}"),  # its weight only where not tied to the word embedding
 ]
-_GLUONNLP_FIELDS = {"{i}": r"(?P<i>\d+)", "{p}": r"(?P<p>weight|bias)", "{g}": r"(?P<g>gamma|beta)"}
 
 
 def gluonnlp_canonical(name: str) -> str | None:
     """The canonical name of a tensor of GluonNLP's BERTModel, or None."""
-    for own, canonical in GLUONNLP_NAMES:
-        regex = re.escape(own)
-        for field, pattern in _GLUONNLP_FIELDS.items():
-            regex = regex.replace(re.escape(field), pattern)
-        match = re.fullmatch(regex, name)
-        if match:
-            found = match.groupdict()
-            g = {"gamma": "weight", "beta": "bias"}.get(found.pop("g", "") or "", "")
-            return canonical.replace("{g}", g).format(**found)
-    return None
+    return translated(re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name)), GLUONNLP_NAMES)
 
 
 def is_gluonnlp_bert(names: collections.abc.Collection[str]) -> bool:

@@ -25,7 +25,7 @@ from ...safe_files import open_regular, reason, replace_text, size_field
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from .base import CheckpointFormat, Probe, Raw, is_directory, no_key
+from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated
 from .safetensors import read_safetensors, write_safetensors
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -53,17 +53,6 @@ NAMES: list[tuple[str, str]] = [
     ("cls.predictions.decoder.weight", "mlm.mlp.3.weight"),  # only when not tied to the word embeddings
     ("cls.seq_relationship.{p}", "nsp.output.{p}"),
 ]
-
-
-def _translate(name: str, to_canonical: bool) -> str | None:
-    """``name`` in the other naming by the row of ``NAMES`` it matches, or None."""
-    for hf, canonical in NAMES:
-        source, target = (hf, canonical) if to_canonical else (canonical, hf)
-        regex = re.escape(source).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", "(?P<p>weight|bias)")
-        match = re.fullmatch(regex, name)
-        if match:
-            return target.format(**match.groupdict())
-    return None
 
 
 # bert_multi's size -> config.json's: each a whole number in a sane range, never converted from anything else.
@@ -131,7 +120,7 @@ def canonical_name(name: str) -> str | None:
     """The canonical name of a transformers BERT's tensor (with or without ``bert.``), or None."""
     bare = name.removeprefix("bert.")
     bare = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", bare))  # TensorFlow-era LayerNorm names
-    return _translate(bare, to_canonical=True)
+    return translated(bare, NAMES)
 
 
 def read_directory(
@@ -237,7 +226,7 @@ def hf_names(config: BERTConfig, inside: bool | None = None) -> dict[str, str]:
     inside = config.heads == HEADS if inside is None else inside
     names = {}
     for name in param_shapes(config):
-        hf_name = _translate(name, to_canonical=False)
+        hf_name = translated(name, NAMES, reverse=True)
         assert hf_name is not None, name  # every canonical name of the original BERT has a row
         if not hf_name.startswith("cls."):
             names[name] = f"bert.{hf_name}" if inside else hf_name
