@@ -46,7 +46,8 @@ def test_gluonnlps_bert_is_the_original_bert_under_its_own_names():
 def test_mxnets_own_loader_reads_gluonnlps_files_as_gluon_files():
     stated = {"num_heads": 2, "preset": "bert"}
     assert load_checkpoint(PARAMS, framework="mxnet", **stated).config == load_checkpoint(PARAMS, **stated).config
-    with pytest.raises(WeightsError, match="this is a Gluon parameter file .save_parameters., written by MXNet.Gluon, not a PyTorch"):
+    refused = "this is a Gluon parameter file .save_parameters., written by MXNet.Gluon, not a PyTorch checkpoint"
+    with pytest.raises(WeightsError, match=refused):
         load_checkpoint(PARAMS, framework="torch", **stated)
 
 
