@@ -184,6 +184,19 @@ def test_names_of_another_family_say_which_it_looks_like(tmp_path):
     assert "encoder.token_embedding.weight" in str(raised.value)  # next to what a d2l BERT has
 
 
+def test_gluonnlps_names_without_a_segment_embedding_are_named_as_another_model(tmp_path):
+    # GluonNLP's RoBERTa and DistilBERT share its BERT's names but have no token_type_embed: not read as BERT.
+    from hostile import TF_CHECKPOINT, params_bytes
+
+    from bert_multi.files.formats.gluon import read_params
+
+    arrays = read_params(TF_CHECKPOINT.parent / "gluonnlp-bert.params")
+    del arrays["token_type_embed.0.weight"]
+    (tmp_path / "roberta.params").write_bytes(params_bytes(arrays))
+    with pytest.raises(WeightsError, match="look like GluonNLP's RoBERTa or DistilBERT"):
+        load_checkpoint(tmp_path / "roberta.params", num_heads=2)
+
+
 def test_a_canonical_file_records_everything_and_statements_must_agree(tmp_path):
     config = small("d2l-0.12")
     save_checkpoint(tmp_path / "w.npz", config, random_weights(config))

@@ -55,6 +55,11 @@ def _family(names: set[str]) -> str:
             " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers "
             "differ from d2l's)"
         )
+    if any(name.startswith("encoder.transformer_cells.") for name in names):  # BERT's are read (formats/gluon.py)
+        return (
+            " (they look like GluonNLP's RoBERTa or DistilBERT: GluonNLP's names without a segment embedding, "
+            "another model than BERT)"
+        )
     if "encoder.embedding.weight" in names or any(name.startswith("decoder.") for name in names):
         return " (they look like d2l's Transformer for machine translation, not its BERT)"
     return ""
