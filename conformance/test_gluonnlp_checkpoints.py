@@ -22,6 +22,7 @@ PARAMS = HERE / "gluonnlp-bert.params"
 with np.load(HERE / "gluonnlp-bert.npz", allow_pickle=False) as archive:
     INPUTS = {name.removeprefix("inputs/"): archive[name] for name in archive.files if name.startswith("inputs/")}
     GLUONNLP = {name.removeprefix("outputs/"): archive[name] for name in archive.files if name.startswith("outputs/")}
+PRETRAINING = ("encoded", "pooled", "nsp", "mlm")
 
 
 def test_gluonnlps_bert_is_the_original_bert_under_its_own_names():
@@ -35,12 +36,33 @@ def test_gluonnlps_bert_is_the_original_bert_under_its_own_names():
     tolerance = tolerance_for("float32", "cpu")
     valid = np.arange(INPUTS["tokens"].shape[1])[None, :] < INPUTS["valid_lens"][:, None]
     ours = {"encoded": out.encoded[valid], "pooled": out.intermediates["pooler"], "nsp": out.nsp, "mlm": out.mlm}
-    theirs = {**GLUONNLP, "encoded": GLUONNLP["encoded"][valid]}
+    theirs = {**{name: GLUONNLP[name] for name in PRETRAINING}, "encoded": GLUONNLP["encoded"][valid]}
     for name, expected in theirs.items():
         comparison = compare_arrays(name, ours[name], expected, tolerance)
         assert comparison.passed, comparison.describe()
     # Past the valid length, GluonNLP's encoding is zeros; the original BERT's is not.
     assert not GLUONNLP["encoded"][~valid].any() and np.abs(out.encoded[~valid]).min() > 0
+
+
+def test_a_gluonnlp_classifier_is_read_as_its_bert_without_its_head():
+    """What GluonNLP's fine-tuning scripts save: a BERTClassifier holding a BERTModel as ``bert``."""
+    checkpoint = load_checkpoint(HERE / "gluonnlp-classifier.params", num_heads=2, preset="bert")
+    assert checkpoint.config.heads == ("pooler",)
+    assert checkpoint.info.notes[1] == (
+        "left out ['classifier.1.bias', 'classifier.1.weight'], the head of GluonNLP's BERTClassifier: not part of BERT"
+    )
+    weights = {name: array.astype(np.float64) for name, array in checkpoint.weights.items()}
+    out = load_backend("numpy").build(checkpoint.config, weights, dtype="float64")(
+        INPUTS["tokens"], INPUTS["segments"], INPUTS["valid_lens"], intermediates=True
+    )
+    valid = np.arange(INPUTS["tokens"].shape[1])[None, :] < INPUTS["valid_lens"][:, None]
+    tolerance = tolerance_for("float32", "cpu")
+    for name, ours, theirs in [
+        ("encoded", out.encoded[valid], GLUONNLP["classifier/encoded"][valid]),
+        ("pooled", out.intermediates["pooler"], GLUONNLP["classifier/pooled"]),
+    ]:
+        comparison = compare_arrays(name, ours, theirs, tolerance)
+        assert comparison.passed, comparison.describe()
 
 
 def test_mxnets_own_loader_reads_gluonnlps_files_as_gluon_files():

@@ -11,7 +11,10 @@ stub stands in for it. Written:
 - ``checkpoints/gluonnlp-bert.params``: ``BERTModel.save_parameters`` of a toy BERT (the sizes of
   ``tf_checkpoints.py``'s, LayerNorm eps 1e-12 as GluonNLP's BERTs have), its parameters drawn at random;
 - ``checkpoints/gluonnlp-bert.npz``: the inputs, and GluonNLP's outputs in float32 (the only dtype its
-  fused attention computes on a CPU): the encoding, the pooler's output, the NSP and MLM logits.
+  fused attention computes on a CPU): the encoding, the pooler's output, the NSP and MLM logits;
+- ``checkpoints/gluonnlp-classifier.params``: what GluonNLP's fine-tuning scripts save, a
+  ``BERTClassifier`` (3 classes, dropout 0.1) around a BERTModel without its pretraining heads, whose
+  encoding and pooler's output are the last two outputs of the ``.npz`` (``classifier/...``).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as directory:
         import_gluonnlp(Path(directory))
-        from gluonnlp.model.bert import BERTEncoder, BERTModel
+        from gluonnlp.model.bert import BERTClassifier, BERTEncoder, BERTModel
 
         mx.random.seed(0)
         encoder = BERTEncoder(
@@ -74,10 +77,25 @@ def main() -> None:
             out.asnumpy() for out in model(*(mx.nd.array(inputs[name], dtype="float32") for name in inputs))
         )
         model.save_parameters(str(OUT / "gluonnlp-bert.params"))
+        bare = BERTModel(
+            BERTEncoder(
+                num_layers=SIZES["num_layers"], units=SIZES["units"], hidden_size=SIZES["hidden_size"],
+                max_length=SIZES["max_length"], num_heads=SIZES["num_heads"], dropout=0.0, layer_norm_eps=1e-12,
+            ),
+            vocab_size=SIZES["vocab_size"], token_type_vocab_size=2, units=SIZES["units"], embed_size=SIZES["units"],
+            use_decoder=False, use_classifier=False,
+        )  # fmt: skip
+        classifier = BERTClassifier(bare, num_classes=3, dropout=0.1)
+        classifier.initialize(mx.init.Normal(0.5))
+        arrays = [mx.nd.array(inputs[name], dtype="float32") for name in ("tokens", "segments", "valid_lens")]
+        classifier(*arrays)  # its head's input width is known after a first forward
+        encoded_fine, pooled_fine = (out.asnumpy() for out in bare(*arrays))
+        classifier.save_parameters(str(OUT / "gluonnlp-classifier.params"))
     outputs = {"encoded": encoded, "pooled": pooled, "nsp": nsp, "mlm": mlm}
+    outputs.update({"classifier/encoded": encoded_fine, "classifier/pooled": pooled_fine})
     arrays = {f"inputs/{name}": array for name, array in inputs.items()}
     np.savez(OUT / "gluonnlp-bert.npz", **arrays, **{f"outputs/{name}": array for name, array in outputs.items()})
-    for path in (OUT / "gluonnlp-bert.params", OUT / "gluonnlp-bert.npz"):
+    for path in (OUT / "gluonnlp-bert.params", OUT / "gluonnlp-bert.npz", OUT / "gluonnlp-classifier.params"):
         print(f"{path.name}: {path.stat().st_size} bytes")
 
 

@@ -203,21 +203,28 @@ def gluonnlp_canonical(name: str) -> str | None:
     return translated(re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name)), GLUONNLP_NAMES)
 
 
-def is_gluonnlp_bert(names: collections.abc.Collection[str]) -> bool:
-    """Whether a file's names are GluonNLP's BERTModel's (its word and segment embeddings, its cells)."""
-    return {"word_embed.0.weight", "token_type_embed.0.weight"} <= set(names) and any(
-        name.startswith("encoder.transformer_cells.") for name in names
-    )
+def gluonnlp_prefix(names: collections.abc.Collection[str]) -> str | None:
+    """Where a file's names are GluonNLP's BERTModel's (its word and segment embeddings, its cells), their
+    prefix: "" for the BERTModel's own file, "bert." for its BERTClassifier's, which holds it as ``bert``.
+    None for any other file."""
+    for prefix in ("", "bert."):
+        tables = {f"{prefix}word_embed.0.weight", f"{prefix}token_type_embed.0.weight"}
+        if tables <= set(names) and any(name.startswith(f"{prefix}encoder.transformer_cells.") for name in names):
+            return prefix
+    return None
 
 
-def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> Raw:
-    """A GluonNLP BERTModel's file as canonical tensors, the tied decoder's twin dropped; the names no
-    canonical tensor has are a ``WeightsError``."""
-    own = dict(arrays)
+def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str], prefix: str) -> Raw:
+    """A GluonNLP BERTModel's file (its names under ``prefix``) as canonical tensors, the tied decoder's twin
+    dropped, a BERTClassifier's head (``classifier.*``) left out with a note; any other name is a
+    ``WeightsError``."""
+    own = {name.removeprefix(prefix): array for name, array in arrays.items() if name.startswith(prefix)}
+    head = sorted(name for name in arrays if prefix and re.fullmatch(r"classifier\.\d+\.(weight|bias)", name))
     if np.array_equal(own.get("decoder.3.weight", np.empty(0)), own["word_embed.0.weight"]):
         del own["decoder.3.weight"]  # the word embedding, saved again under the decoder's name
     canonical = {name: gluonnlp_canonical(name) for name in own}
-    unknown = [name for name, found in canonical.items() if found is None]
+    unknown = [prefix + name for name, found in canonical.items() if found is None]
+    unknown += [name for name in arrays if not name.startswith(prefix) and name not in head]
     if unknown:
         raise WeightsError(f"{path}: names GluonNLP's BERTModel has, with tensors of no BERT layer: {unknown[:5]}")
     read = {
@@ -225,12 +232,14 @@ def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, s
         for name, found in canonical.items()
         if found is not None
     }
-    kinds = {found: dtypes[name] for name, found in canonical.items() if found is not None}
-    note = (
+    kinds = {found: dtypes[prefix + name] for name, found in canonical.items() if found is not None}
+    notes = [
         "GluonNLP's BERTModel names, read as the original BERT (GluonNLP's BERTModel also zeroes the encoder's "
         "output past valid_length, which the original BERT does not)"
-    )
-    return Raw(FORMAT.kind, None, read, kinds, [note])
+    ]
+    if head:
+        notes.append(f"left out {head}, the head of GluonNLP's BERTClassifier: not part of BERT")
+    return Raw(FORMAT.kind, None, read, kinds, notes)
 
 
 BACKEND = "mxnet"  # whose own file it is
@@ -251,8 +260,9 @@ class ParameterFile(FrameworkFile):
 
     def read(self, path: Path, key: str | None) -> Raw:
         arrays, dtypes, notes = self.read_arrays(path, key)
-        if is_gluonnlp_bert(arrays):
-            return from_gluonnlp(path, arrays, dtypes)
+        prefix = gluonnlp_prefix(arrays)
+        if prefix is not None:
+            return from_gluonnlp(path, arrays, dtypes, prefix)
         return Raw(self.kind, self.framework, arrays, dtypes, notes)
 
 
