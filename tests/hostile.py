@@ -1075,8 +1075,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     if loader in ("params", "mxnet"):
         return [params_bytes(gluon_weights()), params_bytes(gluon_weights("float64", 1), V2_MAGIC)], generic
     if loader == "checkpoint":
-        gluonnlp = (TF_CHECKPOINT.parent / "gluonnlp-bert.params").read_bytes()  # GluonNLP's own names
-        return [flax_bytes(), params_bytes(gluon_weights()), gluonnlp], [*generic, mutate_a_shape]
+        gluonnlp = [(TF_CHECKPOINT.parent / f"gluonnlp-{name}.params").read_bytes() for name in ("bert", "classifier")]
+        return [flax_bytes(), params_bytes(gluon_weights()), *gluonnlp], [*generic, mutate_a_shape]
     if loader == "cache":
         return [cache_entry_bytes()], generic
     if loader == "reply":
