@@ -153,3 +153,14 @@ def test_the_huggingface_directory_converted_from_it_computes_what_transformers_
 def test_the_optimizer_slots_transformers_read_past_are_training_state_and_no_weight_is(name, state):
     # The names transformers' own TensorFlow loader skipped, as the optimizers of Google's scripts name them.
     assert bool(re.fullmatch(TRAINING_STATE, name)) == state
+
+
+def test_a_bfloat16_tensor_reads_exactly_as_float32_and_says_it_was_bfloat16(tmp_path):
+    # bfloat16 is the top half of a float32: numbers a bfloat16 holds exactly come back exactly.
+    from bert_multi.files.formats.tensorflow import Entry, read_tensors
+
+    values = np.array([[1.5, -2.0], [0.15625, 2.0**127]], np.float32)
+    (tmp_path / "t.data-00000-of-00001").write_bytes(b"\0" * 3 + (values.view("<u4") >> 16).astype("<u2").tobytes())
+    arrays, dtypes = read_tensors(tmp_path / "t", 1, {"w": Entry("bfloat16", (2, 2), 0, 3, 8)})
+    assert dtypes == {"w": "bfloat16"} and arrays["w"].dtype == np.float32
+    np.testing.assert_array_equal(arrays["w"], values)
