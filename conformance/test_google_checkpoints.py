@@ -164,3 +164,14 @@ def test_a_bfloat16_tensor_reads_exactly_as_float32_and_says_it_was_bfloat16(tmp
     arrays, dtypes = read_tensors(tmp_path / "t", 1, {"w": Entry("bfloat16", (2, 2), 0, 3, 8)})
     assert dtypes == {"w": "bfloat16"} and arrays["w"].dtype == np.float32
     np.testing.assert_array_equal(arrays["w"], values)
+
+
+def test_tensors_are_read_from_the_data_shard_their_entry_names(tmp_path):
+    # A checkpoint saved from several devices has one data file per shard, named k-of-n.
+    from bert_multi.files.formats.tensorflow import Entry, read_tensors
+
+    for shard, value in enumerate((1.0, 2.0)):
+        (tmp_path / f"t.data-0000{shard}-of-00002").write_bytes(np.full(3, value, "<f4").tobytes())
+    entries = {"a": Entry("float32", (3,), 1, 0, 12), "b": Entry("float32", (3,), 0, 0, 12)}
+    arrays, _ = read_tensors(tmp_path / "t", 2, entries)
+    assert arrays["a"].tolist() == [2.0] * 3 and arrays["b"].tolist() == [1.0] * 3
