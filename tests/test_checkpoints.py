@@ -184,13 +184,17 @@ def test_names_of_another_family_say_which_it_looks_like(tmp_path):
     assert "encoder.token_embedding.weight" in str(raised.value)  # next to what a d2l BERT has
 
 
-def test_gluonnlps_names_without_a_segment_embedding_are_named_as_another_model(tmp_path):
-    # GluonNLP's RoBERTa and DistilBERT share its BERT's names but have no token_type_embed: not read as BERT.
+def test_gluonnlps_names_with_a_tensor_of_no_bert_layer_or_without_a_segment_embedding_are_refused(tmp_path):
+    # A tensor BERT has not is named; GluonNLP's RoBERTa and DistilBERT share its BERT's names but have no
+    # token_type_embed: another model, not read as BERT.
     from hostile import TF_CHECKPOINT, params_bytes
 
     from bert_multi.files.formats.gluon import read_params
 
     arrays = read_params(TF_CHECKPOINT.parent / "gluonnlp-bert.params")
+    (tmp_path / "extra.params").write_bytes(params_bytes({**arrays, "adapter.weight": arrays["pooler.bias"]}))
+    with pytest.raises(WeightsError, match=r"GluonNLP's BERTModel's names, but tensors of no BERT layer: \['adapter"):
+        load_checkpoint(tmp_path / "extra.params", num_heads=2)
     del arrays["token_type_embed.0.weight"]
     (tmp_path / "roberta.params").write_bytes(params_bytes(arrays))
     with pytest.raises(WeightsError, match="look like GluonNLP's RoBERTa or DistilBERT"):

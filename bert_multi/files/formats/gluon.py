@@ -226,7 +226,7 @@ def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, s
     unknown = [prefix + name for name, found in canonical.items() if found is None]
     unknown += [name for name in arrays if not name.startswith(prefix) and name not in head]
     if unknown:
-        raise WeightsError(f"{path}: names GluonNLP's BERTModel has, with tensors of no BERT layer: {unknown[:5]}")
+        raise WeightsError(f"{path}: GluonNLP's BERTModel's names, but tensors of no BERT layer: {unknown[:5]}")
     read = {
         found: own[name][None] if found == "encoder.pos_embedding" else own[name]
         for name, found in canonical.items()
