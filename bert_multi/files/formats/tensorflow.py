@@ -33,7 +33,10 @@ from .huggingface import canonical_name, from_transformers_names, read_config
 CONFIG_FILE, INDEX_SUFFIX, LATEST_FILE = "bert_config.json", ".index", "checkpoint"
 TABLE_MAGIC = 0xDB4775248B80FB57  # the last 8 bytes of a LevelDB table
 FOOTER_BYTES, BLOCK_TRAILER_BYTES = 48, 5  # the footer: two block handles, padding, the magic
-MAX_INDEX_BYTES = 64 << 20  # a BERT's index lists hundreds of tensors in kilobytes
+# A BERT-large's index with Adam's moments is about 100 KB, each entry tens of bytes: the limits keep the
+# work of a hostile index (its records and fields are parsed one by one) to a few million steps.
+MAX_INDEX_BYTES = 4 << 20
+MAX_ENTRY_BYTES = MAX_KEY_BYTES = 1024
 MAX_LATEST_BYTES = 1 << 20
 # TensorFlow's DataType numbers of the dtypes a BERT's weights are saved in (bfloat16 arrives as float32).
 DTYPES = {1: "float32", 2: "float64", 3: "int32", 9: "int64", 14: "bfloat16", 19: "float16"}
@@ -197,6 +200,8 @@ def _entry(value: bytes) -> Entry:
                     raise _Malformed("its shape is of unknown rank")
                 if shape_number == 2 and isinstance(dim, bytes):
                     dims.append(next((size for n, size in _fields(dim) if n == 1 and isinstance(size, int)), 0))
+                if len(dims) > 32:
+                    raise _Malformed("a shape of more than 32 axes; NumPy's arrays have at most 32")
         elif number == 7:
             raise _Malformed("a partitioned variable (saved in slices), which bert_multi does not read")
         elif isinstance(field, int):
@@ -204,8 +209,6 @@ def _entry(value: bytes) -> Entry:
     dtype = DTYPES.get(fields.get(1, 0))
     if dtype is None:
         raise _Malformed(f"TensorFlow dtype number {fields.get(1, 0)}, which bert_multi does not read")
-    if len(dims) > 32:
-        raise _Malformed(f"a shape of {len(dims)} axes; NumPy's arrays have at most 32")
     if any(dim >= 1 << 62 for dim in dims):
         raise _Malformed(f"a shape {tuple(dims)} with an axis past 2**62")
     return Entry(dtype, tuple(dims), fields.get(3, 0), fields.get(4, 0), fields.get(5, 0))
@@ -242,6 +245,8 @@ def _records(block: bytes) -> Iterator[tuple[bytes, bytes]]:
         if shared > len(key) or at + unshared + length > end:
             raise _Malformed("a record runs past its block")
         key = key[:shared] + block[at : at + unshared]
+        if len(key) > MAX_KEY_BYTES:  # each key is built from the last: a long one would be copied each time
+            raise _Malformed(f"a key of over {MAX_KEY_BYTES} bytes, where a tensor's name is tens")
         yield key, block[at + unshared : at + unshared + length]
         at += unshared + length
 
@@ -268,13 +273,18 @@ def read_index(path: Path) -> tuple[dict[str, Entry], int]:
 def _entries(file: BinaryIO, size: int, index: bytes) -> tuple[dict[str, Entry], int]:
     entries: dict[str, Entry] = {}
     shards = None
-    read = 0  # the bytes of the blocks read: at most the file's, so that no block is read twice
+    read = records = 0  # the bytes of the blocks read (at most the file's: no block is read twice), the records
     for _, handle in _records(index):
         block = _block(file, size, handle)[0]
         read += len(block)
         if read > size:
             raise _Malformed("its index points to some block twice")
         for key, value in _records(block):
+            records += 1  # the header's too: each is work
+            if records > MAX_TENSORS + 1:
+                raise _Malformed(f"it holds over {MAX_TENSORS} records; a BERT's index lists hundreds of tensors")
+            if len(value) > MAX_ENTRY_BYTES:
+                raise _Malformed(f"a record of {len(value)} bytes, where a tensor's entry is tens of bytes")
             if key == b"":  # the header: BundleHeaderProto's num_shards (1), endianness (2: 0 little)
                 header = {number: field for number, field in _fields(value) if isinstance(field, int)}
                 if header.get(2, 0) != 0:
@@ -293,8 +303,6 @@ def _entries(file: BinaryIO, size: int, index: bytes) -> tuple[dict[str, Entry],
                 entries[name] = _entry(value)
             except _Malformed as error:
                 raise _Malformed(f"tensor {name!r:.80}: {error}") from None
-            if len(entries) > MAX_TENSORS:
-                raise _Malformed(f"it lists over {MAX_TENSORS} tensors; a BERT has hundreds")
     if shards is None or not 1 <= shards <= 1 << 16:
         raise _Malformed(f"its header gives {shards} data shards")
     return entries, shards
