@@ -128,44 +128,30 @@ def torch_faults():
     def activation(mp):  # BERT's GELU, not d2l's ReLU
         mp.setattr(model.PositionWiseFFN, "forward", lambda self, X: self.dense2(nn.functional.gelu(self.dense1(X))))
 
-    def mask_fill(mp):  # -inf where d2l fills -1e6
+    def _row_lens(X, valid_lens):  # each (example, query) row's valid length, as d2l's masked_softmax has it
+        return torch.repeat_interleave(valid_lens, X.shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
+
+    def _keys_masked(mp, fill, axis=-1):  # a masked_softmax: the scores ``fill(rows, keep)``, normalised on axis
         def masked_softmax(X, valid_lens):
-            if valid_lens is None:
-                return nn.functional.softmax(X, dim=-1)
-            shape = X.shape
-            lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
-            mask = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
-            return nn.functional.softmax(X.reshape(-1, shape[-1]).masked_fill(~mask, -math.inf).reshape(shape), dim=-1)
+            if valid_lens is not None:
+                rows = X.reshape(-1, X.shape[-1])
+                keep = torch.arange(X.shape[-1], device=X.device)[None, :] < _row_lens(X, valid_lens)[:, None]
+                X = fill(rows, keep).reshape(X.shape)
+            return nn.functional.softmax(X, dim=axis)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def mask_fill(mp):  # -inf where d2l fills -1e6
+        _keys_masked(mp, lambda rows, keep: rows.masked_fill(~keep, -math.inf))
 
     def additive_mask(mp):  # -1e6 added to the masked scores, where d2l puts it in their place
-        def masked_softmax(X, valid_lens):
-            if valid_lens is None:
-                return nn.functional.softmax(X, dim=-1)
-            shape = X.shape
-            lens = torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
-            mask = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
-            rows = X.reshape(-1, shape[-1])
-            return nn.functional.softmax(torch.where(mask, rows, rows - 1e6).reshape(shape), dim=-1)
-
-        mp.setattr(model, "masked_softmax", masked_softmax)
+        _keys_masked(mp, lambda rows, keep: torch.where(keep, rows, rows - 1e6))
 
     def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
         _lengths_one_longer(mp, model)
 
     def softmax_axis(mp):  # the weights normalised over the queries
-        def masked_softmax(X, valid_lens):
-            if valid_lens is not None:
-                shape = X.shape
-                lens = (
-                    torch.repeat_interleave(valid_lens, shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
-                )
-                keep = torch.arange(shape[-1], device=X.device)[None, :] < lens[:, None]
-                X = X.reshape(-1, shape[-1]).masked_fill(~keep, -1e6).reshape(shape)
-            return nn.functional.softmax(X, dim=1)
-
-        mp.setattr(model, "masked_softmax", masked_softmax)
+        _keys_masked(mp, lambda rows, keep: rows.masked_fill(~keep, -1e6), axis=1)
 
     def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
         _reshaped_heads(mp, model.MultiHeadAttention)
@@ -186,8 +172,7 @@ def torch_faults():
             weights = original(X, valid_lens)
             if valid_lens is None:
                 return weights
-            lens = torch.repeat_interleave(valid_lens, X.shape[1]) if valid_lens.dim() == 1 else valid_lens.reshape(-1)
-            return weights * (lens > 0).reshape(X.shape[0], X.shape[1], 1)
+            return weights * (_row_lens(X, valid_lens) > 0).reshape(X.shape[0], X.shape[1], 1)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
@@ -330,41 +315,30 @@ def mxnet_faults():
 
         mp.setattr(model.PositionWiseFFN, "forward", forward)
 
-    def mask_fill(mp):  # -inf where d2l fills -1e6
+    def _row_lens(X, valid_lens):  # each (example, query) row's valid length, as d2l's masked_softmax has it
+        return valid_lens.repeat(X.shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
+
+    def _keys_masked(mp, fill, axis=-1):  # a masked_softmax: the scores ``fill(rows, keep)``, normalised on axis
         def masked_softmax(X, valid_lens):
-            if valid_lens is None:
-                return npx.softmax(X)
-            shape = X.shape
-            lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
-            X = npx.sequence_mask(X.reshape(-1, shape[-1]), lens, True, value=-math.inf, axis=1)
-            return npx.softmax(X).reshape(shape)
+            if valid_lens is not None:
+                rows = X.reshape(-1, X.shape[-1])
+                keep = npx.sequence_mask(np.ones_like(rows), _row_lens(X, valid_lens), True, value=0, axis=1)
+                X = fill(rows, keep).reshape(X.shape)
+            return npx.softmax(X, axis=axis)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
+
+    def mask_fill(mp):  # -inf where d2l fills -1e6
+        _keys_masked(mp, lambda rows, keep: np.where(keep, rows, -math.inf))
 
     def additive_mask(mp):  # -1e6 added to the masked scores, where d2l puts it in their place
-        def masked_softmax(X, valid_lens):
-            if valid_lens is None:
-                return npx.softmax(X)
-            shape = X.shape
-            lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
-            rows = X.reshape(-1, shape[-1])
-            keep = npx.sequence_mask(np.ones_like(rows), lens, True, value=0, axis=1)
-            return npx.softmax(rows - (1 - keep) * 1e6).reshape(shape)
-
-        mp.setattr(model, "masked_softmax", masked_softmax)
+        _keys_masked(mp, lambda rows, keep: rows - (1 - keep) * 1e6)
 
     def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
         _lengths_one_longer(mp, model)
 
     def softmax_axis(mp):  # the weights normalised over the queries
-        def masked_softmax(X, valid_lens):
-            if valid_lens is not None:
-                shape = X.shape
-                lens = valid_lens.repeat(shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
-                X = npx.sequence_mask(X.reshape(-1, shape[-1]), lens, True, value=-1e6, axis=1).reshape(shape)
-            return npx.softmax(X, axis=1)
-
-        mp.setattr(model, "masked_softmax", masked_softmax)
+        _keys_masked(mp, lambda rows, keep: np.where(keep, rows, -1e6), axis=1)
 
     def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
         _reshaped_heads(mp, model.MultiHeadAttention)
@@ -385,8 +359,7 @@ def mxnet_faults():
             weights = original(X, valid_lens)
             if valid_lens is None:
                 return weights
-            lens = valid_lens.repeat(X.shape[1]) if valid_lens.ndim == 1 else valid_lens.reshape(-1)
-            return weights * (lens > 0).astype(weights.dtype).reshape(X.shape[0], X.shape[1], 1)
+            return weights * (_row_lens(X, valid_lens) > 0).astype(weights.dtype).reshape(X.shape[0], X.shape[1], 1)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
 
@@ -558,41 +531,30 @@ def jax_faults():
 
         _plant_flax(mp, PositionWiseFFN=GELU)
 
-    def mask_fill(mp):  # -inf where d2l fills -1e6
+    def _query_lens(valid_lens):  # each (example, query)'s valid length: 1-D valid_lens holds for every query
+        return valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
+
+    def _keys_masked(mp, fill, axis=-1):  # a masked_softmax: the scores ``fill(X, keep)``, normalised on axis
         def masked_softmax(X, valid_lens):
-            if valid_lens is None:
-                return nn.softmax(X, axis=-1)
-            lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
-            keep = jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None]
-            return nn.softmax(jnp.where(keep, X, -jnp.inf), axis=-1)
+            if valid_lens is not None:
+                X = fill(X, jnp.arange(X.shape[-1])[None, None, :] < _query_lens(valid_lens)[:, :, None])
+            return nn.softmax(X, axis=axis)
 
         mp.setattr(model, "masked_softmax", masked_softmax)
         _plant_flax(mp)
+
+    def mask_fill(mp):  # -inf where d2l fills -1e6
+        _keys_masked(mp, lambda X, keep: jnp.where(keep, X, -jnp.inf))
 
     def additive_mask(mp):  # -1e6 added to the masked scores, where d2l puts it in their place
-        def masked_softmax(X, valid_lens):
-            if valid_lens is None:
-                return nn.softmax(X, axis=-1)
-            lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
-            keep = jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None]
-            return nn.softmax(jnp.where(keep, X, X - 1e6), axis=-1)
-
-        mp.setattr(model, "masked_softmax", masked_softmax)
-        _plant_flax(mp)
+        _keys_masked(mp, lambda X, keep: jnp.where(keep, X, X - 1e6))
 
     def mask_off_by_one(mp):  # one key past each valid length attended to (<= written for <)
         _lengths_one_longer(mp, model)
         _plant_flax(mp)
 
     def softmax_axis(mp):  # the weights normalised over the queries
-        def masked_softmax(X, valid_lens):
-            if valid_lens is not None:
-                lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
-                X = jnp.where(jnp.arange(X.shape[-1])[None, None, :] < lens[:, :, None], X, -1e6)
-            return nn.softmax(X, axis=1)
-
-        mp.setattr(model, "masked_softmax", masked_softmax)
-        _plant_flax(mp)
+        _keys_masked(mp, lambda X, keep: jnp.where(keep, X, -1e6), axis=1)
 
     def heads_reshaped(mp):  # the heads split and merged by a reshape alone, as view(B, heads, T, -1) does
         class Reshaped(model.MultiHeadAttention):
@@ -626,8 +588,7 @@ def jax_faults():
             weights = original(X, valid_lens)
             if valid_lens is None:
                 return weights
-            lens = valid_lens[:, None] if valid_lens.ndim == 1 else valid_lens
-            return weights * (lens > 0)[:, :, None]
+            return weights * (_query_lens(valid_lens) > 0)[:, :, None]
 
         mp.setattr(model, "masked_softmax", masked_softmax)
         _plant_flax(mp)
