@@ -90,15 +90,15 @@ def read_checkpoint(path: Path) -> Raw:
     it holds several, as ``tf.train.latest_checkpoint`` picks) or one of its checkpoints (``checkpoint_prefix``),
     with notes of what was read past."""
     prefix = checkpoint_prefix(path)
-    prefix, chosen = (prefix, "") if prefix is not None else _checkpoint_prefix(path)
-    path = prefix.parent
+    prefix, chosen = (prefix, "") if prefix is not None else _latest_prefix(path)
+    path, index = prefix.parent, prefix.with_name(prefix.name + INDEX_SUFFIX)
     if not (path / CONFIG_FILE).is_file():  # a training run's directory: its sizes are in the model's config
         raise WeightsError(
             f"{path}: a TensorFlow checkpoint without {CONFIG_FILE} beside it, which gives its sizes: copy in the "
             f"{CONFIG_FILE} of the model it was trained or fine-tuned from"
         )
     hf = read_config(path / CONFIG_FILE, "BERT config")
-    entries, shards = read_index(prefix.with_name(prefix.name + INDEX_SUFFIX))
+    entries, shards = read_index(index)
     state = [name for name in entries if re.fullmatch(TRAINING_STATE, name)]
     task = [name for name in entries if re.fullmatch(TASK_HEADS, name)]
     wanted = {name: transformers_name(name) for name in entries if name not in state and name not in task}
@@ -116,13 +116,11 @@ def read_checkpoint(path: Path) -> Raw:
             f"left out {sorted(task)}, a head fine-tuned for a task: not part of BERT, so neither compared nor "
             "converted"
         )
-    config, canonical, canonical_dtypes = from_transformers_names(
-        prefix.with_name(prefix.name + INDEX_SUFFIX), path / CONFIG_FILE, own, kinds, hf, notes
-    )
+    config, canonical, canonical_dtypes = from_transformers_names(index, path / CONFIG_FILE, own, kinds, hf, notes)
     return Raw(FORMAT.kind, None, canonical, canonical_dtypes, notes, config=config, settings=hf)
 
 
-def _checkpoint_prefix(path: Path) -> tuple[Path, str]:
+def _latest_prefix(path: Path) -> tuple[Path, str]:
     """The prefix of the directory's checkpoint (``bert_model.ckpt``): its only one, else the latest its
     ``checkpoint`` file names. And why, where it chose."""
     found = sorted(name.name.removesuffix(INDEX_SUFFIX) for name in path.glob(f"*{INDEX_SUFFIX}"))
