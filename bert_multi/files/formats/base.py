@@ -122,6 +122,12 @@ def translated(name: str, table: list[tuple[str, str]], reverse: bool = False) -
     return None
 
 
+def weight_and_bias(name: str) -> str:
+    """``name`` with a LayerNorm's ``gamma`` and ``beta`` (Gluon's and TensorFlow's names) as ``weight`` and
+    ``bias``, as the tables of names (``translated``) spell them."""
+    return re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
+
+
 def no_key(path: Path, key: str | None) -> None:
     """Refuse ``key`` for a format that has no wrapper dict to pick from."""
     if key is not None:

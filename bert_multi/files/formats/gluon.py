@@ -31,7 +31,7 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
-from .base import FrameworkFile, Probe, Raw, control_character, no_key, translated
+from .base import FrameworkFile, Probe, Raw, control_character, no_key, translated, weight_and_bias
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -200,7 +200,7 @@ GLUONNLP_NAMES: list[tuple[str, str]] = [
 
 def gluonnlp_canonical(name: str) -> str | None:
     """The canonical name of a tensor of GluonNLP's BERTModel, or None."""
-    return translated(re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name)), GLUONNLP_NAMES)
+    return translated(weight_and_bias(name), GLUONNLP_NAMES)
 
 
 def gluonnlp_prefix(names: collections.abc.Collection[str]) -> str | None:

@@ -25,7 +25,7 @@ from ...safe_files import open_regular, reason, replace_text, size_field
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated
+from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated, weight_and_bias
 from .safetensors import read_safetensors, write_safetensors
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -119,8 +119,7 @@ def _semantics(hf: dict[str, Any], tied: bool) -> Semantics:
 def canonical_name(name: str) -> str | None:
     """The canonical name of a transformers BERT's tensor (with or without ``bert.``), or None."""
     bare = name.removeprefix("bert.")
-    bare = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", bare))  # TensorFlow-era LayerNorm names
-    return translated(bare, NAMES)
+    return translated(weight_and_bias(bare), NAMES)  # TensorFlow-era names: a LayerNorm's gamma and beta
 
 
 def read_directory(
