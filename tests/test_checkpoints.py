@@ -180,6 +180,7 @@ def test_names_of_another_family_say_which_it_looks_like(tmp_path):
     torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(3, 2)}, tmp_path / "hf.pt")
     with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT") as raised:
         load_checkpoint(tmp_path / "hf.pt", num_heads=1)
+    assert "name the directory holding the file and its config.json" in str(raised.value)
     assert "The file has ['bert.embeddings.word_embeddings.weight']" in str(raised.value)
     assert "encoder.token_embedding.weight" in str(raised.value)  # next to what a d2l BERT has
 

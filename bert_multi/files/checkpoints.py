@@ -411,11 +411,12 @@ def convert(
 
 
 def from_huggingface(path: str | Path, dtype: object = None) -> Checkpoint:
-    """A HuggingFace BERT directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) as a
-    ``Checkpoint`` of the ``bert`` preset: its config says everything, so nothing needs stating."""
+    """A HuggingFace BERT directory (``config.json`` + ``model.safetensors``, ``pytorch_model.bin`` or
+    ``flax_model.msgpack``) as a ``Checkpoint`` of the ``bert`` preset: its config says everything, so nothing
+    needs stating."""
     if not huggingface.FORMAT.recognizes(Probe(Path(path), b"", ())):
         raise WeightsError(
             f"{path}: not a HuggingFace model directory: expected {huggingface.CONFIG_FILE} and "
-            f"{huggingface.SAFETENSORS_FILE} or {huggingface.TORCH_FILE}"
+            f"{', '.join(huggingface.WEIGHT_FILES[:-1])} or {huggingface.WEIGHT_FILES[-1]}"
         )
     return load_checkpoint(path, dtype=dtype)

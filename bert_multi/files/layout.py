@@ -53,7 +53,7 @@ def _family(names: set[str]) -> str:
     if any(re.match(r"(\w+\.)?embeddings\.word_embeddings\.", name) for name in names):
         return (
             " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers "
-            "differ from d2l's)"
+            "differ from d2l's; name the directory holding the file and its config.json, read as one)"
         )
     if any(name.startswith("encoder.transformer_cells.") for name in names):  # BERT's are read (formats/gluon.py)
         return (

@@ -1,11 +1,13 @@
 """HuggingFace BERT checkpoints, read and written without transformers.
 
 A HuggingFace BERT is a directory holding ``config.json`` and its weights, ``model.safetensors`` or (older)
-``pytorch_model.bin``. Its config says every size, the number of heads included, so nothing needs stating.
+``pytorch_model.bin``, or, saved by transformers' Flax classes (gone since transformers 5),
+``flax_model.msgpack``. Its config says every size, the number of heads included, so nothing needs stating.
 Names map to the canonical ones by one table (``NAMES``); buffers such as ``position_ids`` and the
 decoder weight tied to the word embeddings are ignored by name (the tie is checked). safetensors is
 parsed by ``safetensors.py``, every size checked against the file before anything is read;
-``pytorch_model.bin`` goes to torch with ``weights_only=True``. Google's TensorFlow checkpoints use the
+``pytorch_model.bin`` goes to torch with ``weights_only=True``; ``flax_model.msgpack`` is parsed by
+``flax.py``, its leaves renamed as transformers' PyTorch classes name them. Google's TensorFlow checkpoints use the
 same names and config (``tensorflow.py``).
 """
 
@@ -13,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...arrays import contiguous_transpose
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...safe_files import open_regular, reason, replace_text, size_field
@@ -26,9 +30,16 @@ from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated, weight_and_bias
+from .flax import read_tree
 from .safetensors import read_safetensors, write_safetensors
 
-CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
+CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE = (
+    "config.json",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "flax_model.msgpack",
+)
+WEIGHT_FILES = (SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE)  # the first a directory holds is read, as transformers does
 MAX_CONFIG_BYTES = 1 << 20
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
@@ -65,6 +76,9 @@ SIZE_FIELDS = {
     "max_len": "max_position_embeddings",
 }
 
+# A Flax leaf's name -> PyTorch's: a Dense's kernel is its weight (transposed), a LayerNorm's scale and an
+# embedding's table are their weights.
+FLAX_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
 # Buffers, not weights.
 IGNORED = (r"(bert\.)?embeddings\.position_ids",)
 # transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
@@ -76,8 +90,9 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
 
 
 def is_model_directory(path: Path) -> bool:
-    """Whether ``path`` is a HuggingFace model directory (a config and weights in a format read here)."""
-    return (path / CONFIG_FILE).is_file() and any((path / name).is_file() for name in (SAFETENSORS_FILE, TORCH_FILE))
+    """Whether ``path`` is a HuggingFace model directory (a config and weights in a format read here; a
+    weights file that is a dangling link or no regular file is refused by name when read)."""
+    return (path / CONFIG_FILE).is_file() and any(os.path.lexists(path / name) for name in WEIGHT_FILES)
 
 
 # --- Directories ------------------------------------------------------------------------------------------
@@ -131,15 +146,41 @@ def read_directory(
     the config's."""
     path = Path(path)
     hf = read_config(path / CONFIG_FILE)
-    if (path / SAFETENSORS_FILE).is_file():
-        own, dtypes = read_safetensors(path / SAFETENSORS_FILE)
-        source = SAFETENSORS_FILE
+    present = [name for name in WEIGHT_FILES if os.path.lexists(path / name)]  # a FIFO too: refused when read
+    if not present:
+        raise WeightsError(f"{path}: no weights: expected {', '.join(WEIGHT_FILES[:-1])} or {WEIGHT_FILES[-1]}")
+    source = present[0]
+    file_names: dict[str, str] = {}  # where the file names a tensor otherwise than transformers' PyTorch classes
+    if source == SAFETENSORS_FILE:
+        own, dtypes = read_safetensors(path / source)
+    elif source == TORCH_FILE:
+        own, dtypes, _ = load_backend("torch").read_checkpoint(path / source)
     else:
-        own, dtypes, _ = load_backend("torch").read_checkpoint(path / TORCH_FILE)
-        source = TORCH_FILE
-    notes = [f"read {source} and {CONFIG_FILE}"]
-    config, arrays, kinds = from_transformers_names(path / source, path / CONFIG_FILE, own, dtypes, hf, notes)
+        own, dtypes, file_names = from_flax_names(path / source)
+    notes = [f"read {source} and {CONFIG_FILE}" + (" (Flax's kernels transposed)" if source == FLAX_FILE else "")]
+    config, arrays, kinds = from_transformers_names(
+        path / source, path / CONFIG_FILE, own, dtypes, hf, notes, file_names
+    )
     return config, arrays, kinds, notes, hf
+
+
+def from_flax_names(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, str]]:
+    """The arrays of a transformers Flax BERT's ``flax_model.msgpack`` under the names its PyTorch twin gives
+    them (``FLAX_LEAVES``), (in, out) kernels transposed to (out, in); their own dtypes; and the file's name
+    of each."""
+    tree, dtypes = read_tree(path)
+    own: dict[str, np.ndarray] = {}
+    kinds: dict[str, str] = {}
+    file_names: dict[str, str] = {}
+    for name, array in tree.items():
+        stem, dot, leaf = name.rpartition(".")
+        torch_name = stem + dot + FLAX_LEAVES.get(leaf, leaf)
+        if torch_name in file_names:  # a kernel beside a weight: which is meant?
+            raise WeightsError(f"{path}: {file_names[torch_name]!r} and {name!r} are both {torch_name}")
+        file_names[torch_name] = name
+        own[torch_name] = contiguous_transpose(array) if leaf == "kernel" and array.ndim == 2 else array
+        kinds[torch_name] = dtypes[name]
+    return own, kinds, file_names
 
 
 def from_transformers_names(
@@ -149,10 +190,13 @@ def from_transformers_names(
     dtypes: dict[str, str],
     hf: dict[str, Any],
     notes: list[str],
+    file_names: dict[str, str] | None = None,
 ) -> tuple[BERTConfig, dict[str, np.ndarray], dict[str, str]]:
     """(config, canonical arrays, their own dtypes) of a BERT's tensors under transformers' names (``own``,
-    read from ``source``) and its config (``hf``, read from ``config_file``). A task head is left out, and
-    ``notes`` says so; a decoder equal to the word embeddings is the tie."""
+    read from ``source``, where the file names them otherwise, by ``file_names``) and its config (``hf``,
+    read from ``config_file``). A task head is left out, and ``notes`` says so; a decoder equal to the word
+    embeddings is the tie."""
+    file_names = file_names or {}
     decoder = own.get("cls.predictions.decoder.weight")
     embedding = own.get("bert.embeddings.word_embeddings.weight", own.get("embeddings.word_embeddings.weight"))
     tied = decoder is None or (embedding is not None and np.array_equal(decoder, embedding))
@@ -169,11 +213,13 @@ def from_transformers_names(
             if any(re.fullmatch(rf"{head}\.(weight|bias)", name) for head in TASK_HEADS):
                 task_head.append(name)
             elif not any(re.fullmatch(pattern, name) for pattern in IGNORED):
-                unknown.append(name)
+                unknown.append(file_names.get(name, name))
             continue
         if canonical in named:  # gamma beside weight, or a name with and without "bert.": which is meant?
-            raise WeightsError(f"{source}: {named[canonical]!r} and {name!r} are both {canonical}")
-        named[canonical] = name
+            raise WeightsError(
+                f"{source}: {named[canonical]!r} and {file_names.get(name, name)!r} are both {canonical}"
+            )
+        named[canonical] = file_names.get(name, name)
         arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
         kinds[canonical] = dtypes[name]
     if unknown:
@@ -343,7 +389,9 @@ def write_directory(
 
 class ModelDirectory(CheckpointFormat):
     kind = "hf-dir"
-    description = "HuggingFace BERT directory (config.json + model.safetensors or pytorch_model.bin)"
+    description = (
+        "HuggingFace BERT directory (config.json + model.safetensors, pytorch_model.bin or flax_model.msgpack)"
+    )
     directory = True
 
     def recognizes(self, probe: Probe) -> bool:

@@ -1,0 +1,130 @@
+"""BERTs saved by transformers' own Flax classes (``conformance/original_bert/hf_flax.py`` wrote them with
+transformers 4.57; this suite only reads them), and what transformers computed from them: the Flax
+model's own outputs in float32, and its PyTorch twin's in float64 from the same file by transformers'
+own Flax-to-PyTorch loader.
+
+transformers 5 no longer reads ``flax_model.msgpack``; bert_multi does, without JAX, and converts it to a
+directory transformers 5 loads.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import WeightsError, convert, load_checkpoint
+from bert_multi.backend.registry import load_backend
+from bert_multi.engine.compare import compare_arrays, tolerance_for
+from bert_multi.files.formats.flax import pack_tree
+from conftest import runs_here
+
+HERE = Path(__file__).parent / "original_bert" / "checkpoints"
+PRETRAINING, UNTIED = HERE / "flax-pretraining", HERE / "flax-untied-bfloat16"
+with np.load(HERE / "flax.npz", allow_pickle=False) as archive:
+    SAVED = {name: archive[name] for name in archive.files}
+INPUTS = {name.removeprefix("inputs/"): array for name, array in SAVED.items() if name.startswith("inputs/")}
+
+
+def expected(case: str) -> dict[str, np.ndarray]:
+    """The outputs saved for ``case`` (a directory's name, or ``flax``: the Flax model's own)."""
+    return {name.removeprefix(f"{case}/"): array for name, array in SAVED.items() if name.startswith(f"{case}/")}
+
+
+def assert_computes(config, weights, outputs: dict[str, np.ndarray], dtype: str) -> None:
+    """The oracle, in float64 on ``weights``, computes ``outputs`` within ``dtype``'s tolerance."""
+    weights = {name: array.astype(np.float64) for name, array in weights.items()}
+    out = load_backend("numpy").build(config, weights, dtype="float64")(**INPUTS)
+    assert outputs, "no outputs saved to compare with"
+    for name, theirs in outputs.items():
+        comparison = compare_arrays(name, getattr(out, name), theirs, tolerance_for(dtype, "cpu"))
+        assert comparison.passed, comparison.describe()
+
+
+def test_a_flax_bert_for_pretraining_computes_what_flax_and_its_pytorch_twin_compute():
+    checkpoint = load_checkpoint(PRETRAINING)
+    config = checkpoint.config
+    assert (config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_blks) == (13, 8, 12, 2)
+    assert config.num_heads == 2 and config.heads == ("pooler", "mlm", "nsp")
+    assert config.semantics.mlm_decoder == "tied"  # Flax saves no decoder where it is tied
+    assert checkpoint.info.notes == ["read flax_model.msgpack and config.json (Flax's kernels transposed)"]
+    assert set(expected("flax")) == set(expected("flax-pretraining")) == {"encoded", "mlm", "nsp"}
+    assert_computes(config, checkpoint.weights, expected("flax-pretraining"), "float64")
+    assert_computes(config, checkpoint.weights, expected("flax"), "float32")
+
+
+def test_a_flax_bert_model_has_no_bert_level_and_only_the_pooler():
+    checkpoint = load_checkpoint(HERE / "flax-model")
+    assert checkpoint.config.heads == ("pooler",)
+    assert_computes(checkpoint.config, checkpoint.weights, expected("flax-model"), "float64")
+    pretrained = load_checkpoint(PRETRAINING).weights
+    assert all(np.array_equal(array, pretrained[name]) for name, array in checkpoint.weights.items())
+
+
+def test_a_flax_classifier_is_read_as_its_bert_without_its_head():
+    checkpoint = load_checkpoint(HERE / "flax-classifier")
+    assert checkpoint.config.heads == ("pooler",)
+    assert checkpoint.info.notes[1].startswith(
+        "left out ['classifier.bias', 'classifier.weight'], the task head of 'BertForSequenceClassification'"
+    )
+    pretrained = load_checkpoint(PRETRAINING).weights
+    assert all(np.array_equal(array, pretrained[name]) for name, array in checkpoint.weights.items())
+
+
+def test_a_bfloat16_flax_bert_with_its_own_decoder_reads_exactly_when_a_cast_is_asked():
+    with pytest.raises(WeightsError, match="is bfloat16; bert_multi computes in float32 or float64, and casts"):
+        load_checkpoint(UNTIED)
+    checkpoint = load_checkpoint(UNTIED, dtype="float64")
+    assert checkpoint.config.semantics.mlm_decoder == "own" and "mlm.mlp.3.weight" in checkpoint.weights
+    # transformers widened the bfloat16 numbers to float32, exactly, as bert_multi does: float64 agrees.
+    assert_computes(checkpoint.config, checkpoint.weights, expected("flax-untied-bfloat16"), "float64")
+
+
+@runs_here("transformers")
+def test_converted_to_safetensors_it_loads_in_transformers_5_and_computes_the_same(tmp_path):
+    import torch
+    import transformers
+
+    convert(PRETRAINING, tmp_path / "hf", framework="huggingface")
+    model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", attn_implementation="eager")
+    model = model.double().eval()
+    tokens = torch.from_numpy(INPUTS["tokens"])
+    mask = torch.arange(tokens.shape[1])[None, :] < torch.from_numpy(INPUTS["valid_lens"])[:, None]
+    with torch.no_grad():
+        out = model(tokens, attention_mask=mask.long(), token_type_ids=torch.from_numpy(INPUTS["segments"]),
+                    output_hidden_states=True)  # fmt: skip
+    rows = np.arange(tokens.shape[0])[:, None]
+    computed = {
+        "encoded": out.hidden_states[-1].numpy(),
+        "mlm": out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]],
+        "nsp": out.seq_relationship_logits.numpy(),
+    }
+    for name, theirs in expected("flax-pretraining").items():
+        comparison = compare_arrays(name, computed[name], theirs, tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["transformers_version"] == "4.57.6"  # the source's fields, kept
+
+
+def test_a_directory_with_safetensors_beside_flax_reads_safetensors_as_transformers_does(tmp_path):
+    convert(HERE / "flax-model", tmp_path / "converted", framework="huggingface")
+    directory = tmp_path / "both"
+    shutil.copytree(PRETRAINING, directory)
+    shutil.copyfile(tmp_path / "converted" / "model.safetensors", directory / "model.safetensors")
+    checkpoint = load_checkpoint(directory)
+    assert checkpoint.info.notes[0] == "read model.safetensors and config.json"
+    assert checkpoint.config.heads == ("pooler",)  # flax-model's, not flax_model.msgpack's three
+
+
+def test_the_file_alone_says_to_name_its_directory():
+    with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT.*name the directory holding"):
+        load_checkpoint(PRETRAINING / "flax_model.msgpack", num_heads=2)
+
+
+def test_a_flax_tree_naming_one_tensor_twice_is_refused(tmp_path):
+    shutil.copytree(HERE / "flax-model", tmp_path / "twice")
+    tree = {"pooler": {"dense": {"kernel": np.eye(8, dtype=np.float32), "weight": np.eye(8, dtype=np.float32)}}}
+    (tmp_path / "twice" / "flax_model.msgpack").write_bytes(pack_tree(tree))
+    with pytest.raises(WeightsError, match=r"'pooler.dense.kernel' and 'pooler.dense.weight' are both pooler"):
+        load_checkpoint(tmp_path / "twice")
