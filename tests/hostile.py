@@ -18,6 +18,7 @@ import math
 import os
 import random
 import resource
+import shutil
 import struct
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from bert_multi.safe_files import MXNET_LIST_MAGIC
 
 HERE = Path(__file__).resolve()
 TF_CHECKPOINT = HERE.parent.parent / "conformance" / "original_bert" / "checkpoints" / "pretrained"
+HF_FLAX = TF_CHECKPOINT.parent / "flax-model"  # transformers' FlaxBertModel, saved by transformers 4.57
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -147,6 +149,17 @@ def _huggingface_config(path: str) -> object:
         return read_directory(directory)
 
 
+def _huggingface_flax(path: str) -> object:
+    """A HuggingFace directory whose flax_model.msgpack is (a link to) the file at ``path``, beside the config.json
+    of transformers' FlaxBertModel fixture, loaded as a checkpoint (cast to float32 where it is bfloat16)."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        shutil.copyfile(HF_FLAX / "config.json", Path(directory) / "config.json")
+        (Path(directory) / "flax_model.msgpack").symlink_to(Path(path).absolute())
+        return load_checkpoint(directory, dtype="float32")
+
+
 def _training_state(path: str) -> object:
     """A checkpoint directory whose state.npz is (a link to) the file at ``path``."""
     from bert_multi.training import load_training_state
@@ -203,6 +216,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "state": _training_state,
     "safetensors": _safetensors,
     "hfconfig": _huggingface_config,
+    "hfflax": _huggingface_flax,
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -216,7 +230,8 @@ LOADERS: dict[str, Callable[[str], object]] = {
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
-    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "tfindex", "weights", "params", "flax"),
+    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "tfindex", "weights", "params"),
+    "flax",
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -666,6 +681,26 @@ def hostile_hfconfigs() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def hostile_hf_flax() -> dict[str, tuple[bytes, str]]:
+    from bert_multi.files.formats.flax import nested, pack_tree, read_tree
+
+    tree, _ = read_tree(HF_FLAX / "flax_model.msgpack")
+    kernel = tree["pooler.dense.kernel"]
+
+    def changed(**leaves: np.ndarray) -> bytes:
+        changes = {name.replace("__", "."): array for name, array in leaves.items()}
+        return pack_tree(nested({**tree, **changes}))
+
+    return {
+        "a kernel beside its weight": (changed(pooler__dense__weight=kernel), "are both pooler.dense.weight"),
+        "a kernel of 3 axes": (changed(pooler__dense__kernel=kernel[None]), "hidden.0.weight"),
+        "a kernel of other sizes": (changed(pooler__dense__kernel=kernel[:4]), "hidden.0.weight"),
+        "a leaf of no BERT layer": (changed(pooler__dense__gamma_prime=kernel), "pooler.dense.gamma_prime"),
+        "d2l's Flax tree": (flax_bytes(), "tensors of no BERT layer bert_multi knows"),
+        "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with a MessagePack map"),
+    }
+
+
 def _varint(number: int) -> bytes:
     out = bytearray()
     while number >= 0x80:
@@ -944,6 +979,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "state": hostile_states,
     "safetensors": hostile_safetensors,
     "hfconfig": hostile_hfconfigs,
+    "hfflax": hostile_hf_flax,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
     "params": hostile_params,
@@ -1068,6 +1104,9 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         valid = (TF_CHECKPOINT / "bert_model.ckpt.index").read_bytes()
         classifier = (TF_CHECKPOINT.parent / "classifier" / "model.ckpt-2.index").read_bytes()
         return [valid, classifier], generic
+    if loader == "hfflax":
+        untied = TF_CHECKPOINT.parent / "flax-untied-bfloat16" / "flax_model.msgpack"
+        return [(HF_FLAX / "flax_model.msgpack").read_bytes(), untied.read_bytes()], generic
     if loader in ("safetensors", "hfconfig"):
         return [huggingface_files()["model.safetensors" if loader == "safetensors" else "config.json"]], generic
     if loader == "weights":

@@ -31,6 +31,7 @@ READERS = {
     "state": None,
     "safetensors": None,
     "hfconfig": None,
+    "hfflax": None,
     "tfindex": None,
     "weights": None,
     "params": None,
