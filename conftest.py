@@ -121,6 +121,26 @@ def runs_here(backend: str) -> Marks:
     return Marks([pytest.mark.skipif(reason is not None, reason=str(reason)), pytest.mark.subject(backend)])
 
 
+def pretraining_outputs(model, inputs: dict) -> dict:
+    """A transformers ``BertForPreTraining``'s outputs on d2l's ``inputs`` (``valid_lens`` as the attention
+    mask it means), by transformers' own call: the encoding, the MLM logits at ``pred_positions``, the NSP
+    logits, as NumPy arrays."""
+    import numpy as np
+    import torch
+
+    tokens = torch.from_numpy(inputs["tokens"])
+    mask = torch.arange(tokens.shape[1])[None, :] < torch.from_numpy(inputs["valid_lens"])[:, None]
+    with torch.no_grad():
+        out = model(tokens, attention_mask=mask.long(), token_type_ids=torch.from_numpy(inputs["segments"]),
+                    output_hidden_states=True)  # fmt: skip
+    rows = np.arange(tokens.shape[0])[:, None]
+    return {
+        "encoded": out.hidden_states[-1].numpy(),
+        "mlm": out.prediction_logits.numpy()[rows, inputs["pred_positions"]],
+        "nsp": out.seq_relationship_logits.numpy(),
+    }
+
+
 def cuda_cost(item):
     """Under ``pytest -m cuda`` (on a GPU machine lent for minutes, the tests one after another) the
     cheapest first, so that a run stopped at its limit has done the most: what compiles nothing (PyTorch,

@@ -18,7 +18,7 @@ from bert_multi import WeightsError, convert, inspect_checkpoint, load_checkpoin
 from bert_multi.backend.registry import load_backend
 from bert_multi.engine.compare import compare_arrays, tolerance_for
 from bert_multi.files.formats.tensorflow import TRAINING_STATE
-from conftest import runs_here
+from conftest import pretraining_outputs, runs_here
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 PRETRAINED, CLASSIFIER = HERE / "pretrained", HERE / "classifier"
@@ -115,23 +115,11 @@ def test_googles_checkpoint_converts_to_a_huggingface_directory_keeping_its_conf
 
 @runs_here("transformers")
 def test_the_huggingface_directory_converted_from_it_computes_what_transformers_read_from_tensorflow(tmp_path):
-    import torch
     import transformers
 
     convert(PRETRAINED, tmp_path / "hf", framework="huggingface")
     model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", attn_implementation="eager")
-    model = model.double().eval()
-    tokens = torch.from_numpy(INPUTS["tokens"])
-    mask = torch.arange(tokens.shape[1])[None, :] < torch.from_numpy(INPUTS["valid_lens"])[:, None]
-    with torch.no_grad():
-        out = model(tokens, attention_mask=mask.long(), token_type_ids=torch.from_numpy(INPUTS["segments"]),
-                    output_hidden_states=True)  # fmt: skip
-    rows = np.arange(tokens.shape[0])[:, None]
-    computed = {
-        "encoded": out.hidden_states[-1].numpy(),
-        "mlm": out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]],
-        "nsp": out.seq_relationship_logits.numpy(),
-    }
+    computed = pretraining_outputs(model.double().eval(), INPUTS)
     tolerance = tolerance_for("float64", "cpu")
     for name, expected in EXPECTED.items():
         comparison = compare_arrays(name, computed[name], expected, tolerance)

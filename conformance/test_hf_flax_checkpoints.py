@@ -18,7 +18,7 @@ from bert_multi import WeightsError, convert, load_checkpoint
 from bert_multi.backend.registry import load_backend
 from bert_multi.engine.compare import compare_arrays, tolerance_for
 from bert_multi.files.formats.flax import pack_tree
-from conftest import runs_here
+from conftest import pretraining_outputs, runs_here
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 PRETRAINING, UNTIED = HERE / "flax-pretraining", HERE / "flax-untied-bfloat16"
@@ -83,23 +83,11 @@ def test_a_bfloat16_flax_bert_with_its_own_decoder_reads_exactly_when_a_cast_is_
 
 @runs_here("transformers")
 def test_converted_to_safetensors_it_loads_in_transformers_5_and_computes_the_same(tmp_path):
-    import torch
     import transformers
 
     convert(PRETRAINING, tmp_path / "hf", framework="huggingface")
     model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", attn_implementation="eager")
-    model = model.double().eval()
-    tokens = torch.from_numpy(INPUTS["tokens"])
-    mask = torch.arange(tokens.shape[1])[None, :] < torch.from_numpy(INPUTS["valid_lens"])[:, None]
-    with torch.no_grad():
-        out = model(tokens, attention_mask=mask.long(), token_type_ids=torch.from_numpy(INPUTS["segments"]),
-                    output_hidden_states=True)  # fmt: skip
-    rows = np.arange(tokens.shape[0])[:, None]
-    computed = {
-        "encoded": out.hidden_states[-1].numpy(),
-        "mlm": out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]],
-        "nsp": out.seq_relationship_logits.numpy(),
-    }
+    computed = pretraining_outputs(model.double().eval(), INPUTS)
     for name, theirs in expected("flax-pretraining").items():
         comparison = compare_arrays(name, computed[name], theirs, tolerance_for("float64", "cpu"))
         assert comparison.passed, comparison.describe()
