@@ -40,6 +40,8 @@ def describe_format(head: bytes) -> str:
         return "an MXNet NDArray file (Gluon .params)"
     if head.startswith(NPY_MAGIC):
         return "a single NumPy .npy array"
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "an HDF5 file (Keras's .h5 weights; transformers 4's tf_model.h5 is read in its directory)"
     if head.startswith(ZIP_MAGIC):
         return "a zip archive (a NumPy .npz or a PyTorch checkpoint)"
     if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:

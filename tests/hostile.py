@@ -42,6 +42,7 @@ from bert_multi.safe_files import MXNET_LIST_MAGIC
 HERE = Path(__file__).resolve()
 TF_CHECKPOINT = HERE.parent.parent / "conformance" / "original_bert" / "checkpoints" / "pretrained"
 HF_FLAX = TF_CHECKPOINT.parent / "flax-model"  # transformers' FlaxBertModel, saved by transformers 4.57
+HF_TF = TF_CHECKPOINT.parent / "tf-classifier"  # its TFBertForSequenceClassification, saved by Keras 2 (HDF5)
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -149,15 +150,19 @@ def _huggingface_config(path: str) -> object:
         return read_directory(directory)
 
 
-def _huggingface_flax(path: str) -> object:
-    """A HuggingFace directory whose flax_model.msgpack is (a link to) the file at ``path``, beside the config.json
-    of transformers' FlaxBertModel fixture, loaded as a checkpoint (cast to float32 where it is bfloat16)."""
-    from bert_multi import load_checkpoint
+def _huggingface_weights(fixture: Path, weights: str) -> Callable[[str], object]:
+    """A loader: a HuggingFace directory whose ``weights`` file is (a link to) the file at its path, beside the
+    config.json of transformers' ``fixture``, loaded as a checkpoint (cast to float32 where it is bfloat16)."""
 
-    with tempfile.TemporaryDirectory() as directory:
-        shutil.copyfile(HF_FLAX / "config.json", Path(directory) / "config.json")
-        (Path(directory) / "flax_model.msgpack").symlink_to(Path(path).absolute())
-        return load_checkpoint(directory, dtype="float32")
+    def load(path: str) -> object:
+        from bert_multi import load_checkpoint
+
+        with tempfile.TemporaryDirectory() as directory:
+            shutil.copyfile(fixture / "config.json", Path(directory) / "config.json")
+            (Path(directory) / weights).symlink_to(Path(path).absolute())
+            return load_checkpoint(directory, dtype="float32")
+
+    return load
 
 
 def _training_state(path: str) -> object:
@@ -216,7 +221,8 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "state": _training_state,
     "safetensors": _safetensors,
     "hfconfig": _huggingface_config,
-    "hfflax": _huggingface_flax,
+    "hfflax": _huggingface_weights(HF_FLAX, "flax_model.msgpack"),
+    "hfh5": _huggingface_weights(HF_TF, "tf_model.h5"),
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -230,8 +236,8 @@ LOADERS: dict[str, Callable[[str], object]] = {
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
-    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "tfindex", "weights", "params"),
-    "flax",
+    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
+    *("params", "flax"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -701,6 +707,41 @@ def hostile_hf_flax() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def hostile_hf_h5() -> dict[str, tuple[bytes, str]]:
+    """Keras's tf_model.h5, its structure changed where a byte pattern finds it (h5py is not needed)."""
+    valid = (HF_TF / "tf_model.h5").read_bytes()
+    word = struct.pack("<QQ", 13, 8)  # the word embeddings' dataspace: (13, 8), the only such shape
+    at = valid.index(word)
+    layout = valid.index(b"\x03\x01", at)  # the layout message after it: contiguous, then address and size
+    address, size = struct.unpack_from("<QQ", valid, layout + 2)
+    assert size == 13 * 8 * 4, "the patterns no longer find the word embeddings in the fixture"
+    root_count = 96 + 2  # the root group's object header (after the superblock): its message count
+    snod = valid.index(b"SNOD")  # a symbol table node: 8 bytes, then entries (name offset, object header)
+
+    def changed(at: int, new: bytes, data: bytes = valid) -> bytes:
+        return data[:at] + new + data[at + len(new) :]
+
+    return {
+        "cut short": (valid[: len(valid) // 2], "cut short"),
+        "superblock version 2": (changed(8, b"\x02"), "superblock version 2"),
+        "addresses of 4 bytes": (changed(13, b"\x04"), "addresses of 4 bytes"),
+        "a user block": (changed(24, struct.pack("<Q", 512)), "a user block"),
+        "the root at byte 0": (changed(56 + 8, struct.pack("<Q", 0)), "object header of version 137"),
+        "a header of 65535 messages": (changed(root_count, b"\xff\xff"), "65535 messages"),
+        "a member that is its own group": (changed(snod + 16, struct.pack("<Q", 96)), "already read"),
+        "a name past its heap": (changed(snod + 8, struct.pack("<Q", 2**40)), "outside its heap"),
+        "a shape of 2**40 x 8": (changed(at, struct.pack("<Q", 2**40)), "not its shape's"),
+        "a shape of 2**62 x 2**62": (changed(at, struct.pack("<QQ", 2**62, 2**62)), "too large for any array"),
+        "a chunked dataset": (changed(layout, b"\x03\x02"), "is stored chunked"),
+        "values past the end": (changed(layout + 2, struct.pack("<Q", 2**62)), "not within the file"),
+        "values inside another's": (changed(layout + 2, struct.pack("<Q", address + 4)), "overlap"),
+        "integers": (changed(valid.index(b"\x11\x20\x1f\x00", at), b"\x10"), "type class 0"),
+        "floats of 3 bytes": (changed(valid.index(b"\x11\x20\x1f\x00", at) + 4, b"\x03"), "floats of 3 bytes"),
+        "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with HDF5's signature"),
+        "empty file": (b"", "does not start with HDF5's signature"),
+    }
+
+
 def _varint(number: int) -> bytes:
     out = bytearray()
     while number >= 0x80:
@@ -980,6 +1021,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "safetensors": hostile_safetensors,
     "hfconfig": hostile_hfconfigs,
     "hfflax": hostile_hf_flax,
+    "hfh5": hostile_hf_h5,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
     "params": hostile_params,
@@ -1104,6 +1146,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         valid = (TF_CHECKPOINT / "bert_model.ckpt.index").read_bytes()
         classifier = (TF_CHECKPOINT.parent / "classifier" / "model.ckpt-2.index").read_bytes()
         return [valid, classifier], generic
+    if loader == "hfh5":
+        return [(HF_TF / "tf_model.h5").read_bytes()], generic
     if loader == "hfflax":
         untied = TF_CHECKPOINT.parent / "flax-untied-bfloat16" / "flax_model.msgpack"
         return [(HF_FLAX / "flax_model.msgpack").read_bytes(), untied.read_bytes()], generic

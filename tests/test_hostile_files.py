@@ -32,6 +32,7 @@ READERS = {
     "safetensors": None,
     "hfconfig": None,
     "hfflax": None,
+    "hfh5": None,
     "tfindex": None,
     "weights": None,
     "params": None,

@@ -1,14 +1,14 @@
 """HuggingFace BERT checkpoints, read and written without transformers.
 
 A HuggingFace BERT is a directory holding ``config.json`` and its weights, ``model.safetensors`` or (older)
-``pytorch_model.bin``, or, saved by transformers' Flax classes (gone since transformers 5),
-``flax_model.msgpack``. Its config says every size, the number of heads included, so nothing needs stating.
-Names map to the canonical ones by one table (``NAMES``); buffers such as ``position_ids`` and the
-decoder weight tied to the word embeddings are ignored by name (the tie is checked). safetensors is
-parsed by ``safetensors.py``, every size checked against the file before anything is read;
-``pytorch_model.bin`` goes to torch with ``weights_only=True``; ``flax_model.msgpack`` is parsed by
-``flax.py``, its leaves renamed as transformers' PyTorch classes name them. Google's TensorFlow checkpoints use the
-same names and config (``tensorflow.py``).
+``pytorch_model.bin``, or, saved by transformers' TensorFlow and Flax classes (gone since transformers 5),
+``tf_model.h5`` or ``flax_model.msgpack``. Its config says every size, the number of heads included, so
+nothing needs stating. Names map to the canonical ones by one table (``NAMES``); buffers such as
+``position_ids`` and the decoder weight tied to the word embeddings are ignored by name (the tie is
+checked). safetensors is parsed by ``safetensors.py``, every size checked against the file before anything
+is read; ``pytorch_model.bin`` goes to torch with ``weights_only=True``; ``tf_model.h5`` is parsed by
+``hdf5.py`` and ``flax_model.msgpack`` by ``flax.py``, their names turned into those transformers' PyTorch
+classes give. Google's TensorFlow checkpoints use the same names and config (``tensorflow.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +32,12 @@ from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated, weight_and_bias
 from .flax import read_tree
+from .hdf5 import read_hdf5
 from .safetensors import read_safetensors, write_safetensors
 
-CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE = (
-    "config.json",
-    "model.safetensors",
-    "pytorch_model.bin",
-    "flax_model.msgpack",
-)
-WEIGHT_FILES = (SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE)  # the first a directory holds is read, as transformers does
+CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
+TF_FILE, FLAX_FILE = "tf_model.h5", "flax_model.msgpack"
+WEIGHT_FILES = (SAFETENSORS_FILE, TORCH_FILE, TF_FILE, FLAX_FILE)  # the first a directory holds is read
 MAX_CONFIG_BYTES = 1 << 20
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
@@ -76,9 +74,10 @@ SIZE_FIELDS = {
     "max_len": "max_position_embeddings",
 }
 
-# A Flax leaf's name -> PyTorch's: a Dense's kernel is its weight (transposed), a LayerNorm's scale and an
-# embedding's table are their weights.
-FLAX_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
+# A Flax or Keras leaf's name -> PyTorch's: a Dense's kernel is its weight (transposed); a LayerNorm's scale
+# (Flax) and an embedding's table (Flax's embedding, Keras's embeddings) are their weights. Keras's LayerNorm
+# gamma and beta are read as TensorFlow-era names (canonical_name).
+LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "embeddings": "weight"}
 # Buffers, not weights.
 IGNORED = (r"(bert\.)?embeddings\.position_ids",)
 # transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
@@ -155,31 +154,52 @@ def read_directory(
         own, dtypes = read_safetensors(path / source)
     elif source == TORCH_FILE:
         own, dtypes, _ = load_backend("torch").read_checkpoint(path / source)
+    elif source == TF_FILE:
+        own, dtypes, file_names = torch_names(path / source, *read_hdf5(path / source), keras_name)
     else:
-        own, dtypes, file_names = from_flax_names(path / source)
-    notes = [f"read {source} and {CONFIG_FILE}" + (" (Flax's kernels transposed)" if source == FLAX_FILE else "")]
+        own, dtypes, file_names = torch_names(path / source, *read_tree(path / source), flax_name)
+    framework = {TF_FILE: "TensorFlow", FLAX_FILE: "Flax"}.get(source)
+    notes = [f"read {source} and {CONFIG_FILE}" + (f" ({framework}'s kernels transposed)" if framework else "")]
     config, arrays, kinds = from_transformers_names(
         path / source, path / CONFIG_FILE, own, dtypes, hf, notes, file_names
     )
     return config, arrays, kinds, notes, hf
 
 
-def from_flax_names(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, str]]:
-    """The arrays of a transformers Flax BERT's ``flax_model.msgpack`` under the names its PyTorch twin gives
-    them (``FLAX_LEAVES``), (in, out) kernels transposed to (out, in); their own dtypes; and the file's name
-    of each."""
-    tree, dtypes = read_tree(path)
+def flax_name(name: str) -> tuple[str, bool]:
+    """(the PyTorch name of a leaf of a transformers Flax BERT's tree, dotted, whether it is a kernel)."""
+    stem, dot, leaf = name.rpartition(".")
+    return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
+
+
+def keras_name(name: str) -> tuple[str, bool]:
+    """(the PyTorch name of a dataset of a transformers TensorFlow BERT's ``tf_model.h5``, whether it is a
+    kernel). Its path is Keras's layer group, then the weight's name: the model's scope, then transformers'
+    own scopes, where ``layer_._3`` is a list's item and ``mlm___cls`` is read as ``cls``."""
+    parts = [part.rpartition("___")[2] for part in re.sub(r":\d+$", "", name).split("/")[2:]]
+    stem, dot, leaf = ".".join(parts).replace("_._", ".").rpartition(".")
+    return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
+
+
+def torch_names(
+    path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str], torch_name: Callable[[str], tuple[str, bool]]
+) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, str]]:
+    """A Flax or Keras file's ``arrays`` under their PyTorch names (``torch_name``), (in, out) kernels
+    transposed to (out, in); their own dtypes; and the file's name of each. A tensor saved under two names
+    is read once (Keras saves a shared weight under each layer using it) if their numbers are the same.
+    ``arrays`` is emptied as it is read, so that each kernel is freed once transposed."""
     own: dict[str, np.ndarray] = {}
     kinds: dict[str, str] = {}
     file_names: dict[str, str] = {}
-    for name, array in tree.items():
-        stem, dot, leaf = name.rpartition(".")
-        torch_name = stem + dot + FLAX_LEAVES.get(leaf, leaf)
-        if torch_name in file_names:  # a kernel beside a weight: which is meant?
-            raise WeightsError(f"{path}: {file_names[torch_name]!r} and {name!r} are both {torch_name}")
-        file_names[torch_name] = name
-        own[torch_name] = contiguous_transpose(array) if leaf == "kernel" and array.ndim == 2 else array
-        kinds[torch_name] = dtypes[name]
+    for name in list(arrays):
+        array = arrays.pop(name)
+        renamed, kernel = torch_name(name)
+        array = contiguous_transpose(array) if kernel and array.ndim == 2 else array
+        if renamed in own:
+            if own[renamed].shape == array.shape and np.array_equal(own[renamed], array):
+                continue
+            raise WeightsError(f"{path}: {file_names[renamed]!r} and {name!r} are both {renamed}, with other numbers")
+        file_names[renamed], own[renamed], kinds[renamed] = name, array, dtypes[name]
     return own, kinds, file_names
 
 
@@ -390,7 +410,8 @@ def write_directory(
 class ModelDirectory(CheckpointFormat):
     kind = "hf-dir"
     description = (
-        "HuggingFace BERT directory (config.json + model.safetensors, pytorch_model.bin or flax_model.msgpack)"
+        "HuggingFace BERT directory (config.json + model.safetensors, pytorch_model.bin, tf_model.h5 or "
+        "flax_model.msgpack)"
     )
     directory = True
 

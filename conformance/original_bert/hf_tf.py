@@ -1,0 +1,115 @@
+"""BERTs saved by transformers' own TensorFlow classes (``save_pretrained`` writes ``config.json`` and
+``tf_model.h5``, Keras's HDF5 weights file), and what transformers computes from them: the fixtures of
+``conformance/test_transformers4_checkpoints.py``, which only reads them.
+
+    python conformance/original_bert/hf_tf.py      write checkpoints/tf-*/ and checkpoints/tf.npz
+
+transformers 5 dropped its TensorFlow classes, so directories saved by them load in no transformers of
+today. This needs a transformers of before 5.0 with TensorFlow and Keras 2, which none of the project's
+environments holds; a throw-away one does, with no network beyond the package index:
+
+    python3 -m venv /tmp/hftf && /tmp/hftf/bin/pip install tensorflow-cpu==2.21.0 tf-keras 'transformers<5' \
+        torch==2.13.0
+
+The model is ``tf_checkpoints.py``'s toy BERT, every weight drawn at random. Written:
+
+- ``tf-pretraining/``: a ``TFBertForPreTraining``, its MLM decoder tied to the word embeddings (Keras
+  saves the shared embeddings twice, under the encoder's layer and the MLM head's);
+- ``tf-classifier/``: a ``TFBertForSequenceClassification`` (3 labels) of one block, smaller;
+- ``tf.npz``: the inputs, and two sets of outputs of ``tf-pretraining/`` (encoding, MLM logits at the
+  predicted positions, NSP logits): ``keras/...``, the TensorFlow model's own in float32, and
+  ``torch/...``, in float64, the PyTorch model transformers builds from the directory with its
+  ``load_tf2_checkpoint_in_pytorch_model`` (what ``from_pretrained(from_tf=True)`` calls: its own name
+  mapping, not bert_multi's); and ``classifier/encoded``, that of ``tf-classifier/``'s encoder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # transformers' TensorFlow classes are Keras 2's
+
+OUT = Path(__file__).resolve().parent / "checkpoints"
+CONFIG = {
+    "vocab_size": 13, "hidden_size": 8, "intermediate_size": 12, "num_attention_heads": 2, "num_hidden_layers": 2,
+    "max_position_embeddings": 16,
+}  # fmt: skip
+INPUTS = {
+    "tokens": np.array([[2, 5, 7, 1, 12, 3, 9], [0, 4, 4, 11, 6, 8, 10], [3, 1, 2, 7, 5, 0, 6]]),
+    "segments": np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0], [0] * 7]),
+    "valid_lens": np.array([7, 5, 1]),  # a full row, a padded one, only <cls>
+    "pred_positions": np.array([[1, 2], [0, 4], [0, 0]]),
+}
+
+
+def built(model, rng: np.random.Generator):
+    """``model`` built on its dummy inputs, every weight drawn from N(0, 0.5)."""
+    model(model.dummy_inputs)
+    model.set_weights([rng.normal(0, 0.5, weight.shape).astype(np.float32) for weight in model.get_weights()])
+    return model
+
+
+def mask() -> np.ndarray:
+    tokens = INPUTS["tokens"]
+    return (np.arange(tokens.shape[1])[None, :] < INPUTS["valid_lens"][:, None]).astype(np.int32)
+
+
+def keras_outputs(model) -> dict[str, np.ndarray]:
+    """The TensorFlow ``TFBertForPreTraining``'s own outputs, float32, at ``INPUTS``."""
+    out = model(INPUTS["tokens"], attention_mask=mask(), token_type_ids=INPUTS["segments"], output_hidden_states=True)
+    rows = np.arange(INPUTS["tokens"].shape[0])[:, None]
+    return {
+        "encoded": out.hidden_states[-1].numpy(),
+        "mlm": out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]],
+        "nsp": out.seq_relationship_logits.numpy(),
+    }
+
+
+def torch_outputs(directory: Path, cls_name: str) -> dict[str, np.ndarray]:
+    """What transformers' PyTorch BERT computes in float64 from the TensorFlow directory, by its own loader."""
+    import torch
+    import transformers
+    from transformers.modeling_tf_pytorch_utils import load_tf2_checkpoint_in_pytorch_model
+
+    config = transformers.BertConfig.from_pretrained(directory, attn_implementation="eager")
+    model = getattr(transformers, cls_name)(config)
+    model = load_tf2_checkpoint_in_pytorch_model(model, str(directory / "tf_model.h5")).double().eval()
+    tokens = torch.from_numpy(INPUTS["tokens"])
+    with torch.no_grad():
+        out = model(tokens, attention_mask=torch.from_numpy(mask()).long(),
+                    token_type_ids=torch.from_numpy(INPUTS["segments"]), output_hidden_states=True)  # fmt: skip
+    found = {"encoded": out.hidden_states[-1].numpy()}
+    if hasattr(out, "prediction_logits"):
+        rows = np.arange(tokens.shape[0])[:, None]
+        found["mlm"] = out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]]
+        found["nsp"] = out.seq_relationship_logits.numpy()
+    return found
+
+
+def main() -> None:
+    import transformers
+
+    rng = np.random.default_rng(0)
+    pretraining = built(transformers.TFBertForPreTraining(transformers.BertConfig(**CONFIG)), rng)
+    one_block = transformers.BertConfig(**{**CONFIG, "num_hidden_layers": 1}, num_labels=3)
+    classifier = built(transformers.TFBertForSequenceClassification(one_block), rng)
+    arrays = {f"inputs/{name}": array for name, array in INPUTS.items()}
+    arrays.update({f"keras/{name}": array for name, array in keras_outputs(pretraining).items()})
+    for case, model in {"tf-pretraining": pretraining, "tf-classifier": classifier}.items():
+        shutil.rmtree(OUT / case, ignore_errors=True)
+        model.save_pretrained(OUT / case)
+        print(f"{case}: {(OUT / case / 'tf_model.h5').stat().st_size} bytes")
+    found = torch_outputs(OUT / "tf-pretraining", "BertForPreTraining")
+    arrays.update({f"torch/{name}": array for name, array in found.items()})
+    found = torch_outputs(OUT / "tf-classifier", "BertForSequenceClassification")
+    arrays["classifier/encoded"] = found["encoded"]
+    np.savez(OUT / "tf.npz", **arrays)
+    print(f"tf.npz: {(OUT / 'tf.npz').stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""BERTs saved by transformers 4's own TensorFlow and Flax classes (``conformance/original_bert/hf_tf.py``
+and ``hf_flax.py`` wrote them with transformers 4.57; this suite only reads them), and what transformers
+computed from them: the TensorFlow or Flax model's own outputs in float32, and in float64 those of the
+PyTorch model transformers' own TensorFlow-to-PyTorch or Flax-to-PyTorch loader builds from the same file.
+
+transformers 5 reads neither ``tf_model.h5`` nor ``flax_model.msgpack``; bert_multi reads both, without
+TensorFlow, h5py or JAX, and converts them to a directory transformers 5 loads.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import WeightsError, convert, load_checkpoint
+from bert_multi.backend.registry import load_backend
+from bert_multi.engine.compare import compare_arrays, tolerance_for
+from bert_multi.files.formats.flax import pack_tree
+from conftest import pretraining_outputs, runs_here
+
+HERE = Path(__file__).parent / "original_bert" / "checkpoints"
+PRETRAINING, UNTIED = HERE / "flax-pretraining", HERE / "flax-untied-bfloat16"
+TF_PRETRAINING = HERE / "tf-pretraining"
+SAVED = {}
+for generator in ("flax", "tf"):
+    with np.load(HERE / f"{generator}.npz", allow_pickle=False) as archive:
+        SAVED[generator] = {name: archive[name] for name in archive.files}
+
+
+def expected(generator: str, case: str) -> dict[str, np.ndarray]:
+    """The arrays ``generator`` (``hf_flax.py``, ``hf_tf.py``) saved under ``case``: ``inputs``, a
+    directory's outputs, the framework's own (``flax``, ``keras``) or transformers' PyTorch model's (``torch``)."""
+    saved = SAVED[generator]
+    return {name.removeprefix(f"{case}/"): array for name, array in saved.items() if name.startswith(f"{case}/")}
+
+
+INPUTS = expected("flax", "inputs")
+
+
+def assert_computes(config, weights, outputs: dict[str, np.ndarray], dtype: str) -> None:
+    """The oracle, in float64 on ``weights``, computes ``outputs`` within ``dtype``'s tolerance."""
+    weights = {name: array.astype(np.float64) for name, array in weights.items()}
+    out = load_backend("numpy").build(config, weights, dtype="float64")(**INPUTS)
+    assert outputs, "no outputs saved to compare with"
+    for name, theirs in outputs.items():
+        comparison = compare_arrays(name, getattr(out, name), theirs, tolerance_for(dtype, "cpu"))
+        assert comparison.passed, comparison.describe()
+
+
+def test_a_flax_bert_for_pretraining_computes_what_flax_and_its_pytorch_twin_compute():
+    checkpoint = load_checkpoint(PRETRAINING)
+    config = checkpoint.config
+    assert (config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_blks) == (13, 8, 12, 2)
+    assert config.num_heads == 2 and config.heads == ("pooler", "mlm", "nsp")
+    assert config.semantics.mlm_decoder == "tied"  # Flax saves no decoder where it is tied
+    assert checkpoint.info.notes == ["read flax_model.msgpack and config.json (Flax's kernels transposed)"]
+    assert set(expected("flax", "flax")) == set(expected("flax", "flax-pretraining")) == {"encoded", "mlm", "nsp"}
+    assert_computes(config, checkpoint.weights, expected("flax", "flax-pretraining"), "float64")
+    assert_computes(config, checkpoint.weights, expected("flax", "flax"), "float32")
+
+
+def test_a_flax_bert_model_has_no_bert_level_and_only_the_pooler():
+    checkpoint = load_checkpoint(HERE / "flax-model")
+    assert checkpoint.config.heads == ("pooler",)
+    assert_computes(checkpoint.config, checkpoint.weights, expected("flax", "flax-model"), "float64")
+    pretrained = load_checkpoint(PRETRAINING).weights
+    assert all(np.array_equal(array, pretrained[name]) for name, array in checkpoint.weights.items())
+
+
+def test_a_flax_classifier_is_read_as_its_bert_without_its_head():
+    checkpoint = load_checkpoint(HERE / "flax-classifier")
+    assert checkpoint.config.heads == ("pooler",)
+    assert checkpoint.info.notes[1].startswith(
+        "left out ['classifier.bias', 'classifier.weight'], the task head of 'BertForSequenceClassification'"
+    )
+    pretrained = load_checkpoint(PRETRAINING).weights
+    assert all(np.array_equal(array, pretrained[name]) for name, array in checkpoint.weights.items())
+
+
+def test_a_bfloat16_flax_bert_with_its_own_decoder_reads_exactly_when_a_cast_is_asked():
+    with pytest.raises(WeightsError, match="is bfloat16; bert_multi computes in float32 or float64, and casts"):
+        load_checkpoint(UNTIED)
+    checkpoint = load_checkpoint(UNTIED, dtype="float64")
+    assert checkpoint.config.semantics.mlm_decoder == "own" and "mlm.mlp.3.weight" in checkpoint.weights
+    # transformers widened the bfloat16 numbers to float32, exactly, as bert_multi does: float64 agrees.
+    assert_computes(checkpoint.config, checkpoint.weights, expected("flax", "flax-untied-bfloat16"), "float64")
+
+
+@runs_here("transformers")
+def test_converted_to_safetensors_it_loads_in_transformers_5_and_computes_the_same(tmp_path):
+    import transformers
+
+    convert(PRETRAINING, tmp_path / "hf", framework="huggingface")
+    model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", attn_implementation="eager")
+    computed = pretraining_outputs(model.double().eval(), INPUTS)
+    for name, theirs in expected("flax", "flax-pretraining").items():
+        comparison = compare_arrays(name, computed[name], theirs, tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert written["transformers_version"] == "4.57.6"  # the source's fields, kept
+
+
+def test_a_directory_with_safetensors_beside_flax_reads_safetensors_as_transformers_does(tmp_path):
+    convert(HERE / "flax-model", tmp_path / "converted", framework="huggingface")
+    directory = tmp_path / "both"
+    shutil.copytree(PRETRAINING, directory)
+    shutil.copyfile(tmp_path / "converted" / "model.safetensors", directory / "model.safetensors")
+    checkpoint = load_checkpoint(directory)
+    assert checkpoint.info.notes[0] == "read model.safetensors and config.json"
+    assert checkpoint.config.heads == ("pooler",)  # flax-model's, not flax_model.msgpack's three
+
+
+def test_the_file_alone_says_to_name_its_directory():
+    with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT.*name the directory holding"):
+        load_checkpoint(PRETRAINING / "flax_model.msgpack", num_heads=2)
+
+
+def test_a_flax_tree_naming_one_tensor_twice_with_other_numbers_is_refused(tmp_path):
+    shutil.copytree(HERE / "flax-model", tmp_path / "twice")
+    kernel = np.eye(8, dtype=np.float32)
+    tree = {"pooler": {"dense": {"kernel": kernel, "weight": 2 * kernel}}}
+    (tmp_path / "twice" / "flax_model.msgpack").write_bytes(pack_tree(tree))
+    with pytest.raises(WeightsError, match=r"'pooler.dense.kernel' and 'pooler.dense.weight' are both pooler.dense"):
+        load_checkpoint(tmp_path / "twice")
+
+
+# --- TensorFlow (Keras's HDF5 weights) ---------------------------------------------------------------------
+
+
+def test_the_inputs_of_both_generators_are_the_same():
+    assert INPUTS.keys() == expected("tf", "inputs").keys()
+    assert all(np.array_equal(array, expected("tf", "inputs")[name]) for name, array in INPUTS.items())
+
+
+def test_a_tf_bert_for_pretraining_computes_what_tensorflow_and_its_pytorch_twin_compute():
+    checkpoint = load_checkpoint(TF_PRETRAINING)
+    config = checkpoint.config
+    assert (config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_blks) == (13, 8, 12, 2)
+    assert config.num_heads == 2 and config.heads == ("pooler", "mlm", "nsp")
+    assert config.semantics.mlm_decoder == "tied"
+    assert checkpoint.info.notes == ["read tf_model.h5 and config.json (TensorFlow's kernels transposed)"]
+    assert set(expected("tf", "keras")) == set(expected("tf", "torch")) == {"encoded", "mlm", "nsp"}
+    assert_computes(config, checkpoint.weights, expected("tf", "torch"), "float64")
+    assert_computes(config, checkpoint.weights, expected("tf", "keras"), "float32")
+
+
+def test_keras_saves_the_shared_embeddings_twice_and_they_are_read_once():
+    from bert_multi.files.formats.hdf5 import read_hdf5
+
+    datasets, _ = read_hdf5(TF_PRETRAINING / "tf_model.h5")
+    word = [name for name in datasets if name.endswith("/bert/embeddings/word_embeddings/weight:0")]
+    assert sorted(name.split("/")[0] for name in word) == ["bert", "mlm___cls"]
+    assert np.array_equal(datasets[word[0]], datasets[word[1]])
+    assert np.array_equal(load_checkpoint(TF_PRETRAINING).weights["encoder.token_embedding.weight"], datasets[word[0]])
+
+
+def test_a_tf_classifier_is_read_as_its_bert_without_its_head():
+    checkpoint = load_checkpoint(HERE / "tf-classifier")
+    assert checkpoint.config.heads == ("pooler",) and checkpoint.config.num_blks == 1
+    assert checkpoint.info.notes[1].startswith(
+        "left out ['classifier.bias', 'classifier.weight'], the task head of 'BertForSequenceClassification'"
+    )
+    assert_computes(checkpoint.config, checkpoint.weights, expected("tf", "classifier"), "float64")
+
+
+@runs_here("transformers")
+def test_a_tf_directory_converted_to_safetensors_loads_in_transformers_5_and_computes_the_same(tmp_path):
+    import transformers
+
+    convert(TF_PRETRAINING, tmp_path / "hf", framework="huggingface")
+    model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", attn_implementation="eager")
+    computed = pretraining_outputs(model.double().eval(), INPUTS)
+    for name, theirs in expected("tf", "torch").items():
+        comparison = compare_arrays(name, computed[name], theirs, tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
+
+
+def test_the_h5_file_alone_says_it_is_read_in_its_directory():
+    with pytest.raises(WeightsError, match=r"an HDF5 file \(Keras's .h5 weights; transformers 4's tf_model.h5 is read"):
+        load_checkpoint(TF_PRETRAINING / "tf_model.h5", num_heads=2)
+
+
+def test_a_shared_weight_saved_twice_with_other_numbers_is_refused(tmp_path):
+    """Keras's two copies of the word embeddings, one of them changed in the file: which is meant?"""
+    from bert_multi.files.formats.hdf5 import read_hdf5
+
+    directory = tmp_path / "changed"
+    shutil.copytree(TF_PRETRAINING, directory)
+    data = bytearray((directory / "tf_model.h5").read_bytes())
+    table = read_hdf5(directory / "tf_model.h5")[0][
+        "mlm___cls/tf_bert_for_pre_training/bert/embeddings/word_embeddings/weight:0"
+    ]
+    at = bytes(data).find(table.astype("<f4").tobytes())
+    assert at > 0 and bytes(data).count(table.astype("<f4").tobytes()) == 2
+    data[at : at + 4] = np.float32(7.0).tobytes()
+    (directory / "tf_model.h5").write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match=r"are both bert.embeddings.word_embeddings.weight, with other numbers"):
+        load_checkpoint(directory)
