@@ -31,7 +31,8 @@ SIGNATURE = b"\x89HDF\r\n\x1a\n"
 MAX_OBJECTS = 100_000  # groups and datasets: a BERT-large's tf_model.h5 has under 2,000
 MAX_STRUCTURE = 16 << 20  # bytes of object headers, B-tree nodes and heaps, all told: a BERT-large's take 1 MB
 MAX_DEPTH = 32  # of groups; Keras nests about 10 deep
-MAX_MESSAGES = 4096  # in one object header
+MAX_MESSAGES = 4096  # in one object header, or entries in one B-tree or symbol table node
+MAX_NAME = 1024  # bytes of a group member's name: Keras's are under 100
 UNDEFINED = (1 << 64) - 1  # an address never written
 # Object header message types (HDF5 file format specification, IV.A.2).
 DATASPACE, LINK_INFO, DATATYPE, LINK, LAYOUT, EXTERNAL, FILTERS, CONTINUATION, SYMBOL_TABLE = (
@@ -158,7 +159,7 @@ class _File:
             )
         elif DATATYPE in kinds:
             self.datasets[name] = self.dataset(messages, name)
-        # Anything else (a committed datatype) holds no weights.
+        # Anything else holds no weights.
 
     def heap(self, at: int, group: str) -> bytes:
         """The data segment of a group's local heap, where its members' names are."""
@@ -195,9 +196,11 @@ class _File:
         found = []
         for i in range(count):
             offset, header = struct.unpack_from("<QQ", body, 40 * i)
-            end = names.find(b"\0", offset)
+            end = names.find(b"\0", offset, offset + MAX_NAME + 1)
             if offset >= len(names) or end < 0:
-                raise self.fail(f"a member of {group or '/'!r} has its name at {offset}, outside its heap")
+                raise self.fail(
+                    f"a member of {group or '/'!r} has its name at {offset}: outside its heap, or over {MAX_NAME} bytes"
+                )
             try:
                 member = names[offset:end].decode("utf-8")
             except UnicodeDecodeError:
