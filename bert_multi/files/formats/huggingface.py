@@ -33,6 +33,7 @@ from ...spec.semantics import PRESETS, Semantics
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated, weight_and_bias
 from .flax import read_tree
 from .hdf5 import read_hdf5
+from .hub_cache import is_cache_folder, snapshot
 from .safetensors import read_safetensors, write_safetensors
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -411,16 +412,26 @@ class ModelDirectory(CheckpointFormat):
     kind = "hf-dir"
     description = (
         "HuggingFace BERT directory (config.json + model.safetensors, pytorch_model.bin, tf_model.h5 or "
-        "flax_model.msgpack)"
+        "flax_model.msgpack; or the hub cache's folder of one, models--org--name)"
     )
     directory = True
 
     def recognizes(self, probe: Probe) -> bool:
-        return is_directory(probe.path) and is_model_directory(probe.path)
+        return is_directory(probe.path) and (is_model_directory(probe.path) or is_cache_folder(probe.path))
 
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
+        which = None
+        if not is_model_directory(path):  # the hub cache's folder: one of its snapshots is the directory
+            path, which = snapshot(path)
+            if not is_model_directory(path):
+                raise WeightsError(
+                    f"{path}: the cache folder's snapshot ({which}) holds no {CONFIG_FILE} beside its weights "
+                    f"({', '.join(WEIGHT_FILES)}): from_pretrained downloads them"
+                )
         config, arrays, dtypes, notes, settings = read_directory(path)
+        if which:
+            notes.insert(0, f"read the HuggingFace cache folder's snapshot {path.name[:12]} ({which})")
         return Raw(self.kind, None, arrays, dtypes, notes, config=config, settings=settings)
 
     def write(
