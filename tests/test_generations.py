@@ -2,6 +2,7 @@
 the sinusoidal table, the unbiased attention and the NSP head of d2l 0.11, and the presets' plumbing
 (names, config, weight files)."""
 
+import dataclasses
 import json
 import math
 import re
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from bert_multi import BERTConfig, WeightsError, load_backend, load_weights, param_shapes, random_weights, save_weights
 from bert_multi.backend.oracle import masked_softmax, multi_head_attention, repeat_over_heads
 from bert_multi.spec.inputs import ModelInputs
-from bert_multi.spec.semantics import PRESETS, Semantics, semantics_for, sinusoidal_positions
+from bert_multi.spec.semantics import PRESETS, Semantics, described, semantics_for, sinusoidal_positions
 
 
 def config_for(preset, **sizes):
@@ -178,6 +179,17 @@ def test_unknown_presets_and_versions_are_explained():
         semantics_for("d2l-one")
     with pytest.raises(ValueError, match="Semantics.positions is 'rotary'"):
         Semantics(positions="rotary")
+
+
+def test_switches_no_preset_has_are_described_by_the_nearest_preset_and_what_differs():
+    # A BERT with its own MLM decoder is no preset, but the original BERT in all else: not "the original BERT".
+    untied = dataclasses.replace(PRESETS["bert"], mlm_decoder="own")
+    assert described(untied) == "the original BERT (Devlin et al. 2018; HuggingFace's BertModel) with mlm_decoder='own'"
+    two = dataclasses.replace(PRESETS["d2l"], activation="gelu", layer_norm_eps=1e-12)
+    assert described(two) == "d2l 0.16 - 1.0 with activation='gelu', layer_norm_eps=1e-12"
+    assert described(PRESETS["d2l-0.12"], "torch") == "d2l 0.12 - 0.15's computation, ported: d2l published that " + (
+        "generation for MXNet only"
+    )
 
 
 @pytest.mark.parametrize("version", ["0.18", "0.99", "1.5", "1.0.4", "0.13.3", "0.14.4.1", "2.0"])

@@ -10,7 +10,7 @@ from ..engine.cases import CASES, get_case
 from ..engine.results import Target
 from ..errors import UsageError
 from ..spec.config import CONFIGS
-from ..spec.semantics import PRESETS, releases_of
+from ..spec.semantics import PRESETS, described
 from .common import (
     add_checkpoint_options,
     add_run_options,
@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace, targets: list[Target]) -> int:
     for preset in presets:
         config, weights = model_and_weights(args, args.config, preset, per_dtype=True)
         if len(presets) > 1:
-            print(f"\n== preset {config.semantics.name} ({releases_of(config.semantics.name)}) ==")
+            print(f"\n== preset {config.semantics.name} ({described(config.semantics)}) ==")
         cases = [case.input(config, args.seed) for case in chosen]
         reports[config.semantics.name] = run_and_report(args, targets, config, weights, cases)
     return write_reports(args, reports)

@@ -26,7 +26,7 @@ from ..backend.registry import label_of, registrations
 from ..errors import StatementsMissing, UsageError, WeightsError
 from ..spec.config import BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
-from ..spec.semantics import PRESETS, Semantics, releases_of, semantics_for
+from ..spec.semantics import PRESETS, Semantics, described, releases_of, semantics_for
 from .formats import (
     DESCRIPTIONS,
     DIRECTORY,
@@ -94,7 +94,12 @@ class CheckpointInfo:
         lines.append(f"{len(self.tensors)} tensors, {total:,} numbers")
         lines.append("sizes: " + ", ".join(f"{name}={value}" for name, value in self.sizes.items()))
         lines.append(f"heads: {', '.join(self.heads) or 'none (encoder only)'}")
-        fits = [f"{name} ({releases_of(name, self.framework)})" for name in self.presets]
+        fits = [
+            f"{name} ({described(self.config.semantics, self.framework)})"
+            if name == "custom" and self.config is not None
+            else f"{name} ({releases_of(name, self.framework)})"
+            for name in self.presets
+        ]
         lines.append(f"fits: {'; '.join(fits)}")
         if self.config is not None:
             lines.append(f"config (recorded in the file): {self.config}")

@@ -143,6 +143,21 @@ def releases_of(preset: str, framework: str | None = None) -> str:
     return f"d2l {span}'s computation, ported: d2l published that generation for MXNet only"
 
 
+def described(semantics: Semantics, framework: str | None = None) -> str:
+    """What switches compute, for people: a preset's releases (``releases_of``), or for switches no preset
+    has, the nearest preset's and what differs ("the original BERT (...) with mlm_decoder='own'")."""
+    if semantics.name != "custom":
+        return releases_of(semantics.name, framework)
+    switches = dataclasses.asdict(semantics)
+
+    def differing(name: str) -> dict[str, Any]:
+        return {key: value for key, value in switches.items() if getattr(PRESETS[name], key) != value}
+
+    nearest = min(PRESETS, key=lambda name: len(differing(name)))
+    changed = ", ".join(f"{key}={value!r}" for key, value in differing(nearest).items())
+    return f"{releases_of(nearest, framework)} with {changed}"
+
+
 def semantics_for(spec: str | Semantics) -> Semantics:
     """A preset by name ("d2l-0.11"), or the preset of a d2l release, however pip or a person writes it
     ("0.14.4", "d2l==1.0.3", "d2l-1.0", "d2l 0.17", "v1.0.3")."""
