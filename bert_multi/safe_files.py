@@ -45,7 +45,7 @@ def describe_format(head: bytes) -> str:
     if head.startswith(ZIP_MAGIC):
         return "a zip archive (a NumPy .npz or a PyTorch checkpoint)"
     if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
-        return "a Python pickle (PyTorch's legacy format before 1.6, or torch.save of an arbitrary object)"
+        return "a Python pickle"
     return "not a format bert_multi reads"
 
 

@@ -562,6 +562,44 @@ def zip_members_bytes() -> bytes:
     return make_zip([("archive/data.pkl", b"\x80\x02}q\x00.")])
 
 
+def _legacy_claiming(torch, elements: int | None = None, count: bool = False) -> bytes:
+    """A legacy torch.save file of one tensor, its storage's element count in the pickle (and, with
+    ``count``, before its bytes too) changed to ``elements``."""
+    import pickletools
+
+    data = torch_bytes({"w": torch.arange(6.0)}, _use_new_zipfile_serialization=False)
+    if elements is None:
+        return data
+    stream = io.BytesIO(data)
+    for _ in range(3):
+        list(pickletools.genops(stream))
+    ops = list(pickletools.genops(stream))
+    persid = next(i for i, (op, _, _) in enumerate(ops) if op.name == "BINPERSID")
+    start = max(i for i in range(persid) if ops[i][0].name.startswith("BININT"))  # the id's count: its last number
+    at, end = ops[start][2], ops[start + 1][2]
+    assert ops[start][1] == 6, "the fixture's storage is no longer where this looks"
+    data = data[:at] + b"\x8a\x08" + elements.to_bytes(8, "little") + data[end:]  # LONG1 of 8 bytes
+    if count:
+        data = data[:-32] + struct.pack("<q", elements) + data[-24:]  # the count, before its 6 float32s
+    return data
+
+
+def _legacy_pickles(torch, count: int) -> bytes:
+    """The first ``count`` pickles of an empty legacy torch.save file."""
+    import pickletools
+
+    data = torch_bytes({}, _use_new_zipfile_serialization=False)
+    stream = io.BytesIO(data)
+    for _ in range(count):
+        list(pickletools.genops(stream))
+    return data[: stream.tell()]
+
+
+def _legacy_calling(torch) -> bytes:
+    """A legacy torch.save file whose object is a pickle calling os.system (which must never run)."""
+    return _legacy_pickles(torch, 3) + b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00echo\x85R." + b"\x80\x02]q\x00."
+
+
 def hostile_torch() -> dict[str, tuple[bytes, str]]:
     import torch
 
@@ -575,7 +613,20 @@ def hostile_torch() -> dict[str, tuple[bytes, str]]:
         "quantized tensor": (torch_bytes({**valid, name: quantized(valid[name])}), "is quantized"),
         "sparse tensor": (torch_bytes({**valid, name: valid[name].to_sparse()}), "is torch.sparse_coo"),
         "meta tensor": (torch_bytes({**valid, name: torch.empty(4, device="meta")}), "meta"),
-        "legacy (pre-1.6) format": (torch_bytes(valid, _use_new_zipfile_serialization=False), "only the zip format"),
+        # The legacy format (before PyTorch 1.6): torch allocates each storage at the size its pickle claims.
+        "a legacy storage claiming 2**40 elements": (_legacy_claiming(torch, 2**40), "but its bytes say otherwise"),
+        "a legacy storage of 2**40 elements, its bytes saying so": (
+            _legacy_claiming(torch, 2**40, count=True),
+            "runs past the end of the file",
+        ),
+        "a legacy file cut short": (_legacy_claiming(torch)[:-10], "runs past the end of the file"),
+        "a legacy file with bytes after its storages": (_legacy_claiming(torch) + b"\0" * 8, "8 bytes follow"),
+        "a legacy file whose pickle calls os.system": (_legacy_calling(torch), "not a readable"),
+        # Found by fuzzing: keys of other types than text, which could not be sorted.
+        "a legacy list of storages of numbers": (
+            _legacy_pickles(torch, 4) + b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00ae.",
+            "its list of storages (2) is not the 0 its tensors name",
+        ),
         "a Gluon .params file": (params_bytes(gluon_weights()), "this is a Gluon parameter file"),
         "records that lie about their size": (patch_zip(torch_bytes(valid), size=GIB3), "declare"),
         "garbage pickle": (zip_members_bytes_with_pickle(torch_bytes(valid), b"\x80\x02garbage"), "not a readable"),
@@ -1177,7 +1228,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         state = torch_state()
         tied = {**state, "mlm.mlp.3.weight": state["encoder.token_embedding.weight"]}
         params = {name: torch.nn.Parameter(tensor) for name, tensor in torch_state("float64", 1).items()}
-        return [torch_bytes(state), torch_bytes(tied), torch_bytes(params)], [*generic, mutate_inside_zip]
+        legacy = torch_bytes(tied, _use_new_zipfile_serialization=False)
+        return [torch_bytes(state), torch_bytes(tied), torch_bytes(params), legacy], [*generic, mutate_inside_zip]
     return [inputs_bytes(), inputs_bytes(compressed=True)], [*generic, mutate_inside_zip, mutate_npy_header]
 
 

@@ -41,6 +41,9 @@ MODELS = [
     ),  # fmt: skip
     ("encoder-and-pooler", dict(hidden_size=10, num_attention_heads=2), "BertModel", "safetensors"),
     ("encoder-only", dict(hidden_size=6, num_attention_heads=2), "BertModel-no-pooler", "pytorch_model.bin"),
+    # torch.save's legacy format (PyTorch < 1.6, as many pytorch_model.bin of 2019 and 2020), its decoder
+    # sharing the word embeddings' storage.
+    ("pretraining-legacy-bin", dict(hidden_size=8, num_attention_heads=2), "BertForPreTraining", "legacy"),
 ]
 
 
@@ -64,9 +67,9 @@ def hf_model(spec, tmp_path):
             parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64) * 0.5)
     directory = tmp_path / name
     model.save_pretrained(directory)
-    if fmt == "pytorch_model.bin":  # the format transformers wrote before safetensors: a torch.save'd state_dict
+    if fmt in ("pytorch_model.bin", "legacy"):  # what transformers wrote before safetensors: torch.save's state_dict
         (directory / "model.safetensors").unlink()
-        torch.save(model.state_dict(), directory / "pytorch_model.bin")
+        torch.save(model.state_dict(), directory / "pytorch_model.bin", _use_new_zipfile_serialization=fmt != "legacy")
     return model, directory
 
 
@@ -102,6 +105,10 @@ def test_every_backend_computes_what_transformers_computes(spec, tmp_path):
     if "torch" not in AVAILABLE:
         pytest.skip("transformers needs torch")
     model, directory = hf_model(spec, tmp_path)
+    if spec[3] == "legacy":  # the format, not the zip one, is what this model tests
+        from bert_multi.files.formats.torch_legacy import is_legacy
+
+        assert is_legacy((directory / "pytorch_model.bin").read_bytes()[:8])
     checkpoint = bm.from_huggingface(directory)
     info = bm.inspect_checkpoint(directory)
     assert info.format == "hf-dir" and info.config == checkpoint.config

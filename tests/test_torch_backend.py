@@ -216,6 +216,24 @@ def test_a_tensor_that_requires_grad_is_an_input_error_not_a_torch_error():
     assert np.array_equal(out.encoded, model(**batch).encoded)
 
 
+def test_a_checkpoint_in_the_legacy_format_loads_as_the_zip_one_does(tmp_path):
+    """torch.save before PyTorch 1.6 (and with ``_use_new_zipfile_serialization=False``): pickles, then each
+    storage's bytes; tied weights share a storage, saved once, read under both names."""
+    weights = random_weights(CONFIG, seed=5)
+    state = {name: torch.from_numpy(array) for name, array in weights.items()}
+    state["tied.weight"] = state["encoder.token_embedding.weight"]
+    torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    torch.save(state, tmp_path / "zip.pt")
+    legacy, _, _ = bt.read_checkpoint(tmp_path / "legacy.pt")
+    current, _, _ = bt.read_checkpoint(tmp_path / "zip.pt")
+    assert legacy.keys() == current.keys() == state.keys()
+    assert all(legacy[name].tobytes() == current[name].tobytes() for name in state)
+    assert all(
+        loaded.tobytes() == weights[n].tobytes()
+        for n, loaded in bt.load_checkpoint(tmp_path / "legacy.pt", CONFIG).weights.items()
+    )
+
+
 def test_a_checkpoint_of_named_parameters_loads(tmp_path):
     """``torch.save(dict(model.named_parameters()))`` stores Parameters that require grad."""
     module = bt.build(CONFIG, random_weights(CONFIG, seed=3)).module

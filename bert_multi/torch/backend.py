@@ -37,6 +37,7 @@ from ..cache import cache_for, described
 from ..errors import CannotRunHere, WeightsError
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
+from ..files.formats.torch_legacy import check_legacy, is_legacy
 from ..safe_files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
 from ..spec.config import BERTConfig
 from ..spec.inputs import ModelInputs
@@ -243,15 +244,16 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
 
 
 def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
-    """Refuse what ``torch.load`` would trust too far: anything but the zip format of PyTorch >= 1.6
-    (the legacy format allocates whatever sizes its pickle claims), and zip members whose declared
-    sizes add up to more than the file holds (torch allocates each record's declared size)."""
+    """Refuse what ``torch.load`` would trust too far: sizes it allocates before reading, which are zip
+    members' declared sizes in the format of PyTorch >= 1.6 and the storages' in the legacy one
+    (``torch_legacy``), adding up to more than the file holds; and any other format."""
     head = file.read(8)
     file.seek(0)
+    if is_legacy(head):
+        return check_legacy(file, path)
     if not head.startswith(ZIP_MAGIC):
         raise WeightsError(
-            f"{path}: not a readable PyTorch state_dict checkpoint: it looks like {describe_format(head)}; "
-            "only the zip format torch.save has written since PyTorch 1.6 is read"
+            f"{path}: not a readable PyTorch state_dict checkpoint: it looks like {describe_format(head)}"
         )
     try:
         declared = sum(info.file_size for info in zipfile.ZipFile(file).infolist())

@@ -65,10 +65,10 @@ def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
     if head.startswith(ZIP_MAGIC):
         markers = [own.zip_marker for own in FORMATS if own.zip_marker]
         return f"a zip archive, but neither {', '.join(markers[:-1])} nor {markers[-1]}; it holds {some(list(members))}"
-    if head.startswith(b"\x80"):  # a pickle: torch.save before PyTorch 1.6, or of an arbitrary object
+    if head.startswith(b"\x80"):  # a pickle, but not torch.save's (whose legacy format the torch format reads)
         return (
-            f"{describe_format(head)}; only the zip format torch.save has written since PyTorch 1.6 is read "
-            "(its sizes can be checked before anything is unpickled): re-save it with a current PyTorch"
+            f"{describe_format(head)}, but not one torch.save wrote: bert_multi reads torch.save's formats, whose "
+            "sizes it checks before torch unpickles anything, and no other pickle"
         )
     return f"{describe_format(head)}; expected one of: " + "; ".join(DESCRIPTIONS.values())
 

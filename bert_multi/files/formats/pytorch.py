@@ -1,6 +1,7 @@
 """PyTorch's ``torch.save(net.state_dict())`` as a checkpoint format: a zip holding a pickle of the
-structure (``data.pkl``) and the raw tensors. Reading it needs torch, whose reader the torch backend
-runs with ``weights_only=True`` once the archive's sizes are checked; its names are the canonical ones."""
+structure (``data.pkl``) and the raw tensors, or (before PyTorch 1.6) the legacy format, pickles followed
+by the tensors' bytes (``torch_legacy.py``). Reading it needs torch, whose reader the torch backend runs
+with ``weights_only=True`` once the file's sizes are checked; its names are the canonical ones."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from ...backend.registry import load_backend
 from .base import FrameworkFile, Probe
+from .torch_legacy import is_legacy
 
 BACKEND = "torch"  # whose own file it is
 
@@ -22,7 +24,7 @@ class StateDict(FrameworkFile):
     zip_marker = "a PyTorch checkpoint (no data.pkl)"
 
     def recognizes(self, probe: Probe) -> bool:
-        return any(name.endswith("/data.pkl") or name == "data.pkl" for name in probe.members)
+        return is_legacy(probe.head) or any(name.endswith("/data.pkl") or name == "data.pkl" for name in probe.members)
 
     def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
         return load_backend(BACKEND).read_checkpoint(path, key)
