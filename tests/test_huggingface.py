@@ -44,7 +44,17 @@ MODELS = [
     # torch.save's legacy format (PyTorch < 1.6, as many pytorch_model.bin of 2019 and 2020), its decoder
     # sharing the word embeddings' storage.
     ("pretraining-legacy-bin", dict(hidden_size=8, num_attention_heads=2), "BertForPreTraining", "legacy"),
+    # The classes of one pretraining head (BertForMaskedLM: what masked-LM fine-tuning saves).
+    ("masked-lm", dict(hidden_size=8, num_attention_heads=4), "BertForMaskedLM", "safetensors"),
+    ("next-sentence", dict(hidden_size=6, num_attention_heads=3), "BertForNextSentencePrediction", "safetensors"),
 ]
+# The heads each class holds, as bert_multi names them.
+CLASS_HEADS = {
+    "BertForPreTraining": ("pooler", "mlm", "nsp"),
+    "BertForMaskedLM": ("mlm",),
+    "BertForNextSentencePrediction": ("pooler", "nsp"),
+    "BertModel": ("pooler",),
+}
 
 
 def hf_model(spec, tmp_path):
@@ -92,11 +102,14 @@ def hf_outputs(model, batch):
     result = {"encoded": encoder.last_hidden_state.numpy()}
     if encoder.pooler_output is not None:
         result["pooler"] = encoder.pooler_output.numpy()
-    if hasattr(out, "prediction_logits") and batch["pred_positions"] is not None:
+    # Each class names its heads' outputs its own way: both (BertForPreTraining), or one as ``logits``.
+    kind = type(model).__name__
+    vocabulary = out.prediction_logits if kind == "BertForPreTraining" else out.logits if "MaskedLM" in kind else None
+    if vocabulary is not None and batch["pred_positions"] is not None:
         rows = np.arange(len(batch["pred_positions"]))[:, None]
-        result["mlm"] = out.prediction_logits.numpy()[rows, batch["pred_positions"]]
-    if hasattr(out, "seq_relationship_logits"):
-        result["nsp"] = out.seq_relationship_logits.numpy()
+        result["mlm"] = vocabulary.numpy()[rows, batch["pred_positions"]]
+    if kind in ("BertForPreTraining", "BertForNextSentencePrediction"):
+        result["nsp"] = (out.seq_relationship_logits if kind == "BertForPreTraining" else out.logits).numpy()
     return result
 
 
@@ -112,8 +125,7 @@ def test_every_backend_computes_what_transformers_computes(spec, tmp_path):
     checkpoint = bm.from_huggingface(directory)
     info = bm.inspect_checkpoint(directory)
     assert info.format == "hf-dir" and info.config == checkpoint.config
-    expected_heads = {"BertForPreTraining": ("pooler", "mlm", "nsp"), "BertModel": ("pooler",)}.get(spec[2], ())
-    assert checkpoint.config.heads == expected_heads
+    assert checkpoint.config.heads == CLASS_HEADS.get(spec[2], ())
     assert checkpoint.config.semantics.mlm_decoder == ("own" if "untied" in spec[0] else "tied")
     built = {
         (backend, dtype): bm.load_backend(backend).build(checkpoint.config, checkpoint.weights, dtype=dtype)
@@ -380,7 +392,7 @@ def test_a_d2l_model_cannot_pass_for_a_huggingface_one(tmp_path):
     config = bm.BERTConfig(5, 2, 3, 1, 1, max_len=4)
     with pytest.raises(ValueError, match="cannot express"):
         bm.save_checkpoint(tmp_path / "hf", config, bm.random_weights(config), framework="huggingface")
-    other = dataclasses.replace(config, semantics="bert", heads=("mlm",))
+    other = dataclasses.replace(config, semantics="bert", heads=("pooler", "mlm"))
     with pytest.raises(ValueError, match="no BERT class with exactly the heads"):
         bm.save_checkpoint(tmp_path / "hf", other, bm.random_weights(other), framework="huggingface")
 

@@ -145,17 +145,18 @@ class TransformersBERT(BackendModel):
         return arguments, positions
 
     def _run(self, arguments: dict[str, Any], positions: torch.Tensor | None) -> tuple[Any, Any, Any]:
-        """The forward: the encoding, and BertForPreTraining's own heads (its cls) where it has them, the MLM
-        head on the predicted positions only, as d2l's MaskLM gathers before its MLP: the head is
-        position-wise, so the values are those of its forward, without vocabulary logits for every token."""
+        """The forward: the encoding, and the class's own heads (its cls) where it has them, the MLM head on
+        the predicted positions only, as d2l's MaskLM gathers before its MLP: the head is position-wise, so
+        the values are those of its forward, without vocabulary logits for every token."""
         mlm = nsp = None
+        heads: Any = getattr(self.module, "cls", None)  # BertForMaskedLM's holds predictions only, ForNSP's the other
         with torch.no_grad(), tf32_enabled(self.tf32), autocast(self.torch_device, self.mixed_precision):
             out = self.bert(**arguments)
-            if self.module is not self.bert:
-                nsp = self.module.cls.seq_relationship(out.pooler_output)
-                if positions is not None:
-                    rows = torch.arange(len(positions), device=self.torch_device)[:, None]
-                    mlm = self.module.cls.predictions(out.last_hidden_state[rows, positions])
+            if hasattr(heads, "seq_relationship"):
+                nsp = heads.seq_relationship(out.pooler_output)
+            if hasattr(heads, "predictions") and positions is not None:
+                rows = torch.arange(len(positions), device=self.torch_device)[:, None]
+                mlm = heads.predictions(out.last_hidden_state[rows, positions])
         return out.last_hidden_state, mlm, nsp
 
     def on_device(self, inputs: ModelInputs) -> Callable[[], object]:
@@ -202,10 +203,11 @@ def build(
     torch_device = to_framework_device(target)
     hf_config = transformers.BertConfig(**{k: v for k, v in hf.items() if k not in ("architectures", "dtype")})
     hf_config._attn_implementation = attention
-    if hf["architectures"] == ["BertForPreTraining"]:
-        module: transformers.PreTrainedModel = transformers.BertForPreTraining(hf_config)
-    else:
-        module = transformers.BertModel(hf_config, add_pooling_layer="pooler" in config.heads)
+    module: transformers.PreTrainedModel = (
+        transformers.BertModel(hf_config, add_pooling_layer="pooler" in config.heads)
+        if hf["architectures"] == ["BertModel"]
+        else getattr(transformers, hf["architectures"][0])(hf_config)
+    )
     module = module.to(TORCH_DTYPES[dtype]).eval()  # type: ignore[arg-type]  # transformers mistypes .to
     with warnings.catch_warnings():
         # load_state_dict copies each tensor into the module's own, so a read-only array is never written.

@@ -65,6 +65,15 @@ NAMES: list[tuple[str, str]] = [
 ]
 
 
+# The transformers class holding exactly each set of heads: all but BertModel hold a BertModel as ``bert``.
+CLASSES = {
+    HEADS: "BertForPreTraining",
+    ("mlm",): "BertForMaskedLM",
+    ("pooler", "nsp"): "BertForNextSentencePrediction",
+    ("pooler",): "BertModel",
+    (): "BertModel",
+}
+
 # bert_multi's size -> config.json's: each a whole number in a sane range, never converted from anything else.
 SIZE_FIELDS = {
     "vocab_size": "vocab_size",
@@ -288,8 +297,8 @@ def _dropout(hf: dict[str, Any]) -> float:
 def hf_names(config: BERTConfig, inside: bool | None = None) -> dict[str, str]:
     """Canonical name -> transformers' name, in the schema's order: ``bert.`` prefixed where the BertModel is
     ``inside`` a class with heads (``BertForPreTraining`` ... hold it as ``bert``; by default, where the
-    model has all three heads), and without the heads' (``cls.``) names where it is not (a ``BertModel``)."""
-    inside = config.heads == HEADS if inside is None else inside
+    model's heads are more than a BertModel's), and without the heads' (``cls.``) names where it is not."""
+    inside = CLASSES.get(config.heads, "") != "BertModel" if inside is None else inside
     names = {}
     for name in param_shapes(config):
         hf_name = translated(name, NAMES, reverse=True)
@@ -304,7 +313,7 @@ def hf_names(config: BERTConfig, inside: bool | None = None) -> dict[str, str]:
 def expressible(config: BERTConfig) -> str | None:
     """Why a HuggingFace BERT cannot express ``config``, or None if it can."""
     reason = inexpressible_semantics(config)
-    if reason is None and config.heads not in (HEADS, ("pooler",), ()):
+    if reason is None and config.heads not in CLASSES:
         return f"transformers has no BERT class with exactly the heads {list(config.heads)}"
     return reason
 
@@ -322,13 +331,12 @@ def inexpressible_semantics(config: BERTConfig) -> str | None:
 
 
 def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(config.json's fields, arrays under transformers' names) of a model transformers can compute:
-    ``BertForPreTraining`` with both heads, ``BertModel`` with the pooler or none; else a ``ValueError``."""
+    """(config.json's fields, arrays under transformers' names) of a model transformers can compute, as the
+    class holding its heads (``CLASSES``); else a ``UsageError``."""
     reason = expressible(config)
     if reason is not None:
         raise UsageError(reason)
     semantics = config.semantics
-    full = config.heads == HEADS
     inverse = hf_names(config)
     arrays = {
         inverse[name]: (array[0] if name == "encoder.pos_embedding" else array) for name, array in weights.items()
@@ -336,7 +344,7 @@ def to_huggingface(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[
     if BIAS in arrays:  # under both names, as transformers keeps it when the decoder is untied
         arrays[DECODER_BIAS] = arrays[BIAS]
     hf = {
-        "architectures": ["BertForPreTraining" if full else "BertModel"],
+        "architectures": [CLASSES[config.heads]],
         "model_type": "bert",
         "vocab_size": config.vocab_size,
         "hidden_size": config.num_hiddens,
