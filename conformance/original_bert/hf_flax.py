@@ -1,6 +1,6 @@
 """BERTs saved by transformers' own Flax classes (``save_pretrained`` writes ``config.json`` and
 ``flax_model.msgpack``), and what transformers computes from them: the fixtures of
-``conformance/test_transformers4_checkpoints.py``, which only reads them.
+``conformance/test_old_huggingface_checkpoints.py``, which only reads them.
 
     python conformance/original_bert/hf_flax.py      write checkpoints/flax-*/ and checkpoints/flax.npz
 

@@ -1,6 +1,6 @@
 """BERTs saved by transformers' own TensorFlow classes (``save_pretrained`` writes ``config.json`` and
 ``tf_model.h5``, Keras's HDF5 weights file), and what transformers computes from them: the fixtures of
-``conformance/test_transformers4_checkpoints.py``, which only reads them.
+``conformance/test_old_huggingface_checkpoints.py``, which only reads them.
 
     python conformance/original_bert/hf_tf.py      write checkpoints/tf-*/ and checkpoints/tf.npz
 

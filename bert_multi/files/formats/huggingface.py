@@ -37,6 +37,8 @@ from .hub_cache import is_cache_folder, snapshot
 from .safetensors import read_safetensors, write_safetensors
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
+# pytorch-pretrained-bert (transformers' name until mid-2019) named the config as Google did.
+OLD_CONFIG_FILE = "bert_config.json"
 TF_FILE, FLAX_FILE = "tf_model.h5", "flax_model.msgpack"
 WEIGHT_FILES = (SAFETENSORS_FILE, TORCH_FILE, TF_FILE, FLAX_FILE)  # the first a directory holds is read
 MAX_CONFIG_BYTES = 1 << 20
@@ -101,7 +103,10 @@ ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "ge
 def is_model_directory(path: Path) -> bool:
     """Whether ``path`` is a HuggingFace model directory (a config and weights in a format read here; a
     weights file that is a dangling link or no regular file is refused by name when read)."""
-    return (path / CONFIG_FILE).is_file() and any(os.path.lexists(path / name) for name in WEIGHT_FILES)
+    configs = (CONFIG_FILE, OLD_CONFIG_FILE)
+    return any((path / name).is_file() for name in configs) and any(
+        os.path.lexists(path / name) for name in WEIGHT_FILES
+    )
 
 
 # --- Directories ------------------------------------------------------------------------------------------
@@ -154,7 +159,8 @@ def read_directory(
     but ``COMPUTED``) is written again unchanged, in its place (``write_directory``); its hidden dropout is
     the config's."""
     path = Path(path)
-    hf = read_config(path / CONFIG_FILE)
+    config_file = path / (CONFIG_FILE if (path / CONFIG_FILE).is_file() else OLD_CONFIG_FILE)
+    hf = read_config(config_file)
     present = [name for name in WEIGHT_FILES if os.path.lexists(path / name)]  # a FIFO too: refused when read
     if not present:
         raise WeightsError(f"{path}: no weights: expected {', '.join(WEIGHT_FILES[:-1])} or {WEIGHT_FILES[-1]}")
@@ -169,10 +175,8 @@ def read_directory(
     else:
         own, dtypes, file_names = torch_names(path / source, *read_tree(path / source), flax_name)
     framework = {TF_FILE: "TensorFlow", FLAX_FILE: "Flax"}.get(source)
-    notes = [f"read {source} and {CONFIG_FILE}" + (f" ({framework}'s kernels transposed)" if framework else "")]
-    config, arrays, kinds = from_transformers_names(
-        path / source, path / CONFIG_FILE, own, dtypes, hf, notes, file_names
-    )
+    notes = [f"read {source} and {config_file.name}" + (f" ({framework}'s kernels transposed)" if framework else "")]
+    config, arrays, kinds = from_transformers_names(path / source, config_file, own, dtypes, hf, notes, file_names)
     return config, arrays, kinds, notes, hf
 
 

@@ -1,10 +1,13 @@
-"""BERTs saved by transformers 4's own TensorFlow and Flax classes (``conformance/original_bert/hf_tf.py``
-and ``hf_flax.py`` wrote them with transformers 4.57; this suite only reads them), and what transformers
-computed from them: the TensorFlow or Flax model's own outputs in float32, and in float64 those of the
-PyTorch model transformers' own TensorFlow-to-PyTorch or Flax-to-PyTorch loader builds from the same file.
+"""BERTs saved by HuggingFace's earlier software, in directories transformers 5 no longer reads: transformers
+4's TensorFlow and Flax classes (``conformance/original_bert/hf_tf.py`` and ``hf_flax.py`` wrote them with
+transformers 4.57), and pytorch-pretrained-bert, transformers' first name (``pytorch_pretrained_bert.py``
+wrote it with its release 0.3.0); this suite only reads them. Each is held to what that software computed
+from it: the TensorFlow or Flax model's own outputs in float32, and in float64 those of the PyTorch model
+transformers' own TensorFlow-to-PyTorch or Flax-to-PyTorch loader builds from the same file, or
+pytorch-pretrained-bert's own.
 
-transformers 5 reads neither ``tf_model.h5`` nor ``flax_model.msgpack``; bert_multi reads both, without
-TensorFlow, h5py or JAX, and converts them to a directory transformers 5 loads.
+bert_multi reads them all, without TensorFlow, h5py or JAX, and converts them to a directory transformers
+5 loads.
 """
 
 import json
@@ -24,7 +27,7 @@ HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 PRETRAINING, UNTIED = HERE / "flax-pretraining", HERE / "flax-untied-bfloat16"
 TF_PRETRAINING = HERE / "tf-pretraining"
 SAVED = {}
-for generator in ("flax", "tf"):
+for generator in ("flax", "tf", "pytorch-pretrained-bert"):
     with np.load(HERE / f"{generator}.npz", allow_pickle=False) as archive:
         SAVED[generator] = {name: archive[name] for name in archive.files}
 
@@ -198,3 +201,27 @@ def test_a_shared_weight_saved_twice_with_other_numbers_is_refused(tmp_path):
     (directory / "tf_model.h5").write_bytes(bytes(data))
     with pytest.raises(WeightsError, match=r"are both bert.embeddings.word_embeddings.weight, with other numbers"):
         load_checkpoint(directory)
+
+
+# --- pytorch-pretrained-bert (2018): bert_config.json, torch.save's legacy format, gamma and beta -----------------
+
+
+def test_a_pytorch_pretrained_bert_directory_computes_what_that_package_computed():
+    checkpoint = load_checkpoint(HERE / "pytorch-pretrained-bert")
+    assert checkpoint.info.notes == ["read pytorch_model.bin and bert_config.json"]
+    config = checkpoint.config
+    assert config.heads == ("pooler", "mlm", "nsp") and config.semantics.mlm_decoder == "tied"
+    assert expected("pytorch-pretrained-bert", "inputs").keys() == INPUTS.keys()
+    assert_computes(config, checkpoint.weights, expected("pytorch-pretrained-bert", "outputs"), "float64")
+
+
+def test_its_layer_norms_are_named_gamma_and_beta_in_a_legacy_torch_file():
+    """What makes the directory this release's: read past, not guessed at."""
+    import torch
+
+    from bert_multi.files.formats.torch_legacy import is_legacy
+
+    path = HERE / "pytorch-pretrained-bert" / "pytorch_model.bin"
+    assert is_legacy(path.read_bytes()[:8])
+    names = torch.load(path, weights_only=True).keys()
+    assert "bert.embeddings.LayerNorm.gamma" in names and not any(name.endswith("LayerNorm.weight") for name in names)
