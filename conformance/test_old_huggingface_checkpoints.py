@@ -203,6 +203,32 @@ def test_a_shared_weight_saved_twice_with_other_numbers_is_refused(tmp_path):
         load_checkpoint(directory)
 
 
+# --- model.safetensors written by the TensorFlow and Flax classes: their own names and kernels --------------
+
+
+@pytest.mark.parametrize("framework, twin", [("tf", TF_PRETRAINING), ("flax", PRETRAINING)], ids=["tf", "flax"])
+def test_a_safetensors_file_of_tensorflow_or_flax_names_reads_as_the_same_model(framework, twin):
+    """``save_pretrained(safe_serialization=True)`` of the same model as ``twin``: its metadata says whose names
+    (TensorFlow's without Keras's layer group and model scope; Flax's dotted tree) and (in, out) kernels."""
+    from bert_multi.files.formats.safetensors import read_metadata
+
+    directory = HERE / f"{framework}-safetensors"
+    assert read_metadata(directory / "model.safetensors") == {"format": framework}
+    checkpoint = load_checkpoint(directory)
+    whose = {"tf": "TensorFlow", "flax": "Flax"}[framework]
+    assert checkpoint.info.notes == [f"read model.safetensors and config.json ({whose}'s kernels transposed)"]
+    assert checkpoint.config == load_checkpoint(twin).config
+    same = load_checkpoint(twin).weights
+    assert checkpoint.weights.keys() == same.keys()
+    assert all(np.array_equal(array, same[name]) for name, array in checkpoint.weights.items())
+    assert_computes(
+        checkpoint.config,
+        checkpoint.weights,
+        expected(framework, "torch" if framework == "tf" else "flax-pretraining"),
+        "float64",
+    )
+
+
 # --- pytorch-pretrained-bert (2018): bert_config.json, torch.save's legacy format, gamma and beta -----------------
 
 

@@ -207,6 +207,34 @@ def test_safetensors_round_trip_and_hostile_headers(tmp_path):
         assert case
 
 
+def _with_metadata(tmp_path, metadata):
+    """A small HuggingFace directory whose model.safetensors' __metadata__ is ``metadata``, and its weights."""
+    config = dataclasses.replace(bm.BERTConfig(11, 8, 12, 2, 1, max_len=9), semantics="bert")
+    weights = bm.random_weights(config)
+    bm.save_checkpoint(tmp_path / "hf", config, weights, framework="huggingface")
+    path = tmp_path / "hf" / "model.safetensors"
+    data = path.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = {**json.loads(data[8 : 8 + size]), "__metadata__": metadata}
+    path.write_bytes(_header_text(data, json.dumps(header)))
+    return tmp_path / "hf", weights
+
+
+@pytest.mark.parametrize("metadata", [{"format": 7}, []], ids=["a number", "a list"])
+def test_safetensors_metadata_that_is_not_text_is_refused(tmp_path, metadata):
+    directory, _ = _with_metadata(tmp_path, metadata)
+    with pytest.raises(WeightsError, match=r"its __metadata__ is .*; expected an object of text"):
+        bm.load_checkpoint(directory)
+
+
+@pytest.mark.parametrize("label", ["tf", "flax", "mlx"])
+def test_the_names_not_the_metadatas_label_decide_how_a_safetensors_file_reads(tmp_path, label):
+    # PyTorch's names hold no kernel, scale or Keras scope: read as themselves whatever the label says.
+    directory, weights = _with_metadata(tmp_path, {"format": label})
+    loaded = bm.load_checkpoint(directory).weights
+    assert all(np.array_equal(loaded[name], array) for name, array in weights.items())
+
+
 def _header_text(data, text):
     """``data`` with its header replaced by ``text`` as written (JSON objects may repeat a name)."""
     (size,) = struct.unpack("<Q", data[:8])

@@ -18,6 +18,8 @@ a scale read as a bias shows). Written:
 - ``flax-classifier/``: a ``FlaxBertForSequenceClassification`` (3 labels) of the same encoder;
 - ``flax-untied-bfloat16/``: a ``FlaxBertForPreTraining`` with its own decoder
   (``tie_word_embeddings=False``), its parameters cast to bfloat16 by ``to_bf16`` before saving;
+- ``flax-safetensors/``: ``flax-pretraining/``'s model saved with ``safe_serialization=True``: a
+  ``model.safetensors`` of the Flax tree's dotted names and (in, out) kernels, its metadata's format ``flax``;
 - ``flax.npz``: the inputs, and two sets of outputs (encoding, MLM logits at the predicted positions, NSP
   logits): ``flax/...``, the Flax model's own in float32, and ``{case}/...``, the PyTorch model
   transformers builds from each directory with its ``load_flax_checkpoint_in_pytorch_model`` (what
@@ -104,17 +106,20 @@ def main() -> None:
         "flax-model": (transformers.FlaxBertModel(config), encoder),
         "flax-classifier": (classifier, classifier.params),
         "flax-untied-bfloat16": (untied, untied.params),
+        "flax-safetensors": (pretraining, pretraining.params),
     }
     arrays = {f"inputs/{name}": array for name, array in INPUTS.items()}
     arrays.update({f"flax/{name}": array for name, array in flax_outputs(pretraining).items()})
     for case, (model, params) in models.items():
         shutil.rmtree(OUT / case, ignore_errors=True)
-        model.save_pretrained(OUT / case, params=params)
-        if case != "flax-classifier":  # its encoder is flax-pretraining's
+        model.save_pretrained(OUT / case, params=params, safe_serialization=case == "flax-safetensors")
+        if case not in ("flax-classifier", "flax-safetensors"):  # their encoder and model are flax-pretraining's
             found = torch_outputs(OUT / case, heads=case != "flax-model")
             arrays.update({f"{case}/{name}": array for name, array in found.items()})
         written = json.loads((OUT / case / "config.json").read_text())
-        print(f"{case}: {written['architectures']}, {(OUT / case / 'flax_model.msgpack').stat().st_size} bytes")
+        print(
+            f"{case}: {written['architectures']}, {sorted((p.name, p.stat().st_size) for p in (OUT / case).iterdir())}"
+        )
     np.savez(OUT / "flax.npz", **arrays)
     print(f"flax.npz: {(OUT / 'flax.npz').stat().st_size} bytes")
 

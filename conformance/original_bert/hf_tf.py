@@ -16,6 +16,8 @@ The model is ``tf_checkpoints.py``'s toy BERT, every weight drawn at random. Wri
 - ``tf-pretraining/``: a ``TFBertForPreTraining``, its MLM decoder tied to the word embeddings (Keras
   saves the shared embeddings twice, under the encoder's layer and the MLM head's);
 - ``tf-classifier/``: a ``TFBertForSequenceClassification`` (3 labels) of one block, smaller;
+- ``tf-safetensors/``: ``tf-pretraining/``'s model saved with ``safe_serialization=True``: a
+  ``model.safetensors`` of TensorFlow's names and (in, out) kernels, its metadata's format ``tf``;
 - ``tf.npz``: the inputs, and two sets of outputs of ``tf-pretraining/`` (encoding, MLM logits at the
   predicted positions, NSP logits): ``keras/...``, the TensorFlow model's own in float32, and
   ``torch/...``, in float64, the PyTorch model transformers builds from the directory with its
@@ -99,10 +101,14 @@ def main() -> None:
     classifier = built(transformers.TFBertForSequenceClassification(one_block), rng)
     arrays = {f"inputs/{name}": array for name, array in INPUTS.items()}
     arrays.update({f"keras/{name}": array for name, array in keras_outputs(pretraining).items()})
-    for case, model in {"tf-pretraining": pretraining, "tf-classifier": classifier}.items():
+    for case, model in {
+        "tf-pretraining": pretraining,
+        "tf-classifier": classifier,
+        "tf-safetensors": pretraining,
+    }.items():
         shutil.rmtree(OUT / case, ignore_errors=True)
-        model.save_pretrained(OUT / case)
-        print(f"{case}: {(OUT / case / 'tf_model.h5').stat().st_size} bytes")
+        model.save_pretrained(OUT / case, safe_serialization=case == "tf-safetensors")
+        print(f"{case}: {sorted((path.name, path.stat().st_size) for path in (OUT / case).iterdir())}")
     found = torch_outputs(OUT / "tf-pretraining", "BertForPreTraining")
     arrays.update({f"torch/{name}": array for name, array in found.items()})
     found = torch_outputs(OUT / "tf-classifier", "BertForSequenceClassification")

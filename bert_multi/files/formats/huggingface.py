@@ -18,6 +18,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated
 from .flax import read_tree
 from .hdf5 import read_hdf5
 from .hub_cache import is_cache_folder, snapshot
-from .safetensors import read_safetensors, write_safetensors
+from .safetensors import read_metadata, read_safetensors, write_safetensors
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 # pytorch-pretrained-bert (transformers' name until mid-2019) named the config as Google did.
@@ -166,15 +167,18 @@ def read_directory(
         raise WeightsError(f"{path}: no weights: expected {', '.join(WEIGHT_FILES[:-1])} or {WEIGHT_FILES[-1]}")
     source = present[0]
     file_names: dict[str, str] = {}  # where the file names a tensor otherwise than transformers' PyTorch classes
-    if source == SAFETENSORS_FILE:
+    if source == SAFETENSORS_FILE:  # transformers 4's TensorFlow and Flax classes wrote their own names in it
         own, dtypes = read_safetensors(path / source)
+        names = read_metadata(path / source).get("format", "pt")
     elif source == TORCH_FILE:
         own, dtypes, _ = load_backend("torch").read_checkpoint(path / source)
-    elif source == TF_FILE:
-        own, dtypes, file_names = torch_names(path / source, *read_hdf5(path / source), keras_name)
+        names = "pt"
     else:
-        own, dtypes, file_names = torch_names(path / source, *read_tree(path / source), flax_name)
-    framework = {TF_FILE: "TensorFlow", FLAX_FILE: "Flax"}.get(source)
+        own, dtypes = read_hdf5(path / source) if source == TF_FILE else read_tree(path / source)
+        names = "keras" if source == TF_FILE else "flax"
+    if names in TO_TORCH_NAMES:
+        own, dtypes, file_names = torch_names(path / source, own, dtypes, TO_TORCH_NAMES[names])
+    framework = {"tf": "TensorFlow", "keras": "TensorFlow", "flax": "Flax"}.get(names)
     notes = [f"read {source} and {config_file.name}" + (f" ({framework}'s kernels transposed)" if framework else "")]
     config, arrays, kinds = from_transformers_names(path / source, config_file, own, dtypes, hf, notes, file_names)
     return config, arrays, kinds, notes, hf
@@ -186,13 +190,22 @@ def flax_name(name: str) -> tuple[str, bool]:
     return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
 
 
-def keras_name(name: str) -> tuple[str, bool]:
-    """(the PyTorch name of a dataset of a transformers TensorFlow BERT's ``tf_model.h5``, whether it is a
-    kernel). Its path is Keras's layer group, then the weight's name: the model's scope, then transformers'
-    own scopes, where ``layer_._3`` is a list's item and ``mlm___cls`` is read as ``cls``."""
-    parts = [part.rpartition("___")[2] for part in re.sub(r":\d+$", "", name).split("/")[2:]]
+def keras_name(name: str, scopes: int) -> tuple[str, bool]:
+    """(the PyTorch name of a weight of a transformers TensorFlow BERT, whether it is a kernel), read past its
+    first ``scopes``: in ``tf_model.h5``, Keras's layer group and the model's scope; in ``model.safetensors``,
+    none. Then transformers' own scopes, where ``layer_._3`` is a list's item and ``mlm___cls`` is ``cls``."""
+    parts = [part.rpartition("___")[2] for part in re.sub(r":\d+$", "", name).split("/")[scopes:]]
     stem, dot, leaf = ".".join(parts).replace("_._", ".").rpartition(".")
     return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
+
+
+# Each framework's names of a transformers BERT read as its PyTorch classes': in model.safetensors (its metadata's
+# format: tf, flax), tf_model.h5 (keras) and flax_model.msgpack (flax).
+TO_TORCH_NAMES: dict[str, Callable[[str], tuple[str, bool]]] = {
+    "tf": partial(keras_name, scopes=0),
+    "keras": partial(keras_name, scopes=2),
+    "flax": flax_name,
+}
 
 
 def torch_names(

@@ -8,7 +8,7 @@ import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -32,13 +32,7 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
 
     with open_regular(path, "safetensors file", WeightsError) as file:
         size = file_size(file)
-        head = file.read(8)
-        if len(head) < 8:
-            raise fail(f"{size} bytes, shorter than the 8-byte header length")
-        (header_size,) = struct.unpack("<Q", head)
-        if header_size > min(MAX_HEADER_BYTES, size - 8):
-            raise fail(f"its header claims {header_size} bytes, the file has {size - 8} after the length")
-        header = _header(file.read(header_size), fail)
+        header_size, header = _read_header(file, size, fail)
         header.pop("__metadata__", None)
         if len(header) > MAX_TENSORS:
             raise fail(f"its header lists {len(header)} tensors; a BERT has hundreds")
@@ -60,6 +54,32 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
             arrays[name] = array.astype(array.dtype.newbyteorder("="))
             dtypes[name] = "bfloat16" if kind == "BF16" else dtype.name
     return arrays, dtypes
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """A safetensors file's ``__metadata__`` (its header checked as ``read_safetensors`` checks it): text to
+    text, where transformers writes the framework whose names the tensors have (``format``: pt, tf, flax)."""
+
+    def fail(message: str) -> WeightsError:
+        return WeightsError(f"{path}: not a readable safetensors file: {message}")
+
+    with open_regular(path, "safetensors file", WeightsError) as file:
+        _, header = _read_header(file, file_size(file), fail)
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(value, str) for value in metadata.values()):
+        raise fail(f"its __metadata__ is {metadata!r:.80}; expected an object of text")
+    return metadata
+
+
+def _read_header(file: BinaryIO, size: int, fail: Callable[[str], WeightsError]) -> tuple[int, dict[str, Any]]:
+    """(its length, the header) of the safetensors file open in ``file``, of ``size`` bytes."""
+    head = file.read(8)
+    if len(head) < 8:
+        raise fail(f"{size} bytes, shorter than the 8-byte header length")
+    (header_size,) = struct.unpack("<Q", head)
+    if header_size > min(MAX_HEADER_BYTES, size - 8):
+        raise fail(f"its header claims {header_size} bytes, the file has {size - 8} after the length")
+    return header_size, _header(file.read(header_size), fail)
 
 
 def _header(data: bytes, fail: Callable[[str], WeightsError]) -> dict[str, Any]:
