@@ -160,7 +160,7 @@ def read_directory(
     but ``COMPUTED``) is written again unchanged, in its place (``write_directory``); its hidden dropout is
     the config's."""
     path = Path(path)
-    config_file = path / (CONFIG_FILE if (path / CONFIG_FILE).is_file() else OLD_CONFIG_FILE)
+    config_file = path / (CONFIG_FILE if os.path.lexists(path / CONFIG_FILE) else OLD_CONFIG_FILE)
     hf = read_config(config_file)
     present = [name for name in WEIGHT_FILES if os.path.lexists(path / name)]  # a FIFO too: refused when read
     if not present:
