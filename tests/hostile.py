@@ -768,6 +768,7 @@ def hostile_hf_h5() -> dict[str, tuple[bytes, str]]:
     assert size == 13 * 8 * 4, "the patterns no longer find the word embeddings in the fixture"
     root_count = 96 + 2  # the root group's object header (after the superblock): its message count
     snod = valid.index(b"SNOD")  # a symbol table node: 8 bytes, then entries (name offset, object header)
+    heap_name = valid.index(b"\0gamma:0\0beta:0\0") + 1  # a LayerNorm group's names, in its local heap
 
     def changed(at: int, new: bytes, data: bytes = valid) -> bytes:
         return data[:at] + new + data[at + len(new) :]
@@ -790,6 +791,7 @@ def hostile_hf_h5() -> dict[str, tuple[bytes, str]]:
         "floats of 3 bytes": (changed(valid.index(b"\x11\x20\x1f\x00", at) + 4, b"\x03"), "floats of 3 bytes"),
         "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with HDF5's signature"),
         "empty file": (b"", "does not start with HDF5's signature"),
+        "two members named alike": (changed(heap_name, b"beta:0\0"), "appears twice"),
     }
 
 

@@ -158,6 +158,8 @@ class _File:
                 f"{name or '/'!r} is a group of HDF5's newer kind (libver='latest'); h5py's default is read"
             )
         elif DATATYPE in kinds:
+            if name in self.datasets:  # a group naming two members alike: which is meant?
+                raise self.fail(f"dataset {name!r} appears twice")
             self.datasets[name] = self.dataset(messages, name)
         # Anything else holds no weights.
 
