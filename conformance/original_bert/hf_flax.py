@@ -33,18 +33,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from toy_bert import CONFIG, INPUTS, attention_mask, pytorch_outputs
 
 OUT = Path(__file__).resolve().parent / "checkpoints"
-CONFIG = {
-    "vocab_size": 13, "hidden_size": 8, "intermediate_size": 12, "num_attention_heads": 2, "num_hidden_layers": 2,
-    "max_position_embeddings": 16,
-}  # fmt: skip
-INPUTS = {
-    "tokens": np.array([[2, 5, 7, 1, 12, 3, 9], [0, 4, 4, 11, 6, 8, 10], [3, 1, 2, 7, 5, 0, 6]]),
-    "segments": np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0], [0] * 7]),
-    "valid_lens": np.array([7, 5, 1]),  # a full row, a padded one, only <cls>
-    "pred_positions": np.array([[1, 2], [0, 4], [0, 0]]),
-}
 
 
 def randomized(params: dict, rng: np.random.Generator) -> dict:
@@ -57,8 +48,7 @@ def randomized(params: dict, rng: np.random.Generator) -> dict:
 def flax_outputs(model) -> dict[str, np.ndarray]:
     """The Flax ``FlaxBertForPreTraining``'s own outputs, float32, at ``INPUTS``."""
     tokens = INPUTS["tokens"]
-    mask = (np.arange(tokens.shape[1])[None, :] < INPUTS["valid_lens"][:, None]).astype(np.int32)
-    out = model(tokens, attention_mask=mask, token_type_ids=INPUTS["segments"], output_hidden_states=True)
+    out = model(tokens, attention_mask=attention_mask(), token_type_ids=INPUTS["segments"], output_hidden_states=True)
     rows = np.arange(tokens.shape[0])[:, None]
     return {
         "encoded": np.asarray(out.hidden_states[-1]),
@@ -69,24 +59,12 @@ def flax_outputs(model) -> dict[str, np.ndarray]:
 
 def torch_outputs(directory: Path, heads: bool) -> dict[str, np.ndarray]:
     """What transformers' PyTorch BERT computes in float64 from the Flax directory, by its own conversion."""
-    import torch
     import transformers
     from transformers.modeling_flax_pytorch_utils import load_flax_checkpoint_in_pytorch_model
 
     cls = transformers.BertForPreTraining if heads else transformers.BertModel
     model = cls(transformers.BertConfig.from_pretrained(directory, attn_implementation="eager"))
-    model = load_flax_checkpoint_in_pytorch_model(model, str(directory / "flax_model.msgpack")).double().eval()
-    tokens = torch.from_numpy(INPUTS["tokens"])
-    mask = torch.arange(tokens.shape[1])[None, :] < torch.from_numpy(INPUTS["valid_lens"])[:, None]
-    with torch.no_grad():
-        out = model(tokens, attention_mask=mask.long(), token_type_ids=torch.from_numpy(INPUTS["segments"]),
-                    output_hidden_states=True)  # fmt: skip
-    found = {"encoded": out.hidden_states[-1].numpy()}
-    if heads:
-        rows = np.arange(tokens.shape[0])[:, None]
-        found["mlm"] = out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]]
-        found["nsp"] = out.seq_relationship_logits.numpy()
-    return found
+    return pytorch_outputs(load_flax_checkpoint_in_pytorch_model(model, str(directory / "flax_model.msgpack")))
 
 
 def main() -> None:

@@ -32,20 +32,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from toy_bert import CONFIG, INPUTS, attention_mask, pytorch_outputs
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # transformers' TensorFlow classes are Keras 2's
 
 OUT = Path(__file__).resolve().parent / "checkpoints"
-CONFIG = {
-    "vocab_size": 13, "hidden_size": 8, "intermediate_size": 12, "num_attention_heads": 2, "num_hidden_layers": 2,
-    "max_position_embeddings": 16,
-}  # fmt: skip
-INPUTS = {
-    "tokens": np.array([[2, 5, 7, 1, 12, 3, 9], [0, 4, 4, 11, 6, 8, 10], [3, 1, 2, 7, 5, 0, 6]]),
-    "segments": np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0], [0] * 7]),
-    "valid_lens": np.array([7, 5, 1]),  # a full row, a padded one, only <cls>
-    "pred_positions": np.array([[1, 2], [0, 4], [0, 0]]),
-}
 
 
 def built(model, rng: np.random.Generator):
@@ -55,14 +46,10 @@ def built(model, rng: np.random.Generator):
     return model
 
 
-def mask() -> np.ndarray:
-    tokens = INPUTS["tokens"]
-    return (np.arange(tokens.shape[1])[None, :] < INPUTS["valid_lens"][:, None]).astype(np.int32)
-
-
 def keras_outputs(model) -> dict[str, np.ndarray]:
     """The TensorFlow ``TFBertForPreTraining``'s own outputs, float32, at ``INPUTS``."""
-    out = model(INPUTS["tokens"], attention_mask=mask(), token_type_ids=INPUTS["segments"], output_hidden_states=True)
+    out = model(INPUTS["tokens"], attention_mask=attention_mask(), token_type_ids=INPUTS["segments"],
+                output_hidden_states=True)  # fmt: skip
     rows = np.arange(INPUTS["tokens"].shape[0])[:, None]
     return {
         "encoded": out.hidden_states[-1].numpy(),
@@ -73,23 +60,12 @@ def keras_outputs(model) -> dict[str, np.ndarray]:
 
 def torch_outputs(directory: Path, cls_name: str) -> dict[str, np.ndarray]:
     """What transformers' PyTorch BERT computes in float64 from the TensorFlow directory, by its own loader."""
-    import torch
     import transformers
     from transformers.modeling_tf_pytorch_utils import load_tf2_checkpoint_in_pytorch_model
 
     config = transformers.BertConfig.from_pretrained(directory, attn_implementation="eager")
     model = getattr(transformers, cls_name)(config)
-    model = load_tf2_checkpoint_in_pytorch_model(model, str(directory / "tf_model.h5")).double().eval()
-    tokens = torch.from_numpy(INPUTS["tokens"])
-    with torch.no_grad():
-        out = model(tokens, attention_mask=torch.from_numpy(mask()).long(),
-                    token_type_ids=torch.from_numpy(INPUTS["segments"]), output_hidden_states=True)  # fmt: skip
-    found = {"encoded": out.hidden_states[-1].numpy()}
-    if hasattr(out, "prediction_logits"):
-        rows = np.arange(tokens.shape[0])[:, None]
-        found["mlm"] = out.prediction_logits.numpy()[rows, INPUTS["pred_positions"]]
-        found["nsp"] = out.seq_relationship_logits.numpy()
-    return found
+    return pytorch_outputs(load_tf2_checkpoint_in_pytorch_model(model, str(directory / "tf_model.h5")))
 
 
 def main() -> None:

@@ -26,17 +26,10 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from toy_bert import CONFIG, INPUTS, attention_mask
 
 OUT = Path(__file__).resolve().parent / "checkpoints"
 RELEASE = "pytorch-pretrained-bert==0.3.0"
-SIZES = {"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 12,
-         "max_position_embeddings": 16}  # fmt: skip
-INPUTS = {
-    "tokens": np.array([[2, 5, 7, 1, 12, 3, 9], [0, 4, 4, 11, 6, 8, 10], [3, 1, 2, 7, 5, 0, 6]]),
-    "segments": np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0], [0] * 7]),
-    "valid_lens": np.array([7, 5, 1]),  # a full row, a padded one, only <cls>
-    "pred_positions": np.array([[1, 2], [0, 4], [0, 0]]),
-}
 
 
 def import_release(directory: Path) -> types.ModuleType:
@@ -58,7 +51,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         package = import_release(Path(scratch))
-        config = package.BertConfig(vocab_size_or_config_json_file=13, **SIZES)
+        sizes = {name: value for name, value in CONFIG.items() if name != "vocab_size"}
+        config = package.BertConfig(vocab_size_or_config_json_file=CONFIG["vocab_size"], **sizes)
         model = package.BertForPreTraining(config)
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -67,10 +61,11 @@ def main() -> None:
         directory = OUT / "pytorch-pretrained-bert"
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "bert_config.json").write_text(config.to_json_string())
+        # The legacy format keys each storage by its address in memory: the bytes differ from run to run.
         torch.save(model.state_dict(), directory / "pytorch_model.bin", _use_new_zipfile_serialization=False)
         model = model.double().eval()
         tokens = torch.from_numpy(INPUTS["tokens"])
-        mask = (torch.arange(tokens.shape[1])[None, :] < torch.from_numpy(INPUTS["valid_lens"])[:, None]).long()
+        mask = torch.from_numpy(attention_mask())
         segments = torch.from_numpy(INPUTS["segments"])
         with torch.no_grad():
             encoded, _ = model.bert(tokens, segments, mask, output_all_encoded_layers=False)
