@@ -49,7 +49,8 @@ def test_a_gluonnlp_classifier_is_read_as_its_bert_without_its_head():
     checkpoint = load_checkpoint(HERE / "gluonnlp-classifier.params", num_heads=2, preset="bert")
     assert checkpoint.config.heads == ("pooler",)
     assert checkpoint.info.notes[1] == (
-        "left out ['classifier.1.bias', 'classifier.1.weight'], the head of GluonNLP's BERTClassifier: not part of BERT"
+        "left out ['classifier.1.bias', 'classifier.1.weight'], the head of GluonNLP's BERTClassifier: not part of "
+        "BERT (bert_multi computes the encoder and the pretraining heads), so neither compared nor converted"
     )
     weights = {name: array.astype(np.float64) for name, array in checkpoint.weights.items()}
     out = load_backend("numpy").build(checkpoint.config, weights, dtype="float64")(

@@ -109,6 +109,14 @@ def some(names: list[Any] | set[str]) -> str:
     return f"{names[:SHOWN]}{more}"
 
 
+def task_head_left_out(names: list[str], what: str) -> str:
+    """The note for a fine-tuning head read past (``what``: whose head it is), the same from every format."""
+    return (
+        f"left out {sorted(names)}, {what}: not part of BERT (bert_multi computes the encoder and the pretraining "
+        "heads), so neither compared nor converted"
+    )
+
+
 def translated(name: str, table: list[tuple[str, str]], reverse: bool = False) -> str | None:
     """``name`` rewritten by the first row of ``table`` (one naming's pattern, the other's) that matches it,
     read right to left where ``reverse``; or None. A pattern's ``{i}`` is a block's index and ``{p}``

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import MXNET_LIST_MAGIC, check_shape, describe_format, file_size, open_regular
-from .base import FrameworkFile, Probe, Raw, control_character, no_key, translated, weight_and_bias
+from .base import FrameworkFile, Probe, Raw, control_character, no_key, task_head_left_out, translated, weight_and_bias
 
 # (regex, replacement) rules, applied in turn, from canonical names to Gluon's structural names (what
 # save_parameters writes, what d2l's Gluon code loads). Gluon's LayerNorm calls its parameters
@@ -238,7 +238,7 @@ def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, s
         "output past valid_length, which the original BERT does not)"
     ]
     if head:
-        notes.append(f"left out {head}, the head of GluonNLP's BERTClassifier: not part of BERT")
+        notes.append(task_head_left_out(head, "the head of GluonNLP's BERTClassifier"))
     return Raw(FORMAT.kind, None, read, kinds, notes)
 
 

@@ -31,7 +31,16 @@ from ...safe_files import open_regular, reason, replace_text, size_field
 from ...spec.config import HEADS, BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS, Semantics
-from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, translated, weight_and_bias
+from .base import (
+    CheckpointFormat,
+    Probe,
+    Raw,
+    is_directory,
+    no_key,
+    task_head_left_out,
+    translated,
+    weight_and_bias,
+)
 from .flax import read_tree
 from .hdf5 import read_hdf5
 from .hub_cache import is_cache_folder, snapshot
@@ -297,10 +306,7 @@ def left_out(hf: dict[str, Any], names: list[str]) -> str:
     architectures = hf.get("architectures")
     named = architectures[0] if isinstance(architectures, list) and architectures else None
     whose = f" of {named[:80]!r}" if isinstance(named, str) else ""
-    return (
-        f"left out {sorted(names)}, the task head{whose}: not part of BERT (bert_multi computes the encoder and "
-        "the pretraining heads), so neither compared nor converted"
-    )
+    return task_head_left_out(names, f"the task head{whose}")
 
 
 def _dropout(hf: dict[str, Any]) -> float:

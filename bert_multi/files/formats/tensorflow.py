@@ -27,7 +27,17 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import check_shape, file_size, open_regular
-from .base import MAX_TENSORS, CheckpointFormat, Probe, Raw, control_character, is_directory, no_key, some
+from .base import (
+    MAX_TENSORS,
+    CheckpointFormat,
+    Probe,
+    Raw,
+    control_character,
+    is_directory,
+    no_key,
+    some,
+    task_head_left_out,
+)
 from .huggingface import canonical_name, from_transformers_names, read_config
 
 CONFIG_FILE, INDEX_SUFFIX, LATEST_FILE = "bert_config.json", ".index", "checkpoint"
@@ -112,10 +122,7 @@ def read_checkpoint(path: Path) -> Raw:
     if state:
         notes.append(f"left out {len(state)} tensors of training state (Adam's moments, global_step): {some(state)}")
     if task:
-        notes.append(
-            f"left out {sorted(task)}, a head fine-tuned for a task: not part of BERT, so neither compared nor "
-            "converted"
-        )
+        notes.append(task_head_left_out(task, "a head fine-tuned for a task"))
     config, canonical, canonical_dtypes = from_transformers_names(index, path / CONFIG_FILE, own, kinds, hf, notes)
     return Raw(FORMAT.kind, None, canonical, canonical_dtypes, notes, config=config, settings=hf)
 
