@@ -165,6 +165,18 @@ def _huggingface_weights(fixture: Path, weights: str) -> Callable[[str], object]
     return load
 
 
+def _shard_index(path: str) -> object:
+    """A HuggingFace directory saved in two shards whose index is (a link to) the file at ``path``."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        for name, data in sharded_files().items():
+            if name != SHARD_INDEX:
+                (Path(directory) / name).write_bytes(data)
+        (Path(directory) / SHARD_INDEX).symlink_to(Path(path).absolute())
+        return load_checkpoint(directory)
+
+
 def _training_state(path: str) -> object:
     """A checkpoint directory whose state.npz is (a link to) the file at ``path``."""
     from bert_multi.training import load_training_state
@@ -223,6 +235,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfconfig": _huggingface_config,
     "hfflax": _huggingface_weights(HF_FLAX, "flax_model.msgpack"),
     "hfh5": _huggingface_weights(HF_TF, "tf_model.h5"),
+    "hfindex": _shard_index,
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -237,7 +250,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("params", "flax"),
+    *("hfindex", "params", "flax"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -700,6 +713,45 @@ def huggingface_files() -> dict[str, bytes]:
     return _HF_FILES
 
 
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def sharded_files() -> dict[str, bytes]:
+    """``huggingface_files()``' model in two safetensors shards, their index, and its config.json."""
+    from bert_multi.files.formats.safetensors import read_safetensors, write_safetensors
+
+    if SHARD_INDEX not in _HF_FILES:
+        with tempfile.TemporaryDirectory() as directory:
+            (Path(directory) / "whole.safetensors").write_bytes(huggingface_files()["model.safetensors"])
+            arrays, _ = read_safetensors(Path(directory) / "whole.safetensors")
+            halves = {name: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, name in enumerate(arrays)}
+            for shard in sorted(set(halves.values())):
+                part = {name: array for name, array in arrays.items() if halves[name] == shard}
+                write_safetensors(Path(directory) / shard, part, {"format": "pt"})
+                _HF_FILES[shard] = (Path(directory) / shard).read_bytes()
+        _HF_FILES[SHARD_INDEX] = json.dumps({"metadata": {}, "weight_map": halves}).encode()
+    shards = {name: data for name, data in _HF_FILES.items() if name.startswith("model-") or name == SHARD_INDEX}
+    return {"config.json": huggingface_files()["config.json"], **shards}
+
+
+def hostile_shard_indexes() -> dict[str, tuple[bytes, str]]:
+    index = json.loads(sharded_files()[SHARD_INDEX])
+    weight_map = index["weight_map"]
+
+    def changed(**entries: str) -> bytes:
+        return json.dumps({**index, "weight_map": {**weight_map, **entries}}).encode()
+
+    return {
+        "a shard outside the directory": (changed(w="../model.safetensors"), "not a file name of its directory"),
+        "a hidden shard": (changed(w=".model.safetensors"), "not a file name of its directory"),
+        "a shard of no file": (changed(w="model-00003-of-00002.safetensors"), "no such safetensors file"),
+        "a tensor no shard holds": (changed(w="model-00001-of-00002.safetensors"), "which no shard holds"),
+        "a map of numbers": (json.dumps({"weight_map": {"w": 7}}).encode(), "maps names to files"),
+        "deeply nested": (b"[" * 200_000, "not a JSON object"),
+        "over 1 MB": (b" " * (1 << 20) + b"{}", "at most 1048576 bytes"),
+    }
+
+
 def _safetensors_with(*entries: tuple[str, dict]) -> bytes:
     """The valid file's data under a header of ``entries`` as written (a name may repeat)."""
     data = huggingface_files()["model.safetensors"]
@@ -1075,6 +1127,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfconfig": hostile_hfconfigs,
     "hfflax": hostile_hf_flax,
     "hfh5": hostile_hf_h5,
+    "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
     "params": hostile_params,
@@ -1199,6 +1252,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         valid = (TF_CHECKPOINT / "bert_model.ckpt.index").read_bytes()
         classifier = (TF_CHECKPOINT.parent / "classifier" / "model.ckpt-2.index").read_bytes()
         return [valid, classifier], generic
+    if loader == "hfindex":
+        return [sharded_files()[SHARD_INDEX]], generic
     if loader == "hfh5":
         return [(HF_TF / "tf_model.h5").read_bytes()], generic
     if loader == "hfflax":

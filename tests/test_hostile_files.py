@@ -33,6 +33,7 @@ READERS = {
     "hfconfig": None,
     "hfflax": None,
     "hfh5": None,
+    "hfindex": None,
     "tfindex": None,
     "weights": None,
     "params": None,

@@ -567,3 +567,67 @@ def test_transformers_states_the_tf32_it_was_built_with():
     for tf32 in (False, True):
         info = backend.build(config, weights, tf32=tf32, gradients=False).runtime_info()
         assert (info["tf32"], info["matmul precision"]) == (tf32, "float32")
+
+
+# --- Checkpoints saved in shards -----------------------------------------------------------------------------
+
+
+def _sharded(tmp_path, max_shard_size="4KB"):
+    """A BertForPreTraining transformers itself saves in shards, and the same model saved whole."""
+    transformers = transformers_or_skip()
+    config = transformers.BertConfig(vocab_size=19, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=12, max_position_embeddings=11)  # fmt: skip
+    model = transformers.BertForPreTraining(config)
+    model.save_pretrained(tmp_path / "sharded", max_shard_size=max_shard_size)
+    model.save_pretrained(tmp_path / "whole")
+    return tmp_path / "sharded", tmp_path / "whole"
+
+
+def test_a_checkpoint_transformers_saved_in_shards_reads_as_the_whole_one(tmp_path):
+    sharded, whole = _sharded(tmp_path)
+    assert len(list(sharded.glob("model-*-of-*.safetensors"))) > 1 and not (sharded / "model.safetensors").exists()
+    checkpoint = bm.load_checkpoint(sharded)
+    assert checkpoint.info.notes[0] == "read the shards model.safetensors.index.json names and config.json"
+    same = bm.load_checkpoint(whole)
+    assert checkpoint.config == same.config and checkpoint.weights.keys() == same.weights.keys()
+    assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
+
+
+def test_pytorch_model_bin_in_shards_reads_too(tmp_path):
+    """transformers 5 writes no .bin shards; transformers 4 did (its index has the same form)."""
+    import torch
+
+    sharded, whole = _sharded(tmp_path)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    for shard in set(index["weight_map"].values()):
+        tensors, _ = read_safetensors(sharded / shard)
+        name = shard.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+        torch.save({key: torch.from_numpy(array) for key, array in tensors.items()}, sharded / name)
+        (sharded / shard).unlink()
+    weight_map = {key: value.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+                  for key, value in index["weight_map"].items()}  # fmt: skip
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({**index, "weight_map": weight_map}))
+    (sharded / "model.safetensors.index.json").unlink()
+    loaded, same = bm.load_checkpoint(sharded).weights, bm.load_checkpoint(whole).weights
+    assert loaded.keys() == same.keys() and all(np.array_equal(loaded[name], same[name]) for name in same)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda index: {**index, "weight_map": {**index["weight_map"], "extra.weight": "../model.safetensors"}},
+         r"a shard is named '../model.safetensors', which is not a file name of its directory"),
+        (lambda index: {**index, "weight_map": {**index["weight_map"], "extra.weight": next(iter(
+            index["weight_map"].values()))}}, r"its weight_map names \['extra.weight'\], which no shard holds"),
+        (lambda index: {**index, "weight_map": dict(list(index["weight_map"].items())[1:])},
+         r"holds \['.*'\], which its weight_map places elsewhere or nowhere"),
+        (lambda index: [], r"not a JSON object"),
+    ],
+    ids=["a path outside", "a tensor no shard holds", "a tensor the map leaves out", "a list"],
+)  # fmt: skip
+def test_a_shard_index_that_disagrees_with_its_shards_is_refused(tmp_path, change, error):
+    sharded, _ = _sharded(tmp_path)
+    path = sharded / "model.safetensors.index.json"
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    with pytest.raises(WeightsError, match=error):
+        bm.load_checkpoint(sharded)

@@ -45,12 +45,21 @@ from .flax import read_tree
 from .hdf5 import read_hdf5
 from .hub_cache import is_cache_folder, snapshot
 from .safetensors import read_metadata, read_safetensors, write_safetensors
+from .shards import INDEX_SUFFIX, read_shards
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 # pytorch-pretrained-bert (transformers' name until mid-2019) named the config as Google did.
 OLD_CONFIG_FILE = "bert_config.json"
 TF_FILE, FLAX_FILE = "tf_model.h5", "flax_model.msgpack"
-WEIGHT_FILES = (SAFETENSORS_FILE, TORCH_FILE, TF_FILE, FLAX_FILE)  # the first a directory holds is read
+# The first a directory holds is read; a checkpoint saved in shards has an index in place of its file.
+WEIGHT_FILES = (
+    SAFETENSORS_FILE,
+    SAFETENSORS_FILE + INDEX_SUFFIX,
+    TORCH_FILE,
+    TORCH_FILE + INDEX_SUFFIX,
+    TF_FILE,
+    FLAX_FILE,
+)
 MAX_CONFIG_BYTES = 1 << 20
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
@@ -179,8 +188,9 @@ def read_directory(
     if source == SAFETENSORS_FILE:  # transformers 4's TensorFlow and Flax classes wrote their own names in it
         own, dtypes = read_safetensors(path / source)
         names = read_metadata(path / source).get("format", "pt")
-    elif source == TORCH_FILE:
-        own, dtypes, _ = load_backend("torch").read_checkpoint(path / source)
+    elif source in (TORCH_FILE, TORCH_FILE + INDEX_SUFFIX, SAFETENSORS_FILE + INDEX_SUFFIX):
+        read = read_safetensors if source.startswith(SAFETENSORS_FILE) else _read_torch
+        own, dtypes = read_shards(path / source, read) if source.endswith(INDEX_SUFFIX) else read(path / source)
         names = "pt"
     else:
         own, dtypes = read_hdf5(path / source) if source == TF_FILE else read_tree(path / source)
@@ -188,9 +198,15 @@ def read_directory(
     if names in TO_TORCH_NAMES:
         own, dtypes, file_names = torch_names(path / source, own, dtypes, TO_TORCH_NAMES[names])
     framework = {"tf": "TensorFlow", "keras": "TensorFlow", "flax": "Flax"}.get(names)
-    notes = [f"read {source} and {config_file.name}" + (f" ({framework}'s kernels transposed)" if framework else "")]
+    what = f"the shards {source} names" if source.endswith(INDEX_SUFFIX) else source
+    notes = [f"read {what} and {config_file.name}" + (f" ({framework}'s kernels transposed)" if framework else "")]
     config, arrays, kinds = from_transformers_names(path / source, config_file, own, dtypes, hf, notes, file_names)
     return config, arrays, kinds, notes, hf
+
+
+def _read_torch(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    own, dtypes, _ = load_backend("torch").read_checkpoint(path)
+    return own, dtypes
 
 
 def flax_name(name: str) -> tuple[str, bool]:
