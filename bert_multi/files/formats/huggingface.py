@@ -185,20 +185,16 @@ def read_directory(
         raise WeightsError(f"{path}: no weights: expected {', '.join(WEIGHT_FILES[:-1])} or {WEIGHT_FILES[-1]}")
     source = present[0]
     file_names: dict[str, str] = {}  # where the file names a tensor otherwise than transformers' PyTorch classes
+    kind = source.removesuffix(INDEX_SUFFIX)  # the file, or the file an index names shards of
+    read = {SAFETENSORS_FILE: read_safetensors, TORCH_FILE: _read_torch, TF_FILE: read_hdf5, FLAX_FILE: read_tree}[kind]
+    own, dtypes = read(path / source) if kind == source else read_shards(path / source, read)
+    names = {TF_FILE: "keras", FLAX_FILE: "flax"}.get(kind, "pt")
     if source == SAFETENSORS_FILE:  # transformers 4's TensorFlow and Flax classes wrote their own names in it
-        own, dtypes = read_safetensors(path / source)
         names = read_metadata(path / source).get("format", "pt")
-    elif source in (TORCH_FILE, TORCH_FILE + INDEX_SUFFIX, SAFETENSORS_FILE + INDEX_SUFFIX):
-        read = read_safetensors if source.startswith(SAFETENSORS_FILE) else _read_torch
-        own, dtypes = read_shards(path / source, read) if source.endswith(INDEX_SUFFIX) else read(path / source)
-        names = "pt"
-    else:
-        own, dtypes = read_hdf5(path / source) if source == TF_FILE else read_tree(path / source)
-        names = "keras" if source == TF_FILE else "flax"
     if names in TO_TORCH_NAMES:
         own, dtypes, file_names = torch_names(path / source, own, dtypes, TO_TORCH_NAMES[names])
     framework = {"tf": "TensorFlow", "keras": "TensorFlow", "flax": "Flax"}.get(names)
-    what = f"the shards {source} names" if source.endswith(INDEX_SUFFIX) else source
+    what = source if kind == source else f"the shards {source} names"
     notes = [f"read {what} and {config_file.name}" + (f" ({framework}'s kernels transposed)" if framework else "")]
     config, arrays, kinds = from_transformers_names(path / source, config_file, own, dtypes, hf, notes, file_names)
     return config, arrays, kinds, notes, hf
