@@ -416,9 +416,8 @@ def convert(
 
 
 def from_huggingface(path: str | Path, dtype: object = None) -> Checkpoint:
-    """A HuggingFace BERT directory (``config.json`` + ``model.safetensors``, ``pytorch_model.bin`` or
-    ``flax_model.msgpack``) as a ``Checkpoint`` of the ``bert`` preset: its config says everything, so nothing
-    needs stating."""
+    """A HuggingFace BERT directory (``config.json`` beside weights of one of ``huggingface.WEIGHT_FILES``) as
+    a ``Checkpoint`` of the ``bert`` preset: its config says everything, so nothing needs stating."""
     if not huggingface.FORMAT.recognizes(Probe(Path(path), b"", ())):
         raise WeightsError(
             f"{path}: not a HuggingFace model directory: expected {huggingface.CONFIG_FILE} and "
