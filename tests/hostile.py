@@ -584,8 +584,7 @@ def _legacy_claiming(torch, elements: int | None = None, count: bool = False) ->
     if elements is None:
         return data
     stream = io.BytesIO(data)
-    for _ in range(3):
-        list(pickletools.genops(stream))
+    stream.seek(_after_pickles(data, 3))  # the object's pickle, after the magic, protocol and system's sizes
     ops = list(pickletools.genops(stream))
     persid = next(i for i, (op, _, _) in enumerate(ops) if op.name == "BINPERSID")
     start = max(i for i in range(persid) if ops[i][0].name.startswith("BININT"))  # the id's count: its last number
@@ -597,15 +596,20 @@ def _legacy_claiming(torch, elements: int | None = None, count: bool = False) ->
     return data
 
 
-def _legacy_pickles(torch, count: int) -> bytes:
-    """The first ``count`` pickles of an empty legacy torch.save file."""
+def _after_pickles(data: bytes, count: int) -> int:
+    """Where the first ``count`` pickles of ``data`` end."""
     import pickletools
 
-    data = torch_bytes({}, _use_new_zipfile_serialization=False)
     stream = io.BytesIO(data)
     for _ in range(count):
         list(pickletools.genops(stream))
-    return data[: stream.tell()]
+    return stream.tell()
+
+
+def _legacy_pickles(torch, count: int) -> bytes:
+    """The first ``count`` pickles of an empty legacy torch.save file."""
+    data = torch_bytes({}, _use_new_zipfile_serialization=False)
+    return data[: _after_pickles(data, count)]
 
 
 def _legacy_calling(torch) -> bytes:
