@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve()
 TF_CHECKPOINT = HERE.parent.parent / "conformance" / "original_bert" / "checkpoints" / "pretrained"
 HF_FLAX = TF_CHECKPOINT.parent / "flax-model"  # transformers' FlaxBertModel, saved by transformers 4.57
 HF_TF = TF_CHECKPOINT.parent / "tf-classifier"  # its TFBertForSequenceClassification, saved by Keras 2 (HDF5)
+KERAS_HUB = TF_CHECKPOINT.parent / "keras-hub-backbone"  # a BertBackbone preset, saved by KerasHub 0.32 (Keras 3)
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -165,6 +166,16 @@ def _huggingface_weights(fixture: Path, weights: str) -> Callable[[str], object]
     return load
 
 
+def _keras_hub_weights(path: str) -> object:
+    """A KerasHub preset whose model.weights.h5 is (a link to) the file at ``path``, beside the fixture's config."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        shutil.copyfile(KERAS_HUB / "config.json", Path(directory) / "config.json")
+        (Path(directory) / "model.weights.h5").symlink_to(Path(path).absolute())
+        return load_checkpoint(directory)
+
+
 def _shard_index(path: str) -> object:
     """A HuggingFace directory saved in two shards whose index is (a link to) the file at ``path``."""
     from bert_multi import load_checkpoint
@@ -236,6 +247,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfflax": _huggingface_weights(HF_FLAX, "flax_model.msgpack"),
     "hfh5": _huggingface_weights(HF_TF, "tf_model.h5"),
     "hfindex": _shard_index,
+    "kerashub": _keras_hub_weights,
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -250,7 +262,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("hfindex", "params", "flax"),
+    *("hfindex", "kerashub", "params", "flax"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -851,6 +863,38 @@ def hostile_hf_h5() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def hostile_keras_hub() -> dict[str, tuple[bytes, str]]:
+    """A KerasHub preset's model.weights.h5 (Keras 3's names: the place of each weight in the model), its
+    shapes and names changed where a byte pattern finds them."""
+    valid = (KERAS_HUB / "model.weights.h5").read_bytes()
+
+    def space(*dims: int) -> bytes:  # a dataspace's dimensions, then its maximum ones (the same)
+        return struct.pack(f"<{2 * len(dims)}Q", *dims, *dims)
+
+    kernel, output, table = space(8, 2, 4), space(2, 4, 8), space(16, 8)  # an attention's; the position table
+    assert (valid.count(kernel), valid.count(output), valid.count(table)) == (6, 2, 1), "the patterns find none"
+    return {
+        "four heads in a query kernel": (valid.replace(kernel, space(8, 4, 2), 1), "it holds 4 heads"),
+        "four heads in an output kernel": (valid.replace(output, space(4, 2, 8), 1), "it holds 4 heads"),
+        "a position table turned": (valid.replace(table, space(8, 16)), "has shape (1, 8, 16), expected (1, 16, 8)"),
+        "a layer of another name": (
+            valid.replace(b"reversible_embedding\0", b"reversible_embeddinX\0"),
+            "weights of no BertBackbone layer bert_multi knows",
+        ),
+        "the fifth block": (
+            valid.replace(b"transformer_encoder_1\0", b"transformer_encoder_5\0"),
+            "missing tensor(s) ['encoder.blks.1.",
+        ),
+        "transformers' tf_model.h5": ((HF_TF / "tf_model.h5").read_bytes(), "weights of no BertBackbone layer"),
+        "bfloat16, as Keras 3 stores it": (
+            valid.replace(b"\x11\x20\x1f\x00", b"\x15\x20\x1f\x00", 1),
+            "as Keras 3 stores bfloat16: save the model in float32",
+        ),
+        "cut short": (valid[: len(valid) // 2], "cut short"),
+        "empty file": (b"", "does not start with HDF5's signature"),
+    }
+
+
 def _varint(number: int) -> bytes:
     out = bytearray()
     while number >= 0x80:
@@ -1131,6 +1175,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfconfig": hostile_hfconfigs,
     "hfflax": hostile_hf_flax,
     "hfh5": hostile_hf_h5,
+    "kerashub": hostile_keras_hub,
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
@@ -1260,6 +1305,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [sharded_files()[SHARD_INDEX]], generic
     if loader == "hfh5":
         return [(HF_TF / "tf_model.h5").read_bytes()], generic
+    if loader == "kerashub":
+        return [(KERAS_HUB / "model.weights.h5").read_bytes()], generic
     if loader == "hfflax":
         untied = TF_CHECKPOINT.parent / "flax-untied-bfloat16" / "flax_model.msgpack"
         return [(HF_FLAX / "flax_model.msgpack").read_bytes(), untied.read_bytes()], generic

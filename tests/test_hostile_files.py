@@ -34,6 +34,7 @@ READERS = {
     "hfflax": None,
     "hfh5": None,
     "hfindex": None,
+    "kerashub": None,
     "tfindex": None,
     "weights": None,
     "params": None,

@@ -34,6 +34,7 @@ MAX_DEPTH = 32  # of groups; Keras nests about 10 deep
 MAX_MESSAGES = 4096  # in one object header, or entries in one B-tree or symbol table node
 MAX_NAME = 1024  # bytes of a group member's name: Keras's are under 100
 UNDEFINED = (1 << 64) - 1  # an address never written
+OPAQUE = 5  # the datatype class of bytes with no meaning HDF5 knows
 # Object header message types (HDF5 file format specification, IV.A.2).
 DATASPACE, LINK_INFO, DATATYPE, LINK, LAYOUT, EXTERNAL, FILTERS, CONTINUATION, SYMBOL_TABLE = (
     1, 2, 3, 6, 8, 7, 11, 16, 17
@@ -259,7 +260,8 @@ class _File:
     def dtype(self, body: bytes, name: str) -> np.dtype:
         if len(body) < 20 or body[0] & 0x0F != 1 or body[1] & 0x40:
             kind = body[0] & 0x0F if body else -1
-            raise self.fail(f"dataset {name!r} holds HDF5 type class {kind}, where weights are IEEE floats (1)")
+            opaque = " (opaque bytes, as Keras 3 stores bfloat16: save the model in float32)" if kind == OPAQUE else ""
+            raise self.fail(f"dataset {name!r} holds HDF5 type class {kind}{opaque}, where weights are IEEE floats (1)")
         size = struct.unpack_from("<I", body, 4)[0]
         layout = struct.unpack_from("<HHBBBBI", body, 8)
         ieee = FLOATS.get(size)

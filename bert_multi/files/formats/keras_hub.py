@@ -1,0 +1,199 @@
+"""KerasHub's BERT presets (Keras 3's model library, KerasNLP before it), read without Keras.
+
+``save_to_preset`` writes a directory holding ``config.json``, the backbone's class and arguments, and
+``model.weights.h5``, Keras 3's HDF5 weights file (parsed by ``hdf5.py``). Keras 3 names a weight by where
+it is in the model, as its own ``load_weights`` matches them: a layer by its class (``transformer_encoder``,
+``transformer_encoder_1``, ... in the order the model holds them), a sublayer by its attribute
+(``_self_attention_layer/query_dense``), a variable by its place (``vars/0``, ``vars/1``). ``NAMES`` maps
+them to the canonical ones. A Dense's kernel is (in, out), transposed here; Keras's attention keeps the
+heads as an axis of their own (a query's kernel is (hidden, heads, head size)), folded here into the
+canonical (out, in), the heads checked against the config's.
+
+KerasHub's ``BertBackbone`` computes the original BERT with GELU's tanh approximation (Google's). A task
+saved with it (``task.json`` and ``task.weights.h5``) has its head left out, and a note says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import WeightsError
+from ...safe_files import reason, size_field
+from ...spec.config import BERTConfig
+from ...spec.schema import param_shapes
+from ...spec.semantics import PRESETS
+from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, some, task_head_left_out
+from .hdf5 import read_hdf5
+from .huggingface import read_config
+
+CONFIG_FILE, WEIGHTS_FILE, TASK_FILE = "config.json", "model.weights.h5", "task.json"
+SHARDED_FILE = "model.weights.json"  # the index of a preset saved in shards (over 10 GB: no BERT is)
+BACKBONE = "BertBackbone"
+# The original BERT as KerasHub's BertBackbone computes it: its FFN's GELU is the tanh approximation.
+SEMANTICS = dataclasses.replace(PRESETS["bert"], activation="gelu_tanh")
+# BertBackbone's argument -> bert_multi's size.
+SIZE_FIELDS = {
+    "vocabulary_size": "vocab_size",
+    "hidden_dim": "num_hiddens",
+    "intermediate_dim": "ffn_num_hiddens",
+    "num_heads": "num_heads",
+    "num_layers": "num_blks",
+    "max_sequence_length": "max_len",
+}
+# Keras's path of a BertBackbone's layer -> the canonical names of what it holds, its vars/0 and vars/1; a
+# block's layers are under BLOCK's path.
+LAYERS = {
+    "reversible_embedding": ("encoder.token_embedding.weight",),
+    "position_embedding": ("encoder.pos_embedding",),  # (P, H) there, (1, P, H) here
+    "embedding": ("encoder.segment_embedding.weight",),
+    "layer_normalization": ("encoder.embedding_norm.weight", "encoder.embedding_norm.bias"),
+    "dense": ("hidden.0.weight", "hidden.0.bias"),
+}
+BLOCK = re.compile(r"transformer_encoder(?:_(?P<i>[1-9]\d*))?/(?P<sublayer>.+)")  # the first has no number
+# A Dense's kernel, (in, out) in Keras.
+KERNELS = r"hidden\.0\.weight|encoder\.blks\.\d+\.ffn\.dense[12]\.weight"
+SUBLAYERS = {
+    "_self_attention_layer/query_dense": "attention.W_q",
+    "_self_attention_layer/key_dense": "attention.W_k",
+    "_self_attention_layer/value_dense": "attention.W_v",
+    "_self_attention_layer/output_dense": "attention.W_o",
+    "_self_attention_layer_norm": "addnorm1.ln",
+    "_feedforward_intermediate_dense": "ffn.dense1",
+    "_feedforward_output_dense": "ffn.dense2",
+    "_feedforward_layer_norm": "addnorm2.ln",
+}
+# Why a BertMaskedLM's head is left out: it is the original BERT's, but computed otherwise than its encoder.
+MASKED_LM_HEAD = (
+    "left out the MLM head of KerasHub's 'BertMaskedLM' (task.weights.h5): it computes GELU's erf form and "
+    "LayerNorm eps 1e-5 where its encoder computes the tanh form and 1e-12, and bert_multi (as transformers) "
+    "computes one of each for the whole model, so neither compared nor converted"
+)
+
+
+def canonical_name(path: str) -> str | None:
+    """The canonical name of a BertBackbone's weight under its path in ``model.weights.h5``, or None."""
+    match = re.fullmatch(r"layers/(?P<layer>.+)/vars/(?P<var>[01])", path)
+    if match is None:
+        return None
+    layer, var = match["layer"], int(match["var"])
+    if layer in LAYERS:
+        return LAYERS[layer][var] if var < len(LAYERS[layer]) else None
+    block = BLOCK.fullmatch(layer)
+    if block is None or block["sublayer"] not in SUBLAYERS:
+        return None
+    return f"encoder.blks.{block['i'] or 0}.{SUBLAYERS[block['sublayer']]}.{('weight', 'bias')[var]}"
+
+
+def canonical_array(name: str, array: np.ndarray, num_heads: int) -> np.ndarray:
+    """``array`` as the canonical ``name`` holds it: a Dense's (in, out) kernel transposed; an attention's
+    (hidden, heads, head size) kernels and (heads, head size) biases folded (its output's kernel is
+    (heads, head size, hidden)); a ``ValueError`` where the array is not of the rank Keras gives it."""
+    attention = re.search(r"attention\.W_(?P<which>[qkvo])\.(?P<leaf>weight|bias)$", name)
+    if attention is None:
+        if name == "encoder.pos_embedding":
+            return _ranked(array, 2)[None]
+        return np.ascontiguousarray(_ranked(array, 2).T) if re.fullmatch(KERNELS, name) else array
+    output, bias = attention["which"] == "o", attention["leaf"] == "bias"
+    rank = 1 if output and bias else 2 if bias else 3
+    _ranked(array, rank)
+    heads = array.shape[0 if output or bias else 1]
+    if rank > 1 and heads != num_heads:
+        raise ValueError(f"it holds {heads} heads, where config.json's num_heads is {num_heads}")
+    if bias:
+        return array.reshape(-1)
+    folded = array.reshape(-1, array.shape[-1]) if output else array.reshape(array.shape[0], -1)
+    return np.ascontiguousarray(folded.T)
+
+
+def _ranked(array: np.ndarray, rank: int) -> np.ndarray:
+    if array.ndim != rank:
+        raise ValueError(f"it is of shape {array.shape}, where Keras saves it with {rank} axes")
+    return array
+
+
+def read_backbone_config(path: Path) -> BERTConfig:
+    """The config of a BertBackbone's ``config.json``; a ``WeightsError`` naming another class (a RoBERTa's,
+    a DistilBERT's) or what is wrong, before any tensor is read."""
+    saved = read_config(path, "KerasHub config")
+    name, arguments = saved.get("class_name"), saved.get("config")
+    if name != BACKBONE:
+        raise WeightsError(f"{path}: its class_name is {name!r:.80}; bert_multi reads KerasHub's {BACKBONE}")
+    if not isinstance(arguments, dict):
+        raise WeightsError(f"{path}: its config is {arguments!r:.80}, where a {BACKBONE}'s arguments are an object")
+    try:
+        sizes = {ours: size_field(arguments.get(theirs), theirs, 1, 1 << 31) for theirs, ours in SIZE_FIELDS.items()}
+        segments = arguments.get("num_segments", 2)
+        if type(segments) is not int or segments != 2:
+            raise ValueError(f"num_segments is {segments!r:.80}; bert_multi computes BERT with 2 segments")
+        dropout = arguments.get("dropout", 0.1)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"dropout is {dropout!r:.80}; expected a number in [0, 1)")
+        return BERTConfig(**sizes, semantics=SEMANTICS, heads=("pooler",), dropout=float(dropout))
+    except (TypeError, ValueError) as error:  # UsageError too: BERTConfig's own checks
+        raise WeightsError(f"{path}: not a usable {BACKBONE} config: {reason(error)}") from None
+
+
+def task_note(path: Path) -> str | None:
+    """The note for the task a preset holds (``task.json``), whose head is left out; None for a backbone."""
+    if not os.path.lexists(path / TASK_FILE):
+        return None
+    name = read_config(path / TASK_FILE, "KerasHub task config").get("class_name")
+    if name == "BertMaskedLM":
+        return MASKED_LM_HEAD
+    return task_head_left_out(["task.weights.h5"], f"the head of KerasHub's {name!r:.80}")
+
+
+def read_preset(path: Path) -> Raw:
+    """The config and canonical tensors of a KerasHub BERT preset, with notes of what was read past."""
+    if os.path.lexists(path / SHARDED_FILE) and not os.path.lexists(path / WEIGHTS_FILE):
+        raise WeightsError(f"{path}: a preset saved in shards ({SHARDED_FILE}), which bert_multi does not read")
+    config = read_backbone_config(path / CONFIG_FILE)
+    arrays, dtypes = read_hdf5(path / WEIGHTS_FILE)
+    names = {name: canonical_name(name) for name in arrays}
+    unknown = [name for name, canonical in names.items() if canonical is None]
+    if unknown:
+        raise WeightsError(f"{path / WEIGHTS_FILE}: weights of no BertBackbone layer bert_multi knows: {some(unknown)}")
+    canonical: dict[str, np.ndarray] = {}
+    kinds: dict[str, str] = {}
+    for name in list(arrays):  # each of the file's arrays freed once turned into the canonical one
+        array, ours = arrays.pop(name), names[name]
+        assert ours is not None
+        try:
+            canonical[ours] = canonical_array(ours, array, config.num_heads)
+        except ValueError as error:
+            raise WeightsError(f"{path / WEIGHTS_FILE}: {name!r} ({ours}): {error}") from None
+        kinds[ours] = dtypes[name]
+    order = [name for name in param_shapes(config) if name in canonical]  # the schema's, not the file's
+    canonical = {name: canonical[name] for name in [*order, *(name for name in canonical if name not in order)]}
+    notes = [f"read {WEIGHTS_FILE} and {CONFIG_FILE} (KerasHub's {BACKBONE}; Keras's kernels transposed, "
+             "its attention's heads folded)"]  # fmt: skip
+    task = task_note(path)
+    if task:
+        notes.append(task)
+    return Raw(FORMAT.kind, None, canonical, kinds, notes, config=config)
+
+
+def is_preset(path: Path) -> bool:
+    """Whether ``path`` is a directory KerasHub's ``save_to_preset`` wrote (a config beside its weights)."""
+    return (path / CONFIG_FILE).is_file() and any(os.path.lexists(path / name) for name in (WEIGHTS_FILE, SHARDED_FILE))
+
+
+class Preset(CheckpointFormat):
+    kind = "keras-hub"
+    description = "KerasHub BERT preset (config.json + model.weights.h5, as save_to_preset writes it)"
+    directory = True
+
+    def recognizes(self, probe: Probe) -> bool:
+        return is_directory(probe.path) and is_preset(probe.path)
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        no_key(path, key)
+        return read_preset(path)
+
+
+FORMAT = Preset()
