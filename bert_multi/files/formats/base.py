@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
 MAX_TENSORS = 100_000  # a BERT has hundreds; more is no BERT, and refused before any is read
+MAX_ZIP_RATIO = 20  # weights hardly compress; a zip's member that claims to expand more is refused
 
 
 @dataclass
@@ -140,6 +143,18 @@ def no_key(path: Path, key: str | None) -> None:
     """Refuse ``key`` for a format that has no wrapper dict to pick from."""
     if key is not None:
         raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
+
+
+def extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:
+    """Copy one member out of the zip at ``path``, refusing one that claims to expand beyond reason."""
+    if member.flag_bits & 0x1:
+        raise WeightsError(f"{path}: {member.filename} is encrypted")
+    if member.file_size > MAX_ZIP_RATIO * member.compress_size + (1 << 20):
+        raise WeightsError(
+            f"{path}: {member.filename} claims to expand from {member.compress_size} to {member.file_size} bytes"
+        )
+    with archive.open(member) as source, open(target, "wb") as sink:
+        shutil.copyfileobj(source, sink, 1 << 20)
 
 
 def is_directory(path: Path) -> bool:

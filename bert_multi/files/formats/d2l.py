@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -19,9 +18,8 @@ from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...safe_files import open_regular, reason, replace_text
 from ...spec.config import BERTConfig
-from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory
+from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, extract, is_directory
 
-MAX_ZIP_RATIO = 20  # weights hardly compress; a member that claims to expand more is refused
 MAX_VOCAB_BYTES = 64 << 20
 MAX_VOCAB_TOKENS = 1 << 20  # more than any BERT's vocabulary (multilingual ones have 250,000 tokens)
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -109,18 +107,6 @@ class Directory(CheckpointFormat):
         replace_text(path / VOCAB_FILE, json.dumps(vocab, ensure_ascii=False))
 
 
-def _extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:
-    """Copy one member out of a zip, refusing one that claims to expand beyond reason."""
-    if member.flag_bits & 0x1:
-        raise WeightsError(f"{path}: {member.filename} is encrypted")
-    if member.file_size > MAX_ZIP_RATIO * member.compress_size + (1 << 20):
-        raise WeightsError(
-            f"{path}: {member.filename} claims to expand from {member.compress_size} to {member.file_size} bytes"
-        )
-    with archive.open(member) as source, open(target, "wb") as sink:
-        shutil.copyfileobj(source, sink, 1 << 20)
-
-
 class Zip(CheckpointFormat):
     """A d2l pretrained-model zip: a ``Directory``'s files, read as that directory once extracted."""
 
@@ -146,9 +132,9 @@ class Zip(CheckpointFormat):
                         raise WeightsError(f"{path}: expected one {PARAMS_FILE} in the zip, found {len(params)}")
                     folder = str(Path(params[0].filename).parent)
                     vocab_name = VOCAB_FILE if folder == "." else f"{folder}/{VOCAB_FILE}"
-                    _extract(archive, params[0], Path(scratch) / PARAMS_FILE, path)
+                    extract(archive, params[0], Path(scratch) / PARAMS_FILE, path)
                     for member in [m for m in archive.infolist() if m.filename == vocab_name]:
-                        _extract(archive, member, Path(scratch) / VOCAB_FILE, path)
+                        extract(archive, member, Path(scratch) / VOCAB_FILE, path)
             except WeightsError:
                 raise
             except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
