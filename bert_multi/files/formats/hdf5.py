@@ -58,8 +58,8 @@ class Dataset(NamedTuple):
 class _File:
     """An HDF5 file's structure read by address, within the file and the structure budget."""
 
-    def __init__(self, file: io.BufferedReader, path: str | os.PathLike) -> None:
-        self.file, self.path, self.size = file, path, file_size(file)
+    def __init__(self, file: io.BufferedReader, path: str | os.PathLike, within: str = "") -> None:
+        self.file, self.path, self.size, self.within = file, path, file_size(file), within
         self.spent = 0
         self.seen: set[int] = set()  # object header addresses visited
         self.datasets: dict[str, Dataset] = {}
@@ -153,7 +153,9 @@ class _File:
             tree, heap = struct.unpack("<QQ", body[:16].ljust(16, b"\0"))
             names = self.heap(heap, name)
             for member, header in self.members(tree, names, name, 0):
-                self.walk(header, f"{name}/{member}" if name else member, depth + 1)
+                path = f"{name}/{member}" if name else member
+                if not self.within or f"{self.within}/".startswith(f"{path}/") or path.startswith(f"{self.within}/"):
+                    self.walk(header, path, depth + 1)
         elif kinds & {LINK, LINK_INFO}:
             raise self.fail(
                 f"{name or '/'!r} is a group of HDF5's newer kind (libver='latest'); h5py's default is read"
@@ -270,12 +272,12 @@ class _File:
         return np.dtype(ieee[1]).newbyteorder(">" if body[1] & 0x01 else "<")
 
 
-def read_hdf5(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Every dataset of an HDF5 file under its path (``layer/scope/.../kernel:0``), in the byte order of
-    this machine, and each one's dtype. Anything malformed, or of a part of HDF5 Keras does not write, is
-    a ``WeightsError`` naming the file and what."""
+def read_hdf5(path: str | os.PathLike, within: str = "") -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every dataset of an HDF5 file under its path (``layer/scope/.../kernel:0``), or only those in the group
+    ``within`` (nothing else is read), in the byte order of this machine, and each one's dtype. Anything
+    malformed, or of a part of HDF5 Keras does not write, is a ``WeightsError`` naming the file and what."""
     with open_regular(path, "HDF5 weights file", WeightsError) as file:
-        reader = _File(file, path)
+        reader = _File(file, path, within)
         reader.walk(reader.root(), "", 0)
         datasets = reader.datasets
         # Each byte of data belongs to one dataset at most: what is read is never more than the file holds.
