@@ -9,6 +9,7 @@ bert_multi reads them without Keras, h5py or TensorFlow, and converts them to a 
 import dataclasses
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +188,52 @@ def test_a_preset_saved_in_shards_is_refused_by_name(tmp_path):
     (directory / "model.weights.json").write_text("{}")
     with pytest.raises(WeightsError, match=r"a preset saved in shards \(model.weights.json\)"):
         load_checkpoint(directory)
+
+
+# --- .keras files (model.save): one zip of the config and the weights --------------------------------------------
+
+
+def test_a_task_saved_as_a_keras_file_is_read_as_its_backbone(tmp_path):
+    """model.save of the BertMaskedLM whose preset is keras-hub-masked-lm/: its backbone is a layer of the task,
+    beside the head and the optimizer's integer scalars (which bert_multi's HDF5 reader refuses, and never
+    reads)."""
+    from bert_multi.files.formats.hdf5 import read_hdf5
+
+    path = HERE / "keras-hub-masked-lm.keras"
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.info.format == "keras-file"
+    assert checkpoint.info.notes[1].startswith(
+        "left out the MLM head of KerasHub's 'BertMaskedLM' (model.weights.h5, beside its backbone)"
+    )
+    preset = load_checkpoint(HERE / "keras-hub-masked-lm")
+    assert checkpoint.config == preset.config and checkpoint.weights.keys() == preset.weights.keys()
+    assert all(np.array_equal(array, preset.weights[name]) for name, array in checkpoint.weights.items())
+    with zipfile.ZipFile(path) as archive:
+        (tmp_path / "model.weights.h5").write_bytes(archive.read("model.weights.h5"))
+    with pytest.raises(WeightsError, match="dataset 'optimizer/vars/0' holds HDF5 type class 0"):
+        read_hdf5(tmp_path / "model.weights.h5")
+
+
+def keras_file(tmp_path: Path, config: dict) -> Path:
+    """A .keras file as model.save writes one of a BertBackbone: the preset's weights, ``config`` as its config."""
+    path = tmp_path / "backbone.keras"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("metadata.json", (BACKBONE / "metadata.json").read_text())
+        archive.writestr("config.json", json.dumps(config))
+        archive.write(BACKBONE / "model.weights.h5", "model.weights.h5")
+    return path
+
+
+def test_a_backbone_saved_as_a_keras_file_is_the_preset(tmp_path):
+    config = json.loads((BACKBONE / "config.json").read_text())
+    checkpoint = load_checkpoint(keras_file(tmp_path, config))
+    preset = load_checkpoint(BACKBONE)
+    assert checkpoint.config == preset.config and len(checkpoint.info.notes) == 1
+    assert all(np.array_equal(array, preset.weights[name]) for name, array in checkpoint.weights.items())
+
+
+def test_a_keras_file_of_another_model_is_refused_naming_it_and_the_file(tmp_path):
+    config = json.loads((BACKBONE / "config.json").read_text())
+    path = keras_file(tmp_path, {**config, "class_name": "DistilBertBackbone"})
+    with pytest.raises(WeightsError, match=rf"^{path}/config.json: its class_name is 'DistilBertBackbone'"):
+        load_checkpoint(path)

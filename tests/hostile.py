@@ -176,6 +176,12 @@ def _keras_hub_weights(path: str) -> object:
         return load_checkpoint(directory)
 
 
+def _keras_file(path: str) -> object:
+    from bert_multi import load_checkpoint
+
+    return load_checkpoint(path)
+
+
 def _shard_index(path: str) -> object:
     """A HuggingFace directory saved in two shards whose index is (a link to) the file at ``path``."""
     from bert_multi import load_checkpoint
@@ -248,6 +254,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfh5": _huggingface_weights(HF_TF, "tf_model.h5"),
     "hfindex": _shard_index,
     "kerashub": _keras_hub_weights,
+    "kerasfile": _keras_file,
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -262,7 +269,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("hfindex", "kerashub", "params", "flax"),
+    *("hfindex", "kerashub", "kerasfile", "params", "flax"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -1043,6 +1050,37 @@ def hostile_d2l_zips() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def hostile_keras_files() -> dict[str, tuple[bytes, str]]:
+    """.keras files (model.save's zip) of a KerasHub BertMaskedLM, changed: its members, its config."""
+    whole = (KERAS_HUB.parent / "keras-hub-masked-lm.keras").read_bytes()
+    with zipfile.ZipFile(io.BytesIO(whole)) as archive:
+        config, weights = json.loads(archive.read("config.json")), archive.read("model.weights.h5")
+    backbone = (KERAS_HUB / "model.weights.h5").read_bytes()
+
+    def keras(config: object, weights: bytes = weights, method: int = zipfile.ZIP_STORED) -> bytes:
+        return make_zip([("config.json", json.dumps(config).encode()), ("model.weights.h5", weights)], method)
+
+    roberta = {
+        **config,
+        "config": {**config["config"], "backbone": {**config["config"]["backbone"], "class_name": "RobertaBackbone"}},
+    }
+    return {
+        "cut short": (whole[: len(whole) // 2], "zip"),
+        "no weights": (make_zip([("config.json", json.dumps(config).encode())]), "neither"),
+        "config.json not JSON": (make_zip([("config.json", b"{"), ("model.weights.h5", weights)]), "not valid JSON"),
+        "a RoBERTa's backbone": (
+            keras(roberta),
+            "its task 'BertMaskedLM' holds a backbone whose class_name is 'RobertaBackbone'",
+        ),
+        "a task's config over a backbone's weights": (keras(config, backbone), "no weights in 'layers/bert_backbone'"),
+        "weights that claim to expand 2000 times": (
+            keras(config, bytes(2 << 20), zipfile.ZIP_DEFLATED),
+            "claims to expand",
+        ),
+        "weights that are no HDF5": (keras(config, b"\x89PNG\r\n\x1a\n" + bytes(64)), "HDF5's signature"),
+    }
+
+
 def hostile_corpora() -> dict[str, tuple[bytes, str]]:
     return {
         "not UTF-8": (b"a . b\n\xff\xfe . c", "not UTF-8 text"),
@@ -1176,6 +1214,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfflax": hostile_hf_flax,
     "hfh5": hostile_hf_h5,
     "kerashub": hostile_keras_hub,
+    "kerasfile": hostile_keras_files,
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
@@ -1307,6 +1346,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [(HF_TF / "tf_model.h5").read_bytes()], generic
     if loader == "kerashub":
         return [(KERAS_HUB / "model.weights.h5").read_bytes()], generic
+    if loader == "kerasfile":
+        return [(KERAS_HUB.parent / "keras-hub-masked-lm.keras").read_bytes()], [*generic, mutate_inside_zip]
     if loader == "hfflax":
         untied = TF_CHECKPOINT.parent / "flax-untied-bfloat16" / "flax_model.msgpack"
         return [(HF_FLAX / "flax_model.msgpack").read_bytes(), untied.read_bytes()], generic

@@ -35,6 +35,7 @@ READERS = {
     "hfh5": None,
     "hfindex": None,
     "kerashub": None,
+    "kerasfile": None,
     "tfindex": None,
     "weights": None,
     "params": None,

@@ -21,6 +21,9 @@ computes it), saved by transformers and converted to a ``BertBackbone`` by Keras
 - ``keras-hub-backbone/``: that ``BertBackbone`` (two blocks), saved by ``save_to_preset``;
 - ``keras-hub-masked-lm/``: a ``BertMaskedLM`` on a backbone of one block in float64, its weights drawn at
   random (Keras starts biases at zero and LayerNorms at one);
+- ``keras-hub-masked-lm.keras``: that ``BertMaskedLM`` saved by ``model.save`` (a zip of its config, which holds
+  the backbone's, and one ``model.weights.h5``, where the backbone is the layer ``bert_backbone`` beside the
+  head and the optimizer's state);
 - ``keras-hub-classifier/``: a ``BertTextClassifier`` (3 classes) on a backbone of one block, random too;
 - ``keras-hub.npz``: the inputs; ``transformers/...``, the ``BertModel``'s encoding and pooled output in
   float64; ``keras/...``, the same of ``keras-hub-backbone/`` as KerasHub computes them (float32); and
@@ -112,6 +115,8 @@ def main() -> None:
         shutil.rmtree(OUT / case, ignore_errors=True)
         model.save_to_preset(OUT / case)
         print(f"{case}: {sorted((path.name, path.stat().st_size) for path in (OUT / case).iterdir())}")
+    masked_lm.save(OUT / "keras-hub-masked-lm.keras")  # model.save: one zip, the backbone a layer of the task
+    print(f"keras-hub-masked-lm.keras: {(OUT / 'keras-hub-masked-lm.keras').stat().st_size} bytes")
     np.savez(OUT / "keras-hub.npz", **arrays)
     print(f"keras-hub.npz: {(OUT / 'keras-hub.npz').stat().st_size} bytes")
 

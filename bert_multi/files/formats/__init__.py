@@ -22,6 +22,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     flax.FORMAT,
     huggingface.FORMAT,
     keras_hub.FORMAT,
+    keras_hub.FILE,
     tensorflow.FORMAT,
     DIRECTORY,
     ZIP,

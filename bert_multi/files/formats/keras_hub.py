@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +29,12 @@ from ...safe_files import reason, size_field
 from ...spec.config import BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS
-from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, some, task_head_left_out
+from .base import CheckpointFormat, Probe, Raw, extract, is_directory, no_key, some, task_head_left_out
 from .hdf5 import read_hdf5
 from .huggingface import read_config
 
-CONFIG_FILE, WEIGHTS_FILE, TASK_FILE = "config.json", "model.weights.h5", "task.json"
+CONFIG_FILE, WEIGHTS_FILE, TASK_FILE, TASK_WEIGHTS = "config.json", "model.weights.h5", "task.json", "task.weights.h5"
+TASK_BACKBONE = "bert_backbone"  # a task's layer holding its BertBackbone, named (as Keras names layers) by its class
 SHARDED_FILE = "model.weights.json"  # the index of a preset saved in shards (over 10 GB: no BERT is)
 BACKBONE = "BertBackbone"
 # The original BERT as KerasHub's BertBackbone computes it: its FFN's GELU is the tanh approximation.
@@ -69,7 +72,7 @@ SUBLAYERS = {
 }
 # Why a BertMaskedLM's head is left out: it is the original BERT's, but computed otherwise than its encoder.
 MASKED_LM_HEAD = (
-    "left out the MLM head of KerasHub's 'BertMaskedLM' (task.weights.h5): it computes GELU's erf form and "
+    "left out the MLM head of KerasHub's 'BertMaskedLM' ({where}): it computes GELU's erf form and "
     "LayerNorm eps 1e-5 where its encoder computes the tanh form and 1e-12, and bert_multi (as transformers) "
     "computes one of each for the whole model, so neither compared nor converted"
 )
@@ -116,13 +119,19 @@ def _ranked(array: np.ndarray, rank: int) -> np.ndarray:
     return array
 
 
-def read_backbone_config(path: Path) -> BERTConfig:
-    """The config of a BertBackbone's ``config.json``; a ``WeightsError`` naming another class (a RoBERTa's,
-    a DistilBERT's) or what is wrong, before any tensor is read."""
+def read_backbone_config(path: Path) -> tuple[BERTConfig, str | None]:
+    """The config of the BertBackbone a ``config.json`` describes, alone or as a task's backbone (as a
+    ``.keras`` file's does), and the task's class; a ``WeightsError`` naming another class (a RoBERTa's, a
+    DistilBERT's) or what is wrong, before any tensor is read."""
     saved = read_config(path, "KerasHub config")
-    name, arguments = saved.get("class_name"), saved.get("config")
+    task, backbone, whose = None, saved, "its"
+    held = saved["config"].get("backbone") if isinstance(saved.get("config"), dict) else None
+    if saved.get("class_name") != BACKBONE and isinstance(held, dict):  # a task's: its backbone is in it
+        task, backbone = str(saved.get("class_name"))[:80], held
+        whose = f"its task {task!r} holds a backbone whose"
+    name, arguments = backbone.get("class_name"), backbone.get("config")
     if name != BACKBONE:
-        raise WeightsError(f"{path}: its class_name is {name!r:.80}; bert_multi reads KerasHub's {BACKBONE}")
+        raise WeightsError(f"{path}: {whose} class_name is {name!r:.80}; bert_multi reads KerasHub's {BACKBONE}")
     if not isinstance(arguments, dict):
         raise WeightsError(f"{path}: its config is {arguments!r:.80}, where a {BACKBONE}'s arguments are an object")
     try:
@@ -133,31 +142,23 @@ def read_backbone_config(path: Path) -> BERTConfig:
         dropout = arguments.get("dropout", 0.1)
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise ValueError(f"dropout is {dropout!r:.80}; expected a number in [0, 1)")
-        return BERTConfig(**sizes, semantics=SEMANTICS, heads=("pooler",), dropout=float(dropout))
+        config = BERTConfig(**sizes, semantics=SEMANTICS, heads=("pooler",), dropout=float(dropout))
     except (TypeError, ValueError) as error:  # UsageError too: BERTConfig's own checks
         raise WeightsError(f"{path}: not a usable {BACKBONE} config: {reason(error)}") from None
+    return config, task
 
 
-def task_note(path: Path) -> str | None:
-    """The note for the task a preset holds (``task.json``), whose head is left out; None for a backbone."""
-    if not os.path.lexists(path / TASK_FILE):
-        return None
-    name = read_config(path / TASK_FILE, "KerasHub task config").get("class_name")
-    if name == "BertMaskedLM":
-        return MASKED_LM_HEAD
-    return task_head_left_out(["task.weights.h5"], f"the head of KerasHub's {name!r:.80}")
-
-
-def read_preset(path: Path) -> Raw:
-    """The config and canonical tensors of a KerasHub BERT preset, with notes of what was read past."""
-    if os.path.lexists(path / SHARDED_FILE) and not os.path.lexists(path / WEIGHTS_FILE):
-        raise WeightsError(f"{path}: a preset saved in shards ({SHARDED_FILE}), which bert_multi does not read")
-    config = read_backbone_config(path / CONFIG_FILE)
-    arrays, dtypes = read_hdf5(path / WEIGHTS_FILE)
-    names = {name: canonical_name(name) for name in arrays}
+def read_weights(path: Path, config: BERTConfig, within: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(canonical arrays, in the schema's order, and their dtypes) of the BertBackbone saved in the HDF5
+    file at ``path``, in its group ``within`` (a task's backbone is its layer ``bert_backbone``)."""
+    arrays, dtypes = read_hdf5(path, within)
+    if not arrays:
+        raise WeightsError(f"{path}: no weights in {within or 'it'!r}, where its config says the {BACKBONE}'s are")
+    prefix = f"{within}/" if within else ""
+    names = {name: canonical_name(name.removeprefix(prefix)) for name in arrays}
     unknown = [name for name, canonical in names.items() if canonical is None]
     if unknown:
-        raise WeightsError(f"{path / WEIGHTS_FILE}: weights of no BertBackbone layer bert_multi knows: {some(unknown)}")
+        raise WeightsError(f"{path}: weights of no BertBackbone layer bert_multi knows: {some(unknown)}")
     canonical: dict[str, np.ndarray] = {}
     kinds: dict[str, str] = {}
     for name in list(arrays):  # each of the file's arrays freed once turned into the canonical one
@@ -166,16 +167,41 @@ def read_preset(path: Path) -> Raw:
         try:
             canonical[ours] = canonical_array(ours, array, config.num_heads)
         except ValueError as error:
-            raise WeightsError(f"{path / WEIGHTS_FILE}: {name!r} ({ours}): {error}") from None
+            raise WeightsError(f"{path}: {name!r} ({ours}): {error}") from None
         kinds[ours] = dtypes[name]
     order = [name for name in param_shapes(config) if name in canonical]  # the schema's, not the file's
-    canonical = {name: canonical[name] for name in [*order, *(name for name in canonical if name not in order)]}
+    return {name: canonical[name] for name in [*order, *(name for name in canonical if name not in order)]}, kinds
+
+
+def notes_for(task: str | None, where: str) -> list[str]:
+    """What reading a BertBackbone says: how its weights were read, and the head of its ``task`` (saved in
+    ``where``) left out, and why."""
     notes = [f"read {WEIGHTS_FILE} and {CONFIG_FILE} (KerasHub's {BACKBONE}; Keras's kernels transposed, "
              "its attention's heads folded)"]  # fmt: skip
-    task = task_note(path)
-    if task:
-        notes.append(task)
-    return Raw(FORMAT.kind, None, canonical, kinds, notes, config=config)
+    if task == "BertMaskedLM":
+        notes.append(MASKED_LM_HEAD.format(where=where))
+    elif task is not None:
+        notes.append(task_head_left_out([where], f"the head of KerasHub's {task!r}"))
+    return notes
+
+
+def read_saved(directory: Path) -> tuple[BERTConfig, str | None, dict[str, np.ndarray], dict[str, str]]:
+    """(config, task class or None, canonical arrays, their dtypes) of ``config.json`` and ``model.weights.h5``
+    in ``directory``: a backbone's, or a task's, whose weights hold its backbone as the layer ``bert_backbone``."""
+    config, task = read_backbone_config(directory / CONFIG_FILE)
+    within = "" if task is None else f"layers/{TASK_BACKBONE}"
+    return config, task, *read_weights(directory / WEIGHTS_FILE, config, within)
+
+
+def read_preset(path: Path) -> Raw:
+    """The config and canonical tensors of a KerasHub BERT preset, with notes of what was read past."""
+    if os.path.lexists(path / SHARDED_FILE) and not os.path.lexists(path / WEIGHTS_FILE):
+        raise WeightsError(f"{path}: a preset saved in shards ({SHARDED_FILE}), which bert_multi does not read")
+    config, task, arrays, kinds = read_saved(path)
+    where = WEIGHTS_FILE
+    if task is None and os.path.lexists(path / TASK_FILE):  # the task's config and weights beside its backbone's
+        task, where = str(read_config(path / TASK_FILE, "KerasHub task config").get("class_name"))[:80], TASK_WEIGHTS
+    return Raw(FORMAT.kind, None, arrays, kinds, notes_for(task, where), config=config)
 
 
 def is_preset(path: Path) -> bool:
@@ -196,4 +222,31 @@ class Preset(CheckpointFormat):
         return read_preset(path)
 
 
-FORMAT = Preset()
+class KerasFile(CheckpointFormat):
+    kind = "keras-file"
+    description = (
+        "Keras model file of a KerasHub BERT (.keras: config.json + model.weights.h5, as model.save writes it)"
+    )
+    zip_marker = f"a Keras model file (no {WEIGHTS_FILE} beside {CONFIG_FILE})"
+
+    def recognizes(self, probe: Probe) -> bool:
+        return {CONFIG_FILE, WEIGHTS_FILE} <= set(probe.members)
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        no_key(path, key)
+        with tempfile.TemporaryDirectory(prefix="bert_multi-") as scratch:
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    for name in (CONFIG_FILE, WEIGHTS_FILE):
+                        extract(archive, archive.getinfo(name), Path(scratch) / name, path)
+                config, task, arrays, kinds = read_saved(Path(scratch))
+            except WeightsError as error:  # name the file the user gave, not a scratch copy
+                raise WeightsError(str(error).replace(scratch, str(path))) from None
+            except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
+                raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
+        return Raw(
+            self.kind, None, arrays, kinds, notes_for(task, f"{WEIGHTS_FILE}, beside its backbone"), config=config
+        )
+
+
+FORMAT, FILE = Preset(), KerasFile()
