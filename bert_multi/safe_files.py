@@ -41,9 +41,12 @@ def describe_format(head: bytes) -> str:
     if head.startswith(NPY_MAGIC):
         return "a single NumPy .npy array"
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return "an HDF5 file (Keras's .h5 weights; transformers 4's tf_model.h5 is read in its directory)"
+        return (
+            "an HDF5 file (Keras's .h5 weights; transformers 4's tf_model.h5 and a KerasHub preset's "
+            "model.weights.h5 are read in their directory)"
+        )
     if head.startswith(ZIP_MAGIC):
-        return "a zip archive (a NumPy .npz or a PyTorch checkpoint)"
+        return "a zip archive (a NumPy .npz, a PyTorch checkpoint or a .keras file)"
     if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
         return "a Python pickle"
     return "not a format bert_multi reads"

@@ -181,6 +181,11 @@ def test_a_weight_of_no_layer_it_knows_is_refused_by_its_path(tmp_path):
         load_checkpoint(directory)
 
 
+def test_the_weights_file_alone_says_it_is_read_in_its_directory():
+    with pytest.raises(WeightsError, match="a KerasHub preset's model.weights.h5 are read in their directory"):
+        load_checkpoint(BACKBONE / "model.weights.h5", num_heads=2)
+
+
 def test_a_preset_saved_in_shards_is_refused_by_name(tmp_path):
     directory = tmp_path / "sharded"
     directory.mkdir()

@@ -172,7 +172,7 @@ def test_a_tf_classifier_is_read_as_its_bert_without_its_head():
 
 
 def test_the_h5_file_alone_says_it_is_read_in_its_directory():
-    with pytest.raises(WeightsError, match=r"an HDF5 file \(Keras's .h5 weights; transformers 4's tf_model.h5 is read"):
+    with pytest.raises(WeightsError, match=r"an HDF5 file \(Keras's .h5 weights; transformers 4's tf_model.h5 and"):
         load_checkpoint(TF_PRETRAINING / "tf_model.h5", num_heads=2)
 
 

@@ -5,9 +5,9 @@
 it is in the model, as its own ``load_weights`` matches them: a layer by its class (``transformer_encoder``,
 ``transformer_encoder_1``, ... in the order the model holds them), a sublayer by its attribute
 (``_self_attention_layer/query_dense``), a variable by its place (``vars/0``, ``vars/1``). ``LAYERS`` and
-``SUBLAYERS`` map them to the canonical ones. A Dense's kernel is (in, out), transposed here; Keras's attention keeps the
-heads as an axis of their own (a query's kernel is (hidden, heads, head size)), folded here into the
-canonical (out, in), the heads checked against the config's.
+``SUBLAYERS`` map them to the canonical ones. A Dense's kernel is (in, out), transposed here; Keras's
+attention keeps the heads as an axis of their own (a query's kernel is (hidden, heads, head size)), folded
+here into the canonical (out, in), the heads checked against the config's.
 
 ``model.save`` writes the same two files in one zip (a ``.keras`` file); there, a task's ``config.json``
 holds its backbone's, and its weights hold the backbone as a layer of the task, whose group alone is read.
