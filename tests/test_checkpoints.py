@@ -372,3 +372,15 @@ def test_what_a_file_fits_is_said_in_its_own_frameworks_terms(tmp_path):
         "d2l-0.12 (d2l 0.12 - 0.15's computation, ported: d2l published that generation for MXNet only)" in said["jax"]
     )
     assert "(MXNet)" not in said["jax"]
+
+
+@pytest.mark.parametrize("name", ["config.json", "bert_config.json", "pretrained.params", "snapshots"])
+def test_a_directory_member_linking_to_a_name_too_long_is_a_weights_error(tmp_path, name):
+    """Path.is_file raises OSError for a link to a name longer than the system allows: recognizing a directory
+    must not, whatever the directory holds."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / name).symlink_to(tmp_path / ("x" * 300))
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "model" / "refs").mkdir()
+    with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
+        load_checkpoint(tmp_path / "model")

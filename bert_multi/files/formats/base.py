@@ -8,6 +8,7 @@ import re
 import shutil
 import stat
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,8 +159,18 @@ def extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, pat
 
 
 def is_directory(path: Path) -> bool:
+    return _is_kind(path, stat.S_ISDIR)
+
+
+def is_regular_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (through links), as ``Path.is_file``, but never raising (which it
+    does for a link to a name too long)."""
+    return _is_kind(path, stat.S_ISREG)
+
+
+def _is_kind(path: Path, kind: Callable[[int], bool]) -> bool:
     try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
+        return kind(os.stat(path).st_mode)
     except (OSError, ValueError):  # too long, unreadable, a NUL byte: open_regular says which
         return False
 

@@ -18,7 +18,7 @@ from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...safe_files import open_regular, reason, replace_text
 from ...spec.config import BERTConfig
-from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, extract, is_directory
+from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, extract, is_directory, is_regular_file
 
 MAX_VOCAB_BYTES = 64 << 20
 MAX_VOCAB_TOKENS = 1 << 20  # more than any BERT's vocabulary (multilingual ones have 250,000 tokens)
@@ -63,7 +63,7 @@ class Directory(CheckpointFormat):
         self.sniff = sniff
 
     def recognizes(self, probe: Probe) -> bool:
-        return is_directory(probe.path) and (probe.path / PARAMS_FILE).is_file()
+        return is_directory(probe.path) and is_regular_file(probe.path / PARAMS_FILE)
 
     def params_format(self, path: Path) -> CheckpointFormat:
         """The framework format of the directory's ``pretrained.params``."""

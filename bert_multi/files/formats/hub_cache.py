@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...errors import WeightsError
 from ...safe_files import open_regular, reason
-from .base import some
+from .base import is_directory, some
 
 SNAPSHOTS, REFS = "snapshots", "refs"
 MAX_SNAPSHOTS = 1000  # listed, at most, for a message
@@ -21,7 +21,7 @@ MAX_SNAPSHOTS = 1000  # listed, at most, for a message
 
 def is_cache_folder(path: Path) -> bool:
     """Whether ``path`` looks like the hub cache's folder of one model (snapshots beside refs or blobs)."""
-    return (path / SNAPSHOTS).is_dir() and ((path / REFS).is_dir() or (path / "blobs").is_dir())
+    return is_directory(path / SNAPSHOTS) and (is_directory(path / REFS) or is_directory(path / "blobs"))
 
 
 def snapshot(path: Path) -> tuple[Path, str]:

@@ -36,6 +36,7 @@ from .base import (
     Probe,
     Raw,
     is_directory,
+    is_regular_file,
     no_key,
     task_head_left_out,
     translated,
@@ -123,7 +124,7 @@ def is_model_directory(path: Path) -> bool:
     """Whether ``path`` is a HuggingFace model directory (a config and weights in a format read here; a
     weights file that is a dangling link or no regular file is refused by name when read)."""
     configs = (CONFIG_FILE, OLD_CONFIG_FILE)
-    return any((path / name).is_file() for name in configs) and any(
+    return any(is_regular_file(path / name) for name in configs) and any(
         os.path.lexists(path / name) for name in WEIGHT_FILES
     )
 

@@ -34,6 +34,7 @@ from .base import (
     Raw,
     control_character,
     is_directory,
+    is_regular_file,
     no_key,
     some,
     task_head_left_out,
@@ -102,7 +103,7 @@ def read_checkpoint(path: Path) -> Raw:
     prefix = checkpoint_prefix(path)
     prefix, chosen = (prefix, "") if prefix is not None else _latest_prefix(path)
     path, index = prefix.parent, prefix.with_name(prefix.name + INDEX_SUFFIX)
-    if not (path / CONFIG_FILE).is_file():  # a training run's directory: its sizes are in the model's config
+    if not is_regular_file(path / CONFIG_FILE):  # a training run's directory: its sizes are in the model's config
         raise WeightsError(
             f"{path}: a TensorFlow checkpoint without {CONFIG_FILE} beside it, which gives its sizes: copy in the "
             f"{CONFIG_FILE} of the model it was trained or fine-tuned from"
@@ -136,7 +137,7 @@ def _latest_prefix(path: Path) -> tuple[Path, str]:
     if not found:
         raise WeightsError(f"{path}: holds {CONFIG_FILE} but no TensorFlow checkpoint (no *{INDEX_SUFFIX} file)")
     latest = None
-    if (path / LATEST_FILE).is_file():
+    if is_regular_file(path / LATEST_FILE):
         with open_regular(path / LATEST_FILE, "TensorFlow checkpoint list", WeightsError) as file:
             text = file.read(MAX_LATEST_BYTES).decode("utf-8", "replace")
         match = re.search(r'^model_checkpoint_path: "([^"\n]*)"', text, re.MULTILINE)
