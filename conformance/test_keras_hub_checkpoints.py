@@ -159,7 +159,7 @@ def edited_config(tmp_path: Path, **changes) -> Path:
         ),
         ({"hidden_dim": 8.0}, "hidden_dim is 8.0, not a whole number"),
         ({"dropout": 1.5}, r"dropout is 1.5; expected a number in \[0, 1\)"),
-        ({"num_layers": 3}, r"missing tensor\(s\) \['encoder.blks.2.attention.W_q.weight'"),
+        ({"num_layers": 3}, r"it holds the blocks \[0, 1\], where its config's num_layers is 3"),
     ],
     ids=["another model", "3 segments", "other heads", "a float size", "dropout", "a block missing"],
 )

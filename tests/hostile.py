@@ -176,6 +176,16 @@ def _keras_hub_weights(path: str) -> object:
         return load_checkpoint(directory)
 
 
+def _keras_hub_config(path: str) -> object:
+    """A KerasHub preset whose config.json is (a link to) the file at ``path``, beside the fixture's weights."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "config.json").symlink_to(Path(path).absolute())
+        (Path(directory) / "model.weights.h5").symlink_to((KERAS_HUB / "model.weights.h5").absolute())
+        return load_checkpoint(directory)
+
+
 def _keras_file(path: str) -> object:
     from bert_multi import load_checkpoint
 
@@ -255,6 +265,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfindex": _shard_index,
     "kerashub": _keras_hub_weights,
     "kerasfile": _keras_file,
+    "kerasconfig": _keras_hub_config,
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -269,7 +280,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("hfindex", "kerashub", "kerasfile", "params", "flax"),
+    *("hfindex", "kerashub", "kerasfile", "kerasconfig", "params", "flax"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -813,6 +824,39 @@ def hostile_hfconfigs() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def hostile_keras_hub_configs() -> dict[str, tuple[bytes, str]]:
+    """A KerasHub BertBackbone's config.json, changed: its class, its arguments' types and sizes."""
+    document = json.loads((KERAS_HUB / "config.json").read_text())
+
+    def changed(**arguments: object) -> bytes:
+        return json.dumps({**document, "config": {**document["config"], **arguments}}).encode()
+
+    def task(backbone: object) -> bytes:
+        return json.dumps({"class_name": "BertMaskedLM", "config": {"backbone": backbone}}).encode()
+
+    return {
+        "arguments as a list": (
+            json.dumps({**document, "config": [1, 2]}).encode(),
+            "where a BertBackbone's arguments are an object",
+        ),
+        "a class as an object": (
+            json.dumps({**document, "class_name": {"a": 1}}).encode(),
+            "its class_name is {'a': 1}",
+        ),
+        "a task whose backbone is text": (task("BertBackbone"), "its class_name is 'BertMaskedLM'"),
+        "a task whose backbone is another's": (
+            task({"class_name": "GPT2Backbone"}),
+            "holds a backbone whose class_name is 'GPT2Backbone'",
+        ),
+        "a million layers": (changed(num_layers=10**6), "where its config's num_layers is 1000000"),
+        "a size as a string": (changed(hidden_dim="8"), "hidden_dim is '8'"),
+        "no vocabulary size": (changed(vocabulary_size=None), "vocabulary_size is None"),
+        "segments as true": (changed(num_segments=True), "num_segments is True"),
+        "dropout as NaN": (changed(dropout=float("nan")), "dropout is nan"),
+        "not JSON": (b"[", "not valid JSON"),
+    }
+
+
 def hostile_hf_flax() -> dict[str, tuple[bytes, str]]:
     from bert_multi.files.formats.flax import nested, pack_tree, read_tree
 
@@ -890,7 +934,7 @@ def hostile_keras_hub() -> dict[str, tuple[bytes, str]]:
         ),
         "the fifth block": (
             valid.replace(b"transformer_encoder_1\0", b"transformer_encoder_5\0"),
-            "missing tensor(s) ['encoder.blks.1.",
+            "it holds the blocks [0, 5], where its config's num_layers is 2",
         ),
         "transformers' tf_model.h5": ((HF_TF / "tf_model.h5").read_bytes(), "weights of no BertBackbone layer"),
         "bfloat16, as Keras 3 stores it": (
@@ -1215,6 +1259,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfh5": hostile_hf_h5,
     "kerashub": hostile_keras_hub,
     "kerasfile": hostile_keras_files,
+    "kerasconfig": hostile_keras_hub_configs,
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
@@ -1346,6 +1391,11 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [(HF_TF / "tf_model.h5").read_bytes()], generic
     if loader == "kerashub":
         return [(KERAS_HUB / "model.weights.h5").read_bytes()], generic
+    if loader == "kerasconfig":
+        return [
+            (KERAS_HUB / "config.json").read_bytes(),
+            (KERAS_HUB.parent / "keras-hub-masked-lm" / "task.json").read_bytes(),
+        ], generic
     if loader == "kerasfile":
         return [(KERAS_HUB.parent / "keras-hub-masked-lm.keras").read_bytes()], [*generic, mutate_inside_zip]
     if loader == "hfflax":

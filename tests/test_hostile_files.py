@@ -36,6 +36,7 @@ READERS = {
     "hfindex": None,
     "kerashub": None,
     "kerasfile": None,
+    "kerasconfig": None,
     "tfindex": None,
     "weights": None,
     "params": None,

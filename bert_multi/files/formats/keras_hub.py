@@ -163,6 +163,14 @@ def read_weights(path: Path, config: BERTConfig, within: str) -> tuple[dict[str,
     unknown = [name for name, canonical in names.items() if canonical is None]
     if unknown:
         raise WeightsError(f"{path}: weights of no BertBackbone layer bert_multi knows: {some(unknown)}")
+    # Checked before any list of the config's tensors is made: its num_layers is the file's to bound.
+    blocks = sorted(
+        {int(found[1]) for name in names.values() if (found := re.match(r"encoder\.blks\.(\d+)\.", str(name)))}
+    )
+    if blocks != list(range(config.num_blks)):
+        raise WeightsError(
+            f"{path}: it holds the blocks {some(blocks)}, where its config's num_layers is {config.num_blks}"
+        )
     canonical: dict[str, np.ndarray] = {}
     kinds: dict[str, str] = {}
     for name in list(arrays):  # each of the file's arrays freed once turned into the canonical one
@@ -209,8 +217,11 @@ def read_preset(path: Path) -> Raw:
 
 
 def is_preset(path: Path) -> bool:
-    """Whether ``path`` is a directory KerasHub's ``save_to_preset`` wrote (a config beside its weights)."""
-    return (path / CONFIG_FILE).is_file() and any(os.path.lexists(path / name) for name in (WEIGHTS_FILE, SHARDED_FILE))
+    """Whether ``path`` is a directory KerasHub's ``save_to_preset`` wrote (a config beside its weights; either
+    a dangling link or no regular file is refused by name when read)."""
+    return all(os.path.lexists(path / name) for name in (CONFIG_FILE, WEIGHTS_FILE)) or (
+        os.path.lexists(path / CONFIG_FILE) and os.path.lexists(path / SHARDED_FILE)
+    )
 
 
 class Preset(CheckpointFormat):
