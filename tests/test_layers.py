@@ -2,6 +2,7 @@
 own layer and those below (docs/design.md, "Layers"), and no unit grows too long to read."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,29 @@ def test_every_module_belongs_to_a_layer():
         module_name(path) for path in MODULES if path != PACKAGE / "__init__.py" and layer_of(module_name(path)) is None
     ]
     assert not lost, f"modules in no layer: {lost}; add them to a layer's package"
+
+
+def test_the_tree_of_architecture_md_names_every_module_of_the_core():
+    """The tree in docs/architecture.md shows each package of the core with its modules (and the checkpoint
+    formats' modules): one that a change adds, and the page does not name, fails here."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    tree = page.split("```\nbert_multi/\n", 1)[1].split("```", 1)[0]
+    named: dict[str, set[str]] = {}
+    package = None
+    for line in tree.splitlines():
+        entry = re.match(r"[├└]── (\w+)/ ", line)
+        package = entry[1] if entry else package if line.startswith("│ ") else None
+        if package:
+            named.setdefault(package, set()).update(re.findall(r"\w+", line))
+    missing = {}
+    for package in ("spec", "backend", "files", "engine", "verify", "training", "tools"):
+        modules = {path.stem for path in (PACKAGE / package).glob("*.py")} - {"__init__"}
+        modules |= {path.parent.name for path in (PACKAGE / package).glob("*/__init__.py")}
+        if package == "files":
+            modules |= {path.stem for path in (PACKAGE / package / "formats").glob("*.py")} - {"__init__"}
+        if modules - named.get(package, set()):
+            missing[package] = sorted(modules - named.get(package, set()))
+    assert not missing, f"docs/architecture.md's tree does not name: {missing}"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda path: module_name(path))
