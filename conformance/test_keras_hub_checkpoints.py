@@ -219,10 +219,10 @@ def test_a_task_saved_as_a_keras_file_is_read_as_its_backbone(tmp_path):
         read_hdf5(tmp_path / "model.weights.h5")
 
 
-def keras_file(tmp_path: Path, config: dict) -> Path:
+def keras_file(tmp_path: Path, config: dict, compression: int = zipfile.ZIP_STORED) -> Path:
     """A .keras file as model.save writes one of a BertBackbone: the preset's weights, ``config`` as its config."""
     path = tmp_path / "backbone.keras"
-    with zipfile.ZipFile(path, "w") as archive:
+    with zipfile.ZipFile(path, "w", compression) as archive:
         archive.writestr("metadata.json", (BACKBONE / "metadata.json").read_text())
         archive.writestr("config.json", json.dumps(config))
         archive.write(BACKBONE / "model.weights.h5", "model.weights.h5")
@@ -242,3 +242,26 @@ def test_a_keras_file_of_another_model_is_refused_naming_it_and_the_file(tmp_pat
     path = keras_file(tmp_path, {**config, "class_name": "DistilBertBackbone"})
     with pytest.raises(WeightsError, match=rf"^{path}/config.json: its class_name is 'DistilBertBackbone'"):
         load_checkpoint(path)
+
+
+def test_a_keras_files_weights_are_read_in_place_and_a_compressed_ones_copied_out(tmp_path, monkeypatch):
+    """Keras stores a .keras file's members uncompressed: its model.weights.h5 is read where it lies in the zip
+    (checked against the zip's checksum), only its config copied out; a zip compressed by another tool is
+    extracted first, and reads the same."""
+    from bert_multi.files.formats import keras_hub
+
+    copied = []
+    extract = keras_hub.extract
+    monkeypatch.setattr(
+        keras_hub,
+        "extract",
+        lambda archive, member, *rest: copied.append(member.filename) or extract(archive, member, *rest),
+    )
+    in_place = load_checkpoint(HERE / "keras-hub-masked-lm.keras")
+    assert copied == ["config.json"]
+    config = json.loads((BACKBONE / "config.json").read_text())
+    compressed = load_checkpoint(keras_file(tmp_path, config, zipfile.ZIP_DEFLATED))
+    assert copied == ["config.json", "config.json", "model.weights.h5"]
+    preset = load_checkpoint(BACKBONE)
+    assert all(np.array_equal(array, preset.weights[name]) for name, array in compressed.weights.items())
+    assert in_place.config.num_blks == 1 and compressed.config == preset.config

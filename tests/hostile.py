@@ -1104,12 +1104,19 @@ def hostile_keras_files() -> dict[str, tuple[bytes, str]]:
     def keras(config: object, weights: bytes = weights, method: int = zipfile.ZIP_STORED) -> bytes:
         return make_zip([("config.json", json.dumps(config).encode()), ("model.weights.h5", weights)], method)
 
+    with zipfile.ZipFile(io.BytesIO(whole)) as archive:
+        stored = archive.getinfo("model.weights.h5")
+    data_at = stored.header_offset + 30 + len(stored.filename) + len(stored.extra)  # its bytes, read in place
+    flipped = whole[: data_at + 600] + bytes([whole[data_at + 600] ^ 1]) + whole[data_at + 601 :]
+    moved = whole[: stored.header_offset] + b"XX" + whole[stored.header_offset + 2 :]
     roberta = {
         **config,
         "config": {**config["config"], "backbone": {**config["config"]["backbone"], "class_name": "RobertaBackbone"}},
     }
     return {
         "cut short": (whole[: len(whole) // 2], "zip"),
+        "a bit of the weights flipped": (flipped, "its bytes do not match the zip's checksum"),
+        "the weights' local header gone": (moved, "local header is not where the zip's directory says"),
         "no weights": (make_zip([("config.json", json.dumps(config).encode())]), "neither"),
         "config.json not JSON": (make_zip([("config.json", b"{"), ("model.weights.h5", weights)]), "not valid JSON"),
         "a RoBERTa's backbone": (

@@ -7,11 +7,13 @@ import os
 import re
 import shutil
 import stat
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -156,6 +158,41 @@ def extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, pat
         )
     with archive.open(member) as source, open(target, "wb") as sink:
         shutil.copyfileobj(source, sink, 1 << 20)
+
+
+class Member(NamedTuple):
+    """A zip's member stored uncompressed: its name, and where its bytes are in the zip's file."""
+
+    name: str
+    start: int
+    size: int
+
+
+LOCAL_HEADER = struct.Struct("<4s22xHH")  # a member's local header: its signature, name and extra lengths
+
+
+def stored_member(file: BinaryIO, member: zipfile.ZipInfo, path: Path) -> Member | None:
+    """Where ``member`` of the zip at ``path`` (open as ``file``) lies in it, to be read in place, when it is
+    stored uncompressed (as Keras stores a .keras file's); its bytes checked against the zip's checksum first
+    (what extracting it would check). None for a member compressed or encrypted: extract it."""
+    if member.compress_type != zipfile.ZIP_STORED or member.flag_bits & 0x1 or member.file_size != member.compress_size:
+        return None
+    file.seek(member.header_offset)
+    header = file.read(LOCAL_HEADER.size)
+    if len(header) < LOCAL_HEADER.size or LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
+        raise WeightsError(f"{path}: {member.filename}'s local header is not where the zip's directory says")
+    _, name_length, extra_length = LOCAL_HEADER.unpack(header)
+    start = member.header_offset + LOCAL_HEADER.size + name_length + extra_length
+    checksum, left = 0, member.file_size
+    file.seek(start)
+    while left:
+        chunk = file.read(min(left, 1 << 20))
+        if not chunk:
+            raise WeightsError(f"{path}: {member.filename} is cut short: the zip says {member.file_size} bytes")
+        checksum, left = zlib.crc32(chunk, checksum), left - len(chunk)
+    if checksum != member.CRC:
+        raise WeightsError(f"{path}: {member.filename} is damaged: its bytes do not match the zip's checksum")
+    return Member(member.filename, start, member.file_size)
 
 
 def is_directory(path: Path) -> bool:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ...errors import WeightsError
 from ...safe_files import check_shape, describe_format, file_size, open_regular
-from .base import control_character
+from .base import Member, control_character
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
 MAX_OBJECTS = 100_000  # groups and datasets: a BERT-large's tf_model.h5 has under 2,000
@@ -58,8 +58,9 @@ class Dataset(NamedTuple):
 class _File:
     """An HDF5 file's structure read by address, within the file and the structure budget."""
 
-    def __init__(self, file: io.BufferedReader, path: str | os.PathLike, within: str = "") -> None:
-        self.file, self.path, self.size, self.within = file, path, file_size(file), within
+    def __init__(self, file: io.BufferedReader, path: str, within: str = "", member: Member | None = None) -> None:
+        self.file, self.path, self.within = file, path, within
+        self.base, self.size = (member.start, member.size) if member else (0, file_size(file))
         self.spent = 0
         self.seen: set[int] = set()  # object header addresses visited
         self.datasets: dict[str, Dataset] = {}
@@ -73,7 +74,7 @@ class _File:
         self.spent += count
         if self.spent > MAX_STRUCTURE:
             raise self.fail(f"its structure takes over {MAX_STRUCTURE} bytes; a weights file's takes far less")
-        self.file.seek(at)
+        self.file.seek(self.base + at)
         data = self.file.read(count)
         if len(data) != count:
             raise self.fail(f"it changed while read: {what} at byte {at} is no longer there")
@@ -86,7 +87,7 @@ class _File:
             array = np.frombuffer(dataset.values, dtype=dataset.dtype).reshape(dataset.shape).copy()
         else:
             array = np.empty(dataset.shape, dataset.dtype)
-            self.file.seek(dataset.address)
+            self.file.seek(self.base + dataset.address)
             if self.file.readinto(array.data.cast("B")) != array.nbytes:
                 raise self.fail(f"it changed while read: the values of {name!r} are no longer there")
         return array.astype(array.dtype.newbyteorder("="), copy=False)
@@ -272,12 +273,15 @@ class _File:
         return np.dtype(ieee[1]).newbyteorder(">" if body[1] & 0x01 else "<")
 
 
-def read_hdf5(path: str | os.PathLike, within: str = "") -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def read_hdf5(
+    path: str | os.PathLike, within: str = "", member: Member | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every dataset of an HDF5 file under its path (``layer/scope/.../kernel:0``), or only those in the group
-    ``within`` (nothing else is read), in the byte order of this machine, and each one's dtype. Anything
-    malformed, or of a part of HDF5 Keras does not write, is a ``WeightsError`` naming the file and what."""
+    ``within`` (nothing else is read), in the byte order of this machine, and each one's dtype; the file is
+    at ``path``, or is the ``member`` stored there (a zip's, read in place). Anything malformed, or of a part
+    of HDF5 Keras does not write, is a ``WeightsError`` naming the file and what."""
     with open_regular(path, "HDF5 weights file", WeightsError) as file:
-        reader = _File(file, path, within)
+        reader = _File(file, f"{path}/{member.name}" if member else str(path), within, member)
         reader.walk(reader.root(), "", 0)
         datasets = reader.datasets
         # Each byte of data belongs to one dataset at most: what is read is never more than the file holds.

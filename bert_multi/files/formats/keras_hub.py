@@ -29,11 +29,22 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import WeightsError
-from ...safe_files import reason, size_field
+from ...safe_files import open_regular, reason, size_field
 from ...spec.config import BERTConfig
 from ...spec.schema import param_shapes
 from ...spec.semantics import PRESETS
-from .base import CheckpointFormat, Probe, Raw, extract, is_directory, no_key, some, task_head_left_out
+from .base import (
+    CheckpointFormat,
+    Member,
+    Probe,
+    Raw,
+    extract,
+    is_directory,
+    no_key,
+    some,
+    stored_member,
+    task_head_left_out,
+)
 from .hdf5 import read_hdf5
 from .huggingface import read_config
 
@@ -152,10 +163,14 @@ def read_backbone_config(path: Path) -> tuple[BERTConfig, str | None]:
     return config, task
 
 
-def read_weights(path: Path, config: BERTConfig, within: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def read_weights(
+    path: Path, config: BERTConfig, within: str, member: Member | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(canonical arrays, in the schema's order, and their dtypes) of the BertBackbone saved in the HDF5
-    file at ``path``, in its group ``within`` (a task's backbone is its layer ``bert_backbone``)."""
-    arrays, dtypes = read_hdf5(path, within)
+    file at ``path`` (or its zip's ``member``), in its group ``within`` (a task's backbone is its layer
+    ``bert_backbone``)."""
+    arrays, dtypes = read_hdf5(path, within, member)
+    path = path / member.name if member else path
     if not arrays:
         raise WeightsError(f"{path}: no weights in {within or 'it'!r}, where its config says the {BACKBONE}'s are")
     prefix = f"{within}/" if within else ""
@@ -197,19 +212,22 @@ def notes_for(task: str | None, where: str) -> list[str]:
     return notes
 
 
-def read_saved(directory: Path) -> tuple[BERTConfig, str | None, dict[str, np.ndarray], dict[str, str]]:
-    """(config, task class or None, canonical arrays, their dtypes) of ``config.json`` and ``model.weights.h5``
-    in ``directory``: a backbone's, or a task's, whose weights hold its backbone as the layer ``bert_backbone``."""
-    config, task = read_backbone_config(directory / CONFIG_FILE)
+def read_saved(
+    config_file: Path, weights_file: Path, member: Member | None = None
+) -> tuple[BERTConfig, str | None, dict[str, np.ndarray], dict[str, str]]:
+    """(config, task class or None, canonical arrays, their dtypes) of a ``config.json`` and its
+    ``model.weights.h5`` (or the ``member`` of the zip ``weights_file`` holding it): a backbone's, or a task's,
+    whose weights hold its backbone as the layer ``bert_backbone``."""
+    config, task = read_backbone_config(config_file)
     within = "" if task is None else f"layers/{TASK_BACKBONE}"
-    return config, task, *read_weights(directory / WEIGHTS_FILE, config, within)
+    return config, task, *read_weights(weights_file, config, within, member)
 
 
 def read_preset(path: Path) -> Raw:
     """The config and canonical tensors of a KerasHub BERT preset, with notes of what was read past."""
     if os.path.lexists(path / SHARDED_FILE) and not os.path.lexists(path / WEIGHTS_FILE):
         raise WeightsError(f"{path}: a preset saved in shards ({SHARDED_FILE}), which bert_multi does not read")
-    config, task, arrays, kinds = read_saved(path)
+    config, task, arrays, kinds = read_saved(path / CONFIG_FILE, path / WEIGHTS_FILE)
     where = WEIGHTS_FILE
     if task is None and os.path.lexists(path / TASK_FILE):  # the task's config and weights beside its backbone's
         task, where = str(read_config(path / TASK_FILE, "KerasHub task config").get("class_name"))[:80], TASK_WEIGHTS
@@ -250,15 +268,21 @@ class KerasFile(CheckpointFormat):
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
         with tempfile.TemporaryDirectory(prefix="bert_multi-") as scratch:
+            config_file, weights_file = Path(scratch) / CONFIG_FILE, Path(scratch) / WEIGHTS_FILE
             try:
-                with zipfile.ZipFile(path) as archive:
-                    for name in (CONFIG_FILE, WEIGHTS_FILE):
-                        extract(archive, archive.getinfo(name), Path(scratch) / name, path)
-                config, task, arrays, kinds = read_saved(Path(scratch))
-            except WeightsError as error:  # name the file the user gave, not a scratch copy
-                raise WeightsError(str(error).replace(scratch, str(path))) from None
+                with open_regular(path, "Keras model file", WeightsError) as file, zipfile.ZipFile(file) as archive:
+                    extract(archive, archive.getinfo(CONFIG_FILE), config_file, path)
+                    member = stored_member(file, archive.getinfo(WEIGHTS_FILE), path)  # read in place, or copied
+                    if member is None:
+                        extract(archive, archive.getinfo(WEIGHTS_FILE), weights_file, path)
+            except WeightsError:
+                raise
             except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
                 raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
+            try:
+                config, task, arrays, kinds = read_saved(config_file, path if member else weights_file, member)
+            except WeightsError as error:  # name the file the user gave, not a scratch copy
+                raise WeightsError(str(error).replace(scratch, str(path))) from None
         return Raw(
             self.kind, None, arrays, kinds, notes_for(task, f"{WEIGHTS_FILE}, beside its backbone"), config=config
         )
