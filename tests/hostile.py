@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve()
 TF_CHECKPOINT = HERE.parent.parent / "conformance" / "original_bert" / "checkpoints" / "pretrained"
 HF_FLAX = TF_CHECKPOINT.parent / "flax-model"  # transformers' FlaxBertModel, saved by transformers 4.57
 HF_TF = TF_CHECKPOINT.parent / "tf-classifier"  # its TFBertForSequenceClassification, saved by Keras 2 (HDF5)
+TF2_SAVED = TF_CHECKPOINT.parent / "tf2-savedmodel"  # a Model Garden BertEncoder's SavedModel variables (TF 2.20)
 KERAS_HUB = TF_CHECKPOINT.parent / "keras-hub-backbone"  # a BertBackbone preset, saved by KerasHub 0.32 (Keras 3)
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
@@ -176,6 +177,22 @@ def _keras_hub_weights(path: str) -> object:
         return load_checkpoint(directory)
 
 
+def _tf2_part(part: str) -> Callable[[str], object]:
+    """A loader: a SavedModel's variables/ whose ``part`` (its index or its data) is (a link to) the file at
+    its path, beside the other part of the fixture's."""
+
+    def load(path: str) -> object:
+        from bert_multi import load_checkpoint
+
+        with tempfile.TemporaryDirectory() as directory:
+            shutil.copytree(TF2_SAVED, Path(directory) / "saved")
+            (Path(directory) / "saved" / "variables" / part).unlink()
+            (Path(directory) / "saved" / "variables" / part).symlink_to(Path(path).absolute())
+            return load_checkpoint(Path(directory) / "saved")
+
+    return load
+
+
 def _keras_hub_config(path: str) -> object:
     """A KerasHub preset whose config.json is (a link to) the file at ``path``, beside the fixture's weights."""
     from bert_multi import load_checkpoint
@@ -266,6 +283,8 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "kerashub": _keras_hub_weights,
     "kerasfile": _keras_file,
     "kerasconfig": _keras_hub_config,
+    "tf2index": _tf2_part("variables.index"),
+    "tf2data": _tf2_part("variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
@@ -280,7 +299,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("hfindex", "kerashub", "kerasfile", "kerasconfig", "params", "flax"),
+    *("hfindex", "kerashub", "kerasfile", "kerasconfig", "tf2index", "tf2data", "params", "flax"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -857,6 +876,43 @@ def hostile_keras_hub_configs() -> dict[str, tuple[bytes, str]]:
     }
 
 
+def hostile_tf2_data() -> dict[str, tuple[bytes, str]]:
+    """A SavedModel's variables data, whose first tensor is its object graph, changed where a pattern finds it."""
+    from bert_multi.files.formats.tensorflow import read_index
+
+    valid = (TF2_SAVED / "variables" / "variables.data-00000-of-00001").read_bytes()
+    at = read_index(TF2_SAVED / "variables" / "variables.index")[0]["_CHECKPOINTABLE_OBJECT_GRAPH"].offset
+    name = b"pooler_transform/kernel"
+    assert valid.count(name) == 1, "the pattern no longer finds the pooler's name in the object graph"
+    return {
+        "a graph longer than its tensor": (valid[:at] + b"\xff\xff\x03" + valid[at + 3 :], "its object graph says"),
+        "a graph that is no protocol buffer": (
+            valid[: at + 6] + b"\xff" * 40 + valid[at + 46 :],
+            "its object graph is malformed",
+        ),
+        "a variable of another name": (valid.replace(name, b"pooler_transform/kernex"), "pooler_transform/kernex"),
+        "a name that ends a line": (valid.replace(name, b"pooler_transform/kerne\n"), "no BertEncoder layer"),
+        "cut short": (valid[: len(valid) // 2], "lie past its end"),
+    }
+
+
+def hostile_tf2_indexes() -> dict[str, tuple[bytes, str]]:
+    """A SavedModel's variables index: TensorFlow 1's in its place, or an object graph that is no scalar."""
+    graph = b"_CHECKPOINTABLE_OBJECT_GRAPH"
+    return {
+        "TensorFlow 1's index": ((TF_CHECKPOINT / "bert_model.ckpt.index").read_bytes(), "a TensorFlow 1 checkpoint"),
+        "a graph of a matrix's shape": (
+            tf_index_bytes([TF_HEADER, (graph, tf_entry(dtype=7, shape=(2, 2), size=40))]),
+            "its object graph is of shape (2, 2)",
+        ),
+        "a graph of 2**40 bytes": (
+            tf_index_bytes([TF_HEADER, (graph, tf_entry(dtype=7, shape=(), size=2**40))]),
+            "its object graph is of shape () and 1099511627776 bytes",
+        ),
+        "empty file": (b"", "where an index is"),
+    }
+
+
 def hostile_hf_flax() -> dict[str, tuple[bytes, str]]:
     from bert_multi.files.formats.flax import nested, pack_tree, read_tree
 
@@ -1008,7 +1064,7 @@ def hostile_tf_indexes() -> dict[str, tuple[bytes, str]]:
         "a compressed block (snappy)": (tf_index_bytes([TF_HEADER], compression=1), "compressed with method 1"),
         "2**32 - 1 restart points": (tf_index_bytes([TF_HEADER], restarts=2**32 - 1), "claims 4294967295 restart"),
         "a number of 11 bytes": (tf_index_bytes([TF_HEADER], handle=b"\xff" * 11), "a number longer than 10 bytes"),
-        "a string tensor": (one(tf_entry(dtype=7)), "TensorFlow dtype number 7"),
+        "a string tensor": (one(tf_entry(dtype=7)), "holds text, where weights are numbers"),
         "an entry of 2 KB": (one(tf_entry() + _proto((9, b"x" * 2048))), "a record of 2"),
         "a name of 2 KB": (one(tf_entry(), b"x" * 2048), "a key of over 1024 bytes"),
         "100,002 headers": (tf_index_bytes([TF_HEADER] * 100_002), "it holds over 100000 records"),
@@ -1267,6 +1323,8 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "kerashub": hostile_keras_hub,
     "kerasfile": hostile_keras_files,
     "kerasconfig": hostile_keras_hub_configs,
+    "tf2data": hostile_tf2_data,
+    "tf2index": hostile_tf2_indexes,
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "weights": hostile_weights,
@@ -1398,6 +1456,9 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [(HF_TF / "tf_model.h5").read_bytes()], generic
     if loader == "kerashub":
         return [(KERAS_HUB / "model.weights.h5").read_bytes()], generic
+    if loader in ("tf2index", "tf2data"):
+        part = "variables.index" if loader == "tf2index" else "variables.data-00000-of-00001"
+        return [(TF2_SAVED / "variables" / part).read_bytes()], generic
     if loader == "kerasconfig":
         return [
             (KERAS_HUB / "config.json").read_bytes(),

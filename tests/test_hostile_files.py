@@ -37,6 +37,8 @@ READERS = {
     "kerashub": None,
     "kerasfile": None,
     "kerasconfig": None,
+    "tf2index": None,
+    "tf2data": None,
     "tfindex": None,
     "weights": None,
     "params": None,

@@ -49,8 +49,9 @@ FOOTER_BYTES, BLOCK_TRAILER_BYTES = 48, 5  # the footer: two block handles, padd
 MAX_INDEX_BYTES = 4 << 20
 MAX_ENTRY_BYTES = MAX_KEY_BYTES = 1024
 MAX_LATEST_BYTES = 1 << 20
-# TensorFlow's DataType numbers of the dtypes a BERT's weights are saved in (bfloat16 arrives as float32).
-DTYPES = {1: "float32", 2: "float64", 3: "int32", 9: "int64", 14: "bfloat16", 19: "float16"}
+# TensorFlow's DataType numbers of the dtypes a BERT's weights are saved in (bfloat16 arrives as float32), and
+# TensorFlow 2's string, the object graph of its checkpoints.
+DTYPES = {1: "float32", 2: "float64", 3: "int32", 7: "string", 9: "int64", 14: "bfloat16", 19: "float16"}
 # Training state, not the model: Adam's moments (Google's AdamWeightDecayOptimizer names them adam_m and
 # adam_v, or as TensorFlow names an optimizer's slots; tf.train.Adam's), its powers of beta, the step count.
 TRAINING_STATE = (
@@ -101,7 +102,7 @@ def read_checkpoint(path: Path) -> Raw:
     it holds several, as ``tf.train.latest_checkpoint`` picks) or one of its checkpoints (``checkpoint_prefix``),
     with notes of what was read past."""
     prefix = checkpoint_prefix(path)
-    prefix, chosen = (prefix, "") if prefix is not None else _latest_prefix(path)
+    prefix, chosen = (prefix, "") if prefix is not None else latest_prefix(path)
     path, index = prefix.parent, prefix.with_name(prefix.name + INDEX_SUFFIX)
     if not is_regular_file(path / CONFIG_FILE):  # a training run's directory: its sizes are in the model's config
         raise WeightsError(
@@ -128,9 +129,9 @@ def read_checkpoint(path: Path) -> Raw:
     return Raw(FORMAT.kind, None, canonical, canonical_dtypes, notes, config=config, settings=hf)
 
 
-def _latest_prefix(path: Path) -> tuple[Path, str]:
+def latest_prefix(path: Path, beside: str = f" with {CONFIG_FILE}") -> tuple[Path, str]:
     """The prefix of the directory's checkpoint (``bert_model.ckpt``): its only one, else the latest its
-    ``checkpoint`` file names. And why, where it chose."""
+    ``checkpoint`` file names. And why, where it chose (``beside``: what to keep the one to read with)."""
     found = sorted(name.name.removesuffix(INDEX_SUFFIX) for name in path.glob(f"*{INDEX_SUFFIX}"))
     if len(found) == 1:
         return path / found[0], ""
@@ -145,7 +146,7 @@ def _latest_prefix(path: Path) -> tuple[Path, str]:
     if latest not in found:
         raise WeightsError(
             f"{path}: holds {len(found)} checkpoints ({some(found)}) and no {LATEST_FILE} file naming one of them "
-            "as the latest: keep the one to read alone with bert_config.json"
+            f"as the latest: keep the one to read alone{beside}"
         )
     return path / latest, f" (the latest of {len(found)} checkpoints, as its {LATEST_FILE} file says)"
 
@@ -153,45 +154,45 @@ def _latest_prefix(path: Path) -> tuple[Path, str]:
 # --- the tensor bundle ------------------------------------------------------------------------------------
 
 
-class _Malformed(Exception):
+class Malformed(Exception):
     """A structure of the index that is not what it claims to be (said as a ``WeightsError``)."""
 
 
-def _varint(data: bytes, at: int, end: int) -> tuple[int, int]:
+def varint(data: bytes, at: int, end: int) -> tuple[int, int]:
     """The unsigned LEB128 number at ``data[at]`` (at most 10 bytes, before ``end``), and where it ends."""
     value = 0
     for shift in range(0, 70, 7):
         if at >= end:
-            raise _Malformed("a number runs past the end of its record")
+            raise Malformed("a number runs past the end of its record")
         byte = data[at]
         at += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, at
-    raise _Malformed("a number longer than 10 bytes")
+    raise Malformed("a number longer than 10 bytes")
 
 
-def _fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
+def proto_fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
     """A protocol-buffer message's (field number, value): a number, or a length-delimited field's bytes."""
     at, end = 0, len(message)
     while at < end:
-        key, at = _varint(message, at, end)
+        key, at = varint(message, at, end)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            value, at = _varint(message, at, end)
+            value, at = varint(message, at, end)
             yield number, value
         elif wire in (1, 5):  # fixed64, fixed32 (a checksum): skipped
             at += 8 if wire == 1 else 4
             if at > end:
-                raise _Malformed("a field runs past the end of its record")
+                raise Malformed("a field runs past the end of its record")
         elif wire == 2:
-            length, at = _varint(message, at, end)
+            length, at = varint(message, at, end)
             if at + length > end:
-                raise _Malformed("a field runs past the end of its record")
+                raise Malformed("a field runs past the end of its record")
             yield number, message[at : at + length]
             at += length
         else:
-            raise _Malformed(f"a field of wire type {wire}")
+            raise Malformed(f"a field of wire type {wire}")
 
 
 def _entry(value: bytes) -> Entry:
@@ -199,60 +200,60 @@ def _entry(value: bytes) -> Entry:
     field 2), shard_id (3), offset (4), size (5); slices (7) are a partitioned variable's."""
     fields: dict[int, Any] = {}
     dims: list[int] = []
-    for number, field in _fields(value):
+    for number, field in proto_fields(value):
         if number == 2 and isinstance(field, bytes):
-            for shape_number, dim in _fields(field):
+            for shape_number, dim in proto_fields(field):
                 if shape_number == 3 and dim:
-                    raise _Malformed("its shape is of unknown rank")
+                    raise Malformed("its shape is of unknown rank")
                 if shape_number == 2 and isinstance(dim, bytes):
-                    dims.append(next((size for n, size in _fields(dim) if n == 1 and isinstance(size, int)), 0))
+                    dims.append(next((size for n, size in proto_fields(dim) if n == 1 and isinstance(size, int)), 0))
                 if len(dims) > 32:
-                    raise _Malformed("a shape of more than 32 axes; NumPy's arrays have at most 32")
+                    raise Malformed("a shape of more than 32 axes; NumPy's arrays have at most 32")
         elif number == 7:
-            raise _Malformed("a partitioned variable (saved in slices), which bert_multi does not read")
+            raise Malformed("a partitioned variable (saved in slices), which bert_multi does not read")
         elif isinstance(field, int):
             fields[number] = field
     dtype = DTYPES.get(fields.get(1, 0))
     if dtype is None:
-        raise _Malformed(f"TensorFlow dtype number {fields.get(1, 0)}, which bert_multi does not read")
+        raise Malformed(f"TensorFlow dtype number {fields.get(1, 0)}, which bert_multi does not read")
     if any(dim >= 1 << 62 for dim in dims):
-        raise _Malformed(f"a shape {tuple(dims)} with an axis past 2**62")
+        raise Malformed(f"a shape {tuple(dims)} with an axis past 2**62")
     return Entry(dtype, tuple(dims), fields.get(3, 0), fields.get(4, 0), fields.get(5, 0))
 
 
 def _block(file: BinaryIO, size: int, handle: bytes, at: int = 0) -> tuple[bytes, int]:
     """The block a ``BlockHandle`` (offset, size) at ``handle[at]`` points to, and where the handle ends."""
-    offset, at = _varint(handle, at, len(handle))
-    length, at = _varint(handle, at, len(handle))
+    offset, at = varint(handle, at, len(handle))
+    length, at = varint(handle, at, len(handle))
     if offset + length + BLOCK_TRAILER_BYTES > size:
-        raise _Malformed(f"a block of {length} bytes at {offset}, past the file's {size} bytes")
+        raise Malformed(f"a block of {length} bytes at {offset}, past the file's {size} bytes")
     file.seek(offset)
     data = file.read(length + BLOCK_TRAILER_BYTES)
     if len(data) < length + BLOCK_TRAILER_BYTES:
-        raise _Malformed(f"a block of {length} bytes at {offset}, cut short")
+        raise Malformed(f"a block of {length} bytes at {offset}, cut short")
     if data[length] != 0:
-        raise _Malformed(f"a block compressed with method {data[length]}; TensorFlow writes them uncompressed")
+        raise Malformed(f"a block compressed with method {data[length]}; TensorFlow writes them uncompressed")
     return data[:length], at
 
 
 def _records(block: bytes) -> Iterator[tuple[bytes, bytes]]:
     """A table block's (key, value) records: each key shares a prefix with the one before."""
     if len(block) < 4:
-        raise _Malformed("a block shorter than its restart count")
+        raise Malformed("a block shorter than its restart count")
     (restarts,) = struct.unpack_from("<I", block, len(block) - 4)
     end = len(block) - 4 - 4 * restarts
     if end < 0:
-        raise _Malformed(f"a block of {len(block)} bytes claims {restarts} restart points")
+        raise Malformed(f"a block of {len(block)} bytes claims {restarts} restart points")
     at, key = 0, b""
     while at < end:
-        shared, at = _varint(block, at, end)
-        unshared, at = _varint(block, at, end)
-        length, at = _varint(block, at, end)
+        shared, at = varint(block, at, end)
+        unshared, at = varint(block, at, end)
+        length, at = varint(block, at, end)
         if shared > len(key) or at + unshared + length > end:
-            raise _Malformed("a record runs past its block")
+            raise Malformed("a record runs past its block")
         key = key[:shared] + block[at : at + unshared]
         if len(key) > MAX_KEY_BYTES:  # each key is built from the last: a long one would be copied each time
-            raise _Malformed(f"a key of over {MAX_KEY_BYTES} bytes, where a tensor's name is tens")
+            raise Malformed(f"a key of over {MAX_KEY_BYTES} bytes, where a tensor's name is tens")
         yield key, block[at + unshared : at + unshared + length]
         at += unshared + length
 
@@ -263,16 +264,16 @@ def read_index(path: Path) -> tuple[dict[str, Entry], int]:
         size = file_size(file)
         try:
             if not FOOTER_BYTES <= size <= MAX_INDEX_BYTES:
-                raise _Malformed(f"{size} bytes, where an index is {FOOTER_BYTES} bytes to {MAX_INDEX_BYTES >> 20} MiB")
+                raise Malformed(f"{size} bytes, where an index is {FOOTER_BYTES} bytes to {MAX_INDEX_BYTES >> 20} MiB")
             file.seek(size - FOOTER_BYTES)
             footer = file.read(FOOTER_BYTES)
             if struct.unpack_from("<Q", footer, FOOTER_BYTES - 8)[0] != TABLE_MAGIC:
-                raise _Malformed("it does not end with a LevelDB table's magic number")
-            _, at = _varint(footer, 0, FOOTER_BYTES - 8)  # the metaindex handle, of no use here
-            _, at = _varint(footer, at, FOOTER_BYTES - 8)
+                raise Malformed("it does not end with a LevelDB table's magic number")
+            _, at = varint(footer, 0, FOOTER_BYTES - 8)  # the metaindex handle, of no use here
+            _, at = varint(footer, at, FOOTER_BYTES - 8)
             index, _ = _block(file, size, footer, at)
             return _entries(file, size, index)
-        except _Malformed as error:
+        except Malformed as error:
             raise WeightsError(f"{path}: not a readable TensorFlow checkpoint index: {error}") from None
 
 
@@ -284,33 +285,33 @@ def _entries(file: BinaryIO, size: int, index: bytes) -> tuple[dict[str, Entry],
         block = _block(file, size, handle)[0]
         read += len(block)
         if read > size:
-            raise _Malformed("its index points to some block twice")
+            raise Malformed("its index points to some block twice")
         for key, value in _records(block):
             records += 1  # the header's too: each is work
             if records > MAX_TENSORS + 1:
-                raise _Malformed(f"it holds over {MAX_TENSORS} records; a BERT's index lists hundreds of tensors")
+                raise Malformed(f"it holds over {MAX_TENSORS} records; a BERT's index lists hundreds of tensors")
             if len(value) > MAX_ENTRY_BYTES:
-                raise _Malformed(f"a record of {len(value)} bytes, where a tensor's entry is tens of bytes")
+                raise Malformed(f"a record of {len(value)} bytes, where a tensor's entry is tens of bytes")
             if key == b"":  # the header: BundleHeaderProto's num_shards (1), endianness (2: 0 little)
-                header = {number: field for number, field in _fields(value) if isinstance(field, int)}
+                header = {number: field for number, field in proto_fields(value) if isinstance(field, int)}
                 if header.get(2, 0) != 0:
-                    raise _Malformed("its tensors are big-endian")
+                    raise Malformed("its tensors are big-endian")
                 shards = header.get(1, 0)
                 continue
             try:
                 name = key.decode("utf-8")
             except UnicodeDecodeError:
-                raise _Malformed(f"a tensor name that is not UTF-8: {key[:60]!r}") from None
+                raise Malformed(f"a tensor name that is not UTF-8: {key[:60]!r}") from None
             if control_character(name) is not None:
-                raise _Malformed(f"a tensor name holds the control character {control_character(name)}")
+                raise Malformed(f"a tensor name holds the control character {control_character(name)}")
             if name in entries:
-                raise _Malformed(f"{name!r:.80} appears twice")
+                raise Malformed(f"{name!r:.80} appears twice")
             try:
                 entries[name] = _entry(value)
-            except _Malformed as error:
-                raise _Malformed(f"tensor {name!r:.80}: {error}") from None
+            except Malformed as error:
+                raise Malformed(f"tensor {name!r:.80}: {error}") from None
     if shards is None or not 1 <= shards <= 1 << 16:
-        raise _Malformed(f"its header gives {shards} data shards")
+        raise Malformed(f"its header gives {shards} data shards")
     return entries, shards
 
 
@@ -335,6 +336,8 @@ def read_tensors(prefix: Path, shards: int, entries: dict[str, Entry]) -> tuple[
             size = file_size(file)
             for name in names:
                 entry = entries[name]
+                if entry.dtype == "string":  # TensorFlow 2's object graph, read by tf_objects.read_text
+                    raise WeightsError(f"{path}: tensor {name!r} holds text, where weights are numbers")
                 stored = np.dtype("<u2" if entry.dtype == "bfloat16" else entry.dtype).newbyteorder("<")
                 try:
                     check_shape(entry.shape, stored)
