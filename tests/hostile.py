@@ -891,6 +891,11 @@ def hostile_tf2_data() -> dict[str, tuple[bytes, str]]:
             "its object graph is malformed",
         ),
         "a variable of another name": (valid.replace(name, b"pooler_transform/kernex"), "pooler_transform/kernex"),
+        "two variables of one name": (
+            valid.replace(b"transformer/layer_1/output/kernel", b"transformer/layer_0/output/kernel"),
+            "'transformer/layer_0/output/kernel' and 'transformer/layer_0/output/kernel' are both "
+            "encoder.blks.0.ffn.dense2.weight",
+        ),
         "a name that ends a line": (valid.replace(name, b"pooler_transform/kerne\n"), "no BertEncoder layer"),
         "cut short": (valid[: len(valid) // 2], "lie past its end"),
     }

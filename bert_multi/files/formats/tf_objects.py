@@ -26,6 +26,7 @@ import numpy as np
 from ...errors import WeightsError
 from ...safe_files import file_size, open_regular, reason
 from ...spec.config import BERTConfig
+from ...spec.schema import param_shapes
 from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, some, translated
 from .keras_hub import SEMANTICS, canonical_array
 from .tensorflow import (
@@ -135,14 +136,17 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
             unknown.append(full or key)
     if unknown:
         raise WeightsError(f"{index}: variables of no BertEncoder layer bert_multi knows: {some(unknown)}")
-    if len(set(wanted.values())) != len(wanted):
-        raise WeightsError(f"{index}: a BertEncoder's variable is saved under two keys")
+    twice = sorted({name for name in wanted.values() if list(wanted.values()).count(name) > 1})
+    if twice:  # two variables of one name, or two names TensorFlow gives one weight (gamma, kernel)
+        saved = [names[key] for key, name in wanted.items() if name == twice[0]]
+        raise WeightsError(f"{index}: {saved[0]!r} and {saved[1]!r} are both {twice[0]}")
     read, dtypes = read_tensors(prefix, shards, {key: entries[key] for key in wanted})
     arrays = {wanted[key]: read.pop(key) for key in list(read)}  # each freed below once turned
     config = _config(index, arrays)
     canonical: dict[str, np.ndarray] = {}
     kinds: dict[str, str] = {}
-    for key, name in wanted.items():
+    order = {name: at for at, name in enumerate(param_shapes(config))}  # the schema's, not the file's
+    for key, name in sorted(wanted.items(), key=lambda item: order.get(item[1], len(order))):
         try:
             canonical[name] = canonical_array(name, arrays.pop(name), config.num_heads)
         except ValueError as error:
