@@ -108,3 +108,13 @@ def test_a_variable_of_another_model_is_refused_naming_it(tmp_path):
         WeightsError, match=r"variables of no BertEncoder layer bert_multi knows: \['pooler_transfoRm/kernel'\]"
     ):
         load_checkpoint(directory)
+
+
+def test_a_pretrainers_encoder_is_read_and_its_mlm_head_left_out_saying_why():
+    """BertPretrainerV2's MLM head computes the activation its constructor was given (none by default, GELU in
+    TF Hub's pretraining), which no file records: the head is left out, and the encoder computes TensorFlow's."""
+    checkpoint = load_checkpoint(HERE / "tf2-pretrainer")
+    assert checkpoint.config.num_blks == 1 and checkpoint.config.heads == ("pooler",)
+    assert checkpoint.info.notes[2].startswith("left out the MLM head of BertPretrainerV2 (['bert/cls/predictions/")
+    assert "mlm_activation" in checkpoint.info.notes[2]
+    largest_difference(outputs(checkpoint.config, checkpoint.weights), "pretrainer")

@@ -19,8 +19,11 @@ The model is ``toy_bert.py``'s sizes, every weight drawn at random. Written:
   534 KB, which bert_multi does not read) and ``fingerprint.pb`` are removed to keep the fixture small;
 - ``tf2-training/``: ``tf.train.Checkpoint(model=..., optimizer=...).save`` after one Adam step
   (``ckpt-1.index`` and its data, Adam's moments beside the weights);
+- ``tf2-pretrainer/``: a ``BertPretrainerV2`` (its encoder of one block, and its MLM head, whose activation
+  is the constructor's ``mlm_activation``: none here, its default), saved as a checkpoint;
 - ``tf2.npz``: the inputs; ``float32/...``, the encoder's own outputs (``sequence_output`` and
-  ``pooled_output``) on the SavedModel's weights, and ``trained/...``, on the training checkpoint's. The
+  ``pooled_output``) on the SavedModel's weights, ``trained/...`` on the training checkpoint's, and
+  ``pretrainer/...``, those of the pretrainer's encoder. The
   Model Garden computes its LayerNorms in float32 whatever the model's dtype (``dtype=tf.float32`` in its
   layers), so TensorFlow gives no float64 outputs.
 """
@@ -39,13 +42,13 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"  # the Model Garden's layers are Keras 2
 OUT = Path(__file__).resolve().parent / "checkpoints"
 
 
-def encoder():
+def encoder(num_layers: int = CONFIG["num_hidden_layers"]):
     """The Model Garden's BertEncoder of ``toy_bert``'s sizes (its defaults: GELU's tanh form, eps 1e-12)."""
     from official.nlp.modeling import networks
 
     built = networks.BertEncoder(
         vocab_size=CONFIG["vocab_size"], hidden_size=CONFIG["hidden_size"], inner_dim=CONFIG["intermediate_size"],
-        num_attention_heads=CONFIG["num_attention_heads"], num_layers=CONFIG["num_hidden_layers"],
+        num_attention_heads=CONFIG["num_attention_heads"], num_layers=num_layers,
         max_sequence_length=CONFIG["max_position_embeddings"], type_vocab_size=2, dict_outputs=True,
     )  # fmt: skip
     built(inputs())
@@ -69,6 +72,7 @@ def outputs(model) -> dict[str, np.ndarray]:
 
 def main() -> None:
     import tensorflow as tf
+    from official.nlp.modeling import models
 
     rng = np.random.default_rng(0)
     model = encoder()
@@ -89,7 +93,14 @@ def main() -> None:
     optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
     arrays.update({f"trained/{name}": array for name, array in outputs(model).items()})
     tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(training / "ckpt"))
-    for case in (saved / "variables", training):
+    pretrainer = OUT / "tf2-pretrainer"
+    shutil.rmtree(pretrainer, ignore_errors=True)
+    with_head = models.BertPretrainerV2(encoder_network=encoder(num_layers=1), classification_heads=[])
+    with_head({**inputs(), "masked_lm_positions": tf.constant(INPUTS["pred_positions"], tf.int32)})
+    with_head.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in with_head.get_weights()])
+    arrays.update({f"pretrainer/{name}": array for name, array in outputs(with_head.encoder_network).items()})
+    tf.train.Checkpoint(model=with_head).save(str(pretrainer / "ckpt"))
+    for case in (saved / "variables", training, pretrainer):
         print(f"{case.name}: {sorted((path.name, path.stat().st_size) for path in case.iterdir())}")
     np.savez(OUT / "tf2.npz", **arrays)
     print(f"tf2.npz: {(OUT / 'tf2.npz').stat().st_size} bytes")

@@ -64,6 +64,9 @@ NAMES: list[tuple[str, str]] = [
 LEAVES = {"kernel": "weight", "gamma": "weight", "embeddings": "weight", "beta": "bias", "bias": "bias"}
 # A training run's state, not the model: the optimizer's step and learning rate, the checkpoint's counter.
 STATE = ("iteration", "learning_rate", "save_counter")
+# BertPretrainerV2's MLM head (layers.MaskedLM): its activation is an argument of the model's constructor
+# (mlm_activation: none by default, GELU in TF Hub's pretraining), which no file records.
+MLM_HEAD = r"(\w+/)?cls/predictions/.+"
 
 
 def canonical_name(full_name: str) -> str | None:
@@ -123,6 +126,7 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
     names = full_names(read_text(prefix, shards, entries.pop(OBJECT_GRAPH)), index)
     wanted: dict[str, str] = {}
     state: list[str] = []
+    head: list[str] = []
     unknown: list[str] = []
     known = {names.get(key, "") for key in entries if canonical_name(names.get(key, ""))}
     for key in entries:
@@ -132,6 +136,8 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
             wanted[key] = ours
         elif full in STATE or full.split("/", 2)[-1] in known:  # an optimizer's slot: Adam/m/<a weight's name>
             state.append(full)
+        elif re.fullmatch(MLM_HEAD, full) or re.fullmatch(rf"\w+/\w+/{MLM_HEAD}", full):  # or its slot
+            head.append(full)
         else:
             unknown.append(full or key)
     if unknown:
@@ -158,8 +164,15 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
         "its config is not in the file: the sizes are the tensors', the heads the attention kernels', and the "
         "computation the BertEncoder's (GELU's tanh form, LayerNorm eps 1e-12)",
     ]
+    if head:
+        notes.append(
+            f"left out the MLM head of BertPretrainerV2 ({some(sorted(head))}): its activation is an argument of "
+            "the model's constructor (mlm_activation: none by default, GELU in TF Hub's pretraining) that the "
+            "file does not record, so neither compared nor converted"
+        )
     if state:
-        notes.append(f"left out {len(state)} tensors of training state (the optimizer's, the checkpoint's counter)")
+        tensors = f"{len(state)} tensor{'s' if len(state) > 1 else ''}"
+        notes.append(f"left out {tensors} of training state (the optimizer's, the checkpoint's counter)")
     return Raw(FORMAT.kind, None, canonical, kinds, notes, config=config)
 
 
