@@ -141,6 +141,21 @@ def pretraining_outputs(model, inputs: dict) -> dict:
     }
 
 
+def encoder_outputs(config, weights: dict, inputs: dict) -> dict:
+    """The oracle's encoding of ``inputs`` in float64 on ``weights``, and the pooled output (Dense + tanh on
+    <cls>) worked by hand: what an encoder-only checkpoint's own software computed, to compare with."""
+    import numpy as np
+
+    from bert_multi.backend.registry import load_backend
+
+    weights = {name: array.astype(np.float64) for name, array in weights.items()}
+    encoded = load_backend("numpy").build(config, weights, dtype="float64")(**inputs).encoded
+    return {
+        "encoded": encoded,
+        "pooled": np.tanh(encoded[:, 0] @ weights["hidden.0.weight"].T + weights["hidden.0.bias"]),
+    }
+
+
 def cuda_cost(item):
     """Under ``pytest -m cuda`` (on a GPU machine lent for minutes, the tests one after another) the
     cheapest first, so that a run stopped at its limit has done the most: what compiles nothing (PyTorch,

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_checkpoint
-from bert_multi.backend.registry import load_backend
 from bert_multi.engine.compare import compare_arrays, tolerance_for
-from conftest import runs_here
+from conftest import encoder_outputs, runs_here
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 BACKBONE = HERE / "keras-hub-backbone"
@@ -28,11 +27,7 @@ INPUTS = {name.removeprefix("inputs/"): array for name, array in SAVED.items() i
 
 
 def outputs(config, weights) -> dict[str, np.ndarray]:
-    """The oracle's encoding in float64, and the pooled output (Dense + tanh on <cls>) worked by hand."""
-    weights = {name: array.astype(np.float64) for name, array in weights.items()}
-    encoded = load_backend("numpy").build(config, weights, dtype="float64")(**INPUTS).encoded
-    pooled = np.tanh(encoded[:, 0] @ weights["hidden.0.weight"].T + weights["hidden.0.bias"])
-    return {"encoded": encoded, "pooled": pooled}
+    return encoder_outputs(config, weights, INPUTS)
 
 
 def mismatches(computed: dict[str, np.ndarray], whose: str, dtype: str) -> list[str]:
