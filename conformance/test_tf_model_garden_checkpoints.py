@@ -112,3 +112,17 @@ def test_a_pretrainers_encoder_is_read_and_its_mlm_head_left_out_saying_why():
     assert checkpoint.info.notes[2].startswith("left out the MLM head of BertPretrainerV2 (['bert/cls/predictions/")
     assert "mlm_activation" in checkpoint.info.notes[2]
     largest_difference(outputs(checkpoint.config, checkpoint.weights), "pretrainer")
+
+
+def test_a_fine_tuned_classifier_is_read_as_its_encoder_its_head_and_its_adam_state_left_out():
+    checkpoint = load_checkpoint(HERE / "tf2-classifier")
+    assert checkpoint.config.num_blks == 1 and checkpoint.config.heads == ("pooler",)
+    assert checkpoint.info.notes[2].startswith(
+        "left out ['sentence_prediction/logits/bias', 'sentence_prediction/logits/kernel'], the task head of a "
+        "Model Garden BertClassifier"
+    )
+    # Adam's moments of every weight, the head's included, its step and learning rate, the checkpoint's counter.
+    assert (
+        checkpoint.info.notes[3] == "left out 53 tensors of training state (the optimizer's, the checkpoint's counter)"
+    )
+    largest_difference(outputs(checkpoint.config, checkpoint.weights), "classifier")

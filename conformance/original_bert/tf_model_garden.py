@@ -21,9 +21,11 @@ The model is ``toy_bert.py``'s sizes, every weight drawn at random. Written:
   (``ckpt-1.index`` and its data, Adam's moments beside the weights);
 - ``tf2-pretrainer/``: a ``BertPretrainerV2`` (its encoder of one block, and its MLM head, whose activation
   is the constructor's ``mlm_activation``: none here, its default), saved as a checkpoint;
+- ``tf2-classifier/``: a ``BertClassifier`` (3 classes; its encoder of one block) after one Adam step, its head
+  (``sentence_prediction/logits``) and Adam's moments of it beside the encoder's;
 - ``tf2.npz``: the inputs; ``float32/...``, the encoder's own outputs (``sequence_output`` and
   ``pooled_output``) on the SavedModel's weights, ``trained/...`` on the training checkpoint's, and
-  ``pretrainer/...``, those of the pretrainer's encoder. The
+  ``pretrainer/...`` and ``classifier/...``, those of the pretrainer's and the classifier's encoders. The
   Model Garden computes its LayerNorms in float32 whatever the model's dtype (``dtype=tf.float32`` in its
   layers), so TensorFlow gives no float64 outputs.
 """
@@ -100,7 +102,19 @@ def main() -> None:
     with_head.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in with_head.get_weights()])
     arrays.update({f"pretrainer/{name}": array for name, array in outputs(with_head.encoder_network).items()})
     tf.train.Checkpoint(model=with_head).save(str(pretrainer / "ckpt"))
-    for case in (saved / "variables", training, pretrainer):
+    classifier = OUT / "tf2-classifier"
+    shutil.rmtree(classifier, ignore_errors=True)
+    network = encoder(num_layers=1)
+    fine_tuned = models.BertClassifier(network, num_classes=3)
+    fine_tuned(inputs())
+    fine_tuned.set_weights([rng.normal(0, 0.5, w.shape).astype(np.float32) for w in fine_tuned.get_weights()])
+    optimizer = tf.keras.optimizers.Adam()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(fine_tuned(inputs()))
+    optimizer.apply_gradients(zip(tape.gradient(loss, fine_tuned.trainable_variables), fine_tuned.trainable_variables))
+    arrays.update({f"classifier/{name}": array for name, array in outputs(network).items()})
+    tf.train.Checkpoint(model=fine_tuned, optimizer=optimizer).save(str(classifier / "ckpt"))
+    for case in (saved / "variables", training, pretrainer, classifier):
         print(f"{case.name}: {sorted((path.name, path.stat().st_size) for path in case.iterdir())}")
     np.savez(OUT / "tf2.npz", **arrays)
     print(f"tf2.npz: {(OUT / 'tf2.npz').stat().st_size} bytes")

@@ -27,7 +27,7 @@ from ...errors import WeightsError
 from ...safe_files import file_size, open_regular, reason
 from ...spec.config import BERTConfig
 from ...spec.schema import param_shapes
-from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, some, translated
+from .base import CheckpointFormat, Probe, Raw, is_directory, no_key, some, task_head_left_out, translated
 from .keras_hub import SEMANTICS, canonical_array
 from .tensorflow import (
     INDEX_SUFFIX,
@@ -67,6 +67,9 @@ STATE = ("iteration", "learning_rate", "save_counter")
 # BertPretrainerV2's MLM head (layers.MaskedLM): its activation is an argument of the model's constructor
 # (mlm_activation: none by default, GELU in TF Hub's pretraining), which no file records.
 MLM_HEAD = r"(\w+/)?cls/predictions/.+"
+# The heads of the Model Garden's fine-tuning models: BertClassifier's (sentence_prediction), BertSpanLabeler's
+# and BertTokenClassifier's (predictions/transform).
+TASK_HEADS = r"(sentence_prediction|predictions/transform)/logits/(kernel|bias)"
 
 
 def canonical_name(full_name: str) -> str | None:
@@ -125,21 +128,21 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
         raise WeightsError(f"{index}: no {OBJECT_GRAPH}: a TensorFlow 1 checkpoint, which names its variables itself")
     names = full_names(read_text(prefix, shards, entries.pop(OBJECT_GRAPH)), index)
     wanted: dict[str, str] = {}
-    state: list[str] = []
-    head: list[str] = []
-    unknown: list[str] = []
-    known = {names.get(key, "") for key in entries if canonical_name(names.get(key, ""))}
+    heads: dict[str, list[str]] = {"mlm": [], "task": []}
+    rest: list[str] = []
     for key in entries:
         full = names.get(key, "")
         ours = canonical_name(full)
         if ours is not None:
             wanted[key] = ours
-        elif full in STATE or full.split("/", 2)[-1] in known:  # an optimizer's slot: Adam/m/<a weight's name>
-            state.append(full)
-        elif re.fullmatch(MLM_HEAD, full) or re.fullmatch(rf"\w+/\w+/{MLM_HEAD}", full):  # or its slot
-            head.append(full)
+        elif re.fullmatch(MLM_HEAD, full) or re.fullmatch(TASK_HEADS, full):
+            heads["mlm" if re.fullmatch(MLM_HEAD, full) else "task"].append(full)
         else:
-            unknown.append(full or key)
+            rest.append(full or key)
+    held = {names[key] for key in wanted} | set(heads["mlm"]) | set(heads["task"])
+    # The optimizer's step, the checkpoint's counter, and a slot of a variable saved (Adam/m/<its name>).
+    state = [full for full in rest if full in STATE or full.split("/", 2)[-1] in held]
+    unknown = [full for full in rest if full not in state]
     if unknown:
         raise WeightsError(f"{index}: variables of no BertEncoder layer bert_multi knows: {some(unknown)}")
     twice = sorted({name for name in wanted.values() if list(wanted.values()).count(name) > 1})
@@ -164,11 +167,17 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
         "its config is not in the file: the sizes are the tensors', the heads the attention kernels', and the "
         "computation the BertEncoder's (GELU's tanh form, LayerNorm eps 1e-12)",
     ]
-    if head:
+    if heads["task"]:
         notes.append(
-            f"left out the MLM head of BertPretrainerV2 ({some(sorted(head))}): its activation is an argument of "
-            "the model's constructor (mlm_activation: none by default, GELU in TF Hub's pretraining) that the "
-            "file does not record, so neither compared nor converted"
+            task_head_left_out(
+                heads["task"], "the task head of a Model Garden BertClassifier, BertSpanLabeler or BertTokenClassifier"
+            )
+        )
+    if heads["mlm"]:
+        notes.append(
+            f"left out the MLM head of BertPretrainerV2 ({some(sorted(heads['mlm']))}): its activation is an "
+            "argument of the model's constructor (mlm_activation: none by default, GELU in TF Hub's pretraining) "
+            "that the file does not record, so neither compared nor converted"
         )
     if state:
         tensors = f"{len(state)} tensor{'s' if len(state) > 1 else ''}"
