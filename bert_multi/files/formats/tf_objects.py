@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -142,10 +143,10 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
     held = {names[key] for key in wanted} | set(heads["mlm"]) | set(heads["task"])
     # The optimizer's step, the checkpoint's counter, and a slot of a variable saved (Adam/m/<its name>).
     state = [full for full in rest if full in STATE or full.split("/", 2)[-1] in held]
-    unknown = [full for full in rest if full not in state]
+    unknown = [full for full in rest if full not in STATE and full.split("/", 2)[-1] not in held]
     if unknown:
         raise WeightsError(f"{index}: variables of no BertEncoder layer bert_multi knows: {some(unknown)}")
-    twice = sorted({name for name in wanted.values() if list(wanted.values()).count(name) > 1})
+    twice = sorted(name for name, count in Counter(wanted.values()).items() if count > 1)
     if twice:  # two variables of one name, or two names TensorFlow gives one weight (gamma, kernel)
         saved = [names[key] for key, name in wanted.items() if name == twice[0]]
         raise WeightsError(f"{index}: {saved[0]!r} and {saved[1]!r} are both {twice[0]}")
