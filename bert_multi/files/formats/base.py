@@ -10,7 +10,8 @@ import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -19,6 +20,7 @@ import numpy as np
 
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
+from ...safe_files import reason
 from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
@@ -146,6 +148,18 @@ def no_key(path: Path, key: str | None) -> None:
     """Refuse ``key`` for a format that has no wrapper dict to pick from."""
     if key is not None:
         raise WeightsError(f"{path}: key={key!r} only applies to a PyTorch file holding a wrapper dict")
+
+
+@contextmanager
+def zip_errors(path: Path) -> Iterator[None]:
+    """Whatever zipfile raises on the hostile zip at ``path``, said as a ``WeightsError`` (one of bert_multi's
+    own passes as it is)."""
+    try:
+        yield
+    except WeightsError:
+        raise
+    except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
+        raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
 
 
 def extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:

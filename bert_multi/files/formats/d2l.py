@@ -18,7 +18,17 @@ from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...safe_files import open_regular, reason, replace_text
 from ...spec.config import BERTConfig
-from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, extract, is_directory, is_regular_file
+from .base import (
+    PARAMS_FILE,
+    VOCAB_FILE,
+    CheckpointFormat,
+    Probe,
+    Raw,
+    extract,
+    is_directory,
+    is_regular_file,
+    zip_errors,
+)
 
 MAX_VOCAB_BYTES = 64 << 20
 MAX_VOCAB_TOKENS = 1 << 20  # more than any BERT's vocabulary (multilingual ones have 250,000 tokens)
@@ -125,20 +135,15 @@ class Zip(CheckpointFormat):
 
     def read(self, path: Path, key: str | None) -> Raw:
         with tempfile.TemporaryDirectory(prefix="bert_multi-") as scratch:
-            try:
-                with zipfile.ZipFile(path) as archive:
-                    params = [m for m in archive.infolist() if Path(m.filename).name == PARAMS_FILE]
-                    if len(params) != 1:
-                        raise WeightsError(f"{path}: expected one {PARAMS_FILE} in the zip, found {len(params)}")
-                    folder = str(Path(params[0].filename).parent)
-                    vocab_name = VOCAB_FILE if folder == "." else f"{folder}/{VOCAB_FILE}"
-                    extract(archive, params[0], Path(scratch) / PARAMS_FILE, path)
-                    for member in [m for m in archive.infolist() if m.filename == vocab_name]:
-                        extract(archive, member, Path(scratch) / VOCAB_FILE, path)
-            except WeightsError:
-                raise
-            except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
-                raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
+            with zip_errors(path), zipfile.ZipFile(path) as archive:
+                params = [m for m in archive.infolist() if Path(m.filename).name == PARAMS_FILE]
+                if len(params) != 1:
+                    raise WeightsError(f"{path}: expected one {PARAMS_FILE} in the zip, found {len(params)}")
+                folder = str(Path(params[0].filename).parent)
+                vocab_name = VOCAB_FILE if folder == "." else f"{folder}/{VOCAB_FILE}"
+                extract(archive, params[0], Path(scratch) / PARAMS_FILE, path)
+                for member in [m for m in archive.infolist() if m.filename == vocab_name]:
+                    extract(archive, member, Path(scratch) / VOCAB_FILE, path)
             raw = self.directory_format.read(Path(scratch), key, shown_as=path)
         raw.format = self.kind
         return raw

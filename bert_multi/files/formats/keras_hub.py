@@ -44,6 +44,7 @@ from .base import (
     some,
     stored_member,
     task_head_left_out,
+    zip_errors,
 )
 from .hdf5 import read_hdf5
 from .huggingface import read_config
@@ -269,16 +270,12 @@ class KerasFile(CheckpointFormat):
         no_key(path, key)
         with tempfile.TemporaryDirectory(prefix="bert_multi-") as scratch:
             config_file, weights_file = Path(scratch) / CONFIG_FILE, Path(scratch) / WEIGHTS_FILE
-            try:
-                with open_regular(path, "Keras model file", WeightsError) as file, zipfile.ZipFile(file) as archive:
+            with zip_errors(path), open_regular(path, "Keras model file", WeightsError) as file:
+                with zipfile.ZipFile(file) as archive:
                     extract(archive, archive.getinfo(CONFIG_FILE), config_file, path)
                     member = stored_member(file, archive.getinfo(WEIGHTS_FILE), path)  # read in place, or copied
                     if member is None:
                         extract(archive, archive.getinfo(WEIGHTS_FILE), weights_file, path)
-            except WeightsError:
-                raise
-            except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
-                raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
             try:
                 config, task, arrays, kinds = read_saved(config_file, path if member else weights_file, member)
             except WeightsError as error:  # name the file the user gave, not a scratch copy
