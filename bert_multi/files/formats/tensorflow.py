@@ -315,6 +315,11 @@ def _entries(file: BinaryIO, size: int, index: bytes) -> tuple[dict[str, Entry],
     return entries, shards
 
 
+def shard_path(prefix: Path, shard: int, shards: int) -> Path:
+    """The data file of a checkpoint's ``shard`` (of ``shards``), beside its ``prefix``."""
+    return prefix.with_name(f"{prefix.name}.data-{shard:05d}-of-{shards:05d}")
+
+
 def read_tensors(prefix: Path, shards: int, entries: dict[str, Entry]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The tensors ``entries`` place in the data shards beside ``prefix`` (``prefix.data-00000-of-00001``):
     each checked to be of its shape's size and within its shard first. And each one's own dtype."""
@@ -324,7 +329,7 @@ def read_tensors(prefix: Path, shards: int, entries: dict[str, Entry]) -> tuple[
     for name, entry in entries.items():
         by_shard.setdefault(entry.shard, []).append(name)
     for shard, names in sorted(by_shard.items()):
-        path = prefix.with_name(f"{prefix.name}.data-{shard:05d}-of-{shards:05d}")
+        path = shard_path(prefix, shard, shards)
         if shard >= shards:
             raise WeightsError(f"{prefix}: tensor {names[0]!r} is in shard {shard} of {shards}")
         # Each byte of a shard belongs to one tensor at most: what is read is never more than the files hold.

@@ -39,6 +39,7 @@ from .tensorflow import (
     proto_fields,
     read_index,
     read_tensors,
+    shard_path,
     varint,
 )
 
@@ -71,6 +72,7 @@ MLM_HEAD = r"(\w+/)?cls/predictions/.+"
 # The heads of the Model Garden's fine-tuning models: BertClassifier's (sentence_prediction), BertSpanLabeler's
 # and BertTokenClassifier's (predictions/transform).
 TASK_HEADS = r"(sentence_prediction|predictions/transform)/logits/(kernel|bias)"
+HEADS = {"mlm": MLM_HEAD, "task": TASK_HEADS}
 
 
 def canonical_name(full_name: str) -> str | None:
@@ -87,7 +89,7 @@ def read_text(prefix: Path, shards: int, entry: Entry) -> bytes:
             f"{prefix}: its object graph is of shape {entry.shape} and {entry.size} bytes, where it is one string "
             f"of at most {MAX_GRAPH_BYTES >> 20} MiB, in one of the {shards} data shards"
         )
-    path = prefix.with_name(f"{prefix.name}.data-{entry.shard:05d}-of-{shards:05d}")
+    path = shard_path(prefix, entry.shard, shards)
     with open_regular(path, "TensorFlow checkpoint data", WeightsError) as file:
         if entry.offset + entry.size > file_size(file):
             raise WeightsError(f"{path}: the object graph's {entry.size} bytes at {entry.offset} lie past its end")
@@ -129,15 +131,15 @@ def read_object_checkpoint(prefix: Path, how: str = "") -> Raw:
         raise WeightsError(f"{index}: no {OBJECT_GRAPH}: a TensorFlow 1 checkpoint, which names its variables itself")
     names = full_names(read_text(prefix, shards, entries.pop(OBJECT_GRAPH)), index)
     wanted: dict[str, str] = {}
-    heads: dict[str, list[str]] = {"mlm": [], "task": []}
+    heads: dict[str, list[str]] = {kind: [] for kind in HEADS}
     rest: list[str] = []
     for key in entries:
         full = names.get(key, "")
         ours = canonical_name(full)
         if ours is not None:
             wanted[key] = ours
-        elif re.fullmatch(MLM_HEAD, full) or re.fullmatch(TASK_HEADS, full):
-            heads["mlm" if re.fullmatch(MLM_HEAD, full) else "task"].append(full)
+        elif head := next((kind for kind, pattern in HEADS.items() if re.fullmatch(pattern, full)), None):
+            heads[head].append(full)
         else:
             rest.append(full or key)
     held = {names[key] for key in wanted} | set(heads["mlm"]) | set(heads["task"])
