@@ -122,8 +122,6 @@ def _cache_entry(path: str) -> object:
 
 def _tf_checkpoint(path: str) -> object:
     """A file as the index of Google's TensorFlow checkpoint, beside the fixture's data and config."""
-    import shutil
-
     from bert_multi import load_checkpoint
     from bert_multi.files.formats.tensorflow import read_index
 
@@ -152,55 +150,23 @@ def _huggingface_config(path: str) -> object:
         return read_directory(directory)
 
 
-def _huggingface_weights(fixture: Path, weights: str) -> Callable[[str], object]:
-    """A loader: a HuggingFace directory whose ``weights`` file is (a link to) the file at its path, beside the
-    config.json of transformers' ``fixture``, loaded as a checkpoint (cast to float32 where it is bfloat16)."""
+def _fixture_with(fixture: Path, member: str, **options: object) -> Callable[[str], object]:
+    """A loader: the checkpoint directory ``fixture``, its files linked, but its ``member`` (a path within it) a
+    link to the file at the loader's path; loaded as a checkpoint with ``options``."""
 
     def load(path: str) -> object:
         from bert_multi import load_checkpoint
 
         with tempfile.TemporaryDirectory() as directory:
-            shutil.copyfile(fixture / "config.json", Path(directory) / "config.json")
-            (Path(directory) / weights).symlink_to(Path(path).absolute())
-            return load_checkpoint(directory, dtype="float32")
+            copy = Path(directory) / fixture.name
+            for source in sorted(found for found in fixture.rglob("*") if found.is_file()):
+                target = copy / source.relative_to(fixture)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                linked = Path(path) if source == fixture / member else source
+                target.symlink_to(linked.absolute())
+            return load_checkpoint(copy, **options)
 
     return load
-
-
-def _keras_hub_weights(path: str) -> object:
-    """A KerasHub preset whose model.weights.h5 is (a link to) the file at ``path``, beside the fixture's config."""
-    from bert_multi import load_checkpoint
-
-    with tempfile.TemporaryDirectory() as directory:
-        shutil.copyfile(KERAS_HUB / "config.json", Path(directory) / "config.json")
-        (Path(directory) / "model.weights.h5").symlink_to(Path(path).absolute())
-        return load_checkpoint(directory)
-
-
-def _tf2_part(part: str) -> Callable[[str], object]:
-    """A loader: a SavedModel's variables/ whose ``part`` (its index or its data) is (a link to) the file at
-    its path, beside the other part of the fixture's."""
-
-    def load(path: str) -> object:
-        from bert_multi import load_checkpoint
-
-        with tempfile.TemporaryDirectory() as directory:
-            shutil.copytree(TF2_SAVED, Path(directory) / "saved")
-            (Path(directory) / "saved" / "variables" / part).unlink()
-            (Path(directory) / "saved" / "variables" / part).symlink_to(Path(path).absolute())
-            return load_checkpoint(Path(directory) / "saved")
-
-    return load
-
-
-def _keras_hub_config(path: str) -> object:
-    """A KerasHub preset whose config.json is (a link to) the file at ``path``, beside the fixture's weights."""
-    from bert_multi import load_checkpoint
-
-    with tempfile.TemporaryDirectory() as directory:
-        (Path(directory) / "config.json").symlink_to(Path(path).absolute())
-        (Path(directory) / "model.weights.h5").symlink_to((KERAS_HUB / "model.weights.h5").absolute())
-        return load_checkpoint(directory)
 
 
 def _keras_file(path: str) -> object:
@@ -277,14 +243,14 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "state": _training_state,
     "safetensors": _safetensors,
     "hfconfig": _huggingface_config,
-    "hfflax": _huggingface_weights(HF_FLAX, "flax_model.msgpack"),
-    "hfh5": _huggingface_weights(HF_TF, "tf_model.h5"),
+    "hfflax": _fixture_with(HF_FLAX, "flax_model.msgpack", dtype="float32"),  # cast where it is bfloat16
+    "hfh5": _fixture_with(HF_TF, "tf_model.h5", dtype="float32"),
     "hfindex": _shard_index,
-    "kerashub": _keras_hub_weights,
+    "kerashub": _fixture_with(KERAS_HUB, "model.weights.h5"),
     "kerasfile": _keras_file,
-    "kerasconfig": _keras_hub_config,
-    "tf2index": _tf2_part("variables.index"),
-    "tf2data": _tf2_part("variables.data-00000-of-00001"),
+    "kerasconfig": _fixture_with(KERAS_HUB, "config.json"),
+    "tf2index": _fixture_with(TF2_SAVED, "variables/variables.index"),
+    "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
     "weights": _load_weights,
     "params": _read_params,
