@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...errors import UsageError, WeightsError
 from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
-from . import d2l, flax, gluon, huggingface, keras_hub, npz, pytorch, tensorflow, tf_objects
+from . import d2l, flax, gluon, huggingface, keras_hub, npz, paddle, pytorch, tensorflow, tf_objects
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
 
 # d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read).
@@ -19,6 +19,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     npz.FORMAT,
     pytorch.FORMAT,
     gluon.FORMAT,
+    paddle.FORMAT,  # after PyTorch's: any other pickle is tried as Paddle's
     flax.FORMAT,
     huggingface.FORMAT,
     keras_hub.FORMAT,
@@ -68,10 +69,11 @@ def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
     if head.startswith(ZIP_MAGIC):
         markers = [own.zip_marker for own in FORMATS if own.zip_marker]
         return f"a zip archive, but neither {', '.join(markers[:-1])} nor {markers[-1]}; it holds {some(list(members))}"
-    if head.startswith(b"\x80"):  # a pickle, but not torch.save's (whose legacy format the torch format reads)
+    if head.startswith(b"\x80"):  # a pickle of a protocol neither torch.save nor paddle.save writes
         return (
-            f"{describe_format(head)}, but not one torch.save wrote: bert_multi reads torch.save's formats, whose "
-            "sizes it checks before torch unpickles anything, and no other pickle"
+            f"{describe_format(head)} of protocol {head[1] if len(head) > 1 else '?'}: bert_multi reads torch.save's "
+            "pickles, whose sizes it checks before torch unpickles anything, and paddle.save's (protocols 2 to 4), "
+            "which it parses without unpickling, and no other pickle"
         )
     return f"{describe_format(head)}; expected one of: " + "; ".join(DESCRIPTIONS.values())
 

@@ -24,6 +24,7 @@ from ...safe_files import reason
 from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
+PADDLE_PARAMS_FILE = "pretrained.pdparams"  # what d2l 0.17's Paddle code reads in place of PARAMS_FILE
 MAX_TENSORS = 100_000  # a BERT has hundreds; more is no BERT, and refused before any is read
 MAX_ZIP_RATIO = 20  # weights hardly compress; a zip's member that claims to expand more is refused
 
@@ -65,7 +66,7 @@ class CheckpointFormat:
     name_rules: list[tuple[str, str]] = []
     directory = False  # a directory, not a file
     zip_marker: str | None = None  # a zip-based format: what a zip would hold to be one, for messages
-    d2l_published = False  # a framework's file that d2l's pretrained-model directories hold (MXNet's, PyTorch's)
+    d2l_published = False  # a file that d2l's pretrained-model directories hold (MXNet's, PyTorch's, Paddle's)
 
     def recognizes(self, probe: Probe) -> bool:
         """Whether the file (or directory) is one of this format."""

@@ -1,5 +1,6 @@
-"""d2l's pretrained-model directory (``pretrained.params`` in one framework's own format, and
-``vocab.json``), as d2l's ``load_pretrained_model`` reads it, and the same two files zipped."""
+"""d2l's pretrained-model directory (``pretrained.params`` in one framework's own format, or Paddle's
+``pretrained.pdparams``, and ``vocab.json``), as d2l's ``load_pretrained_model`` reads it, and the same two
+files zipped."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ...errors import UsageError, WeightsError
 from ...safe_files import open_regular, reason, replace_text
 from ...spec.config import BERTConfig
 from .base import (
+    PADDLE_PARAMS_FILE,
     PARAMS_FILE,
     VOCAB_FILE,
     CheckpointFormat,
@@ -30,6 +32,7 @@ from .base import (
     zip_errors,
 )
 
+PARAMS_FILES = (PARAMS_FILE, PADDLE_PARAMS_FILE)
 MAX_VOCAB_BYTES = 64 << 20
 MAX_VOCAB_TOKENS = 1 << 20  # more than any BERT's vocabulary (multilingual ones have 250,000 tokens)
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -66,28 +69,36 @@ class Directory(CheckpointFormat):
     registry's, which holds this one) tells, and d2l's vocabulary."""
 
     kind = "d2l-dir"
-    description = "d2l pretrained-model directory (pretrained.params + vocab.json)"
+    description = "d2l pretrained-model directory (pretrained.params or .pdparams, and vocab.json)"
     directory = True
 
     def __init__(self, sniff: Callable[[Path], CheckpointFormat]) -> None:
         self.sniff = sniff
 
     def recognizes(self, probe: Probe) -> bool:
-        return is_directory(probe.path) and is_regular_file(probe.path / PARAMS_FILE)
+        return is_directory(probe.path) and any(is_regular_file(probe.path / name) for name in PARAMS_FILES)
+
+    def params_file(self, path: Path) -> Path:
+        """The directory's parameter file: ``pretrained.params``, or Paddle's ``pretrained.pdparams``."""
+        found = [path / name for name in PARAMS_FILES if is_regular_file(path / name)]
+        if len(found) != 1:
+            raise WeightsError(f"{path}: expected one of {list(PARAMS_FILES)}, found {[p.name for p in found]}")
+        return found[0]
 
     def params_format(self, path: Path) -> CheckpointFormat:
-        """The framework format of the directory's ``pretrained.params``."""
+        """The format of the directory's parameter file: one d2l published a pretrained BERT in."""
         own = self.sniff(path)
-        if own.framework is None:
-            raise WeightsError(f"{path}: a {own.description}, not a framework's parameter file")
+        if not own.d2l_published:
+            raise WeightsError(f"{path}: a {own.description}, not a parameter file d2l publishes BERTs in")
         return own
 
     def framework_of(self, path: Path) -> str | None:
-        return self.params_format(path / PARAMS_FILE).framework
+        return self.params_format(self.params_file(path)).framework
 
     def read(self, path: Path, key: str | None, shown_as: Path | None = None) -> Raw:
         try:
-            raw = self.params_format(path / PARAMS_FILE).read(path / PARAMS_FILE, key)
+            params = self.params_file(path)
+            raw = self.params_format(params).read(params, key)
         except WeightsError as error:  # name the file the user gave, not a scratch copy
             raise WeightsError(str(error).replace(str(path), str(shown_as or path))) from None
         if os.path.lexists(path / VOCAB_FILE):  # a link to nothing is a broken vocabulary, not none
@@ -121,14 +132,14 @@ class Zip(CheckpointFormat):
     """A d2l pretrained-model zip: a ``Directory``'s files, read as that directory once extracted."""
 
     kind = "d2l-zip"
-    description = "d2l pretrained-model zip (pretrained.params + vocab.json)"
-    zip_marker = f"a d2l pretrained-model zip (no {PARAMS_FILE})"
+    description = "d2l pretrained-model zip (pretrained.params or .pdparams, and vocab.json)"
+    zip_marker = f"a d2l pretrained-model zip (no {PARAMS_FILE} or {PADDLE_PARAMS_FILE})"
 
     def __init__(self, directory: Directory) -> None:
         self.directory_format = directory
 
     def recognizes(self, probe: Probe) -> bool:
-        return any(Path(name).name == PARAMS_FILE for name in probe.members)
+        return any(Path(name).name in PARAMS_FILES for name in probe.members)
 
     def framework_of(self, path: Path) -> str | None:
         return None  # that of the file inside, known once read
@@ -136,12 +147,14 @@ class Zip(CheckpointFormat):
     def read(self, path: Path, key: str | None) -> Raw:
         with tempfile.TemporaryDirectory(prefix="bert_multi-") as scratch:
             with zip_errors(path), zipfile.ZipFile(path) as archive:
-                params = [m for m in archive.infolist() if Path(m.filename).name == PARAMS_FILE]
+                params = [m for m in archive.infolist() if Path(m.filename).name in PARAMS_FILES]
                 if len(params) != 1:
-                    raise WeightsError(f"{path}: expected one {PARAMS_FILE} in the zip, found {len(params)}")
+                    raise WeightsError(
+                        f"{path}: expected one {' or '.join(PARAMS_FILES)} in the zip, found {len(params)}"
+                    )
                 folder = str(Path(params[0].filename).parent)
                 vocab_name = VOCAB_FILE if folder == "." else f"{folder}/{VOCAB_FILE}"
-                extract(archive, params[0], Path(scratch) / PARAMS_FILE, path)
+                extract(archive, params[0], Path(scratch) / Path(params[0].filename).name, path)
                 for member in [m for m in archive.infolist() if m.filename == vocab_name]:
                     extract(archive, member, Path(scratch) / VOCAB_FILE, path)
             raw = self.directory_format.read(Path(scratch), key, shown_as=path)
