@@ -254,10 +254,11 @@ def _check_framework(path: Path, kind: str, found: str | None, wanted: str) -> N
     """A framework's reader refuses the other framework's files (and canonical ones), naming the reader."""
     if found != wanted:
         written = f", written by {label_of(found)}" if found else ""
+        # a reader of its own: a framework's, a canonical file's, HuggingFace's; the other formats have none
+        own = "bert_multi.from_huggingface" if kind == "hf-dir" else _reader(found) if found or kind == "npz" else None
         raise WeightsError(
             f"{path}: this is a {DESCRIPTIONS[kind]}{written}, not a {label_of(wanted)} checkpoint: read it "
-            f"with {'bert_multi.from_huggingface' if kind == 'hf-dir' else _reader(found)} or "
-            "bert_multi.load_checkpoint (any format), or convert it: "
+            f"with {own + ' or ' if own else ''}bert_multi.load_checkpoint (any format), or convert it: "
             f"bert-multi convert {path} OUT"
         )
 
