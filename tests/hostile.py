@@ -71,6 +71,12 @@ def _read_flax(path: str) -> object:
     return read_checkpoint(path)
 
 
+def _read_pdparams(path: str) -> object:
+    from bert_multi.files.formats.paddle import read_pdparams
+
+    return read_pdparams(path)
+
+
 def _torch_checkpoint(path: str) -> object:
     import bert_multi.torch
 
@@ -255,6 +261,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "weights": _load_weights,
     "params": _read_params,
     "flax": _read_flax,
+    "paddle": _read_pdparams,
     "torch": _torch_checkpoint,
     "mxnet": _mxnet_checkpoint,
     "checkpoint": _checkpoint,
@@ -265,7 +272,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("hfindex", "kerashub", "kerasfile", "kerasconfig", "tf2index", "tf2data", "params", "flax"),
+    *("hfindex", "kerashub", "kerasfile", "kerasconfig", "tf2index", "tf2data", "params", "flax", "paddle"),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -394,6 +401,72 @@ def hostile_flax() -> dict[str, tuple[bytes, str]]:
         "a list at the top": (b"\x91\x01", "does not start with a MessagePack map"),
         "empty file": (b"", "does not start with a MessagePack map"),
         "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with a MessagePack map"),
+    }
+
+
+PADDLE_FIXTURES = HERE.parent.parent / "conformance" / "original_d2l" / "checkpoints"  # saved by Paddle 2.6
+
+
+def pdparams_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    from bert_multi.files.formats.paddle import write_pickle
+
+    out = io.BytesIO()
+    write_pickle(out, arrays)
+    return out.getvalue()
+
+
+def _pickled_array(count: int, data: bytes) -> bytes:
+    """One float32 array of ``count`` elements as NumPy's recipe pickles it, ``data`` its bytes' opcodes."""
+    recipe = (
+        b"\x8c\x15numpy.core.multiarray\x8c\x0c_reconstruct\x93\x8c\x05numpy\x8c\x07ndarray\x93K\x00\x85C\x01b\x87R"
+    )
+    dtype = b"\x8c\x05numpy\x8c\x05dtype\x93\x8c\x02f4\x89\x88\x87R"
+    dtype += b"(K\x03\x8c\x01<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"  # its state: little-endian
+    return recipe + b"(K\x01(J" + struct.pack("<i", count) + b"t" + dtype + b"\x89" + data + b"tb"
+
+
+def hostile_paddle() -> dict[str, tuple[bytes, str]]:
+    valid = pdparams_bytes({"w": np.arange(3, dtype=np.float32)})
+    shape = b"(J\x03\x00\x00\x00t"
+    assert valid.count(shape) == 1 and valid.count(b"\x8c\x02f4") == 1
+    stored = b"\x8e" + struct.pack("<Q", 4096) + b"\0" * 4096 + b"\x94"  # MEMOIZE: memo 0
+    shared = b"\x80\x04}(" + b"X\x01\x00\x00\x00a" + _pickled_array(1024, stored)
+    shared += b"".join(
+        b"X\x05\x00\x00\x00" + f"w{i:04d}".encode() + _pickled_array(1024, b"h\x00") for i in range(10_000)
+    )
+    system = b"cos\nsystem\n(S'touch /tmp/bert_multi-hostile'\ntR."  # os.system, were it unpickled
+    return {
+        "bytes claiming 2**62 of them": (b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b".", "does not parse"),
+        "a shape claiming more than its bytes": (
+            valid.replace(shape, b"(J\xe8\x03\x00\x00t"),
+            "has 12 bytes, not 4000",
+        ),
+        "shape (2**62, 2**62)": (
+            valid.replace(shape, b"(" + (b"\x8a\x08" + struct.pack("<q", 2**62)) * 2 + b"t"),
+            "too large for any array",
+        ),
+        "a negative dimension": (valid.replace(shape, b"(J\xfb\xff\xff\xfft"), "invalid shape (-5,)"),
+        "dtype object": (valid.replace(b"\x8c\x02f4", b"\x8c\x02O8"), "has dtype 'O8'"),
+        "os.system at the top": (system, "a pickled os.system"),
+        "os.system as a tensor": (b"\x80\x02}X\x01\x00\x00\x00w" + system[:-1] + b"s.", "not a state_dict"),
+        "a memo never written": (b"\x80\x04h\x05.", "memo 5, which it never wrote"),
+        "a pop of nothing": (b"\x80\x04R.", "pops more than it pushed"),
+        "a tuple without its mark": (b"\x80\x04K\x01t.", "closes a mark it never set"),
+        "a dict keyed by a tuple": (b"\x80\x04}(K\x01\x85K\x02u.", "a dict key that is a tuple"),
+        "a list nested 100,000 deep": (b"\x80\x04" + b"]" * 100_000 + b"a" * 99_999 + b".", "it holds a list"),
+        "bytes after the pickle": (valid + b"xyz", "3 bytes follow its pickle"),
+        "a tensor cut into slices": (
+            valid.replace(b"}(", b"}(\x8c\x15UnpackBigParamInfor@@}", 1),
+            "cuts tensors over 1 GiB",
+        ),
+        "latin1 spelled in utf-8": (
+            b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00aX\x05\x00\x00\x00utf-8\x86R.",
+            "in the encoding",
+        ),
+        "one array's bytes under 10,000 names": (shared + b"u.", "its arrays claim"),
+        "an empty dict": (b"\x80\x04}.", "holds no tensors"),
+        "a protocol 5 buffer": (b"\x80\x05}(X\x01\x00\x00\x00w\x97u.", "not a state_dict"),
+        "empty file": (b"", "does not parse"),
     }
 
 
@@ -1301,6 +1374,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "weights": hostile_weights,
     "params": hostile_params,
     "flax": hostile_flax,
+    "paddle": hostile_paddle,
     "torch": hostile_torch,
     "inputs": hostile_inputs,
     "checkpoint": hostile_checkpoints,
@@ -1453,13 +1527,19 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [params_bytes(gluon_weights()), params_bytes(gluon_weights("float64", 1), V2_MAGIC)], generic
     if loader == "checkpoint":
         gluonnlp = [(TF_CHECKPOINT.parent / f"gluonnlp-{name}.params").read_bytes() for name in ("bert", "classifier")]
-        return [flax_bytes(), params_bytes(gluon_weights()), *gluonnlp], [*generic, mutate_a_shape]
+        paddle = (PADDLE_FIXTURES / "d2l-0.17.6-paddle.pdparams").read_bytes()
+        return [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp], [*generic, mutate_a_shape]
     if loader == "cache":
         return [cache_entry_bytes()], generic
     if loader == "reply":
         return [reply_bytes()], [*generic, mutate_inside_zip, mutate_npy_header]
     if loader == "flax":
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
+    if loader == "paddle":
+        saved = [
+            PADDLE_FIXTURES / name for name in ("d2l-0.17.6-paddle.pdparams", "protocol2.pdparams", "wrapped.pdparams")
+        ]
+        return [*(path.read_bytes() for path in saved), pdparams_bytes(gluon_weights("float64", 1))], generic
     if loader == "torch":
         import torch
 

@@ -117,7 +117,7 @@ def test_pretraining_needs_both_heads():
 
 # --- Every format, both ways --------------------------------------------------------------------------
 
-SUFFIXES = {"npz": ".npz", "torch": ".pt", "mxnet": ".params", "jax": ".msgpack"}
+SUFFIXES = {"npz": ".npz", "torch": ".pt", "mxnet": ".params", "jax": ".msgpack", "paddle": ".pdparams"}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -133,7 +133,7 @@ SUFFIXES = {"npz": ".npz", "torch": ".pt", "mxnet": ".params", "jax": ".msgpack"
         }
     ),
     dtype=st.sampled_from(["float32", "float64"]),
-    route=st.lists(st.sampled_from(["npz", "torch", "mxnet", "jax", "dir-torch", "dir-mxnet"]), min_size=1, max_size=3),
+    route=st.lists(st.sampled_from([*SUFFIXES, "dir-torch", "dir-mxnet"]), min_size=1, max_size=3),
     seed=st.integers(0, 2**16),
 )
 def test_any_config_round_trips_bit_identically_through_every_format(tmp_path, choice, sizes, dtype, route, seed):
@@ -147,7 +147,7 @@ def test_any_config_round_trips_bit_identically_through_every_format(tmp_path, c
     save_checkpoint(source, config, weights)
     for step, kind in enumerate(route):
         framework = kind.removeprefix("dir-")
-        if framework not in ("npz", "jax", *AVAILABLE):  # Flax's files are read and written without Flax
+        if framework not in ("npz", "jax", "paddle", *AVAILABLE):  # Flax's and Paddle's files need neither
             continue
         target = tmp_path / (f"{seed}-{step}-{kind}" + ("" if kind.startswith("dir") else SUFFIXES[kind]))
         convert(source, target, framework=framework if kind.startswith("dir") else None, vocab=vocab,

@@ -43,6 +43,7 @@ READERS = {
     "weights": None,
     "params": None,
     "flax": None,
+    "paddle": None,
     "inputs": None,
     "checkpoint": None,
     "reply": None,

@@ -1,6 +1,12 @@
-"""Golden fixtures computed by the ORIGINAL d2l releases: every generation, both frameworks.
+"""Golden fixtures computed by the ORIGINAL d2l releases: every generation, every framework.
 
-    .venv/bin/python conformance/original_d2l/generate.py      (from the repository root)
+    .venv/bin/python conformance/original_d2l/generate.py --paddle-python PYTHON   (from the repository root)
+    .venv/bin/python conformance/original_d2l/generate.py --only paddle --paddle-python PYTHON
+
+d2l 0.17's Paddle code runs in a Python of its own (``--paddle-python``), one with PaddlePaddle 2.6, the
+last release before Paddle 3 refused to compare d2l's float32 positions with int64 lengths:
+
+    python3 -m venv /tmp/paddle && /tmp/paddle/bin/pip install paddlepaddle==2.6.2 "numpy<2"
 
 For each (release, framework) below it installs ``d2l==release`` with ``--no-deps`` into a throw-away
 directory and runs a child process in which that d2l is importable (packages it imports but BERT never
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.abc
 import importlib.machinery
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,9 +44,11 @@ RELEASES = [
     ("0.17.6", "torch", "d2l", "d2l.BERTModel(V, H, [H], H, F, heads, blocks, dropout, max_len, H, H, H, H, H, H)"),
     ("1.0.3", "mxnet", "d2l", "d2l.BERTModel(V, H, F, heads, blocks, dropout, max_len)"),
     ("1.0.3", "torch", "d2l", "d2l.BERTModel(V, H, F, heads, blocks, dropout, max_len)"),
+    ("0.17.6", "paddle", "d2l", "d2l.BERTModel(V, H, [H], H, F, heads, blocks, dropout, max_len, H, H, H, H, H, H)"),
 ]
+PADDLE_LAYER_NORM_EPS = float(np.float32(1e-5))  # Paddle's layer_norm takes its epsilon as a C float
 # Imported by d2l at module level, never by its BERT: stubbed in the child.
-STUBBED = ("IPython", "pandas", "matplotlib_inline", "torchvision", "scipy", "gym")
+STUBBED = ("IPython", "pandas", "matplotlib", "matplotlib_inline", "torchvision", "scipy", "gym", "requests")
 
 
 def fixture_name(release: str, framework: str) -> str:
@@ -101,13 +110,17 @@ def run_release(release: str, framework: str, preset: str, build: str, out: Path
         "max_len": config.max_len,
         "d2l": d2l,
     }
-    backend = importlib.import_module(f"bert_multi.{framework}.backend")
-    # The LayerNorm eps the release's framework really computes with (MXNet: a C float).
-    arrays: dict[str, np.ndarray] = {"layer_norm_eps": np.array(backend.LAYER_NORM_EPS)}
+    # The LayerNorm eps the release's framework really computes with (MXNet's and Paddle's: a C float).
+    eps = (
+        PADDLE_LAYER_NORM_EPS
+        if framework == "paddle"
+        else (importlib.import_module(f"bert_multi.{framework}.backend").LAYER_NORM_EPS)
+    )
+    arrays: dict[str, np.ndarray] = {"layer_norm_eps": np.array(eps)}
     for dtype in ("float32", "float64"):
         batches = [(name, get_case(name).batch(config, SEED)) for name in CASES]
         try:
-            run = _run_torch if framework == "torch" else _run_mxnet
+            run = {"torch": _run_torch, "mxnet": _run_mxnet, "paddle": _run_paddle}[framework]
             names["net"] = eval(build, names)
             outputs = run(names["net"], config, weights, dtype, batches, framework_names)
         except Exception as error:  # noqa: BLE001 - a release that cannot compute in float64 is recorded so
@@ -122,6 +135,10 @@ def run_release(release: str, framework: str, preset: str, build: str, out: Path
             # even a float64 model adds positions rounded to float32.
             precision = str(table.dtype)
             print(f"  {dtype}: the positional table stays {precision}")
+        if framework == "paddle" and dtype == "float64":
+            # d2l's Paddle sequence_mask casts the scores to float32 to mask them, and back.
+            precision = "float32"
+            print(f"  {dtype}: sequence_mask rounds the attention scores to float32")
         arrays[f"precision/{dtype}"] = np.array(precision)
         for (case, batch), values in zip(batches, outputs):
             arrays.update({f"{case}/inputs/{k}": v for k, v in batch.items() if v is not None})
@@ -186,16 +203,48 @@ def _run_mxnet(net, config, weights, dtype, batches, framework_names):
     return outputs
 
 
+def _run_paddle(net, config, weights, dtype, batches, framework_names):
+    import paddle
+
+    net.eval()  # dropout off, as in inference
+    if dtype == "float64":
+        net.to(dtype="float64")
+    names = framework_names(config, [])  # Paddle's d2l names are PyTorch's
+    # Paddle's own layers say which weights are Linear ones, held (in, out): those are transposed.
+    linear = {f"{prefix}.weight" for prefix, layer in net.named_sublayers() if isinstance(layer, paddle.nn.Linear)}
+    state = {names[n]: (a.T if names[n] in linear else a).astype(dtype) for n, a in weights.items()}
+    own = net.state_dict()
+    if {name: list(value.shape) for name, value in own.items()} != {n: list(a.shape) for n, a in state.items()}:
+        raise SystemExit("the release's parameters differ from bert_multi's names or shapes")
+    net.set_state_dict(state)
+    outputs = []
+    with paddle.no_grad():
+        for _, batch in batches:
+            tensors = [None if batch[k] is None else paddle.to_tensor(batch[k]) for k in
+                       ("tokens", "segments", "valid_lens", "pred_positions")]  # fmt: skip
+            encoded, mlm, nsp = net(*tensors)
+            outputs.append(
+                {"encoded": encoded.numpy(), "mlm": None if mlm is None else mlm.numpy(), "nsp": nsp.numpy()}
+            )
+    return outputs
+
+
 # --- The parent: install each release, run it, keep the results --------------------------------------
 
 
-def main() -> None:
+def main(only: list[str] | None, paddle_python: str | None) -> None:
     from bert_multi import BERTConfig, random_weights, save_weights
 
-    for preset in sorted({preset for _, _, preset, _ in RELEASES}):
-        config = BERTConfig(**SIZES, semantics=preset)
-        save_weights(HERE / f"weights-{preset}.npz", config, random_weights(config, seed=SEED, dtype="float64"))
+    if only is None:  # the weights every fixture was computed from: rewritten only with every fixture
+        for preset in sorted({preset for _, _, preset, _ in RELEASES}):
+            config = BERTConfig(**SIZES, semantics=preset)
+            save_weights(HERE / f"weights-{preset}.npz", config, random_weights(config, seed=SEED, dtype="float64"))
     for release, framework, preset, build in RELEASES:
+        if only is not None and framework not in only:
+            continue
+        python = paddle_python if framework == "paddle" else sys.executable
+        if python is None:
+            raise SystemExit("d2l's Paddle release needs a Python with PaddlePaddle: --paddle-python PYTHON")
         print(f"d2l {release} ({framework}):")
         with tempfile.TemporaryDirectory() as directory:
             subprocess.run(
@@ -212,24 +261,25 @@ def main() -> None:
                 ],
                 check=True,
             )
-            child = [sys.executable, __file__, "--child", release, framework, preset, build]
-            subprocess.run(child, check=True, env={**_environment(), "PYTHONPATH": directory})
+            child = [python, __file__, "--child", release, framework, preset, build]
+            path = os.pathsep.join([directory, str(HERE.parent.parent)])  # the release, and bert_multi's source
+            subprocess.run(child, check=True, env={**_environment(), "PYTHONPATH": path})
         path = HERE / f"{fixture_name(release, framework)}.npz"
         print(f"  wrote {path.name} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
 def _environment() -> dict[str, str]:
-    import os
-
     return dict(os.environ)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=4, metavar=("RELEASE", "FRAMEWORK", "PRESET", "BUILD"))
+    parser.add_argument("--only", nargs="+", metavar="FRAMEWORK", help="regenerate only these frameworks' fixtures")
+    parser.add_argument("--paddle-python", metavar="PYTHON", help="a Python with PaddlePaddle 2.6 (see above)")
     args = parser.parse_args()
     if args.child:
         release, framework, preset, build = args.child
         run_release(release, framework, preset, build, HERE / f"{fixture_name(release, framework)}.npz")
     else:
-        main()
+        main(args.only, args.paddle_python)
