@@ -465,8 +465,10 @@ class StateDict(CheckpointFormat):
 
     def read(self, path: Path, key: str | None) -> Raw:
         arrays, dtypes, notes = read_pdparams(path, key)
-        turned = [name for name, array in arrays.items() if _layout(name, array) is not array]
-        arrays = {name: _layout(name, array) for name, array in arrays.items()}
+        turned = []
+        for name, array in arrays.items():  # in place: each file array is freed once turned
+            arrays[name] = _layout(name, array)
+            turned += [name] if arrays[name] is not array else []
         if turned:
             notes.append(f"transposed {len(turned)} nn.Linear weights from Paddle's (in, out) to (out, in)")
         return Raw(self.kind, None, arrays, dtypes, notes)
