@@ -211,12 +211,15 @@ def random_weights(config: BERTConfig, seed: int = 0, dtype: object = "float32")
 def check_names(shapes: dict[str, tuple[int, ...]], names: Iterable[str]) -> None:
     """``WeightsError`` unless ``names`` are exactly the schema's (a set or dict, for fast lookups)."""
     missing = [name for name in shapes if name not in names]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise WeightsError(f"missing tensor(s) {missing[:5]}{more} of the config's schema")
     extra = [name for name in names if name not in shapes]
-    if extra:
-        raise WeightsError(f"unexpected tensor(s) {extra[:5]} not in the canonical schema for this config")
+
+    def listed(found: list[str]) -> str:
+        return f"{found[:5]}{f' and {len(found) - 5} more' if len(found) > 5 else ''}"
+
+    parts = [f"missing tensor(s) {listed(missing)} of the config's schema"] if missing else []
+    parts += [f"unexpected tensor(s) {listed(extra)} not in the canonical schema for this config"] if extra else []
+    if parts:  # both at once: a block of another number is missing under one name and unexpected under another
+        raise WeightsError("; ".join(parts))
 
 
 def validate_weights(config: BERTConfig, weights: object) -> str:
