@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...errors import UsageError, WeightsError
 from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
-from . import d2l, flax, gluon, huggingface, keras_hub, npz, paddle, pytorch, tensorflow, tf_objects
+from . import d2l, flax, gluon, huggingface, keras_hub, npz, paddle, paddlenlp, pytorch, tensorflow, tf_objects
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
 
 # d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read).
@@ -21,6 +21,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     gluon.FORMAT,
     paddle.FORMAT,  # after PyTorch's: any other pickle is tried as Paddle's
     flax.FORMAT,
+    paddlenlp.FORMAT,
     huggingface.FORMAT,
     keras_hub.FORMAT,
     keras_hub.FILE,

@@ -45,7 +45,9 @@ SLICED = "UnpackBigParamInfor@@"  # protocols 2 and 3 cut a tensor over 1 GiB in
 RECONSTRUCT = ("numpy.core.multiarray _reconstruct", "numpy._core.multiarray _reconstruct")  # NumPy 1, 2
 # The dtypes of Paddle's tensors as NumPy arrays. NumPy has no bfloat16: Paddle hands over its bits as uint16.
 DTYPES = ("f2", "f4", "f8", "u2", "i1", "i2", "i4", "i8", "u1", "b1")
-LINEAR_WEIGHT = re.compile(r"(?<!_embedding)\.weight$")  # a 2-D weight not an nn.Embedding's is nn.Linear's
+# A 2-D weight is an nn.Linear's, (in, out), unless an nn.Embedding's (d2l's token_embedding, PaddleNLP's
+# word_embeddings) or PaddleNLP's MLM decoder, a TransposedLinear held (vocab, hidden) as PyTorch holds it.
+LINEAR_WEIGHT = re.compile(r"(?<!_embedding)(?<!_embeddings)(?<!decoder)\.weight$")
 MAX_OPCODES = 1 << 22  # a BERT-large's state_dict takes 15,000; each opcode may push a value
 MAX_NDIM = 32
 MATERIALISED_FACTOR = 2  # what the arrays may take, as a multiple of the file (arrays may share bytes)
