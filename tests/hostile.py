@@ -45,6 +45,7 @@ HF_FLAX = TF_CHECKPOINT.parent / "flax-model"  # transformers' FlaxBertModel, sa
 HF_TF = TF_CHECKPOINT.parent / "tf-classifier"  # its TFBertForSequenceClassification, saved by Keras 2 (HDF5)
 TF2_SAVED = TF_CHECKPOINT.parent / "tf2-savedmodel"  # a Model Garden BertEncoder's SavedModel variables (TF 2.20)
 KERAS_HUB = TF_CHECKPOINT.parent / "keras-hub-backbone"  # a BertBackbone preset, saved by KerasHub 0.32 (Keras 3)
+PADDLENLP = TF_CHECKPOINT.parent / "paddlenlp-pretraining"  # a BertForPretraining, saved by PaddleNLP 2.8
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -255,6 +256,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "kerashub": _fixture_with(KERAS_HUB, "model.weights.h5"),
     "kerasfile": _keras_file,
     "kerasconfig": _fixture_with(KERAS_HUB, "config.json"),
+    "paddlenlp": _fixture_with(PADDLENLP, "model_state.pdparams"),
     "tf2index": _fixture_with(TF2_SAVED, "variables/variables.index"),
     "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
@@ -272,7 +274,18 @@ LOADERS: dict[str, Callable[[str], object]] = {
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
     *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
-    *("hfindex", "kerashub", "kerasfile", "kerasconfig", "tf2index", "tf2data", "params", "flax", "paddle"),
+    *(
+        "hfindex",
+        "kerashub",
+        "kerasfile",
+        "kerasconfig",
+        "tf2index",
+        "tf2data",
+        "params",
+        "flax",
+        "paddle",
+        "paddlenlp",
+    ),
     *("torch", "mxnet"),
 )
 CLEAN_ERRORS: dict[str, type[Exception] | tuple[type[Exception], ...]] = {
@@ -423,6 +436,23 @@ def _pickled_array(count: int, data: bytes) -> bytes:
     dtype = b"\x8c\x05numpy\x8c\x05dtype\x93\x8c\x02f4\x89\x88\x87R"
     dtype += b"(K\x03\x8c\x01<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"  # its state: little-endian
     return recipe + b"(K\x01(J" + struct.pack("<i", count) + b"t" + dtype + b"\x89" + data + b"tb"
+
+
+def hostile_paddlenlp() -> dict[str, tuple[bytes, str]]:
+    """A PaddleNLP BertForPretraining's model_state.pdparams, its names changed where a byte pattern finds them."""
+    valid = (PADDLENLP / "model_state.pdparams").read_bytes()
+    assert valid.count(b"layers.1.") == 16 and valid.count(b"self_attn.q_proj.weight") == 2, "the patterns find none"
+    d2l = (PADDLE_FIXTURES / "d2l-0.17.6-paddle.pdparams").read_bytes()
+    return {
+        "a layer of another name": (
+            valid.replace(b"q_proj.weight", b"x_proj.weight", 1),
+            "no BERT layer bert_multi knows",
+        ),
+        "the fifth block": (valid.replace(b"layers.1.", b"layers.5."), "encoder.blks.5"),
+        "d2l's names": (d2l, "no BERT layer bert_multi knows"),
+        "cut short": (valid[: len(valid) // 2], "does not parse"),
+        "empty file": (b"", "does not parse"),
+    }
 
 
 def hostile_paddle() -> dict[str, tuple[bytes, str]]:
@@ -1375,6 +1405,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "params": hostile_params,
     "flax": hostile_flax,
     "paddle": hostile_paddle,
+    "paddlenlp": hostile_paddlenlp,
     "torch": hostile_torch,
     "inputs": hostile_inputs,
     "checkpoint": hostile_checkpoints,
@@ -1535,6 +1566,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [reply_bytes()], [*generic, mutate_inside_zip, mutate_npy_header]
     if loader == "flax":
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
+    if loader == "paddlenlp":
+        return [(PADDLENLP / "model_state.pdparams").read_bytes()], generic
     if loader == "paddle":
         saved = [
             PADDLE_FIXTURES / name for name in ("d2l-0.17.6-paddle.pdparams", "protocol2.pdparams", "wrapped.pdparams")

@@ -44,6 +44,7 @@ READERS = {
     "params": None,
     "flax": None,
     "paddle": None,
+    "paddlenlp": None,
     "inputs": None,
     "checkpoint": None,
     "reply": None,

@@ -1,0 +1,113 @@
+"""BERTs saved by PaddleNLP (``conformance/original_bert/paddlenlp_bert.py`` wrote them with PaddleNLP 2.8 on
+PaddlePaddle 2.6); this suite only reads them, without Paddle. Each is held to what PaddleNLP itself
+computed from it, in float64 and float32, and converts to a directory transformers loads."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_multi import WeightsError, convert, inspect_checkpoint, load_backend, load_checkpoint
+from bert_multi.engine.compare import compare_arrays, tolerance_for
+from bert_multi.files.formats.paddle import read_pdparams
+from conftest import encoder_outputs, pretraining_outputs, runs_here
+
+HERE = Path(__file__).parent / "original_bert" / "checkpoints"
+PRETRAINING = HERE / "paddlenlp-pretraining"
+with np.load(HERE / "paddlenlp.npz", allow_pickle=False) as archive:
+    SAVED = {name: archive[name] for name in archive.files}
+INPUTS = {name.removeprefix("inputs/"): array for name, array in SAVED.items() if name.startswith("inputs/")}
+
+
+def outputs(config, weights) -> dict[str, np.ndarray]:
+    """The oracle's float64 outputs at INPUTS: the encoding and pooled output, the MLM and NSP logits."""
+    found = encoder_outputs(config, weights, INPUTS)
+    model = load_backend("numpy").build(config, {n: a.astype(np.float64) for n, a in weights.items()}, dtype="float64")
+    out = model(**INPUTS)
+    return {**found, "mlm": out.mlm, "nsp": out.nsp}
+
+
+def mismatches(computed: dict[str, np.ndarray], dtype: str) -> list[str]:
+    """What of ``computed`` differs from PaddleNLP's outputs in ``dtype`` beyond that dtype's tolerance."""
+    saved = {name.removeprefix(f"{dtype}/"): array for name, array in SAVED.items() if name.startswith(f"{dtype}/")}
+    assert sorted(saved) == ["encoded", "mlm", "nsp", "pooled"], f"PaddleNLP's {dtype} outputs are not all saved"
+    failed = []
+    for name, theirs in saved.items():
+        comparison = compare_arrays(name, computed[name], theirs, tolerance_for(dtype, "cpu"))
+        if not comparison.passed:
+            failed.append(comparison.describe())
+    return failed
+
+
+def test_a_paddlenlp_bert_computes_what_paddlenlp_computes_in_float64_and_float32():
+    checkpoint = load_checkpoint(PRETRAINING)
+    config = checkpoint.config
+    assert (config.vocab_size, config.num_hiddens, config.ffn_num_hiddens, config.num_blks) == (13, 8, 12, 2)
+    assert (config.num_heads, config.max_len, config.heads) == (2, 16, ("pooler", "mlm", "nsp"))
+    semantics = config.semantics
+    assert (semantics.activation, semantics.layer_norm_eps, semantics.mlm_decoder) == ("gelu", 1e-12, "tied")
+    assert checkpoint.info.notes[0].startswith("read model_state.pdparams and config.json (PaddleNLP's BERT")
+    computed = outputs(config, checkpoint.weights)
+    assert mismatches(computed, "float64") == []
+    assert mismatches(computed, "float32") == []
+
+
+@pytest.mark.parametrize(
+    "change", [{"activation": "gelu_tanh"}, {"layer_norm_eps": 1e-5}], ids=["tanh GELU", "Paddle's default eps"]
+)
+def test_paddlenlps_float64_outputs_tell_each_difference_of_semantics(change):
+    """What keeps the first test from passing on the wrong model: PaddleNLP's float64 outputs tell GELU's
+    forms apart, and its LayerNorm eps (config.json's, which PaddleNLP sets on every LayerNorm) from
+    Paddle's default 1e-5."""
+    checkpoint = load_checkpoint(PRETRAINING)
+    semantics = dataclasses.replace(checkpoint.config.semantics, **change)
+    computed = outputs(dataclasses.replace(checkpoint.config, semantics=semantics), checkpoint.weights)
+    assert mismatches(computed, "float64") != []
+
+
+def test_the_attention_weights_are_transposed_from_paddles_layout():
+    """q_proj is square, so only the file's origin says it is (in, out): its transpose is the weight."""
+    raw, _, _ = read_pdparams(PRETRAINING / "model_state.pdparams")
+    kernel = raw["bert.encoder.layers.0.self_attn.q_proj.weight"]
+    assert kernel.shape == (8, 8) and not np.array_equal(kernel, kernel.T)
+    weights = load_checkpoint(PRETRAINING).weights
+    assert np.array_equal(weights["encoder.blks.0.attention.W_q.weight"], kernel.T)
+    assert np.array_equal(weights["mlm.mlp.3.bias"], raw["cls.predictions.decoder_bias"])  # saved twice, read once
+    assert "mlm.mlp.3.weight" not in weights  # tied: the word embeddings, saved again as the decoder's
+
+
+@pytest.mark.parametrize(
+    "name, heads, note",
+    [("paddlenlp-model", ("pooler",), None), ("paddlenlp-classifier", ("pooler",), "'BertForSequenceClassification'")],
+)
+def test_a_bare_model_and_a_fine_tuned_classifier_read_as_their_encoders(name, heads, note):
+    info = inspect_checkpoint(HERE / name)
+    assert (info.format, info.framework, info.heads) == ("paddlenlp-dir", None, heads)
+    left_out = [n for n in info.notes if n.startswith("left out")]
+    assert left_out == ([] if note is None else [left_out[0]]) and (note is None or note in left_out[0])
+    raw, _, _ = read_pdparams(HERE / name / "model_state.pdparams")
+    prefix = "" if name == "paddlenlp-model" else "bert."
+    weights = load_checkpoint(HERE / name).weights
+    assert np.array_equal(weights["encoder.token_embedding.weight"], raw[f"{prefix}embeddings.word_embeddings.weight"])
+    assert np.array_equal(weights["hidden.0.weight"], raw[f"{prefix}pooler.dense.weight"].T)
+
+
+@runs_here("transformers")
+def test_a_paddlenlp_bert_converts_to_a_directory_transformers_loads(tmp_path):
+    import torch
+    import transformers
+
+    convert(PRETRAINING, tmp_path / "hf", framework="huggingface")
+    model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").double().eval()
+    computed = pretraining_outputs(model, INPUTS)
+    with torch.no_grad():
+        computed["pooled"] = model.bert.pooler(torch.from_numpy(computed["encoded"])).numpy()
+    assert mismatches(computed, "float64") == []
+
+
+def test_a_directory_of_paddlenlp_before_2_5_says_what_to_do(tmp_path):
+    (tmp_path / "model_state.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
+    (tmp_path / "model_config.json").write_text('{"init_args": [], "init_class": "BertForPretraining"}')
+    with pytest.raises(WeightsError, match="model_config.json in a layout of its own.*save_pretrained it again"):
+        load_checkpoint(tmp_path)
