@@ -251,6 +251,12 @@ def test_convert_states_what_the_file_cannot_tell_and_compare_reads_any_format(t
                  "numpy", "--no-pairs"]) == 0  # fmt: skip
     assert main(["convert", str(tmp_path / "d2l.params"), str(tmp_path / "out.txt"), "--num-heads", "2"]) == 2
     assert "unknown output suffix '.txt'" in capsys.readouterr().err
+    # d2l names its directories bert.small, bert.base: with --framework, a suffix of no format is a directory's
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps([f"t{i}" for i in range(config.vocab_size)]))
+    assert main(["convert", str(tmp_path / "d2l.params"), str(tmp_path / "bert.small"), "--num-heads", "2",
+                 "--d2l-version", "1.0.3", "--framework", "mxnet", "--vocab", str(vocab)]) == 0  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "bert.small").iterdir()) == ["pretrained.params", "vocab.json"]
     assert main(["conform", "--config", "tiny", "--num-heads", "2"]) == 2
     assert "--num-heads: these describe a checkpoint file" in capsys.readouterr().err
 

@@ -50,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    kind = output_format(args.out)
+    kind = output_format(args.out, args.framework)
     check_output(args.out, "OUT", directory=kind == "d2l-dir")
     vocab = read_vocab(args.vocab) if args.vocab else None
     checkpoint = load_as_stated(args, args.source, args.preset)

@@ -359,9 +359,10 @@ def load_checkpoint(
 # --- Writing any format --------------------------------------------------------------------------------
 
 
-def output_format(path: str | Path) -> str:
-    """The format a path asks for: by suffix (.npz, .pt/.pth, .params, .msgpack), else a d2l directory."""
-    return for_output(path).kind
+def output_format(path: str | Path, framework: str | None = None) -> str:
+    """The format a path asks for: by suffix (.npz, .pt/.pth, .params, .msgpack ...), else a directory
+    (``for_output``)."""
+    return for_output(path, framework).kind
 
 
 def save_checkpoint(
@@ -403,7 +404,7 @@ def convert(
     """Read ``source`` in any format (``statements`` as for ``load_checkpoint``) and write it to
     ``target`` in the format its name asks for; the vocabulary travels when the source has one, and so do
     the settings a HuggingFace directory records."""
-    output_format(target)  # refuse a bad output name before reading anything
+    output_format(target, framework)  # refuse a bad output name before reading anything
     checkpoint = load_checkpoint(source, **statements)
     save_checkpoint(
         target,

@@ -81,16 +81,17 @@ def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
 
 def for_output(path: str | Path, framework: str | None = None) -> CheckpointFormat:
     """The format a path asks for: by suffix (.npz, or a framework format's), else a directory: d2l's, or
-    with ``framework="huggingface"`` HuggingFace's."""
+    with ``framework="huggingface"`` HuggingFace's. With a ``framework``, a name whose suffix is no format's is
+    a directory's (d2l names its directories bert.small, bert.base)."""
     suffix = Path(path).suffix.lower()
     for own in FORMATS:
         if suffix in own.suffixes:
             return own
-    if suffix and not Path(path).is_dir():
+    if suffix and framework is None and not Path(path).is_dir():
         known = [suffix for own in FORMATS for suffix in own.suffixes]
         raise UsageError(
-            f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory name "
-            "(a d2l pretrained-model directory)"
+            f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory (a d2l "
+            "pretrained-model directory or a HuggingFace one, its kind given with framework= (--framework))"
         )
     return huggingface.FORMAT if framework == "huggingface" else DIRECTORY
 
