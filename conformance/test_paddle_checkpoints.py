@@ -185,3 +185,17 @@ def test_a_frameworks_own_reader_refuses_paddles_file_naming_the_reader_that_rea
     message = str(raised.value)
     assert "Paddle" in message or "d2l pretrained-model directory" in message
     assert "read it with bert_multi.load_checkpoint (any format)" in message and "load_weights" not in message
+
+
+def test_a_d2l_paddle_directory_is_written_as_bert_small_paddle_holds_it(tmp_path):
+    """convert --framework paddle: pretrained.pdparams (the file Paddle saved, byte for byte in its arrays)
+    and vocab.json, which d2l's Paddle load_pretrained_model reads (paddle_checkpoints.py --check loads it)."""
+    vocab = [f"t{i}" for i in range(CONFIG.vocab_size)]
+    convert(FILES / "model.params", tmp_path / "bert.small.paddle", framework="paddle", vocab=vocab, num_heads=2,
+            d2l_version="1.0.3")  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "bert.small.paddle").iterdir()) == ["pretrained.pdparams", "vocab.json"]
+    written, _, _ = read_pdparams(tmp_path / "bert.small.paddle" / "pretrained.pdparams")
+    original, _, _ = read_pdparams(FILES / "pretrained-paddle" / "pretrained.pdparams")
+    assert list(written) == list(original) and all(written[n].tobytes() == original[n].tobytes() for n in original)
+    checkpoint = load_checkpoint(tmp_path / "bert.small.paddle", **STATED)
+    assert checkpoint.vocab == vocab and checkpoint.info.format == "d2l-dir"

@@ -133,7 +133,7 @@ SUFFIXES = {"npz": ".npz", "torch": ".pt", "mxnet": ".params", "jax": ".msgpack"
         }
     ),
     dtype=st.sampled_from(["float32", "float64"]),
-    route=st.lists(st.sampled_from([*SUFFIXES, "dir-torch", "dir-mxnet"]), min_size=1, max_size=3),
+    route=st.lists(st.sampled_from([*SUFFIXES, "dir-torch", "dir-mxnet", "dir-paddle"]), min_size=1, max_size=3),
     seed=st.integers(0, 2**16),
 )
 def test_any_config_round_trips_bit_identically_through_every_format(tmp_path, choice, sizes, dtype, route, seed):

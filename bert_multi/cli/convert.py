@@ -13,7 +13,7 @@ from ..engine.conform import run_conformance
 from ..engine.report import largest_by_dtype, verdict
 from ..engine.results import Target, compare_outputs
 from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, output_format, save_checkpoint
-from ..files.formats import DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output, huggingface
+from ..files.formats import D2L_PUBLISHED, DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output, huggingface
 from ..files.formats.d2l import read_vocab
 from ..files.layout import STATED_BY
 from .common import add_checkpoint_options, check_output, config_line, load_as_stated
@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "in the format OUT's name asks for: .npz "
         "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), .msgpack (Flax), or a directory (with "
         "--framework: d2l's "
-        "pretrained.params + vocab.json, or HuggingFace's config.json + model.safetensors). Each is what that "
+        "pretrained.params + vocab.json (Paddle's: pretrained.pdparams), or HuggingFace's config.json + "
+        "model.safetensors). Each is what that "
         "framework's code loads with its own strict call.",
     )
     parser.add_argument("source", help="the checkpoint to read")
@@ -37,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--framework",
         choices=DIRECTORY_FRAMEWORKS,
-        help="for a directory: a d2l one with this framework's pretrained.params, or a HuggingFace one",
+        help="for a directory: a d2l one with this framework's pretrained.params (Paddle's: pretrained.pdparams), "
+        "or a HuggingFace one",
     )
     parser.add_argument("--vocab", help="for a d2l directory: a JSON list of tokens, when the source has no vocab")
     parser.add_argument(
@@ -85,7 +87,7 @@ def check_conversion(args: argparse.Namespace, source: Checkpoint) -> int:
     on the built-in cases: the float64 oracle computes the same on it as on the source, and its own
     framework (here, in its environment's worker, else the NumPy oracle) runs it as the oracle does.
     One sentence says what was proven; 0 if both hold."""
-    reader = None if args.framework == "huggingface" else args.framework
+    reader = D2L_PUBLISHED[args.framework].framework if args.framework in D2L_PUBLISHED else None  # a backend's
     back = load_checkpoint(args.out, source.config, framework=reader)
     cases = [case.input(source.config) for case in CASES]
     oracle = load_backend("numpy")

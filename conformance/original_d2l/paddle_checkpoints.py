@@ -107,7 +107,7 @@ def check(converted: Path) -> None:
     _, make, _, batch, _ = _setup()
     recorded = np.load(HERE / f"d2l-{RELEASE}-paddle.npz", allow_pickle=False)
     inputs = [paddle.to_tensor(batch[k]) for k in ("tokens", "segments", "valid_lens", "pred_positions")]
-    for path in sorted(converted.glob("*.pdparams")):
+    for path in sorted(converted.glob("*.pdparams")) + sorted(converted.glob("*/pretrained.pdparams")):
         net = make()
         net.eval()
         state = paddle.load(str(path))
@@ -118,7 +118,10 @@ def check(converted: Path) -> None:
             encoded = net(*inputs)[0].numpy()
         error = float(np.abs(encoded - recorded["mixed_valid_lens/float32/encoded"]).max())
         rounded = " (from bfloat16 weights)" if "bfloat16" in path.name else ""
-        print(f"  {path.name}: loaded by name and shape, max abs error vs the recorded outputs {error:.2e}{rounded}")
+        print(
+            f"  {path.relative_to(converted)}: loaded by name and shape, max abs error vs the recorded outputs "
+            f"{error:.2e}{rounded}"
+        )
         if error > 1e-5 and not rounded:
             raise SystemExit(f"{path}: outputs differ from the original's by {error}")
 
@@ -147,10 +150,15 @@ def _convert_all(scratch: Path) -> Path:
         target = converted / f"{source.name.replace('.', '-')}.pdparams"
         subprocess.run([str(bert_multi), "convert", str(source), str(target), *statements], check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
+    from checkpoints import VOCAB  # beside this file, as generate.py
+
+    vocab = scratch / "vocab.json"
+    vocab.write_text(json.dumps(VOCAB))
     for source in ("state_dict.pt", "model.params"):  # d2l 1.0.3's files, the same weights, to Paddle's
-        target = converted / f"{source.replace('.', '-')}.pdparams"
-        subprocess.run([str(bert_multi), "convert", str(OUT / source), str(target), "--num-heads", "2",
-                        "--d2l-version", "1.0.3"], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        stem = converted / source.replace(".", "-")
+        for target, extra in ((f"{stem}.pdparams", []), (stem, ["--framework", "paddle", "--vocab", str(vocab)])):
+            subprocess.run([str(bert_multi), "convert", str(OUT / source), str(target), "--num-heads", "2",
+                            "--d2l-version", "1.0.3", *extra], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     return converted
 
 

@@ -11,8 +11,9 @@ from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
 from . import d2l, flax, gluon, huggingface, keras_hub, npz, paddle, paddlenlp, pytorch, tensorflow, tf_objects
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
 
-# d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read).
-DIRECTORY = d2l.Directory(lambda path: sniff(path))
+# d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read,
+# by --framework's name when it is written).
+DIRECTORY = d2l.Directory(lambda path: sniff(path), lambda framework: D2L_PUBLISHED[framework])
 ZIP = d2l.Zip(DIRECTORY)
 # Every format, in the order a file is tried against them.
 FORMATS: tuple[CheckpointFormat, ...] = (
@@ -33,9 +34,10 @@ FORMATS: tuple[CheckpointFormat, ...] = (
 BY_KIND = {own.kind: own for own in FORMATS}
 DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people
 FRAMEWORK_FORMATS = {own.kind: own for own in FORMATS if own.framework is not None}  # a framework's own file
-# What a directory written by save_checkpoint holds: a d2l one of a framework d2l published models in,
-# or HuggingFace's.
-DIRECTORY_FRAMEWORKS = [*(own.framework for own in FRAMEWORK_FORMATS.values() if own.d2l_published), "huggingface"]
+# The files d2l published pretrained models in, by the name --framework gives each: its backend's, or Paddle's.
+D2L_PUBLISHED: dict[str, CheckpointFormat] = {own.framework or own.kind: own for own in FORMATS if own.d2l_published}
+# What a directory written by save_checkpoint holds: a d2l one of those files, or HuggingFace's.
+DIRECTORY_FRAMEWORKS = [*D2L_PUBLISHED, "huggingface"]
 
 
 def sniff(path: Path) -> CheckpointFormat:
@@ -103,6 +105,7 @@ def of_framework(framework: str) -> CheckpointFormat:
 
 __all__ = [
     "BY_KIND",
+    "D2L_PUBLISHED",
     "DESCRIPTIONS",
     "DIRECTORY",
     "DIRECTORY_FRAMEWORKS",

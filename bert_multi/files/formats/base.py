@@ -67,6 +67,7 @@ class CheckpointFormat:
     directory = False  # a directory, not a file
     zip_marker: str | None = None  # a zip-based format: what a zip would hold to be one, for messages
     d2l_published = False  # a file that d2l's pretrained-model directories hold (MXNet's, PyTorch's, Paddle's)
+    d2l_file = PARAMS_FILE  # its name there
 
     def recognizes(self, probe: Probe) -> bool:
         """Whether the file (or directory) is one of this format."""

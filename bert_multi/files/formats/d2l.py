@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
 from ...safe_files import open_regular, reason, replace_text
 from ...spec.config import BERTConfig
@@ -72,8 +71,9 @@ class Directory(CheckpointFormat):
     description = "d2l pretrained-model directory (pretrained.params or .pdparams, and vocab.json)"
     directory = True
 
-    def __init__(self, sniff: Callable[[Path], CheckpointFormat]) -> None:
+    def __init__(self, sniff: Callable[[Path], CheckpointFormat], published: Callable[[str], CheckpointFormat]) -> None:
         self.sniff = sniff
+        self.published = published  # the format of the file a directory holds, by --framework's name
 
     def recognizes(self, probe: Probe) -> bool:
         return is_directory(probe.path) and any(is_regular_file(probe.path / name) for name in PARAMS_FILES)
@@ -124,7 +124,8 @@ class Directory(CheckpointFormat):
             raise UsageError(f"{path}: the vocab has {len(vocab)} tokens, the model {config.vocab_size}")
         path.mkdir(parents=True, exist_ok=True)
         assert framework is not None  # save_checkpoint asks for it before anything is written
-        load_backend(framework).save_checkpoint(path / PARAMS_FILE, config, weights)
+        own = self.published(framework)
+        own.write(path / own.d2l_file, config, weights)
         replace_text(path / VOCAB_FILE, json.dumps(vocab, ensure_ascii=False))
 
 

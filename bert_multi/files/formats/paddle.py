@@ -38,7 +38,7 @@ from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, file_size, open_regular, reason, replace_file
 from ...spec.config import BERTConfig
-from .base import MAX_TENSORS, CheckpointFormat, Probe, Raw, some
+from .base import MAX_TENSORS, PADDLE_PARAMS_FILE, CheckpointFormat, Probe, Raw, some
 
 NAMES_TABLE = "StructuredToParameterName@@"  # each name's Paddle-internal name, which nothing here needs
 SLICED = "UnpackBigParamInfor@@"  # protocols 2 and 3 cut a tensor over 1 GiB into slices: no BERT has one
@@ -459,6 +459,7 @@ class StateDict(CheckpointFormat):
     description = "PaddlePaddle state_dict file (paddle.save, .pdparams)"
     suffixes = (".pdparams",)
     d2l_published = True  # d2l 0.17's bert.small.paddle.zip holds one
+    d2l_file = PADDLE_PARAMS_FILE
 
     def recognizes(self, probe: Probe) -> bool:
         # Any pickle of protocol 2 to 4 that is not PyTorch's (read first): this reader says what it is not.
