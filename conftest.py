@@ -156,6 +156,20 @@ def encoder_outputs(config, weights: dict, inputs: dict) -> dict:
     }
 
 
+def saved_mismatches(saved: dict, computed: dict, whose: str, dtype: str) -> list[str]:
+    """What of ``computed`` differs, beyond ``dtype``'s tolerance on the CPU, from the outputs a fixture saved
+    under ``whose/`` (``saved``: the fixture's arrays by name); a fixture with none saved there fails."""
+    from bert_multi.engine.compare import compare_arrays, tolerance_for
+
+    prefix = f"{whose}/"
+    theirs = {name.removeprefix(prefix): array for name, array in saved.items() if name.startswith(prefix)}
+    assert theirs, f"no outputs of {whose} saved to compare with"
+    comparisons = [
+        compare_arrays(name, computed[name], array, tolerance_for(dtype, "cpu")) for name, array in theirs.items()
+    ]
+    return [comparison.describe() for comparison in comparisons if not comparison.passed]
+
+
 def cuda_cost(item):
     """Under ``pytest -m cuda`` (on a GPU machine lent for minutes, the tests one after another) the
     cheapest first, so that a run stopped at its limit has done the most: what compiles nothing (PyTorch,

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_checkpoint
-from bert_multi.engine.compare import compare_arrays, tolerance_for
-from conftest import encoder_outputs, runs_here
+from conftest import encoder_outputs, runs_here, saved_mismatches
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 BACKBONE = HERE / "keras-hub-backbone"
@@ -32,14 +31,7 @@ def outputs(config, weights) -> dict[str, np.ndarray]:
 
 def mismatches(computed: dict[str, np.ndarray], whose: str, dtype: str) -> list[str]:
     """What of ``computed`` differs from the outputs saved under ``whose`` beyond ``dtype``'s tolerance."""
-    saved = {name.removeprefix(f"{whose}/"): array for name, array in SAVED.items() if name.startswith(f"{whose}/")}
-    assert saved, f"no outputs of {whose} saved to compare with"
-    failed = []
-    for name, theirs in saved.items():
-        comparison = compare_arrays(name, computed[name], theirs, tolerance_for(dtype, "cpu"))
-        if not comparison.passed:
-            failed.append(comparison.describe())
-    return failed
+    return saved_mismatches(SAVED, computed, whose, dtype)
 
 
 def test_a_keras_hub_backbone_computes_what_transformers_and_keras_hub_compute():

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_backend, load_checkpoint
-from bert_multi.engine.compare import compare_arrays, tolerance_for
 from bert_multi.files.formats.paddle import read_pdparams
-from conftest import encoder_outputs, pretraining_outputs, runs_here
+from conftest import encoder_outputs, pretraining_outputs, runs_here, saved_mismatches
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 PRETRAINING = HERE / "paddlenlp-pretraining"
@@ -30,14 +29,9 @@ def outputs(config, weights) -> dict[str, np.ndarray]:
 
 def mismatches(computed: dict[str, np.ndarray], dtype: str) -> list[str]:
     """What of ``computed`` differs from PaddleNLP's outputs in ``dtype`` beyond that dtype's tolerance."""
-    saved = {name.removeprefix(f"{dtype}/"): array for name, array in SAVED.items() if name.startswith(f"{dtype}/")}
-    assert sorted(saved) == ["encoded", "mlm", "nsp", "pooled"], f"PaddleNLP's {dtype} outputs are not all saved"
-    failed = []
-    for name, theirs in saved.items():
-        comparison = compare_arrays(name, computed[name], theirs, tolerance_for(dtype, "cpu"))
-        if not comparison.passed:
-            failed.append(comparison.describe())
-    return failed
+    saved = sorted(name for name in SAVED if name.startswith(f"{dtype}/"))
+    assert saved == [f"{dtype}/{name}" for name in ("encoded", "mlm", "nsp", "pooled")], "not all outputs saved"
+    return saved_mismatches(SAVED, computed, dtype, dtype)
 
 
 def test_a_paddlenlp_bert_computes_what_paddlenlp_computes_in_float64_and_float32():
