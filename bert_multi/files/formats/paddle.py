@@ -53,6 +53,8 @@ MAX_NDIM = 32
 MATERIALISED_FACTOR = 2  # what the arrays may take, as a multiple of the file (arrays may share bytes)
 MATERIALISED_SLACK = 1 << 20
 PROTOCOL = 4  # what paddle.save writes unless asked
+# What genops raises on a damaged pickle: a length past the end, an unknown opcode, text that is no UTF-8 ...
+PARSE_ERRORS = (ValueError, TypeError, IndexError, KeyError, OverflowError, EOFError, struct.error, MemoryError)
 
 
 class _Global(NamedTuple):
@@ -304,7 +306,7 @@ def _entries(machine: _Machine, top: object, key: str | None) -> tuple[dict[str,
     where = (
         f"the state_dict is under {holders}: pass key={holders[0]!r} (--key {holders[0]})"
         if holders
-        else ("none of its entries is a state_dict (a dict of name -> array)")
+        else "none of its entries is a state_dict (a dict of name -> array)"
     )
     raise WeightsError(
         f"{machine.path}: the file holds a dict with the keys {some(list(map(str, top)))}, not a state_dict; {where}"
@@ -354,16 +356,7 @@ def read_pdparams(
             top = machine.run(_Clamped(file, size))
         except WeightsError:
             raise
-        except (
-            ValueError,
-            TypeError,
-            IndexError,
-            KeyError,
-            OverflowError,
-            EOFError,
-            struct.error,
-            MemoryError,
-        ) as error:
+        except PARSE_ERRORS as error:
             raise machine.fail(f"its pickle does not parse: {reason(error)}") from None
         entries, notes = _entries(machine, top, key)
         if len(entries) > MAX_TENSORS:
