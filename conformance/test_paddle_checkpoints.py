@@ -32,6 +32,7 @@ LINEAR_WEIGHTS = 6 * CONFIG.num_blks + 4
 FILES_SAVED = [
     ("d2l-0.17.6-paddle.pdparams", "paddle", ("pooler", "mlm", "nsp"), [], {}),
     ("protocol2.pdparams", "paddle", ("pooler", "mlm", "nsp"), [], {}),
+    ("paddle3.pdparams", "paddle", ("pooler", "mlm", "nsp"), [], {}),  # NumPy 2's numpy._core recipe
     ("wrapped.pdparams", "paddle", ("pooler", "mlm", "nsp"), ["under the key 'model'"], {"key": "model"}),
     ("classifier.pdparams", "paddle", ("pooler",), [], {}),
     ("pretrained-paddle", "d2l-dir", ("pooler", "mlm", "nsp"), [], {}),
@@ -50,6 +51,13 @@ def test_each_file_d2l_paddle_saved_loads_to_the_weights_it_holds(name, kind, he
     assert all(checkpoint.weights[n].tobytes() == STORED[n].tobytes() for n in checkpoint.weights)
     if name == "classifier.pdparams":  # the fine-tuning head is no part of BERT
         assert info.ignored == ["output.bias", "output.weight"]
+
+
+def test_the_files_spell_numpys_recipe_as_numpy_1_and_numpy_2_do():
+    """Paddle 2.6 on NumPy 1 names ``numpy.core.multiarray._reconstruct``; Paddle 3 on NumPy 2 names
+    ``numpy._core``: both are read above, and neither fixture may lose its spelling unnoticed."""
+    assert b"numpy.core.multiarray" in (FILES / "d2l-0.17.6-paddle.pdparams").read_bytes()
+    assert b"numpy._core.multiarray" in (FILES / "paddle3.pdparams").read_bytes()
 
 
 def test_a_square_weight_is_turned_because_the_file_is_paddles_not_because_of_its_shape():

@@ -1570,7 +1570,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [(PADDLENLP / "model_state.pdparams").read_bytes()], generic
     if loader == "paddle":
         saved = [
-            PADDLE_FIXTURES / name for name in ("d2l-0.17.6-paddle.pdparams", "protocol2.pdparams", "wrapped.pdparams")
+            PADDLE_FIXTURES / name
+            for name in ("d2l-0.17.6-paddle.pdparams", "protocol2.pdparams", "wrapped.pdparams", "paddle3.pdparams")
         ]
         return [*(path.read_bytes() for path in saved), pdparams_bytes(gluon_weights("float64", 1))], generic
     if loader == "torch":

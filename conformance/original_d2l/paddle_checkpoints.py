@@ -1,8 +1,9 @@
 """Checkpoints saved by the ORIGINAL d2l 0.17.6 Paddle code (``d2l/paddle.py``, the code of d2l-zh 2.0)
 the way its users save them; and a checker that loads bert_multi's conversions back into that code.
 
-    .venv/bin/python conformance/original_d2l/paddle_checkpoints.py --paddle-python PYTHON
-        write checkpoints/*.pdparams and checkpoints/pretrained-paddle (the fixtures)
+    .venv/bin/python conformance/original_d2l/paddle_checkpoints.py --paddle-python PYTHON [--paddle3-python PYTHON3]
+        write checkpoints/*.pdparams and checkpoints/pretrained-paddle (the fixtures); with PYTHON3 (a Python
+        with PaddlePaddle 3 and NumPy 2), paddle3.pdparams too: Paddle 2.6's file loaded and saved again
     .venv/bin/python conformance/original_d2l/paddle_checkpoints.py --paddle-python PYTHON --check
         convert each fixture with bert-multi convert to a .pdparams, load it in d2l 0.17.6's BERTModel
         (paddle.load, set_state_dict) and compare its outputs with those generate.py recorded
@@ -39,6 +40,7 @@ FILES = {
     "protocol2.pdparams": "paddle.save(net.state_dict(), path, protocol=2): bytes spelled through _codecs",
     "bfloat16.pdparams": "paddle.save({k: v.astype('bfloat16') ...}): bfloat16, which Paddle saves as uint16",
     "classifier.pdparams": "the fine-tuning section's BERTClassifier(net): encoder, hidden, output",
+    "paddle3.pdparams": "paddle.save(paddle.load(path), ...) by Paddle 3 on NumPy 2, as a user upgrading re-saves",
 }
 
 
@@ -98,6 +100,14 @@ def write() -> None:
     directory.mkdir(exist_ok=True)
     paddle.save(state, str(directory / "pretrained.pdparams"))
     (directory / "vocab.json").write_text(json.dumps(vocab))
+
+
+def resave() -> None:
+    """In Paddle 3's child: the happy path's file loaded and saved again (NumPy 2 names its recipe
+    ``numpy._core``)."""
+    import paddle
+
+    paddle.save(paddle.load(str(OUT / f"d2l-{RELEASE}-paddle.pdparams")), str(OUT / "paddle3.pdparams"))
 
 
 def check(converted: Path) -> None:
@@ -165,16 +175,19 @@ def _convert_all(scratch: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paddle-python", metavar="PYTHON", help="a Python with PaddlePaddle 2.6")
+    parser.add_argument("--paddle3-python", metavar="PYTHON3", help="a Python with PaddlePaddle 3 and NumPy 2")
     parser.add_argument("--check", action="store_true", help="convert the fixtures and load them in d2l 0.17.6")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        write() if args.child[0] == "write" else check(Path(args.child[1]))
+        {"write": write, "resave": resave}[args.child[0]]() if len(args.child) == 1 else check(Path(args.child[1]))
         return
     if args.paddle_python is None:
         parser.error("d2l's Paddle code needs a Python with PaddlePaddle: --paddle-python PYTHON")
     if not args.check:
         _in_release(args.paddle_python, "write")
+        if args.paddle3_python:  # needs no d2l: a file loaded and saved
+            subprocess.run([args.paddle3_python, __file__, "--child", "resave"], check=True)
         total = sum((OUT / name).stat().st_size for name in FILES if (OUT / name).is_file())
         print(f"wrote {len(FILES)} Paddle fixtures to {OUT} ({total / 1024:.0f} KiB, the directory aside)")
         return
