@@ -8,7 +8,9 @@ the way its users save them; and a checker that loads bert_multi's conversions b
         convert each fixture with bert-multi convert to a .pdparams, load it in d2l 0.17.6's BERTModel
         (paddle.load, set_state_dict) and compare its outputs with those generate.py recorded
 
-PYTHON is a Python with PaddlePaddle 2.6 (generate.py's docstring says how to make one). Like
+PYTHON is a Python with PaddlePaddle 2.6 (generate.py's docstring says how to make one); PYTHON3 one with
+PaddlePaddle 3 (``python3 -m venv /tmp/paddle3 && /tmp/paddle3/bin/pip install paddlepaddle==3.3.1``, which
+brings NumPy 2). Like
 generate.py, this installs ``d2l==0.17.6`` with ``--no-deps`` into a throw-away directory and runs a child
 there. The model is generate.py's (SIZES, the canonical ``weights-d2l.npz``, loaded by Paddle's own
 names, its Linear weights transposed as Paddle's own layers say), so every file holds numbers whose
