@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -160,7 +159,7 @@ def write_release(release: str, framework: str, preset: str, build: str) -> None
     """A checkpoint saved by one release of generate.py's list, in its own framework's format, of the
     weights whose outputs generate.py recorded for it."""
     sys.path.insert(0, str(HERE))
-    from generate import CASES, SEED, _run_mxnet, _run_torch, _StubFinder
+    from generate import CASES, SEED, _run_mxnet, _run_torch, _StubFinder, release_names
 
     sys.meta_path.insert(0, _StubFinder())
     from bert_multi import load_weights
@@ -169,10 +168,7 @@ def write_release(release: str, framework: str, preset: str, build: str) -> None
 
     d2l = importlib.import_module("d2l" if release.startswith("0.11") else f"d2l.{framework}")
     config, weights = load_weights(HERE / f"weights-{preset}.npz")
-    sizes = {"V": config.vocab_size, "H": config.num_hiddens, "F": config.ffn_num_hiddens,
-             "heads": config.num_heads, "blocks": config.num_blks, "dropout": config.dropout,
-             "max_len": config.max_len, "d2l": d2l}  # fmt: skip
-    net = eval(build, sizes)
+    net = eval(build, release_names(config, d2l))
     batches = [(CASES[0], get_case(CASES[0]).batch(config, SEED))]
     (_run_torch if framework == "torch" else _run_mxnet)(net, config, weights, "float32", batches, framework_names)
     OUT.mkdir(exist_ok=True)
@@ -228,13 +224,10 @@ def _report(path: Path, encoded: np.ndarray, recorded) -> None:
 
 
 def _in_release(*child_args: str, version: str = RELEASE) -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", directory, f"d2l=={version}"],
-            check=True,
-        )
-        environment = {**os.environ, "PYTHONPATH": directory}
-        subprocess.run([sys.executable, __file__, "--child", *child_args], check=True, env=environment)
+    sys.path.insert(0, str(HERE))
+    from generate import in_release
+
+    in_release(version, sys.executable, __file__, *child_args)
 
 
 def main() -> None:

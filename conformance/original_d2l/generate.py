@@ -88,6 +88,20 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+def release_names(config, d2l) -> dict:
+    """The names a release's ``build`` expression (``RELEASES``) is written in, for ``config`` and its d2l."""
+    return {
+        "V": config.vocab_size,
+        "H": config.num_hiddens,
+        "F": config.ffn_num_hiddens,
+        "heads": config.num_heads,
+        "blocks": config.num_blks,
+        "dropout": config.dropout,
+        "max_len": config.max_len,
+        "d2l": d2l,
+    }
+
+
 def run_release(release: str, framework: str, preset: str, build: str, out: Path) -> None:
     """In the child: build the release's BERTModel, load the canonical weights by its names, record outputs."""
     sys.meta_path.insert(0, _StubFinder())
@@ -100,16 +114,7 @@ def run_release(release: str, framework: str, preset: str, build: str, out: Path
         d2l = importlib.import_module(f"d2l.{framework}")
     config, weights = load_weights(out.with_name(f"weights-{preset}.npz"))
     assert config == BERTConfig(**SIZES, semantics=preset)
-    names = {
-        "V": config.vocab_size,
-        "H": config.num_hiddens,
-        "F": config.ffn_num_hiddens,
-        "heads": config.num_heads,
-        "blocks": config.num_blks,
-        "dropout": config.dropout,
-        "max_len": config.max_len,
-        "d2l": d2l,
-    }
+    names = release_names(config, d2l)
     # The LayerNorm eps the release's framework really computes with (MXNet's and Paddle's: a C float).
     eps = (
         PADDLE_LAYER_NORM_EPS
@@ -158,15 +163,19 @@ def _run_torch(net, config, weights, dtype, batches, framework_names):
     names = framework_names(config, [])  # PyTorch's names are the canonical ones
     state = {names[name]: torch.from_numpy(array.astype(dtype)) for name, array in weights.items()}
     net.load_state_dict(state, strict=True)
-    outputs = []
     with torch.no_grad():
-        for _, batch in batches:
-            tensors = [None if batch[k] is None else torch.from_numpy(batch[k]) for k in
-                       ("tokens", "segments", "valid_lens", "pred_positions")]  # fmt: skip
-            encoded, mlm, nsp = net(*tensors)
-            outputs.append(
-                {"encoded": encoded.numpy(), "mlm": None if mlm is None else mlm.numpy(), "nsp": nsp.numpy()}
-            )
+        return _outputs(net, batches, torch.from_numpy)
+
+
+def _outputs(net, batches, to_tensor) -> list[dict]:
+    """What ``net`` computes on each batch, its inputs made tensors by ``to_tensor`` (PyTorch's and Paddle's
+    tensors both give NumPy back by ``.numpy()``)."""
+    outputs = []
+    for _, batch in batches:
+        tensors = [None if batch[k] is None else to_tensor(batch[k]) for k in
+                   ("tokens", "segments", "valid_lens", "pred_positions")]  # fmt: skip
+        encoded, mlm, nsp = net(*tensors)
+        outputs.append({"encoded": encoded.numpy(), "mlm": None if mlm is None else mlm.numpy(), "nsp": nsp.numpy()})
     return outputs
 
 
@@ -217,16 +226,8 @@ def _run_paddle(net, config, weights, dtype, batches, framework_names):
     if {name: list(value.shape) for name, value in own.items()} != {n: list(a.shape) for n, a in state.items()}:
         raise SystemExit("the release's parameters differ from bert_multi's names or shapes")
     net.set_state_dict(state)
-    outputs = []
     with paddle.no_grad():
-        for _, batch in batches:
-            tensors = [None if batch[k] is None else paddle.to_tensor(batch[k]) for k in
-                       ("tokens", "segments", "valid_lens", "pred_positions")]  # fmt: skip
-            encoded, mlm, nsp = net(*tensors)
-            outputs.append(
-                {"encoded": encoded.numpy(), "mlm": None if mlm is None else mlm.numpy(), "nsp": nsp.numpy()}
-            )
-    return outputs
+        return _outputs(net, batches, paddle.to_tensor)
 
 
 # --- The parent: install each release, run it, keep the results --------------------------------------
@@ -246,30 +247,19 @@ def main(only: list[str] | None, paddle_python: str | None) -> None:
         if python is None:
             raise SystemExit("d2l's Paddle release needs a Python with PaddlePaddle: --paddle-python PYTHON")
         print(f"d2l {release} ({framework}):")
-        with tempfile.TemporaryDirectory() as directory:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--no-deps",
-                    "--target",
-                    directory,
-                    f"d2l=={release}",
-                ],
-                check=True,
-            )
-            child = [python, __file__, "--child", release, framework, preset, build]
-            path = os.pathsep.join([directory, str(HERE.parent.parent)])  # the release, and bert_multi's source
-            subprocess.run(child, check=True, env={**_environment(), "PYTHONPATH": path})
+        in_release(release, python, __file__, release, framework, preset, build)
         path = HERE / f"{fixture_name(release, framework)}.npz"
         print(f"  wrote {path.name} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
-def _environment() -> dict[str, str]:
-    return dict(os.environ)
+def in_release(version: str, python: str, script: str, *child_args: str) -> None:
+    """Run ``script --child CHILD_ARGS`` in ``python``, with ``d2l==version`` (installed with ``--no-deps`` into
+    a throw-away directory) and bert_multi's source importable: how each generator here runs a release."""
+    with tempfile.TemporaryDirectory() as directory:
+        install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", directory]
+        subprocess.run([*install, f"d2l=={version}"], check=True)
+        path = os.pathsep.join([directory, str(HERE.parent.parent)])
+        subprocess.run([python, script, "--child", *child_args], check=True, env={**os.environ, "PYTHONPATH": path})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -49,25 +48,19 @@ FILES = {
 def _setup():
     """In the child: d2l's Paddle module, SIZES' model with the canonical weights, the recorded batch."""
     sys.path.insert(0, str(HERE))
-    from checkpoints import VOCAB
-    from generate import CASES, RELEASES, SEED, _run_paddle, _StubFinder
+    from checkpoints import VOCAB, _child_setup
+    from generate import CASES, RELEASES, _run_paddle, release_names
 
-    sys.meta_path.insert(0, _StubFinder())
-    from bert_multi import load_weights
+    _, config, weights, batch = _child_setup()  # first: it stubs what d2l imports and BERT never uses
     from bert_multi.backend import framework_names
-    from bert_multi.engine.cases import get_case
 
     d2l = importlib.import_module("d2l.paddle")
-    config, weights = load_weights(HERE / "weights-d2l.npz")
     (build,) = [build for release, framework, _, build in RELEASES if framework == "paddle"]
-    names = {"V": config.vocab_size, "H": config.num_hiddens, "F": config.ffn_num_hiddens,
-             "heads": config.num_heads, "blocks": config.num_blks, "dropout": config.dropout,
-             "max_len": config.max_len, "d2l": d2l}  # fmt: skip
+    names = release_names(config, d2l)
 
     def make():
         return eval(build, names)
 
-    batch = get_case(CASES[0]).batch(config, SEED)
     net = make()
     _run_paddle(net, config, weights, "float32", [(CASES[0], batch)], framework_names)
     return d2l, make, net, batch, VOCAB
@@ -139,13 +132,10 @@ def check(converted: Path) -> None:
 
 
 def _in_release(python: str, *child_args: str) -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", directory, f"d2l=={RELEASE}"],
-            check=True,
-        )
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([directory, str(HERE.parent.parent)])}
-        subprocess.run([python, __file__, "--child", *child_args], check=True, env=environment)
+    sys.path.insert(0, str(HERE))
+    from generate import in_release
+
+    in_release(RELEASE, python, __file__, *child_args)
 
 
 def _convert_all(scratch: Path) -> Path:
