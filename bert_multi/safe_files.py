@@ -34,6 +34,17 @@ READ_CHUNK_BYTES = 1 << 22
 LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip member's local header: signature, ..., name and extra lengths
 
 
+def stored_data_start(file: BinaryIO, info: zipfile.ZipInfo) -> int:
+    """Where a zip member's bytes start in the zip's ``file``: past its local header, whose name and extra
+    lengths only it holds. ``ValueError`` where the directory points at no local header."""
+    file.seek(info.header_offset)
+    header = file.read(LOCAL_HEADER.size).ljust(LOCAL_HEADER.size)
+    signature, name_length, extra_length = LOCAL_HEADER.unpack(header)
+    if signature != ZIP_MAGIC:
+        raise ValueError("no local zip header where the archive's directory points")
+    return info.header_offset + LOCAL_HEADER.size + name_length + extra_length
+
+
 def describe_format(head: bytes) -> str:
     """What a file that starts with ``head`` (its first 8 bytes or more) looks like, for error messages."""
     if head.startswith(MXNET_LIST_MAGIC):
@@ -253,11 +264,7 @@ class NpzReader:
     def _read_stored(self, info: zipfile.ZipInfo, header: NpyHeader, buffer: memoryview, check_crc: bool) -> None:
         # Straight from the file into the array, one copy (zipfile's reader makes two), with the
         # member's CRC-32 checked as zipfile would, if asked.
-        self._file.seek(info.header_offset)
-        signature, name_length, extra_length = LOCAL_HEADER.unpack(self._file.read(LOCAL_HEADER.size).ljust(30))
-        if signature != ZIP_MAGIC:
-            raise ValueError("no local zip header where the archive's directory points")
-        self._file.seek(info.header_offset + LOCAL_HEADER.size + name_length + extra_length)
+        self._file.seek(stored_data_start(self._file, info))
         npy_header = self._file.read(header.data_offset)
         crc = zlib.crc32(npy_header)
         filled = 0

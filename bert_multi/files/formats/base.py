@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import stat
-import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import numpy as np
 
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
-from ...safe_files import reason
+from ...safe_files import reason, stored_data_start
 from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
@@ -184,21 +183,16 @@ class Member(NamedTuple):
     size: int
 
 
-LOCAL_HEADER = struct.Struct("<4s22xHH")  # a member's local header: its signature, name and extra lengths
-
-
 def stored_member(file: BinaryIO, member: zipfile.ZipInfo, path: Path) -> Member | None:
     """Where ``member`` of the zip at ``path`` (open as ``file``) lies in it, to be read in place, when it is
     stored uncompressed (as Keras stores a .keras file's); its bytes checked against the zip's checksum first
     (what extracting it would check). None for a member compressed or encrypted: extract it."""
     if member.compress_type != zipfile.ZIP_STORED or member.flag_bits & 0x1 or member.file_size != member.compress_size:
         return None
-    file.seek(member.header_offset)
-    header = file.read(LOCAL_HEADER.size)
-    if len(header) < LOCAL_HEADER.size or LOCAL_HEADER.unpack(header)[0] != b"PK\x03\x04":
-        raise WeightsError(f"{path}: {member.filename}'s local header is not where the zip's directory says")
-    _, name_length, extra_length = LOCAL_HEADER.unpack(header)
-    start = member.header_offset + LOCAL_HEADER.size + name_length + extra_length
+    try:
+        start = stored_data_start(file, member)
+    except ValueError:
+        raise WeightsError(f"{path}: {member.filename}'s local header is not where the zip's directory says") from None
     checksum, left = 0, member.file_size
     file.seek(start)
     while left:
