@@ -233,8 +233,8 @@ TO_TORCH_NAMES: dict[str, Callable[[str], tuple[str, bool]]] = {
 def torch_names(
     path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str], torch_name: Callable[[str], tuple[str, bool]]
 ) -> tuple[dict[str, np.ndarray], dict[str, str], dict[str, str]]:
-    """A Flax or Keras file's ``arrays`` under their PyTorch names (``torch_name``), (in, out) kernels
-    transposed to (out, in); their own dtypes; and the file's name of each. A tensor saved under two names
+    """A Flax, Keras or PaddleNLP file's ``arrays`` under their PyTorch names (``torch_name``), (in, out)
+    kernels transposed to (out, in); their own dtypes; and the file's name of each. A tensor saved under two names
     is read once (Keras saves a shared weight under each layer using it) if their numbers are the same.
     ``arrays`` is emptied as it is read, so that each kernel is freed once transposed."""
     own: dict[str, np.ndarray] = {}
