@@ -1,6 +1,7 @@
 """BERTs saved by PaddleNLP (``conformance/original_bert/paddlenlp_bert.py`` wrote them with PaddleNLP 2.8 on
-PaddlePaddle 2.6); this suite only reads them, without Paddle. Each is held to what PaddleNLP itself
-computed from it, in float64 and float32, and converts to a directory transformers loads."""
+PaddlePaddle 2.6, and the same weights again with PaddleNLP 3 on Paddle 3); this suite only reads them,
+without Paddle. Each is held to what PaddleNLP itself computed from it, in float64 and float32, and converts
+to a directory transformers loads."""
 
 import dataclasses
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_backend, load_checkpoint
 from bert_multi.files.formats.paddle import read_pdparams
+from bert_multi.files.formats.safetensors import read_metadata, read_safetensors, write_safetensors
 from conftest import encoder_outputs, pretraining_outputs, runs_here, saved_mismatches
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
@@ -104,4 +106,73 @@ def test_a_directory_of_paddlenlp_before_2_5_says_what_to_do(tmp_path):
     (tmp_path / "model_state.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
     (tmp_path / "model_config.json").write_text('{"init_args": [], "init_class": "BertForPretraining"}')
     with pytest.raises(WeightsError, match="model_config.json in a layout of its own.*save_pretrained it again"):
+        load_checkpoint(tmp_path)
+
+
+# PaddleNLP 3's save_pretrained of paddlenlp-pretraining/'s weights, each as the file its from_pretrained
+# loads first: safetensors (safe_serialization=True), or shards beside an index (max_shard_size).
+PADDLENLP3 = {
+    "paddlenlp3-safetensors": "read model.safetensors and config.json",
+    "paddlenlp3-shards": "read the shards model.safetensors.index.json names and config.json",
+    "paddlenlp3-pdparams-shards": "read the shards model_state.pdparams.index.json names and config.json",
+}
+
+
+@pytest.mark.parametrize("name", PADDLENLP3)
+def test_paddlenlp_3s_files_read_as_the_weights_paddlenlp_2_8_saved(name):
+    """PaddleNLP 3 loaded paddlenlp-pretraining/ and saved it again: each of its files reads to the same
+    weights, so to what PaddleNLP computes (the generator checked that PaddleNLP 3 computes the same bits)."""
+    checkpoint = load_checkpoint(HERE / name)
+    assert checkpoint.info.format == "paddlenlp-dir" and checkpoint.info.notes[0].startswith(PADDLENLP3[name])
+    original = load_checkpoint(PRETRAINING)
+    assert checkpoint.config == original.config
+    assert sorted(checkpoint.weights) == sorted(original.weights)
+    assert all(np.array_equal(checkpoint.weights[n], original.weights[n]) for n in original.weights)
+    assert mismatches(outputs(checkpoint.config, checkpoint.weights), "float64") == []
+
+
+def test_paddlenlp_3s_safetensors_are_paddles_layout_and_its_metadata_says_so():
+    """The file is safetensors, as transformers' are, but holds Paddle's names and (in, out) layout, which
+    its metadata's format ('np', not transformers' 'pt') tells; q_proj is square, so nothing else would."""
+    file = HERE / "paddlenlp3-safetensors" / "model.safetensors"
+    assert read_metadata(file) == {"format": "np"}
+    kernel = read_safetensors(file)[0]["bert.encoder.layers.0.self_attn.q_proj.weight"]
+    assert kernel.shape == (8, 8) and not np.array_equal(kernel, kernel.T)
+    assert np.array_equal(load_checkpoint(file.parent).weights["encoder.blks.0.attention.W_q.weight"], kernel.T)
+
+
+def test_paddlenlp_3s_bfloat16_safetensors_hold_uint16_bits_read_as_bfloat16():
+    """PaddleNLP 3 saves a bfloat16 model's tensors as uint16 (safetensors' U16): their bits are bfloat16's."""
+    directory = HERE / "paddlenlp3-bfloat16"
+    arrays, dtypes = read_safetensors(directory / "model.safetensors")
+    assert set(dtypes.values()) == {"uint16"}
+    with pytest.raises(WeightsError, match="is bfloat16; .*pass dtype='float32'"):
+        load_checkpoint(directory)
+    checkpoint = load_checkpoint(directory, dtype="float32")
+    assert "read 48 bfloat16 arrays from the uint16 bits Paddle saves them as" in checkpoint.info.notes
+    assert {tensor.dtype for tensor in checkpoint.info.tensors} == {"bfloat16"}
+    original = load_checkpoint(PRETRAINING).weights
+    for name, array in checkpoint.weights.items():  # Paddle 3 rounds to the nearest bfloat16, ties to even
+        bits = original[name].view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        assert array.tobytes() == rounded.tobytes(), name
+    bits = arrays["bert.embeddings.word_embeddings.weight"]
+    assert np.array_equal(
+        (bits.astype(np.uint32) << 16).view(np.float32), checkpoint.weights["encoder.token_embedding.weight"]
+    )
+
+
+def test_a_transformers_safetensors_in_a_paddlenlp_directory_is_refused(tmp_path):
+    """The metadata, not the names, decides the layout: a file that says transformers' ('pt') in a directory
+    whose config PaddleNLP wrote is neither read as Paddle's layout nor silently as transformers'."""
+    (tmp_path / "config.json").write_bytes((HERE / "paddlenlp3-safetensors" / "config.json").read_bytes())
+    arrays, _ = read_safetensors(HERE / "paddlenlp3-safetensors" / "model.safetensors")
+    write_safetensors(tmp_path / "model.safetensors", arrays, {"format": "pt"})
+    with pytest.raises(WeightsError, match="metadata's format is 'pt', where PaddleNLP writes 'np'"):
+        load_checkpoint(tmp_path)
+
+
+def test_a_paddlenlp_config_without_weights_names_the_files_it_looked_for(tmp_path):
+    (tmp_path / "config.json").write_bytes((HERE / "paddlenlp3-safetensors" / "config.json").read_bytes())
+    with pytest.raises(WeightsError, match=r"PaddleNLP config.json but no weights: expected one of .*model_state"):
         load_checkpoint(tmp_path)

@@ -3,6 +3,7 @@
 fixtures of ``conformance/test_paddlenlp_checkpoints.py``, which only reads them.
 
     /tmp/paddlenlp/bin/python conformance/original_bert/paddlenlp_bert.py     write checkpoints/paddlenlp-*/
+    /tmp/paddlenlp3/bin/python conformance/original_bert/paddlenlp_bert.py --paddlenlp3   then paddlenlp3-*/
 
 ``save_pretrained`` writes a directory: ``config.json`` (the ``BertConfig``) and ``model_state.pdparams``
 (``paddle.save`` of the state_dict). None of the project's environments holds Paddle; a throw-away one
@@ -19,10 +20,26 @@ Written, each model of ``toy_bert.py``'s sizes with every weight drawn from N(0,
 - ``paddlenlp.npz``: the inputs; ``float64/...`` and ``float32/...``, what PaddleNLP computes from
   ``paddlenlp-pretraining/`` in each dtype: the encoding, the pooled output, the MLM logits at the predicted
   positions and the NSP logits.
+
+With ``--paddlenlp3``, in PaddleNLP 3 (whose ``save_pretrained(safe_serialization=True)`` writes
+safetensors: its own names and layouts, bfloat16 as uint16 bits), which loads ``paddlenlp-pretraining/``
+and saves it again, as a user upgrading does:
+
+    python3 -m venv /tmp/paddlenlp3 && /tmp/paddlenlp3/bin/pip install paddlepaddle==3.3.1 paddlenlp==3.0.0b4 \\
+        aistudio-sdk==0.2.1 "datasets<3" "pyarrow<18" "huggingface_hub<0.26"
+
+- ``paddlenlp3-safetensors/``: ``model.safetensors``;
+- ``paddlenlp3-shards/``: the same in shards of at most 2 KB, beside ``model.safetensors.index.json``;
+- ``paddlenlp3-pdparams-shards/``: ``model_state.pdparams`` in such shards, beside its index;
+- ``paddlenlp3-bfloat16/``: the model cast to bfloat16, then saved as safetensors.
+
+It then checks that what PaddleNLP 3 computes from ``paddlenlp3-safetensors/`` is what ``paddlenlp.npz``
+holds, to the last bit in both dtypes (as it was for 3.0.0b4), so the tests hold these files to it too.
 """
 
 from __future__ import annotations
 
+import sys
 import zlib  # noqa: F401  # imported before Paddle, whose own zlib otherwise breaks what imports it later
 from pathlib import Path
 
@@ -87,5 +104,23 @@ def main() -> None:
     print(f"wrote {OUT}/paddlenlp-*/ and paddlenlp.npz")
 
 
+def main_paddlenlp3() -> None:
+    from paddlenlp.transformers import BertForPretraining
+
+    model = BertForPretraining.from_pretrained(str(OUT / "paddlenlp-pretraining"))
+    model.save_pretrained(str(OUT / "paddlenlp3-safetensors"), safe_serialization=True)
+    model.save_pretrained(str(OUT / "paddlenlp3-shards"), safe_serialization=True, max_shard_size="2KB")
+    model.save_pretrained(str(OUT / "paddlenlp3-pdparams-shards"), max_shard_size="2KB")
+    model.to(dtype="bfloat16")
+    model.save_pretrained(str(OUT / "paddlenlp3-bfloat16"), safe_serialization=True)
+    with np.load(OUT / "paddlenlp.npz") as archive:
+        for dtype in ("float64", "float32"):
+            model = BertForPretraining.from_pretrained(str(OUT / "paddlenlp3-safetensors"))
+            for name, value in outputs(model, dtype).items():
+                if not np.array_equal(value, archive[f"{dtype}/{name}"]):
+                    raise SystemExit(f"PaddleNLP 3 computes another {dtype} {name} than paddlenlp.npz holds")
+    print(f"wrote {OUT}/paddlenlp3-*/; PaddleNLP 3 computes from them exactly what paddlenlp.npz holds")
+
+
 if __name__ == "__main__":
-    main()
+    main_paddlenlp3() if sys.argv[1:] == ["--paddlenlp3"] else main()

@@ -374,15 +374,20 @@ def read_pdparams(
                 made[id(spec)] = _materialise(machine, file, name, spec)
             arrays[name] = made[id(spec)]
     dtypes = {name: array.dtype.name for name, array in arrays.items()}
+    return arrays, dtypes, notes + bfloat16_from_bits(arrays, dtypes)
+
+
+def bfloat16_from_bits(arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> list[str]:
+    """Read every uint16 array of a Paddle file as the bfloat16 whose bits it holds, in place: Paddle hands
+    bfloat16 to NumPy, which has none, as uint16, and saves it so (its own pickles, PaddleNLP's safetensors).
+    The note saying so, if any was."""
     bits = [name for name, array in arrays.items() if array.dtype == np.uint16]
     for name in bits:  # bfloat16's bits are the top half of a float32's
         arrays[name] = (arrays[name].astype(np.uint32) << 16).view(np.float32)
         dtypes[name] = "bfloat16"
-    if bits:
-        notes.append(
-            f"read {len(bits)} uint16 arrays as bfloat16, which Paddle saves as its bits (NumPy has no bfloat16)"
-        )
-    return arrays, dtypes, notes
+    if not bits:
+        return []
+    return [f"read {len(bits)} uint16 arrays as bfloat16, which Paddle saves as its bits (NumPy has no bfloat16)"]
 
 
 def _layout(name: str, array: np.ndarray) -> np.ndarray:

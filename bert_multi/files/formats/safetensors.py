@@ -20,7 +20,7 @@ from .base import MAX_TENSORS
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header
 MAX_NDIM = 32  # NumPy's limit
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "I64": "int64", "I32": "int32",
-                      "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
+                      "I16": "int16", "I8": "int8", "U16": "uint16", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
