@@ -46,6 +46,7 @@ HF_TF = TF_CHECKPOINT.parent / "tf-classifier"  # its TFBertForSequenceClassific
 TF2_SAVED = TF_CHECKPOINT.parent / "tf2-savedmodel"  # a Model Garden BertEncoder's SavedModel variables (TF 2.20)
 KERAS_HUB = TF_CHECKPOINT.parent / "keras-hub-backbone"  # a BertBackbone preset, saved by KerasHub 0.32 (Keras 3)
 PADDLENLP = TF_CHECKPOINT.parent / "paddlenlp-pretraining"  # a BertForPretraining, saved by PaddleNLP 2.8
+PADDLENLP3 = TF_CHECKPOINT.parent / "paddlenlp3-bfloat16"  # the same, cast to bfloat16 by PaddleNLP 3: safetensors
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -257,6 +258,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "kerasfile": _keras_file,
     "kerasconfig": _fixture_with(KERAS_HUB, "config.json"),
     "paddlenlp": _fixture_with(PADDLENLP, "model_state.pdparams"),
+    "paddlenlp3": _fixture_with(PADDLENLP3, "model.safetensors", dtype="float32"),
     "tf2index": _fixture_with(TF2_SAVED, "variables/variables.index"),
     "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
@@ -285,6 +287,7 @@ WEIGHT_READERS = (
         "flax",
         "paddle",
         "paddlenlp",
+        "paddlenlp3",
     ),
     *("torch", "mxnet"),
 )
@@ -452,6 +455,27 @@ def hostile_paddlenlp() -> dict[str, tuple[bytes, str]]:
         "d2l's names": (d2l, "no BERT layer bert_multi knows"),
         "cut short": (valid[: len(valid) // 2], "does not parse"),
         "empty file": (b"", "does not parse"),
+    }
+
+
+def hostile_paddlenlp3() -> dict[str, tuple[bytes, str]]:
+    """PaddleNLP 3's bfloat16 model.safetensors (uint16 bits), its header changed."""
+    valid = (PADDLENLP3 / "model.safetensors").read_bytes()
+    (size,) = struct.unpack("<Q", valid[:8])
+    header = json.loads(valid[8 : 8 + size])
+    assert header["__metadata__"] == {"format": "np"}, "not the file the reproducers change"
+
+    def changed(metadata: object = header["__metadata__"], **renamed: str) -> bytes:
+        entries = {renamed.get(name, name): entry for name, entry in header.items() if name != "__metadata__"}
+        text = json.dumps({**entries, **({} if metadata is None else {"__metadata__": metadata})}).encode()
+        return struct.pack("<Q", len(text)) + text + valid[8 + size :]
+
+    q_proj = "bert.encoder.layers.0.self_attn.q_proj.weight"
+    return {
+        "transformers' metadata": (changed({"format": "pt"}), "metadata's format is 'pt', where PaddleNLP writes"),
+        "no metadata": (changed(None), "metadata's format is None"),
+        "a layer of another name": (changed(**{q_proj: q_proj.replace("q_proj", "x_proj")}), "no BERT layer"),
+        "cut short": (valid[: len(valid) // 2], "not a readable safetensors file"),
     }
 
 
@@ -1406,6 +1430,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "flax": hostile_flax,
     "paddle": hostile_paddle,
     "paddlenlp": hostile_paddlenlp,
+    "paddlenlp3": hostile_paddlenlp3,
     "torch": hostile_torch,
     "inputs": hostile_inputs,
     "checkpoint": hostile_checkpoints,
@@ -1568,6 +1593,9 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
     if loader == "paddlenlp":
         return [(PADDLENLP / "model_state.pdparams").read_bytes()], generic
+    if loader == "paddlenlp3":
+        float32 = PADDLENLP3.parent / "paddlenlp3-safetensors" / "model.safetensors"
+        return [(PADDLENLP3 / "model.safetensors").read_bytes(), float32.read_bytes()], generic
     if loader == "paddle":
         saved = [
             PADDLE_FIXTURES / name

@@ -45,6 +45,7 @@ READERS = {
     "flax": None,
     "paddle": None,
     "paddlenlp": None,
+    "paddlenlp3": None,
     "inputs": None,
     "checkpoint": None,
     "reply": None,
