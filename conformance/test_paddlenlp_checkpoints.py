@@ -176,3 +176,12 @@ def test_a_paddlenlp_config_without_weights_names_the_files_it_looked_for(tmp_pa
     (tmp_path / "config.json").write_bytes((HERE / "paddlenlp3-safetensors" / "config.json").read_bytes())
     with pytest.raises(WeightsError, match=r"PaddleNLP config.json but no weights: expected one of .*model_state"):
         load_checkpoint(tmp_path)
+
+
+def test_paddlenlps_weights_file_alone_says_it_is_paddlenlps_and_what_to_name(tmp_path):
+    """As a file of PaddleNLP's download cache is: model_state.pdparams's bytes under the model's own name."""
+    (tmp_path / "bert-base-uncased.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
+    with pytest.raises(WeightsError, match="look like PaddleNLP's BERT") as raised:
+        load_checkpoint(tmp_path / "bert-base-uncased.pdparams", num_heads=2)
+    assert "name the directory holding the file and its config.json" in str(raised.value)
+    assert "HuggingFace" not in str(raised.value)

@@ -50,6 +50,13 @@ def _head_choices(semantics: Semantics) -> Iterator[tuple[str, ...]]:
 
 def _family(names: set[str]) -> str:
     """Which other model family a set of tensor names looks like, if any, as a clause for a message."""
+    if any(re.match(r"(\w+\.)?encoder\.layers\.\d+\.self_attn\.q_proj\.", name) for name in names):
+        return (
+            " (they look like PaddleNLP's BERT: the original BERT in Paddle's names and layouts; name the directory "
+            "holding the file and its config.json, as PaddleNLP's save_pretrained writes them, read as one; a file "
+            "of PaddleNLP's download cache has no config.json beside it: load it with from_pretrained and "
+            "save_pretrained it)"
+        )
     if any(re.match(r"(\w+\.)?embeddings\.word_embeddings\.", name) for name in names):
         return (
             " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers "
