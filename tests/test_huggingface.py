@@ -457,6 +457,9 @@ def test_a_huggingface_directory_is_a_checkpoint_like_any_other(tmp_path, capsys
     capsys.readouterr()
     assert main(["convert", str(tmp_path / "w.npz"), str(tmp_path / "back"), "--framework", "huggingface"]) == 0
     assert f"wrote {tmp_path / 'back'}: HuggingFace BERT directory" in capsys.readouterr().out
+    (tmp_path / "made-first").mkdir()  # a directory that exists already is written into, as save_pretrained does
+    assert main(["convert", str(tmp_path / "w.npz"), str(tmp_path / "made-first"), "--framework", "huggingface"]) == 0
+    assert bm.load_checkpoint(tmp_path / "made-first").config == bm.load_checkpoint(tmp_path / "back").config
 
 
 def test_a_huggingface_directory_converted_to_itself_keeps_its_config_json(tmp_path, capsys):

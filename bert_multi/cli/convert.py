@@ -12,7 +12,7 @@ from ..engine.compare import Comparison, tolerance_for
 from ..engine.conform import run_conformance
 from ..engine.report import largest_by_dtype, verdict
 from ..engine.results import Target, compare_outputs
-from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, output_format, save_checkpoint
+from ..files.checkpoints import Checkpoint, inspect_checkpoint, load_checkpoint, save_checkpoint
 from ..files.formats import D2L_PUBLISHED, DESCRIPTIONS, DIRECTORY_FRAMEWORKS, for_output, huggingface
 from ..files.formats.d2l import read_vocab
 from ..files.layout import STATED_BY
@@ -52,8 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    kind = output_format(args.out, args.framework)
-    check_output(args.out, "OUT", directory=kind == "d2l-dir")
+    check_output(args.out, "OUT", directory=for_output(args.out, args.framework).directory)
     vocab = read_vocab(args.vocab) if args.vocab else None
     checkpoint = load_as_stated(args, args.source, args.preset)
     written = save_checkpoint(
