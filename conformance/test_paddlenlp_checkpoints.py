@@ -4,11 +4,13 @@ without Paddle. Each is held to what PaddleNLP itself computed from it, in float
 to a directory transformers loads."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import bert_multi as bm
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_backend, load_checkpoint
 from bert_multi.files.formats.paddle import read_pdparams
 from bert_multi.files.formats.safetensors import read_metadata, read_safetensors, write_safetensors
@@ -185,3 +187,63 @@ def test_paddlenlps_weights_file_alone_says_it_is_paddlenlps_and_what_to_name(tm
         load_checkpoint(tmp_path / "bert-base-uncased.pdparams", num_heads=2)
     assert "name the directory holding the file and its config.json" in str(raised.value)
     assert "HuggingFace" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["paddlenlp-pretraining", "paddlenlp-model"])
+def test_bert_multi_writes_the_directory_paddlenlp_saved(name, tmp_path):
+    """Read and written again (through the canonical file), a PaddleNLP directory holds what PaddleNLP's own
+    save_pretrained wrote: the same names, layouts and bytes, and config.json's fields for the model."""
+    convert(HERE / name, tmp_path / "w.npz")
+    convert(tmp_path / "w.npz", tmp_path / "out", framework="paddlenlp")
+    written, written_dtypes, _ = read_pdparams(tmp_path / "out" / "model_state.pdparams")
+    original, original_dtypes, _ = read_pdparams(HERE / name / "model_state.pdparams")
+    assert sorted(written) == sorted(original) and written_dtypes == original_dtypes
+    assert all(np.array_equal(written[key], original[key]) for key in original)
+    fields = json.loads((tmp_path / "out" / "config.json").read_text())
+    saved = json.loads((HERE / name / "config.json").read_text())
+    assert fields == {key: saved[key] for key in fields}  # PaddleNLP's own beside them: fuse, pad_token_id ...
+    assert set(saved) - set(fields) == {"fuse", "initializer_range", "pad_token_id", "paddlenlp_version"}
+
+
+def test_what_no_paddlenlp_bert_computes_is_refused_before_anything_is_written(tmp_path):
+    d2l = bm.CONFIGS["chapter"]
+    original = load_checkpoint(PRETRAINING).config
+    cases = {
+        "d2l": (d2l, "PaddleNLP's BERT computes the original BERT"),
+        "no pooler": (dataclasses.replace(original, heads=("mlm",)), "no BERT class with exactly the heads"),
+        "tanh GELU": (
+            dataclasses.replace(original, semantics=dataclasses.replace(original.semantics, activation="gelu_tanh")),
+            "computes gelu or relu; this model gelu_tanh",
+        ),
+        "own decoder": (
+            dataclasses.replace(original, semantics=dataclasses.replace(original.semantics, mlm_decoder="own")),
+            "decoder is the word embeddings",
+        ),
+    }
+    for config, message in cases.values():
+        with pytest.raises(bm.UsageError, match=message):
+            bm.save_checkpoint(tmp_path / "out", config, bm.random_weights(config), framework="paddlenlp")
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_holding_a_file_paddlenlp_loads_first_is_not_written_over(tmp_path):
+    """PaddleNLP loads model.safetensors before model_state.pdparams: one left there would shadow what is written."""
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"earlier")
+    checkpoint = load_checkpoint(PRETRAINING)
+    with pytest.raises(bm.UsageError, match="holds model.safetensors, which PaddleNLP's from_pretrained loads before"):
+        bm.save_checkpoint(target, checkpoint.config, checkpoint.weights, framework="paddlenlp")
+    assert sorted(path.name for path in target.iterdir()) == ["model.safetensors"]
+
+
+def test_convert_writes_a_paddlenlp_directory_into_one_made_first_and_checks_it(tmp_path, capsys):
+    from bert_multi.cli import main
+
+    (tmp_path / "out").mkdir()
+    source = HERE / "pretrained"  # Google's TensorFlow checkpoint
+    assert main(["convert", str(source), str(tmp_path / "out"), "--framework", "paddlenlp", "--check"]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'out'}: PaddleNLP BERT directory" in said
+    assert f"{tmp_path / 'out'} computes what {source} computes" in said
+    assert inspect_checkpoint(tmp_path / "out").format == "paddlenlp-dir"

@@ -22,15 +22,14 @@ from .common import add_checkpoint_options, check_output, config_line, load_as_s
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "convert",
-        help="convert a checkpoint between .npz, .pt, .params, .msgpack, d2l's pretrained-model directory and "
-        "HuggingFace's",
+        help="convert a checkpoint between .npz, .pt, .params, .msgpack, .pdparams, d2l's pretrained-model directory, "
+        "HuggingFace's and PaddleNLP's",
         description="Read a checkpoint in any format (Google's TensorFlow BERT directory among them) and write it "
         "in the format OUT's name asks for: .npz "
-        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), .msgpack (Flax), or a directory (with "
-        "--framework: d2l's "
-        "pretrained.params + vocab.json (Paddle's: pretrained.pdparams), or HuggingFace's config.json + "
-        "model.safetensors). Each is what that "
-        "framework's code loads with its own strict call.",
+        "(canonical), .pt/.pth (PyTorch state_dict), .params (Gluon), .msgpack (Flax), .pdparams (Paddle), or a "
+        "directory (with --framework: d2l's pretrained.params + vocab.json (Paddle's: pretrained.pdparams), "
+        "HuggingFace's config.json + model.safetensors, or PaddleNLP's config.json + model_state.pdparams). Each "
+        "is what that framework's code loads with its own strict call.",
     )
     parser.add_argument("source", help="the checkpoint to read")
     parser.add_argument("out", help="where to write; the suffix picks the format (no suffix: a d2l directory)")
@@ -39,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--framework",
         choices=DIRECTORY_FRAMEWORKS,
         help="for a directory: a d2l one with this framework's pretrained.params (Paddle's: pretrained.pdparams), "
-        "or a HuggingFace one",
+        "or a HuggingFace or PaddleNLP one",
     )
     parser.add_argument("--vocab", help="for a d2l directory: a JSON list of tokens, when the source has no vocab")
     parser.add_argument(

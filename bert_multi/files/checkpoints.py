@@ -380,14 +380,16 @@ def save_checkpoint(
     ``load_parameters``). A d2l pretrained-model directory needs ``framework`` (whose
     ``pretrained.params`` it holds) and ``vocab`` (its ``vocab.json``), as d2l's ``load_pretrained_model``
     reads both; ``framework="huggingface"`` writes a HuggingFace directory instead, keeping ``settings``
-    (``CheckpointInfo.settings`` of the directory it was read from). Every file is written atomically.
+    (``CheckpointInfo.settings`` of the directory it was read from), and ``"paddlenlp"`` a PaddleNLP one.
+    Every file is written atomically.
     """
     own = for_output(path, framework)
     validate_weights(config, weights)
     if own is DIRECTORY and framework not in DIRECTORY_FRAMEWORKS:
         raise UsageError(
             f"{path}: a directory is a d2l pretrained-model directory, holding one framework's {PARAMS_FILE}, "
-            f"or a HuggingFace one: say which with framework= (--framework), one of {DIRECTORY_FRAMEWORKS}"
+            f"or a library's (HuggingFace's, PaddleNLP's): say which with framework= (--framework), one of "
+            f"{DIRECTORY_FRAMEWORKS}"
         )
     own.write(Path(path), config, weights, framework=framework, vocab=vocab, settings=settings)
     return own.kind

@@ -4,6 +4,7 @@ fixtures of ``conformance/test_paddlenlp_checkpoints.py``, which only reads them
 
     /tmp/paddlenlp/bin/python conformance/original_bert/paddlenlp_bert.py     write checkpoints/paddlenlp-*/
     /tmp/paddlenlp3/bin/python conformance/original_bert/paddlenlp_bert.py --paddlenlp3   then paddlenlp3-*/
+    .venv/bin/python conformance/original_bert/paddlenlp_bert.py --check PYTHON...   bert_multi's, loaded in each
 
 ``save_pretrained`` writes a directory: ``config.json`` (the ``BertConfig``) and ``model_state.pdparams``
 (``paddle.save`` of the state_dict). None of the project's environments holds Paddle; a throw-away one
@@ -35,22 +36,49 @@ and saves it again, as a user upgrading does:
 
 It then checks that what PaddleNLP 3 computes from ``paddlenlp3-safetensors/`` is what ``paddlenlp.npz``
 holds, to the last bit in both dtypes (as it was for 3.0.0b4), so the tests hold these files to it too.
+
+With ``--check`` (in a Python with bert_multi), ``bert-multi convert --framework paddlenlp`` writes PaddleNLP
+directories of other libraries' files (``CHECKED``), and each PaddleNLP Python named loads them with its own
+``from_pretrained``: every tensor by name (none left to initialize), and outputs the float64 oracle's on the
+source, in float64 and float32.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import subprocess
 import sys
+import tempfile
 import zlib  # noqa: F401  # imported before Paddle, whose own zlib otherwise breaks what imports it later
 from pathlib import Path
 
-import aiohttp._http_writer  # noqa: F401  # the same: PaddleNLP imports them after Paddle
 import numpy as np
-import pyarrow  # noqa: F401
-import scipy  # noqa: F401
 from toy_bert import CONFIG, INPUTS, attention_mask
 
 OUT = Path(__file__).resolve().parent / "checkpoints"
+# What --check converts to PaddleNLP directories: (its name, the source in OUT, what bert-multi convert is told).
+CHECKED = [
+    ("from-paddlenlp-via-npz", "paddlenlp-pretraining", []),  # PaddleNLP's own, through the canonical file
+    ("from-paddlenlp-model", "paddlenlp-model", []),  # a bare BertModel: the pooler its only head
+    ("masked-lm", "paddlenlp-pretraining", []),  # its NSP head left out: a BertForMaskedLM
+    ("from-google", "pretrained", []),  # Google's TensorFlow checkpoint
+    ("from-transformers-tf", "tf-pretraining", []),  # transformers 4's TFBertForPreTraining
+    ("from-pytorch-pretrained-bert", "pytorch-pretrained-bert", []),
+    ("float64", "paddlenlp-pretraining", ["--cast", "float64"]),
+]
 SIZES = {**CONFIG, "type_vocab_size": 2, "hidden_act": "gelu"}
+
+
+def paddlenlp_transformers():
+    """PaddleNLP's ``transformers`` module, imported after what Paddle otherwise breaks when PaddleNLP imports
+    it later (aiohttp's writer, pyarrow, scipy)."""
+    import aiohttp._http_writer  # noqa: F401
+    import pyarrow  # noqa: F401
+    import scipy  # noqa: F401
+    from paddlenlp import transformers
+
+    return transformers
 
 
 def randomized(model, rng: np.random.Generator):
@@ -64,28 +92,36 @@ def randomized(model, rng: np.random.Generator):
 
 
 def outputs(model, dtype: str) -> dict[str, np.ndarray]:
-    """What a ``BertForPretraining`` computes at ``INPUTS`` in ``dtype``, dropout off."""
+    """What a ``BertForPretraining`` (or a ``BertModel``: its encoding and pooled output) computes at ``INPUTS``
+    in ``dtype``, dropout off."""
     import paddle
 
     model.to(dtype=dtype)
     model.eval()
     tensors = [paddle.to_tensor(INPUTS[name]) for name in ("tokens", "segments")]
     with paddle.no_grad():
-        encoded, pooled = model.bert(tensors[0], token_type_ids=tensors[1],
-                                     attention_mask=paddle.to_tensor(attention_mask()))  # fmt: skip
-        scores, nsp = model.cls(encoded, pooled)
-    rows = np.arange(len(INPUTS["tokens"]))[:, None]
-    return {
-        "encoded": encoded.numpy(),
-        "pooled": pooled.numpy(),
-        "mlm": scores.numpy()[rows, INPUTS["pred_positions"]],
-        "nsp": nsp.numpy(),
-    }
+        encoded, pooled = getattr(model, "bert", model)(tensors[0], token_type_ids=tensors[1],
+                                                        attention_mask=paddle.to_tensor(attention_mask()))  # fmt: skip
+        found = {"encoded": encoded.numpy(), "pooled": pooled.numpy()}
+        if hasattr(model, "cls"):  # both heads (BertForPretraining), or the MLM head alone (BertForMaskedLM)
+            both = hasattr(model.cls, "seq_relationship")
+            scores, nsp = model.cls(encoded, pooled) if both else (model.cls(encoded), None)
+            rows = np.arange(len(INPUTS["tokens"]))[:, None]
+            found["mlm"] = scores.numpy()[rows, INPUTS["pred_positions"]]
+            found.update({} if nsp is None else {"nsp": nsp.numpy()})
+    return found
 
 
 def main() -> None:
+    transformers = paddlenlp_transformers()
     import paddle
-    from paddlenlp.transformers import BertConfig, BertForPretraining, BertForSequenceClassification, BertModel
+
+    BertConfig, BertForPretraining, BertModel = (
+        transformers.BertConfig,
+        transformers.BertForPretraining,
+        transformers.BertModel,
+    )
+    BertForSequenceClassification = transformers.BertForSequenceClassification
 
     rng = np.random.default_rng(7)
     paddle.seed(7)
@@ -105,7 +141,7 @@ def main() -> None:
 
 
 def main_paddlenlp3() -> None:
-    from paddlenlp.transformers import BertForPretraining
+    BertForPretraining = paddlenlp_transformers().BertForPretraining
 
     model = BertForPretraining.from_pretrained(str(OUT / "paddlenlp-pretraining"))
     model.save_pretrained(str(OUT / "paddlenlp3-safetensors"), safe_serialization=True)
@@ -122,5 +158,69 @@ def main_paddlenlp3() -> None:
     print(f"wrote {OUT}/paddlenlp3-*/; PaddleNLP 3 computes from them exactly what paddlenlp.npz holds")
 
 
+def check(pythons: list[str]) -> None:
+    """In bert_multi's Python: convert ``CHECKED`` to PaddleNLP directories, record the oracle's outputs on each
+    source, and have each PaddleNLP Python load and run them (``check_child``)."""
+    import bert_multi as bm
+
+    bert_multi = Path(sys.executable).with_name("bert-multi")
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, source, statements in CHECKED:
+            path = OUT / source
+            if name in ("from-paddlenlp-via-npz", "masked-lm"):  # through the canonical file
+                original = bm.load_checkpoint(path)
+                config, weights = original.config, original.weights
+                if name == "masked-lm":
+                    config = dataclasses.replace(config, heads=("pooler", "mlm"))
+                    weights = {key: array for key, array in weights.items() if not key.startswith("nsp.")}
+                path = Path(scratch) / f"{name}-source.npz"
+                bm.save_weights(path, config, weights)
+            subprocess.run([str(bert_multi), "convert", str(path), str(Path(scratch) / name), "--framework",
+                            "paddlenlp", *statements], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+            checkpoint = bm.load_checkpoint(path)
+            weights = {key: array.astype(np.float64) for key, array in checkpoint.weights.items()}
+            out = bm.load_backend("numpy").build(checkpoint.config, weights, dtype="float64")(**INPUTS)
+            pooled = np.tanh(out.encoded[:, 0] @ weights["hidden.0.weight"].T + weights["hidden.0.bias"])
+            heads = {"mlm": out.mlm, "nsp": out.nsp}
+            expected = {"encoded": out.encoded, "pooled": pooled, **{k: v for k, v in heads.items() if v is not None}}
+            np.savez(Path(scratch) / f"{name}.npz", **expected)
+        for python in pythons:
+            subprocess.run([python, __file__, "--check-child", scratch], check=True)
+
+
+def check_child(scratch: Path) -> None:
+    """In a PaddleNLP Python: each directory loaded by from_pretrained, every tensor by name, and run."""
+    transformers = paddlenlp_transformers()
+    import paddle
+    import paddlenlp
+
+    print(f"PaddleNLP {paddlenlp.__version__} on Paddle {paddle.__version__}: bert_multi's PaddleNLP directories")
+    for name, _, _ in CHECKED:
+        directory = scratch / name
+        architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+        model = getattr(transformers, architecture).from_pretrained(str(directory))
+        saved = paddle.load(str(directory / "model_state.pdparams"))
+        state = model.state_dict()
+        if sorted(state) != sorted(saved) or any(not np.array_equal(state[k].numpy(), saved[k]) for k in saved):
+            raise SystemExit(f"{directory}: {architecture} did not load every tensor of the file by name")
+        with np.load(scratch / f"{name}.npz") as archive:
+            expected = dict(archive)
+        errors = {}
+        for dtype, bound in (("float64", 1e-12), ("float32", 1e-5)):
+            found = outputs(getattr(transformers, architecture).from_pretrained(str(directory)), dtype)
+            if sorted(found) != sorted(expected):
+                raise SystemExit(f"{directory}: computes {sorted(found)}, the oracle {sorted(expected)}")
+            errors[dtype] = max(float(np.abs(found[k] - expected[k]).max()) for k in expected)
+            if errors[dtype] > bound:
+                raise SystemExit(f"{directory}: {dtype} outputs differ from the oracle's by {errors[dtype]:.2e}")
+        print(f"  {name}: {architecture}, {len(saved)} tensors loaded by name; largest difference from the oracle "
+              f"{errors['float64']:.1e} in float64, {errors['float32']:.1e} in float32")  # fmt: skip
+
+
 if __name__ == "__main__":
-    main_paddlenlp3() if sys.argv[1:] == ["--paddlenlp3"] else main()
+    if sys.argv[1:2] == ["--check"]:
+        check(sys.argv[2:])
+    elif sys.argv[1:2] == ["--check-child"]:
+        check_child(Path(sys.argv[2]))
+    else:
+        main_paddlenlp3() if sys.argv[1:] == ["--paddlenlp3"] else main()

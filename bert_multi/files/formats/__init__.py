@@ -36,8 +36,10 @@ DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi
 FRAMEWORK_FORMATS = {own.kind: own for own in FORMATS if own.framework is not None}  # a framework's own file
 # The files d2l published pretrained models in, by the name --framework gives each: its backend's, or Paddle's.
 D2L_PUBLISHED: dict[str, CheckpointFormat] = {own.framework or own.kind: own for own in FORMATS if own.d2l_published}
-# What a directory written by save_checkpoint holds: a d2l one of those files, or HuggingFace's.
-DIRECTORY_FRAMEWORKS = [*D2L_PUBLISHED, "huggingface"]
+# The directories that a library's own code loads, by the name --framework gives each: HuggingFace's, PaddleNLP's.
+LIBRARY_DIRECTORIES = {own.framework_option: own for own in FORMATS if own.framework_option}
+# What a directory written by save_checkpoint holds: a d2l one of those files, or a library's.
+DIRECTORY_FRAMEWORKS = [*D2L_PUBLISHED, *LIBRARY_DIRECTORIES]
 
 
 def sniff(path: Path) -> CheckpointFormat:
@@ -83,8 +85,8 @@ def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
 
 def for_output(path: str | Path, framework: str | None = None) -> CheckpointFormat:
     """The format a path asks for: by suffix (.npz, or a framework format's), else a directory: d2l's, or
-    with ``framework="huggingface"`` HuggingFace's. With a ``framework``, a name whose suffix is no format's is
-    a directory's (d2l names its directories bert.small, bert.base)."""
+    a library's (``framework="huggingface"``, ``"paddlenlp"``: ``LIBRARY_DIRECTORIES``). With a ``framework``,
+    a name whose suffix is no format's is a directory's (d2l names its directories bert.small, bert.base)."""
     suffix = Path(path).suffix.lower()
     for own in FORMATS:
         if suffix in own.suffixes:
@@ -93,9 +95,10 @@ def for_output(path: str | Path, framework: str | None = None) -> CheckpointForm
         known = [suffix for own in FORMATS for suffix in own.suffixes]
         raise UsageError(
             f"{path}: unknown output suffix {suffix!r}: expected {', '.join(known)}, or a directory (a d2l "
-            "pretrained-model directory or a HuggingFace one, its kind given with framework= (--framework))"
+            "pretrained-model directory or a library's), its kind given with framework= (--framework), one of "
+            f"{DIRECTORY_FRAMEWORKS}"
         )
-    return huggingface.FORMAT if framework == "huggingface" else DIRECTORY
+    return LIBRARY_DIRECTORIES.get(framework or "", DIRECTORY)
 
 
 def of_framework(framework: str) -> CheckpointFormat:
@@ -111,6 +114,7 @@ __all__ = [
     "DIRECTORY_FRAMEWORKS",
     "FORMATS",
     "FRAMEWORK_FORMATS",
+    "LIBRARY_DIRECTORIES",
     "PARAMS_FILE",
     "VOCAB_FILE",
     "ZIP",

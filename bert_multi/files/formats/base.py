@@ -64,6 +64,7 @@ class CheckpointFormat:
     suffixes: tuple[str, ...] = ()
     name_rules: list[tuple[str, str]] = []
     directory = False  # a directory, not a file
+    framework_option: str | None = None  # the --framework (framework=) that asks for this directory when writing
     zip_marker: str | None = None  # a zip-based format: what a zip would hold to be one, for messages
     d2l_published = False  # a file that d2l's pretrained-model directories hold (MXNet's, PyTorch's, Paddle's)
     d2l_file = PARAMS_FILE  # its name there

@@ -354,14 +354,15 @@ def expressible(config: BERTConfig) -> str | None:
     return reason
 
 
-def inexpressible_semantics(config: BERTConfig) -> str | None:
-    """Why no HuggingFace BERT computes ``config``'s semantics, or None if one does (whatever its heads)."""
+def inexpressible_semantics(config: BERTConfig, whose: str = "a HuggingFace BERT") -> str | None:
+    """Why no HuggingFace BERT (or ``whose``: another library's BERT that computes the original one) computes
+    ``config``'s semantics, or None if one does (whatever its heads)."""
     semantics = config.semantics
     if (semantics.embedding_norm and semantics.positions == "learned" and semantics.attention_bias
             and semantics.valid_lens_over_heads == "interleaved" and semantics.nsp_head == "pooler"):  # fmt: skip
         return None
     return (
-        f"a HuggingFace BERT computes the original BERT; this model computes {semantics!r}, which it cannot "
+        f"{whose} computes the original BERT; this model computes {semantics!r}, which it cannot "
         "express (it needs the embedding LayerNorm, learned positions, biased attention, interleaved heads)"
     )
 
@@ -454,6 +455,7 @@ def write_directory(
 
 class ModelDirectory(CheckpointFormat):
     kind = "hf-dir"
+    framework_option = "huggingface"
     description = (
         "HuggingFace BERT directory (config.json + model.safetensors, pytorch_model.bin, tf_model.h5 or "
         "flax_model.msgpack; or the hub cache's folder of one, models--org--name)"

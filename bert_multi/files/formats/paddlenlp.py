@@ -18,15 +18,28 @@ where transformers writes ``pt``), and bfloat16 as uint16 bits (``U16``), as Pad
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ...errors import WeightsError
+from ...arrays import contiguous_transpose
+from ...backend.contract import prepare_weights
+from ...errors import UsageError, WeightsError
+from ...safe_files import replace_file, replace_text
+from ...spec.config import BERTConfig
 from .base import CheckpointFormat, Probe, Raw, is_directory, is_regular_file, no_key, translated
-from .huggingface import CONFIG_FILE, from_transformers_names, read_config, torch_names
-from .paddle import LINEAR_WEIGHT, bfloat16_from_bits, read_pdparams
+from .huggingface import (
+    CONFIG_FILE,
+    from_transformers_names,
+    hf_names,
+    inexpressible_semantics,
+    read_config,
+    torch_names,
+)
+from .paddle import LINEAR_WEIGHT, bfloat16_from_bits, read_pdparams, write_pickle
 from .safetensors import read_metadata, read_safetensors
 from .shards import INDEX_SUFFIX, read_shards
 
@@ -52,6 +65,14 @@ NAMES: list[tuple[str, str]] = [
     ("cls.predictions.decoder_weight", "cls.predictions.decoder.weight"),  # PaddleNLP before 2.5
     ("cls.predictions.decoder_bias", "cls.predictions.decoder.bias"),
 ]
+# The PaddleNLP class holding exactly each set of heads: its BertModel always holds the pooler.
+CLASSES = {
+    ("pooler", "mlm", "nsp"): "BertForPretraining",
+    ("pooler", "mlm"): "BertForMaskedLM",
+    ("pooler",): "BertModel",
+}
+ACTIVATIONS = ("gelu", "relu")  # Paddle's TransformerEncoderLayer computes paddle.nn.functional's, GELU's erf form
+DECODER = "cls.predictions.decoder"  # tied: its weight is the word embeddings', saved again; its bias saved twice
 
 
 def transformers_name(name: str) -> tuple[str, bool]:
@@ -123,8 +144,83 @@ def written_by_paddlenlp(path: Path) -> bool:
         return False
 
 
+def inexpressible(config: BERTConfig) -> str | None:
+    """Why no PaddleNLP BERT computes ``config``, or None if one does."""
+    reason = inexpressible_semantics(config, "PaddleNLP's BERT")
+    if reason is None and config.heads not in CLASSES:
+        reason = (
+            f"PaddleNLP has no BERT class with exactly the heads {list(config.heads)}: its BertModel always holds the "
+            f"pooler, and its classes hold {' or '.join(str(list(heads)) for heads in CLASSES)}"
+        )
+    if reason is None and "mlm" in config.heads and config.semantics.mlm_decoder != "tied":
+        reason = "PaddleNLP's MLM decoder is the word embeddings (tied); this model's decoder has weights of its own"
+    if reason is None and config.semantics.activation not in ACTIVATIONS:
+        reason = f"PaddleNLP's BERT computes {' or '.join(ACTIVATIONS)}; this model {config.semantics.activation}"
+    return reason
+
+
+def to_paddlenlp(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(config.json's fields, the state_dict's arrays in PaddleNLP's names and layouts) of ``config``'s class in
+    ``CLASSES``, as its ``save_pretrained`` writes them; a ``UsageError`` for a model no PaddleNLP BERT computes."""
+    reason = inexpressible(config)
+    if reason is not None:
+        raise UsageError(reason)
+    dtype, weights = prepare_weights(config, weights)
+    arrays: dict[str, np.ndarray] = {}
+    for name, hf_name in hf_names(config, inside=config.heads != ("pooler",)).items():
+        prefix = "bert." if hf_name.startswith("bert.") else ""
+        bare = hf_name.removeprefix(prefix)
+        own = prefix + (translated(bare, NAMES, reverse=True) or bare)
+        array = weights[name][0] if name == "encoder.pos_embedding" else weights[name]
+        linear = array.ndim == 2 and LINEAR_WEIGHT.search(own) is not None
+        arrays[own] = contiguous_transpose(array) if linear else array
+    if "mlm" in config.heads:
+        bias = arrays.pop("cls.predictions.bias")
+        arrays.update({f"{DECODER}_bias": bias, f"{DECODER}.weight": weights["encoder.token_embedding.weight"]})
+        arrays[f"{DECODER}.bias"] = bias
+    semantics = config.semantics
+    fields = {
+        "architectures": [CLASSES[config.heads]],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.num_hiddens,
+        "num_hidden_layers": config.num_blks,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.ffn_num_hiddens,
+        "hidden_act": semantics.activation,
+        "max_position_embeddings": config.max_len,
+        "type_vocab_size": 2,
+        "layer_norm_eps": semantics.layer_norm_eps,
+        "pool_act": "tanh",
+        # PaddleNLP trains with 0.1 where config.json has none; d2l's files do not record theirs.
+        **(
+            {"hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.dropout}
+            if config.dropout
+            else {}
+        ),
+        **({"dtype": dtype} if dtype != "float32" else {}),  # as PaddleNLP writes it: only when not its default
+    }
+    return fields, arrays
+
+
+def write_directory(path: Path, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+    """A PaddleNLP BERT directory (``config.json``, ``model_state.pdparams``) that PaddleNLP's ``from_pretrained``
+    loads; refused where the directory holds a weights file that it would load instead."""
+    fields, arrays = to_paddlenlp(config, weights)
+    first = [name for name in WEIGHT_FILES[: WEIGHT_FILES.index(WEIGHTS_FILE)] if os.path.lexists(path / name)]
+    if first:
+        raise UsageError(
+            f"{path}: holds {first[0]}, which PaddleNLP's from_pretrained loads before the {WEIGHTS_FILE} bert_multi "
+            "writes: remove it, or write to another directory"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    replace_file(path / WEIGHTS_FILE, lambda file: write_pickle(file, arrays))
+    replace_text(path / CONFIG_FILE, json.dumps(fields, indent=2) + "\n")
+
+
 class ModelDirectory(CheckpointFormat):
     kind = "paddlenlp-dir"
+    framework_option = "paddlenlp"
     description = (
         f"PaddleNLP BERT directory ({CONFIG_FILE} + {WEIGHTS_FILE} or {SAFETENSORS_FILE}, as save_pretrained writes it)"
     )
@@ -137,6 +233,17 @@ class ModelDirectory(CheckpointFormat):
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
         return read_directory(path)
+
+    def write(
+        self,
+        path: Path,
+        config: BERTConfig,
+        weights: dict[str, np.ndarray],
+        framework: str | None = None,
+        vocab: list[str] | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
+        write_directory(path, config, weights)
 
 
 FORMAT = ModelDirectory()
