@@ -174,10 +174,10 @@ def to_paddlenlp(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[di
         array = weights[name][0] if name == "encoder.pos_embedding" else weights[name]
         linear = array.ndim == 2 and LINEAR_WEIGHT.search(own) is not None
         arrays[own] = contiguous_transpose(array) if linear else array
-    if "mlm" in config.heads:
+    if "mlm" in config.heads:  # PaddleNLP's state_dict holds the tied decoder's weight, and its bias twice
         bias = arrays.pop("cls.predictions.bias")
-        arrays.update({f"{DECODER}_bias": bias, f"{DECODER}.weight": weights["encoder.token_embedding.weight"]})
-        arrays[f"{DECODER}.bias"] = bias
+        word_embeddings = weights["encoder.token_embedding.weight"]
+        arrays.update({f"{DECODER}_bias": bias, f"{DECODER}.weight": word_embeddings, f"{DECODER}.bias": bias})
     semantics = config.semantics
     fields = {
         "architectures": [CLASSES[config.heads]],
