@@ -9,11 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import bert_multi as bm
 from bert_multi import WeightsError, convert, inspect_checkpoint, load_backend, load_checkpoint
 from bert_multi.files.formats.paddle import read_pdparams
 from bert_multi.files.formats.safetensors import read_metadata, read_safetensors, write_safetensors
+from bert_multi.spec.semantics import PRESETS
 from conftest import encoder_outputs, pretraining_outputs, runs_here, saved_mismatches
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
@@ -247,3 +250,31 @@ def test_convert_writes_a_paddlenlp_directory_into_one_made_first_and_checks_it(
     assert f"wrote {tmp_path / 'out'}: PaddleNLP BERT directory" in said
     assert f"{tmp_path / 'out'} computes what {source} computes" in said
     assert inspect_checkpoint(tmp_path / "out").format == "paddlenlp-dir"
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    heads=st.sampled_from([("pooler", "mlm", "nsp"), ("pooler", "mlm"), ("pooler",)]),
+    activation=st.sampled_from(["gelu", "relu"]),
+    eps=st.sampled_from([1e-12, 1e-5]),
+    sizes=st.fixed_dictionaries(
+        {
+            "vocab_size": st.integers(3, 12),
+            "ffn_num_hiddens": st.integers(1, 5),
+            "num_blks": st.integers(1, 3),
+            "max_len": st.integers(1, 6),
+        }  # fmt: skip
+    ),
+    dtype=st.sampled_from(["float32", "float64"]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_model_paddlenlp_computes_round_trips_bit_identically(tmp_path, heads, activation, eps, sizes, dtype, seed):
+    semantics = dataclasses.replace(PRESETS["bert"], activation=activation, layer_norm_eps=eps)
+    config = bm.BERTConfig(**sizes, num_hiddens=4, num_heads=2, dropout=0.1, semantics=semantics, heads=heads)
+    weights = bm.random_weights(config, seed=seed, dtype=dtype)
+    target = tmp_path / f"{seed}-{len(heads)}-{dtype}"
+    bm.save_checkpoint(target, config, weights, framework="paddlenlp")
+    loaded = load_checkpoint(target)
+    assert loaded.config == config and sorted(loaded.weights) == sorted(weights)
+    assert all(loaded.weights[n].dtype == weights[n].dtype for n in weights)
+    assert all(loaded.weights[n].tobytes() == weights[n].tobytes() for n in weights)
