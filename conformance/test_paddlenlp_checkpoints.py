@@ -205,7 +205,7 @@ def test_bert_multi_writes_the_directory_paddlenlp_saved(name, tmp_path):
     fields = json.loads((tmp_path / "out" / "config.json").read_text())
     saved = json.loads((HERE / name / "config.json").read_text())
     assert fields == {key: saved[key] for key in fields}  # PaddleNLP's own beside them: fuse, pad_token_id ...
-    assert set(saved) - set(fields) == {"fuse", "initializer_range", "pad_token_id", "paddlenlp_version"}
+    assert set(saved) - set(fields) == {"fuse", "initializer_range", "pad_token_id"}
 
 
 def test_what_no_paddlenlp_bert_computes_is_refused_before_anything_is_written(tmp_path):
@@ -278,3 +278,16 @@ def test_any_model_paddlenlp_computes_round_trips_bit_identically(tmp_path, head
     assert loaded.config == config and sorted(loaded.weights) == sorted(weights)
     assert all(loaded.weights[n].dtype == weights[n].dtype for n in weights)
     assert all(loaded.weights[n].tobytes() == weights[n].tobytes() for n in weights)
+
+
+def test_a_directory_of_both_libraries_files_is_read_as_its_config_says(tmp_path):
+    """PaddleNLP's weights beside transformers' under transformers' config.json: a transformers directory (as
+    transformers reads it); under PaddleNLP's config.json, PaddleNLP's. What bert_multi writes says PaddleNLP's."""
+    checkpoint = load_checkpoint(PRETRAINING)
+    bm.save_checkpoint(tmp_path / "both", checkpoint.config, checkpoint.weights, framework="huggingface")
+    (tmp_path / "both" / "model_state.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
+    both = load_checkpoint(tmp_path / "both")
+    assert both.info.format == "hf-dir" and both.info.notes[0].startswith("read model.safetensors")
+    bm.save_checkpoint(tmp_path / "written", checkpoint.config, checkpoint.weights, framework="paddlenlp")
+    (tmp_path / "written" / "pytorch_model.bin").write_bytes(b"a transformers file PaddleNLP never loads")
+    assert inspect_checkpoint(tmp_path / "written").format == "paddlenlp-dir"

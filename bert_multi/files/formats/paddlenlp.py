@@ -39,6 +39,7 @@ from .huggingface import (
     read_config,
     torch_names,
 )
+from .huggingface import WEIGHT_FILES as TRANSFORMERS_WEIGHT_FILES
 from .paddle import LINEAR_WEIGHT, bfloat16_from_bits, read_pdparams, write_pickle
 from .safetensors import read_metadata, read_safetensors
 from .shards import INDEX_SUFFIX, read_shards
@@ -131,17 +132,19 @@ def _read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
 
 
 def written_by_paddlenlp(path: Path) -> bool:
-    """Whether ``path`` is a directory PaddleNLP wrote: its weights file (PaddleNLP's own name), or a
-    ``config.json`` recording ``paddlenlp_version`` (2.8 and 3.0 write it, null or a version), which
-    transformers' never does. Never raises: a config that does not read is the reader's to refuse."""
+    """Whether ``path`` is a directory PaddleNLP wrote: a ``config.json`` recording ``paddlenlp_version`` (2.8
+    and 3.0 write it, null or a version), which transformers' never does; or, whatever its config, PaddleNLP's
+    weights file and none of transformers' (a directory holding both, under transformers' config, is
+    transformers'). Never raises: a config that does not read is the reader's to refuse."""
     if not is_directory(path):
         return False
-    if os.path.lexists(path / WEIGHTS_FILE) or os.path.lexists(path / (WEIGHTS_FILE + INDEX_SUFFIX)):
-        return True
     try:
-        return is_regular_file(path / CONFIG_FILE) and "paddlenlp_version" in read_config(path / CONFIG_FILE)
+        if is_regular_file(path / CONFIG_FILE) and "paddlenlp_version" in read_config(path / CONFIG_FILE):
+            return True
     except WeightsError:
-        return False
+        pass
+    paddle_weights = any(os.path.lexists(path / name) for name in (WEIGHTS_FILE, WEIGHTS_FILE + INDEX_SUFFIX))
+    return paddle_weights and not any(os.path.lexists(path / name) for name in TRANSFORMERS_WEIGHT_FILES)
 
 
 def inexpressible(config: BERTConfig) -> str | None:
@@ -199,6 +202,7 @@ def to_paddlenlp(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[di
             else {}
         ),
         **({"dtype": dtype} if dtype != "float32" else {}),  # as PaddleNLP writes it: only when not its default
+        "paddlenlp_version": None,  # PaddleNLP's config, of no version: what says so beside transformers' files
     }
     return fields, arrays
 
