@@ -54,9 +54,9 @@ READERS = {
     "mxnet": "mxnet",
 }
 REPRODUCERS = {"mxnet": "params"}  # which set of reproducers a reader is given
-# `make test` runs this file in both environments: each fuzzes a reader for half of its 6 s, from a seed
+# `make test` runs this file in both environments: each fuzzes a reader for half of its 4 s, from a seed
 # of its own (NumPy's major version is added), so that the two halves search different files.
-FUZZ_SECONDS = float(os.environ.get("BERT_MULTI_FUZZ_SECONDS", "3"))
+FUZZ_SECONDS = float(os.environ.get("BERT_MULTI_FUZZ_SECONDS", "2"))
 FUZZ_SEED = int(os.environ.get("BERT_MULTI_FUZZ_SEED", "0")) + int(np.__version__.split(".")[0])
 
 
@@ -261,6 +261,7 @@ def under_a_file_size_limit(limit, *command):
     return [sys.executable, "-c", setup, *command]
 
 
+@pytest.mark.once  # the operating system's limit on a write, the same in every environment
 def test_a_conversion_past_a_file_size_limit_keeps_the_earlier_file_and_says_so_in_one_line(tmp_path):
     import subprocess
 
@@ -281,6 +282,7 @@ def test_a_conversion_past_a_file_size_limit_keeps_the_earlier_file_and_says_so_
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out.msgpack", "w.npz"]
 
 
+@pytest.mark.once  # the operating system's limit on a write, the same in every environment
 def test_notebooks_past_a_file_size_limit_leave_the_earlier_ones_whole(tmp_path):
     """``lessons --notebooks`` into a directory of earlier notebooks, each write cut off by the limit."""
     import subprocess
