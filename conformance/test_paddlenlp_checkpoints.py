@@ -194,18 +194,22 @@ def test_paddlenlps_weights_file_alone_says_it_is_paddlenlps_and_what_to_name(tm
 
 @pytest.mark.parametrize("name", ["paddlenlp-pretraining", "paddlenlp-model"])
 def test_bert_multi_writes_the_directory_paddlenlp_saved(name, tmp_path):
-    """Read and written again (through the canonical file), a PaddleNLP directory holds what PaddleNLP's own
-    save_pretrained wrote: the same names, layouts and bytes, and config.json's fields for the model."""
+    """Read and written again, a PaddleNLP directory holds what PaddleNLP's own save_pretrained wrote: the same
+    names, layouts and bytes, and config.json's fields (the canonical file between them keeps the weights)."""
     convert(HERE / name, tmp_path / "w.npz")
-    convert(tmp_path / "w.npz", tmp_path / "out", framework="paddlenlp")
+    convert(tmp_path / "w.npz", tmp_path / "through-npz", framework="paddlenlp")
+    convert(HERE / name, tmp_path / "out", framework="paddlenlp")
+    assert (tmp_path / "through-npz" / "model_state.pdparams").read_bytes() == (
+        tmp_path / "out" / "model_state.pdparams"
+    ).read_bytes()
     written, written_dtypes, _ = read_pdparams(tmp_path / "out" / "model_state.pdparams")
     original, original_dtypes, _ = read_pdparams(HERE / name / "model_state.pdparams")
     assert sorted(written) == sorted(original) and written_dtypes == original_dtypes
     assert all(np.array_equal(written[key], original[key]) for key in original)
     fields = json.loads((tmp_path / "out" / "config.json").read_text())
     saved = json.loads((HERE / name / "config.json").read_text())
-    assert fields == {key: saved[key] for key in fields}  # PaddleNLP's own beside them: fuse, pad_token_id ...
-    assert set(saved) - set(fields) == {"fuse", "initializer_range", "pad_token_id"}
+    assert fields == {key: saved[key] for key in fields}  # but PaddleNLP's switch for its fused layers, off
+    assert set(saved) - set(fields) == {"fuse"}
 
 
 def test_what_no_paddlenlp_bert_computes_is_refused_before_anything_is_written(tmp_path):
@@ -291,3 +295,22 @@ def test_a_directory_of_both_libraries_files_is_read_as_its_config_says(tmp_path
     bm.save_checkpoint(tmp_path / "written", checkpoint.config, checkpoint.weights, framework="paddlenlp")
     (tmp_path / "written" / "pytorch_model.bin").write_bytes(b"a transformers file PaddleNLP never loads")
     assert inspect_checkpoint(tmp_path / "written").format == "paddlenlp-dir"
+
+
+def test_what_paddlenlp_and_transformers_both_record_beyond_the_model_goes_from_one_to_the_other(tmp_path):
+    """pad_token_id (which PaddleNLP masks by when given no attention mask) and initializer_range, through
+    transformers' directory and back; neither library's own fields go to the other's config.json."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("model_state.pdparams", "config.json"):
+        (source / name).write_bytes((PRETRAINING / name).read_bytes())
+    fields = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**fields, "pad_token_id": 5, "initializer_range": 0.5}))
+    convert(source, tmp_path / "hf", framework="huggingface")
+    hf = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (hf["pad_token_id"], hf["initializer_range"]) == (5, 0.5)
+    assert not {"paddlenlp_version", "fuse", "pool_act"} & set(hf)
+    convert(tmp_path / "hf", tmp_path / "back", framework="paddlenlp")
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert (back["pad_token_id"], back["initializer_range"]) == (5, 0.5)
+    assert not {"transformers_version", "tie_word_embeddings"} & set(back)

@@ -74,6 +74,9 @@ CLASSES = {
 }
 ACTIVATIONS = ("gelu", "relu")  # Paddle's TransformerEncoderLayer computes paddle.nn.functional's, GELU's erf form
 DECODER = "cls.predictions.decoder"  # tied: its weight is the word embeddings', saved again; its bias saved twice
+# What PaddleNLP's config.json and transformers' record beyond the model under the same names and meanings: kept
+# through a conversion between them (``Raw.settings``). Neither library's own fields go to the other's file.
+SHARED_SETTINGS = ("pad_token_id", "initializer_range")
 
 
 def transformers_name(name: str) -> tuple[str, bool]:
@@ -110,7 +113,8 @@ def read_directory(path: Path) -> Raw:
         "Linear weights transposed)",
         *([f"read {bits} bfloat16 arrays from the uint16 bits Paddle saves them as"] if bits else []),
     ]
-    return Raw(FORMAT.kind, None, canonical, canonical_dtypes, notes, config=config)
+    settings = {key: hf[key] for key in SHARED_SETTINGS if key in hf}
+    return Raw(FORMAT.kind, None, canonical, canonical_dtypes, notes, config=config, settings=settings)
 
 
 def _read_pdparams(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -162,13 +166,17 @@ def inexpressible(config: BERTConfig) -> str | None:
     return reason
 
 
-def to_paddlenlp(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def to_paddlenlp(
+    config: BERTConfig, weights: dict[str, np.ndarray], settings: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(config.json's fields, the state_dict's arrays in PaddleNLP's names and layouts) of ``config``'s class in
-    ``CLASSES``, as its ``save_pretrained`` writes them; a ``UsageError`` for a model no PaddleNLP BERT computes."""
+    ``CLASSES``, as its ``save_pretrained`` writes them, with the ``SHARED_SETTINGS`` of the file it was read from;
+    a ``UsageError`` for a model no PaddleNLP BERT computes."""
     reason = inexpressible(config)
     if reason is not None:
         raise UsageError(reason)
     dtype, weights = prepare_weights(config, weights)
+    kept = settings or {}
     arrays: dict[str, np.ndarray] = {}
     for name, hf_name in hf_names(config, inside=config.heads != ("pooler",)).items():
         prefix = "bert." if hf_name.startswith("bert.") else ""
@@ -202,15 +210,19 @@ def to_paddlenlp(config: BERTConfig, weights: dict[str, np.ndarray]) -> tuple[di
             else {}
         ),
         **({"dtype": dtype} if dtype != "float32" else {}),  # as PaddleNLP writes it: only when not its default
+        **{key: kept[key] for key in SHARED_SETTINGS if key in kept},
         "paddlenlp_version": None,  # PaddleNLP's config, of no version: what says so beside transformers' files
     }
     return fields, arrays
 
 
-def write_directory(path: Path, config: BERTConfig, weights: dict[str, np.ndarray]) -> None:
+def write_directory(
+    path: Path, config: BERTConfig, weights: dict[str, np.ndarray], settings: dict[str, Any] | None = None
+) -> None:
     """A PaddleNLP BERT directory (``config.json``, ``model_state.pdparams``) that PaddleNLP's ``from_pretrained``
-    loads; refused where the directory holds a weights file that it would load instead."""
-    fields, arrays = to_paddlenlp(config, weights)
+    loads (``settings``: as ``to_paddlenlp``); refused where the directory holds a weights file that it would load
+    instead."""
+    fields, arrays = to_paddlenlp(config, weights, settings)
     first = [name for name in WEIGHT_FILES[: WEIGHT_FILES.index(WEIGHTS_FILE)] if os.path.lexists(path / name)]
     if first:
         raise UsageError(
@@ -247,7 +259,7 @@ class ModelDirectory(CheckpointFormat):
         vocab: list[str] | None = None,
         settings: dict[str, Any] | None = None,
     ) -> None:
-        write_directory(path, config, weights)
+        write_directory(path, config, weights, settings)
 
 
 FORMAT = ModelDirectory()
