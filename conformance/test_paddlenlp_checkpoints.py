@@ -314,3 +314,7 @@ def test_what_paddlenlp_and_transformers_both_record_beyond_the_model_goes_from_
     back = json.loads((tmp_path / "back" / "config.json").read_text())
     assert (back["pad_token_id"], back["initializer_range"]) == (5, 0.5)
     assert not {"transformers_version", "tie_word_embeddings"} & set(back)
+    hf["pad_token_id"] = None  # a value PaddleNLP cannot mask by is left to its default
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(hf))
+    convert(tmp_path / "hf", tmp_path / "default", framework="paddlenlp")
+    assert "pad_token_id" not in json.loads((tmp_path / "default" / "config.json").read_text())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,10 @@ ACTIVATIONS = ("gelu", "relu")  # Paddle's TransformerEncoderLayer computes padd
 DECODER = "cls.predictions.decoder"  # tied: its weight is the word embeddings', saved again; its bias saved twice
 # What PaddleNLP's config.json and transformers' record beyond the model under the same names and meanings: kept
 # through a conversion between them (``Raw.settings``). Neither library's own fields go to the other's file.
-SHARED_SETTINGS = ("pad_token_id", "initializer_range")
+SHARED_SETTINGS: dict[str, Callable[[Any], bool]] = {  # each with what PaddleNLP computes with
+    "pad_token_id": lambda value: type(value) is int and value >= 0,  # not null: it masks by it
+    "initializer_range": lambda value: type(value) in (int, float) and value > 0,
+}
 
 
 def transformers_name(name: str) -> tuple[str, bool]:
@@ -210,7 +214,7 @@ def to_paddlenlp(
             else {}
         ),
         **({"dtype": dtype} if dtype != "float32" else {}),  # as PaddleNLP writes it: only when not its default
-        **{key: kept[key] for key in SHARED_SETTINGS if key in kept},
+        **{key: kept[key] for key, usable in SHARED_SETTINGS.items() if key in kept and usable(kept[key])},
         "paddlenlp_version": None,  # PaddleNLP's config, of no version: what says so beside transformers' files
     }
     return fields, arrays
