@@ -318,3 +318,13 @@ def test_what_paddlenlp_and_transformers_both_record_beyond_the_model_goes_from_
     (tmp_path / "hf" / "config.json").write_text(json.dumps(hf))
     convert(tmp_path / "hf", tmp_path / "default", framework="paddlenlp")
     assert "pad_token_id" not in json.loads((tmp_path / "default" / "config.json").read_text())
+
+
+def test_a_bert_of_paddles_fused_layers_is_refused_by_name():
+    """PaddleNLP builds its BERT of Paddle's fused layers where config.json says fuse: their names pack q, k
+    and v (qkv_weight of (3, heads, head size, hidden)), and they compute on a GPU only, so nothing here could
+    check a reading of them: refused, saying so, not listed as tensors of no known layer."""
+    directory = HERE / "paddlenlp3-fused"
+    assert "bert.encoder.0.fused_attn.qkv_weight" in read_pdparams(directory / "model_state.pdparams")[0]
+    with pytest.raises(WeightsError, match="has fuse true: PaddleNLP's fused encoder layers"):
+        load_checkpoint(directory)

@@ -32,7 +32,9 @@ and saves it again, as a user upgrading does:
 - ``paddlenlp3-safetensors/``: ``model.safetensors``;
 - ``paddlenlp3-shards/``: the same in shards of at most 2 KB, beside ``model.safetensors.index.json``;
 - ``paddlenlp3-pdparams-shards/``: ``model_state.pdparams`` in such shards, beside its index;
-- ``paddlenlp3-bfloat16/``: the model cast to bfloat16, then saved as safetensors.
+- ``paddlenlp3-bfloat16/``: the model cast to bfloat16, then saved as safetensors;
+- ``paddlenlp3-fused/``: a ``BertForPretraining`` built with ``fuse=True`` (Paddle's fused encoder layers,
+  which compute on a GPU only: built, not run), as its ``save_pretrained`` writes it.
 
 It then checks that what PaddleNLP 3 computes from ``paddlenlp3-safetensors/`` is what ``paddlenlp.npz``
 holds, to the last bit in both dtypes (as it was for 3.0.0b4), so the tests hold these files to it too.
@@ -142,6 +144,7 @@ def main() -> None:
 
 def main_paddlenlp3() -> None:
     BertForPretraining = paddlenlp_transformers().BertForPretraining
+    import paddle
 
     model = BertForPretraining.from_pretrained(str(OUT / "paddlenlp-pretraining"))
     model.save_pretrained(str(OUT / "paddlenlp3-safetensors"), safe_serialization=True)
@@ -149,6 +152,9 @@ def main_paddlenlp3() -> None:
     model.save_pretrained(str(OUT / "paddlenlp3-pdparams-shards"), max_shard_size="2KB")
     model.to(dtype="bfloat16")
     model.save_pretrained(str(OUT / "paddlenlp3-bfloat16"), safe_serialization=True)
+    paddle.seed(7)
+    fused = BertForPretraining(paddlenlp_transformers().BertConfig(**SIZES, fuse=True))
+    fused.save_pretrained(str(OUT / "paddlenlp3-fused"))
     with np.load(OUT / "paddlenlp.npz") as archive:
         for dtype in ("float64", "float32"):
             model = BertForPretraining.from_pretrained(str(OUT / "paddlenlp3-safetensors"))

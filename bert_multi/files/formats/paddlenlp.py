@@ -99,6 +99,12 @@ def read_directory(path: Path) -> Raw:
             "save_pretrained it again"
         )
     hf = read_config(path / CONFIG_FILE, "PaddleNLP config")
+    if hf.get("fuse") is True:  # its names pack q, k and v, and only a GPU computes it: nothing here checks it
+        raise WeightsError(
+            f"{path}: {CONFIG_FILE} has fuse true: PaddleNLP's fused encoder layers (Paddle's "
+            "FusedTransformerEncoderLayer, which computes on a GPU only: q, k and v packed in one qkv_weight), "
+            "which bert_multi does not read; it reads the BertModel PaddleNLP builds with fuse false"
+        )
     source = next((name for name in WEIGHT_FILES if os.path.lexists(path / name)), None)
     if source is None:
         raise WeightsError(f"{path}: a PaddleNLP {CONFIG_FILE} but no weights: expected one of {WEIGHT_FILES}")
