@@ -66,7 +66,7 @@ test-main: venv $(VENV_NUMPY2)/.installed
 test-numpy2: venv $(VENV_NUMPY2)/.installed
 	BERT_MULTI_SITE_REQUIRED=1 BERT_MULTI_TESTED_ELSEWHERE=torch=$(VENV),once=$(VENV) $(TEST_CACHE) $(VENV_NUMPY2)/bin/python $(PYTEST) -q -p no:cacheprovider
 
-# A longer hunt for hostile files than the test suite's (6 s per reader, over its two environments):
+# A longer hunt for hostile files than the test suite's (4 s per reader, over its two environments):
 # FUZZ_SECONDS per reader.
 FUZZ_SECONDS ?= 300
 fuzz: venv
