@@ -5,6 +5,7 @@ huggingface_hub lays them out."""
 import dataclasses
 import hashlib
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,4 +84,44 @@ def test_a_snapshot_whose_blob_is_gone_names_the_file(tmp_path):
     folder = cache_folder(tmp_path)
     (folder / "snapshots" / REVISION / "model.safetensors").resolve().unlink()  # the link left dangling
     with pytest.raises(WeightsError, match=r"model.safetensors: no such safetensors file"):
+        load_checkpoint(folder)
+
+
+FIXTURES = Path(__file__).resolve().parent.parent / "conformance" / "original_bert" / "checkpoints"
+
+
+@pytest.mark.parametrize(
+    "fixture, kind",
+    [("keras-hub-backbone", "keras-hub"), ("paddlenlp-pretraining", "paddlenlp-dir")],
+    ids=["KerasHub's preset", "PaddleNLP's BERT"],
+)
+def test_a_snapshot_of_another_librarys_model_is_read_as_that_model(tmp_path, fixture, kind):
+    """The hub holds other libraries' models too (KerasHub publishes its presets there): the snapshot is read
+    as the directory it is, and the note says where it came from."""
+    folder = tmp_path / f"models--someone--{fixture}"
+    snapshot = folder / "snapshots" / REVISION
+    snapshot.mkdir(parents=True)
+    for file in (FIXTURES / fixture).iterdir():
+        blob = folder / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(file.read_bytes())
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(REVISION)
+    checkpoint = load_checkpoint(folder)
+    assert checkpoint.info.format == kind == inspect_checkpoint(snapshot).format
+    assert checkpoint.info.notes[0].startswith(f"read the HuggingFace cache folder's snapshot {REVISION[:12]}")
+    direct = load_checkpoint(FIXTURES / fixture)
+    assert checkpoint.config == direct.config
+    assert all(np.array_equal(checkpoint.weights[name], direct.weights[name]) for name in direct.weights)
+
+
+def test_a_snapshot_that_is_itself_a_cache_folder_is_refused_not_followed(tmp_path):
+    folder = cache_folder(tmp_path)
+    snapshot = folder / "snapshots" / REVISION
+    for name in os.listdir(snapshot):
+        (snapshot / name).unlink()
+    (snapshot / "snapshots").symlink_to(folder / "snapshots")  # a loop, were it followed
+    (snapshot / "refs").symlink_to(folder / "refs")
+    with pytest.raises(WeightsError, match="nor another library's model bert_multi reads"):
         load_checkpoint(folder)

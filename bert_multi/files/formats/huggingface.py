@@ -453,6 +453,27 @@ def write_directory(
     replace_text(directory / CONFIG_FILE, json.dumps(hf, indent=2) + "\n")
 
 
+def _another_librarys(snapshot: Path, which: str) -> Raw:
+    """A hub cache's snapshot that is no transformers directory, read as the directory it is: the hub holds
+    other libraries' models too (KerasHub's presets, PaddleNLP's BERTs)."""
+    from . import sniff  # the registry, which holds this module
+
+    try:
+        own = None if is_cache_folder(snapshot) else sniff(snapshot)  # a snapshot in a snapshot is no download
+    except WeightsError:
+        own = None
+    if own is None or not own.directory:
+        raise WeightsError(
+            f"{snapshot}: the cache folder's snapshot ({which}) holds no {CONFIG_FILE} beside its weights "
+            f"({', '.join(WEIGHT_FILES)}), nor another library's model bert_multi reads: from_pretrained downloads them"
+        )
+    raw = own.read(snapshot, None)
+    raw.notes.insert(
+        0, f"read the HuggingFace cache folder's snapshot {snapshot.name[:12]} ({which}): {own.description}"
+    )
+    return raw
+
+
 class ModelDirectory(CheckpointFormat):
     kind = "hf-dir"
     framework_option = "huggingface"
@@ -471,10 +492,7 @@ class ModelDirectory(CheckpointFormat):
         if not is_model_directory(path):  # the hub cache's folder: one of its snapshots is the directory
             path, which = snapshot(path)
             if not is_model_directory(path):
-                raise WeightsError(
-                    f"{path}: the cache folder's snapshot ({which}) holds no {CONFIG_FILE} beside its weights "
-                    f"({', '.join(WEIGHT_FILES)}): from_pretrained downloads them"
-                )
+                return _another_librarys(path, which)
         config, arrays, dtypes, notes, settings = read_directory(path)
         if which:
             notes.insert(0, f"read the HuggingFace cache folder's snapshot {path.name[:12]} ({which})")
