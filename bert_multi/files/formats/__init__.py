@@ -70,6 +70,9 @@ def sniff(path: Path) -> CheckpointFormat:
     raise WeightsError(f"{path}: {problem or _what_it_is(head, members)}")
 
 
+huggingface.FORMAT.sniff = sniff  # a hub cache's snapshot may hold another library's model
+
+
 def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
     if head.startswith(ZIP_MAGIC):
         markers = [own.zip_marker for own in FORMATS if own.zip_marker]

@@ -9,11 +9,12 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import WeightsError
 from ...safe_files import open_regular, reason
-from .base import is_directory, some
+from .base import CheckpointFormat, Raw, is_directory, some
 
 SNAPSHOTS, REFS = "snapshots", "refs"
 MAX_SNAPSHOTS = 1000  # listed, at most, for a message
@@ -45,3 +46,25 @@ def snapshot(path: Path) -> tuple[Path, str]:
             f"snapshot's directory ({path / SNAPSHOTS}/...): {some(found)}"
         )
     return path / SNAPSHOTS / found[0], "the only one"
+
+
+def another_librarys(
+    snapshot: Path, which: str, sniff: Callable[[Path], CheckpointFormat] | None, expected: str
+) -> Raw:
+    """A snapshot that holds no transformers model (``expected``: what one holds), read as the directory it is
+    (``sniff``: the registry's): the hub holds other libraries' models too (KerasHub's presets, PaddleNLP's
+    BERTs). A snapshot that is itself a cache folder is refused, not followed."""
+    try:
+        own = None if sniff is None or is_cache_folder(snapshot) else sniff(snapshot)
+    except WeightsError:
+        own = None
+    if own is None or not own.directory:
+        raise WeightsError(
+            f"{snapshot}: the cache folder's snapshot ({which}) holds no {expected}, nor another library's model "
+            "bert_multi reads: from_pretrained downloads them"
+        )
+    raw = own.read(snapshot, None)
+    raw.notes.insert(
+        0, f"read the HuggingFace cache folder's snapshot {snapshot.name[:12]} ({which}): {own.description}"
+    )
+    return raw

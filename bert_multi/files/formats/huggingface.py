@@ -44,7 +44,7 @@ from .base import (
 )
 from .flax import read_tree
 from .hdf5 import read_hdf5
-from .hub_cache import is_cache_folder, snapshot
+from .hub_cache import another_librarys, is_cache_folder, snapshot
 from .safetensors import read_metadata, read_safetensors, write_safetensors
 from .shards import INDEX_SUFFIX, read_shards
 
@@ -453,30 +453,10 @@ def write_directory(
     replace_text(directory / CONFIG_FILE, json.dumps(hf, indent=2) + "\n")
 
 
-def _another_librarys(snapshot: Path, which: str) -> Raw:
-    """A hub cache's snapshot that is no transformers directory, read as the directory it is: the hub holds
-    other libraries' models too (KerasHub's presets, PaddleNLP's BERTs)."""
-    from . import sniff  # the registry, which holds this module
-
-    try:
-        own = None if is_cache_folder(snapshot) else sniff(snapshot)  # a snapshot in a snapshot is no download
-    except WeightsError:
-        own = None
-    if own is None or not own.directory:
-        raise WeightsError(
-            f"{snapshot}: the cache folder's snapshot ({which}) holds no {CONFIG_FILE} beside its weights "
-            f"({', '.join(WEIGHT_FILES)}), nor another library's model bert_multi reads: from_pretrained downloads them"
-        )
-    raw = own.read(snapshot, None)
-    raw.notes.insert(
-        0, f"read the HuggingFace cache folder's snapshot {snapshot.name[:12]} ({which}): {own.description}"
-    )
-    return raw
-
-
 class ModelDirectory(CheckpointFormat):
     kind = "hf-dir"
     framework_option = "huggingface"
+    sniff: Callable[[Path], CheckpointFormat] | None = None  # the registry's, set there: for a cache's snapshot
     description = (
         "HuggingFace BERT directory (config.json + model.safetensors, pytorch_model.bin, tf_model.h5 or "
         "flax_model.msgpack; or the hub cache's folder of one, models--org--name)"
@@ -492,7 +472,8 @@ class ModelDirectory(CheckpointFormat):
         if not is_model_directory(path):  # the hub cache's folder: one of its snapshots is the directory
             path, which = snapshot(path)
             if not is_model_directory(path):
-                return _another_librarys(path, which)
+                expected = f"{CONFIG_FILE} beside its weights ({', '.join(WEIGHT_FILES)})"
+                return another_librarys(path, which, self.sniff, expected)
         config, arrays, dtypes, notes, settings = read_directory(path)
         if which:
             notes.insert(0, f"read the HuggingFace cache folder's snapshot {path.name[:12]} ({which})")
