@@ -1,7 +1,8 @@
 """The HuggingFace hub's cache folder of one model, where ``from_pretrained`` downloads it
 (``~/.cache/huggingface/hub/models--org--name``): ``refs/main`` holds the revision downloaded, and
 ``snapshots/<revision>/`` its files, as links into ``blobs/``. bert_multi reads the snapshot ``refs/main``
-names, or the folder's only one, as the HuggingFace directory it is.
+names, or the folder's only one, as the directory it is: a HuggingFace one, or another library's that the
+hub holds (``another_librarys``).
 """
 
 from __future__ import annotations
