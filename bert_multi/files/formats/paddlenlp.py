@@ -83,11 +83,16 @@ SHARED_SETTINGS: dict[str, Callable[[Any], bool]] = {  # each with what PaddleNL
 }
 
 
-def transformers_name(name: str) -> tuple[str, bool]:
-    """(transformers' name for a PaddleNLP tensor, whether it is an nn.Linear weight, held (in, out))."""
+def renamed(name: str, reverse: bool = False) -> str:
+    """A PaddleNLP tensor's name as transformers' (``reverse``: transformers' as PaddleNLP's), ``bert.`` kept."""
     prefix = "bert." if name.startswith("bert.") else ""
     bare = name.removeprefix(prefix)
-    return prefix + (translated(bare, NAMES) or bare), LINEAR_WEIGHT.search(name) is not None
+    return prefix + (translated(bare, NAMES, reverse) or bare)
+
+
+def transformers_name(name: str) -> tuple[str, bool]:
+    """(transformers' name for a PaddleNLP tensor, whether it is an nn.Linear weight, held (in, out))."""
+    return renamed(name), LINEAR_WEIGHT.search(name) is not None
 
 
 def read_directory(path: Path) -> Raw:
@@ -189,9 +194,7 @@ def to_paddlenlp(
     kept = settings or {}
     arrays: dict[str, np.ndarray] = {}
     for name, hf_name in hf_names(config, inside=config.heads != ("pooler",)).items():
-        prefix = "bert." if hf_name.startswith("bert.") else ""
-        bare = hf_name.removeprefix(prefix)
-        own = prefix + (translated(bare, NAMES, reverse=True) or bare)
+        own = renamed(hf_name, reverse=True)
         array = weights[name][0] if name == "encoder.pos_embedding" else weights[name]
         linear = array.ndim == 2 and LINEAR_WEIGHT.search(own) is not None
         arrays[own] = contiguous_transpose(array) if linear else array
