@@ -9,6 +9,7 @@ claim, and reports anything malformed as the caller's error class (``WeightsErro
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import io
 import math
@@ -326,7 +327,8 @@ def _remove_leftovers(target: Path) -> None:
 @contextlib.contextmanager
 def _named_when_done(fd: int, target: Path) -> Iterator[Path]:
     """Yield a path that writes the unnamed file ``fd``; once the writer is done, sync it, give it a name
-    beside ``target`` and rename that onto ``target``. The descriptor is closed either way."""
+    beside ``target`` and rename that onto ``target`` (``_rename_when_due``). The descriptor is closed either
+    way."""
     try:
         with contextlib.suppress(FileNotFoundError):
             os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
@@ -340,14 +342,9 @@ def _named_when_done(fd: int, target: Path) -> Iterator[Path]:
             os.link(f"/proc/self/fd/{fd}", tmp.name, dst_dir_fd=directory, follow_symlinks=True)
         finally:
             os.close(directory)
-        try:
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
     finally:
         os.close(fd)
-    _fsync_directory(target.parent)
+    _rename_when_due(tmp, target)
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -358,6 +355,56 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# The complete files of a ``written_together`` block, (temporary name, target), renamed when it ends.
+_TOGETHER: contextvars.ContextVar[list[tuple[Path, Path]] | None] = contextvars.ContextVar("together", default=None)
+
+
+def _rename_when_due(tmp: Path, target: Path) -> None:
+    """Rename the complete, synced ``tmp`` onto ``target`` now, or when the ``written_together`` block
+    around this write ends."""
+    together = _TOGETHER.get()
+    if together is not None:
+        together.append((tmp, target))
+        return
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(target.parent)
+
+
+@contextlib.contextmanager
+def written_together() -> Iterator[None]:
+    """The files that ``atomic_path`` (and what uses it) writes inside the block replace their targets
+    together, when the block ends: each is complete and synced under its temporary name first, so whatever
+    fails in the block (the second file's write, a full disk, an interrupt) leaves every earlier file as it
+    was. Only a crash in the instant of the renames themselves can leave some replaced and the rest not.
+    A block inside another belongs to the outer one."""
+    if _TOGETHER.get() is not None:
+        yield
+        return
+    together: list[tuple[Path, Path]] = []
+    token = _TOGETHER.set(together)
+    try:
+        yield
+    except BaseException:
+        for tmp, _ in together:
+            tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _TOGETHER.reset(token)
+    for done, (tmp, target) in enumerate(together):
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            for left, _ in together[done:]:
+                left.unlink(missing_ok=True)
+            raise
+    for directory in dict.fromkeys(target.parent for _, target in together):
+        _fsync_directory(directory)
 
 
 UNNAMED_WRITES = True  # write into an unnamed file where the system has them (False: always named)
@@ -376,7 +423,7 @@ def unnamed_file(directory: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, named: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it onto ``path``, on failure delete it.
 
     Whatever goes wrong before the rename, an earlier file at ``path`` is left as it was. The new
@@ -385,11 +432,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     so a save that returned survives a power loss. Where the filesystem has unnamed files, the new file
     has no name until it is complete and synced, so a writer killed meanwhile leaves nothing; elsewhere
     (and for the instant between naming and renaming) leftovers of killed writers are removed by the
-    next save of the same file. A failed write (a full disk, a file-size limit) is an ``OSError``
-    naming ``path``.
+    next save of the same file. ``named``: a named file always, for a writer in another process. Inside
+    ``written_together`` the rename waits for the block's end. A failed write (a full disk, a file-size
+    limit) is an ``OSError`` naming ``path``.
     """
     try:
-        with _atomic_path(path) as tmp:
+        with _atomic_path(path, named) as tmp:
             yield tmp
     except OSError as error:
         if error.filename is not None:
@@ -414,7 +462,7 @@ def replace_text(path: str | os.PathLike, text: str) -> None:
 
 
 @contextlib.contextmanager
-def _atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def _atomic_path(path: str | os.PathLike, named: bool) -> Iterator[Path]:
     target = Path(os.path.realpath(path))
     try:
         mode: int | None = os.stat(target).st_mode
@@ -427,7 +475,7 @@ def _atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield target
         return
     _remove_leftovers(target)
-    unnamed = unnamed_file(target.parent)
+    unnamed = None if named else unnamed_file(target.parent)
     if unnamed is not None:
         with _named_when_done(unnamed, target) as tmp:
             yield tmp
@@ -441,8 +489,7 @@ def _atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as written:
             os.fsync(written.fileno())
-        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_directory(target.parent)
+    _rename_when_due(tmp, target)

@@ -1,3 +1,5 @@
+import dataclasses
+import errno
 import json
 import os
 import signal
@@ -11,7 +13,16 @@ import pytest
 
 import bert_multi.safe_files as files
 import bert_multi.spec.weight_file as weights_module
-from bert_multi import BERTConfig, WeightsError, init_weights, load_weights, random_weights, save_weights
+from bert_multi import (
+    BERTConfig,
+    WeightsError,
+    init_weights,
+    load_weights,
+    random_weights,
+    save_checkpoint,
+    save_weights,
+)
+from bert_multi.files.formats import DIRECTORY_FRAMEWORKS, LIBRARY_DIRECTORIES
 from bert_multi.spec.weight_file import FORMAT_VERSION, make_manifest, write_npz
 
 CONFIG = BERTConfig(vocab_size=13, num_hiddens=6, ffn_num_hiddens=10, num_heads=2, num_blks=2, max_len=9)
@@ -370,6 +381,78 @@ def test_the_file_and_its_directory_are_fsynced_before_save_returns(tmp_path, mo
     save_weights(tmp_path / "w.npz", CONFIG, weights)
     assert synced == ["file", "directory"]
     assert [p.name for p in tmp_path.iterdir()] == ["w.npz"]
+
+
+def _failing_fsync(monkeypatch, fail_at: int | None) -> list[int]:
+    """``os.fsync`` failing as a full disk or a bad sector does (EIO), at the ``fail_at``-th file it syncs
+    (None: never); the returned list counts the files synced."""
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(fd)
+            if len(synced) == fail_at:
+                raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.parametrize("framework", DIRECTORY_FRAMEWORKS)
+def test_a_directory_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch, framework, either_way):
+    """Every directory a save writes (d2l's, with its vocab.json, and each library's, with its config.json)
+    is left exactly as it was by a save that fails at any of its files, and with nothing beside them."""
+    config = dataclasses.replace(CONFIG, semantics="bert") if framework in LIBRARY_DIRECTORIES else CONFIG
+    directory = tmp_path / "model"
+
+    def save(seed):
+        vocab = [f"token{seed}.{i}" for i in range(config.vocab_size)]
+        save_checkpoint(directory, config, random_weights(config, seed=seed), framework=framework, vocab=vocab)
+
+    def contents():
+        return {path.name: path.read_bytes() for path in directory.iterdir()}
+
+    save(1)
+    before = contents()
+    with monkeypatch.context() as patched:
+        synced = _failing_fsync(patched, None)
+        save(2)
+    saved = contents()
+    assert saved.keys() == before.keys() and saved != before and len(synced) >= len(saved) >= 2
+    for fail_at in range(1, len(synced) + 1):
+        with monkeypatch.context() as patched, pytest.raises(OSError, match="Input/output error"):
+            _failing_fsync(patched, fail_at)
+            save(3)
+        assert contents() == saved, f"the save failed at its file {fail_at} of {len(synced)}"
+
+
+def test_files_written_together_are_renamed_when_the_block_ends(tmp_path, monkeypatch):
+    """Inside the block the earlier files stay; a block inside another belongs to the outer one; only a
+    rename that fails at the end can leave some files replaced, and then nothing is left beside them."""
+    names = ["a", "b", "c"]
+    for name in names:
+        files.replace_text(tmp_path / name, "old")
+    with files.written_together():
+        with files.written_together():
+            files.replace_text(tmp_path / "a", "new")
+        files.replace_text(tmp_path / "b", "new")
+        assert [(tmp_path / name).read_text() for name in names] == ["old", "old", "old"]
+    assert [(tmp_path / name).read_text() for name in names] == ["new", "new", "old"]
+    real_replace = os.replace
+
+    def fail_at_b(source, target):
+        if Path(target).name == "b":
+            raise OSError(errno.EIO, "Input/output error")
+        real_replace(source, target)
+
+    monkeypatch.setattr(files.os, "replace", fail_at_b)
+    with pytest.raises(OSError, match="Input/output error"), files.written_together():
+        for name in names:
+            files.replace_text(tmp_path / name, "newer")
+    assert [(tmp_path / name).read_text() for name in names] == ["newer", "new", "old"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == names
 
 
 def a_dead_pid():

@@ -24,6 +24,7 @@ import numpy as np
 from ..backend.contract import framework_names
 from ..backend.registry import label_of, registrations
 from ..errors import StatementsMissing, UsageError, WeightsError
+from ..safe_files import written_together
 from ..spec.config import BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
 from ..spec.semantics import PRESETS, Semantics, described, releases_of, semantics_for
@@ -381,7 +382,8 @@ def save_checkpoint(
     ``pretrained.params`` it holds) and ``vocab`` (its ``vocab.json``), as d2l's ``load_pretrained_model``
     reads both; ``framework="huggingface"`` writes a HuggingFace directory instead, keeping ``settings``
     (``CheckpointInfo.settings`` of the directory it was read from), and ``"paddlenlp"`` a PaddleNLP one.
-    Every file is written atomically.
+    Every file is written atomically, and a directory's files together (``written_together``): a save that
+    fails leaves every earlier file as it was.
     """
     own = for_output(path, framework)
     validate_weights(config, weights)
@@ -391,7 +393,8 @@ def save_checkpoint(
             f"or a library's (HuggingFace's, PaddleNLP's): say which with framework= (--framework), one of "
             f"{DIRECTORY_FRAMEWORKS}"
         )
-    own.write(Path(path), config, weights, framework=framework, vocab=vocab, settings=settings)
+    with written_together():
+        own.write(Path(path), config, weights, framework=framework, vocab=vocab, settings=settings)
     return own.kind
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from ..backend.contract import check_mixed_precision_option
 from ..backend.registry import LoadedBackend, backends, load_backend
 from ..errors import UsageError, WorkerFailed
-from ..safe_files import replace_text
+from ..safe_files import replace_text, written_together
 from ..spec.config import HEADS, BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues
 from ..spec.weight_file import load_weights, save_weights
@@ -106,10 +106,11 @@ class TrainingRun:
 
 def save_run(directory: str | os.PathLike, config: BERTConfig, run: TrainingRun) -> None:
     """What worker 0 of a data-parallel run hands back to the process that launched it."""
-    save_weights(Path(directory) / "weights.npz", config, run.weights)
     summary = {"losses": run.losses, "seconds": run.seconds, "tokens": run.tokens, "runtime": run.runtime}
     summary["first_step_seconds"] = run.first_step_seconds
-    replace_text(Path(directory) / "run.json", json.dumps(summary))
+    with written_together():
+        save_weights(Path(directory) / "weights.npz", config, run.weights)
+        replace_text(Path(directory) / "run.json", json.dumps(summary))
 
 
 def load_run(directory: str | os.PathLike, backend_name: str) -> TrainingRun:

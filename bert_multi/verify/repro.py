@@ -13,7 +13,7 @@ import numpy as np
 from ..backend.oracle import build as build_oracle
 from ..engine.cases import get_case
 from ..engine.results import OUTPUT_NAMES
-from ..safe_files import replace_arrays, replace_text
+from ..safe_files import replace_arrays, replace_text, written_together
 from ..spec.schema import cut_max_len
 from ..spec.weight_file import save_weights
 from .user import Given, UserBackend
@@ -83,20 +83,21 @@ def save_repro(report: Any, factory: Any, weights: dict[str, np.ndarray], direct
         found.update((name, getattr(out, name)) for name in OUTPUT_NAMES)
         return OrderedDict((name, value) for name, value in found.items() if value is not None)
 
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    save_weights(path / "weights.npz", config, cut)
-    for name, contents in (
-        ("inputs.npz", {k: v for k, v in case.batch.items() if v is not None}),
-        ("reference.npz", arrays(expected)),
-        ("yours.npz", arrays(yours)),
-    ):
-        replace_arrays(path / name, contents)
     tolerance = check.outputs[0].tolerance
     title = f"{report.label} against the oracle: case {check.case}, {check.target.dtype} on {check.target.device}."
     where = {name: report.user_name(name) for name in names}
     text = SCRIPT.format(
         title=repr(title), order=repr(order), where=repr(where), atol=tolerance.atol, rtol=tolerance.rtol
     )
-    replace_text(path / "repro.py", text)
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    with written_together():  # the script and its arrays are of one failure: never one beside another's
+        save_weights(path / "weights.npz", config, cut)
+        for name, contents in (
+            ("inputs.npz", {k: v for k, v in case.batch.items() if v is not None}),
+            ("reference.npz", arrays(expected)),
+            ("yours.npz", arrays(yours)),
+        ):
+            replace_arrays(path / name, contents)
+        replace_text(path / "repro.py", text)
     return path

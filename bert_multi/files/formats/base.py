@@ -19,7 +19,7 @@ import numpy as np
 
 from ...backend.registry import load_backend
 from ...errors import UsageError, WeightsError
-from ...safe_files import reason, stored_data_start
+from ...safe_files import atomic_path, reason, stored_data_start
 from ...spec.config import BERTConfig
 
 PARAMS_FILE, VOCAB_FILE = "pretrained.params", "vocab.json"  # as d2l's load_pretrained_model reads them
@@ -246,4 +246,7 @@ class FrameworkFile(CheckpointFormat):
         vocab: list[str] | None = None,
         settings: dict[str, Any] | None = None,
     ) -> None:
-        load_backend(self.framework).save_checkpoint(path, config, weights)
+        # Named, since the backend may write it from its worker process; replaced, perhaps together with
+        # the files beside it (``written_together``), once it is complete.
+        with atomic_path(path, named=True) as written:
+            load_backend(self.framework).save_checkpoint(written, config, weights)
