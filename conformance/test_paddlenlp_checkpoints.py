@@ -107,10 +107,49 @@ def test_a_paddlenlp_bert_converts_to_a_directory_transformers_loads(tmp_path):
     assert mismatches(computed, "float64") == []
 
 
-def test_a_directory_of_paddlenlp_before_2_5_says_what_to_do(tmp_path):
+# PaddleNLP 2.3's save_pretrained: model_config.json, the arguments each model was built with (2.0 to 2.4).
+PADDLENLP2 = HERE / "paddlenlp2-pretraining"
+
+
+def test_paddlenlp_2s_model_config_reads_as_the_model_paddlenlp_2_8_saved():
+    """PaddleNLP 2.3 built paddlenlp-pretraining/'s model with keywords, loaded its weights and saved them: the
+    same model, its config and weights, so it computes what PaddleNLP computes (2.3 itself did, the generator
+    checked, to the last bit in float64)."""
+    old, new = load_checkpoint(PADDLENLP2), load_checkpoint(PRETRAINING)
+    assert (old.config, old.info.settings) == (new.config, new.info.settings)
+    assert old.weights.keys() == new.weights.keys()
+    assert all(np.array_equal(old.weights[name], new.weights[name]) for name in new.weights)
+    assert old.info.notes[0].startswith("read model_state.pdparams and model_config.json (PaddleNLP's BERT")
+    assert "model_config.json leaves out the BertModel's hidden_act='gelu'" in old.info.notes[1]
+    computed = outputs(old.config, old.weights)
+    assert mismatches(computed, "float64") == []
+    assert mismatches(computed, "float32") == []
+
+
+def test_paddlenlp_2s_arguments_by_position_are_named_in_its_bert_models_order():
+    """The classifier's BertModel was built as BertModel(13, 8, 1, 4, 12, ...): one block of four heads."""
+    checkpoint = load_checkpoint(HERE / "paddlenlp2-classifier")
+    config = checkpoint.config
+    assert (config.vocab_size, config.num_hiddens, config.num_blks, config.num_heads) == (13, 8, 1, 4)
+    assert (config.ffn_num_hiddens, config.max_len, config.heads) == (12, 16, ("pooler",))
+    assert (config.semantics.activation, config.semantics.layer_norm_eps) == ("gelu", 1e-12)
+    assert any("'BertForSequenceClassification'" in note for note in checkpoint.info.notes if note.startswith("left"))
+    raw, _, _ = read_pdparams(HERE / "paddlenlp2-classifier" / "model_state.pdparams")
+    q_proj = raw["bert.encoder.layers.0.self_attn.q_proj.weight"]
+    assert np.array_equal(checkpoint.weights["encoder.blks.0.attention.W_q.weight"], q_proj.T)
+
+
+def test_paddlenlp_2s_defaults_are_its_own():
+    """A BertModel built without type_vocab_size has PaddleNLP 2's 16 token types, not transformers' 2."""
+    with pytest.raises(WeightsError, match="model_config.json: not a usable BERT config: type_vocab_size is 16"):
+        load_checkpoint(HERE / "paddlenlp2-model")
+
+
+def test_a_paddlenlp_directory_without_its_config_names_both_kinds(tmp_path):
     (tmp_path / "model_state.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
-    (tmp_path / "model_config.json").write_text('{"init_args": [], "init_class": "BertForPretraining"}')
-    with pytest.raises(WeightsError, match="model_config.json in a layout of its own.*save_pretrained it again"):
+    with pytest.raises(
+        WeightsError, match="no config.json \\(PaddleNLP 2.5 on\\) or model_config.json \\(2.0 to 2.4\\)"
+    ):
         load_checkpoint(tmp_path)
 
 

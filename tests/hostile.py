@@ -46,6 +46,7 @@ HF_TF = TF_CHECKPOINT.parent / "tf-classifier"  # its TFBertForSequenceClassific
 TF2_SAVED = TF_CHECKPOINT.parent / "tf2-savedmodel"  # a Model Garden BertEncoder's SavedModel variables (TF 2.20)
 KERAS_HUB = TF_CHECKPOINT.parent / "keras-hub-backbone"  # a BertBackbone preset, saved by KerasHub 0.32 (Keras 3)
 PADDLENLP = TF_CHECKPOINT.parent / "paddlenlp-pretraining"  # a BertForPretraining, saved by PaddleNLP 2.8
+PADDLENLP2 = TF_CHECKPOINT.parent / "paddlenlp2-pretraining"  # the same, saved by PaddleNLP 2.3: model_config.json
 PADDLENLP3 = TF_CHECKPOINT.parent / "paddlenlp3-bfloat16"  # the same, cast to bfloat16 by PaddleNLP 3: safetensors
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
@@ -259,6 +260,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "kerasconfig": _fixture_with(KERAS_HUB, "config.json"),
     "paddlenlp": _fixture_with(PADDLENLP, "model_state.pdparams"),
     "paddlenlp3": _fixture_with(PADDLENLP3, "model.safetensors", dtype="float32"),
+    "paddlenlp2config": _fixture_with(PADDLENLP2, "model_config.json"),
     "tf2index": _fixture_with(TF2_SAVED, "variables/variables.index"),
     "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
@@ -288,6 +290,7 @@ WEIGHT_READERS = (
         "paddle",
         "paddlenlp",
         "paddlenlp3",
+        "paddlenlp2config",
     ),
     *("torch", "mxnet"),
 )
@@ -455,6 +458,29 @@ def hostile_paddlenlp() -> dict[str, tuple[bytes, str]]:
         "d2l's names": (d2l, "no BERT layer bert_multi knows"),
         "cut short": (valid[: len(valid) // 2], "does not parse"),
         "empty file": (b"", "does not parse"),
+    }
+
+
+def hostile_paddlenlp2_configs() -> dict[str, tuple[bytes, str]]:
+    """PaddleNLP 2.3's model_config.json of a BertForPretraining, its BertModel's arguments changed."""
+    document = json.loads((PADDLENLP2 / "model_config.json").read_text())
+    [bert] = document["init_args"]
+    assert bert["init_class"] == "BertModel" and "vocab_size" in bert, "not the config the reproducers change"
+
+    def changed(**arguments: object) -> bytes:
+        given = {**bert, **arguments}
+        return json.dumps({**document, "init_args": [{k: v for k, v in given.items() if v is not None}]}).encode()
+
+    return {
+        "no BertModel": (json.dumps({**document, "init_args": []}).encode(), "no argument of its 'BertForPretraining'"),
+        "an argument of transformers'": (changed(layer_norm_eps=1e-5), "'layer_norm_eps' is not one PaddleNLP 2's"),
+        "twice": (changed(init_args=[13]), "'vocab_size' is given both by position and by name"),
+        "fifteen by position": (changed(init_args=list(range(15))), "not a list of at most 14 values"),
+        "no vocabulary size": (changed(vocab_size=None), "give no vocab_size"),
+        "a size as a string": (changed(hidden_size="8"), "hidden_size is '8'"),
+        "fused layers": (changed(fuse=True), "has fuse true"),
+        "no class": (json.dumps(bert | {"init_class": None}).encode(), "expected an init_class (text)"),
+        "not JSON": (b"{", "not valid JSON"),
     }
 
 
@@ -1431,6 +1457,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "paddle": hostile_paddle,
     "paddlenlp": hostile_paddlenlp,
     "paddlenlp3": hostile_paddlenlp3,
+    "paddlenlp2config": hostile_paddlenlp2_configs,
     "torch": hostile_torch,
     "inputs": hostile_inputs,
     "checkpoint": hostile_checkpoints,
@@ -1593,6 +1620,9 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
     if loader == "paddlenlp":
         return [(PADDLENLP / "model_state.pdparams").read_bytes()], generic
+    if loader == "paddlenlp2config":
+        classifier = PADDLENLP2.parent / "paddlenlp2-classifier" / "model_config.json"
+        return [(PADDLENLP2 / "model_config.json").read_bytes(), classifier.read_bytes()], generic
     if loader == "paddlenlp3":
         float32 = PADDLENLP3.parent / "paddlenlp3-safetensors" / "model.safetensors"
         return [(PADDLENLP3 / "model.safetensors").read_bytes(), float32.read_bytes()], generic

@@ -46,6 +46,7 @@ READERS = {
     "paddle": None,
     "paddlenlp": None,
     "paddlenlp3": None,
+    "paddlenlp2config": None,
     "inputs": None,
     "checkpoint": None,
     "reply": None,

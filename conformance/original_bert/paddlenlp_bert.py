@@ -4,6 +4,7 @@ fixtures of ``conformance/test_paddlenlp_checkpoints.py``, which only reads them
 
     /tmp/paddlenlp/bin/python conformance/original_bert/paddlenlp_bert.py     write checkpoints/paddlenlp-*/
     /tmp/paddlenlp3/bin/python conformance/original_bert/paddlenlp_bert.py --paddlenlp3   then paddlenlp3-*/
+    /tmp/paddlenlp2/bin/python conformance/original_bert/paddlenlp_bert.py --paddlenlp2   then paddlenlp2-*/
     .venv/bin/python conformance/original_bert/paddlenlp_bert.py --check PYTHON...   bert_multi's, loaded in each
 
 ``save_pretrained`` writes a directory: ``config.json`` (the ``BertConfig``) and ``model_state.pdparams``
@@ -38,6 +39,25 @@ and saves it again, as a user upgrading does:
 
 It then checks that what PaddleNLP 3 computes from ``paddlenlp3-safetensors/`` is what ``paddlenlp.npz``
 holds, to the last bit in both dtypes (as it was for 3.0.0b4), so the tests hold these files to it too.
+
+With ``--paddlenlp2``, in PaddleNLP 2.3 (2.0 to 2.4 saved ``model_config.json``: the arguments each model was
+built with, a derived model's base ``BertModel`` among them, as ``init_args`` and keywords, those left out at
+their defaults). PaddleNLP 2.3 imports ``paddle.fluid``, which Paddle 2.6 (the oldest for Python 3.11) has
+no more, so only its BERT's modules are imported, with what they import but BERT never uses stubbed
+(``paddlenlp2_transformers``):
+
+    python3 -m venv /tmp/paddlenlp2 && /tmp/paddlenlp2/bin/pip install paddlepaddle==2.6.2 "numpy<2" six \
+        && /tmp/paddlenlp2/bin/pip install --no-deps paddlenlp==2.3.7
+
+- ``paddlenlp2-pretraining/``: a ``BertForPretraining`` of ``paddlenlp-pretraining/``'s weights, its
+  ``BertModel`` built with keywords;
+- ``paddlenlp2-classifier/``: a ``BertForSequenceClassification`` (3 classes), its ``BertModel`` of one block
+  of four heads built with the first five arguments by position, ``hidden_act`` and the rest left out;
+- ``paddlenlp2-model/``: a bare ``BertModel`` with ``type_vocab_size`` left at PaddleNLP 2's default, 16.
+
+It checks that what PaddleNLP 2.3 computes from ``paddlenlp2-pretraining/`` is what ``paddlenlp.npz`` holds:
+the same model under the old config, to the last bit in float64, and in float32 within two units in the last
+place (2.3 adds the MLM decoder's bias after its product, 2.8 in it).
 
 With ``--check`` (in a Python with bert_multi), ``bert-multi convert --framework paddlenlp`` writes PaddleNLP
 directories of other libraries' files (``CHECKED``), and each PaddleNLP Python named loads them with its own
@@ -164,6 +184,78 @@ def main_paddlenlp3() -> None:
     print(f"wrote {OUT}/paddlenlp3-*/; PaddleNLP 3 computes from them exactly what paddlenlp.npz holds")
 
 
+def paddlenlp2_transformers():
+    """PaddleNLP 2's BERT modules (``paddlenlp.transformers``, holding ``BertModel`` ...), imported without the
+    package's ``__init__`` modules, which import the rest of PaddleNLP; what they import and BERT never uses
+    (downloads, the logger's colours, text generation and its model parallelism) is stubbed."""
+    import importlib.util
+    import logging
+    import types
+
+    root = Path(importlib.util.find_spec("paddlenlp").submodule_search_locations[0])
+
+    def stub(name, path=None, **attributes):
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes, **({"__path__": [str(path)]} if path else {}))
+        sys.modules[name] = module
+        return module
+
+    stub("paddlenlp", root)
+    stub("paddlenlp.utils", root / "utils")
+    stub("paddlenlp.utils.downloader", get_path_from_url=None, download_check=None, COMMUNITY_MODEL_PREFIX="")
+    stub("paddlenlp.utils.env", MODEL_HOME=tempfile.mkdtemp())
+    stub("paddlenlp.utils.log", logger=logging.getLogger("paddlenlp"))
+    transformers = stub("paddlenlp.transformers", root / "transformers")
+    stub("paddlenlp.transformers.generation_utils", GenerationMixin=type("GenerationMixin", (), {}))
+    for name in ("ops", "ops.faster_transformer", "ops.faster_transformer.transformer"):
+        stub(f"paddlenlp.{name}")
+    unsharded = types.SimpleNamespace(fit_partial_model=lambda model, state: state)  # no model parallelism
+    stub("paddlenlp.ops.faster_transformer.transformer.decoding", get_ft_para_conf=lambda: unsharded)
+    from paddlenlp.transformers import model_utils
+
+    transformers.PretrainedModel = model_utils.PretrainedModel
+    transformers.register_base_model = model_utils.register_base_model
+    from paddlenlp.transformers.bert import modeling
+
+    return modeling
+
+
+def main_paddlenlp2() -> None:
+    modeling = paddlenlp2_transformers()
+    import paddle
+
+    rng = np.random.default_rng(8)
+    paddle.seed(8)
+    built_with = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    keywords = {key: SIZES[key] for key in (*built_with, "max_position_embeddings", "type_vocab_size")}
+    pretraining = modeling.BertForPretraining(modeling.BertModel(**keywords))
+    saved = paddle.load(str(OUT / "paddlenlp-pretraining" / "model_state.pdparams"))
+    saved["cls.predictions.decoder_weight"] = saved.pop("cls.predictions.decoder.weight")  # PaddleNLP 2.3's name
+    del saved["cls.predictions.decoder.bias"]  # 2.8 saves the bias twice, 2.3 once (as decoder_bias)
+    if sorted(saved) != sorted(pretraining.state_dict()):
+        raise SystemExit("PaddleNLP 2.3's BertForPretraining has other tensors than 2.8's file")
+    pretraining.set_state_dict(saved)
+    pretraining.save_pretrained(str(OUT / "paddlenlp2-pretraining"))
+    # One block of four heads, so that the arguments by position tell each other apart.
+    positional = [SIZES["vocab_size"], SIZES["hidden_size"], 1, 4, SIZES["intermediate_size"]]
+    bert = modeling.BertModel(*positional, max_position_embeddings=SIZES["max_position_embeddings"], type_vocab_size=2)
+    randomized(modeling.BertForSequenceClassification(bert, num_classes=3), rng).save_pretrained(
+        str(OUT / "paddlenlp2-classifier")
+    )
+    bare = {key: value for key, value in keywords.items() if key != "type_vocab_size"}
+    randomized(modeling.BertModel(**bare), rng).save_pretrained(str(OUT / "paddlenlp2-model"))
+    with np.load(OUT / "paddlenlp.npz") as archive:
+        for dtype in ("float64", "float32"):
+            model = modeling.BertForPretraining.from_pretrained(str(OUT / "paddlenlp2-pretraining"))
+            for name, value in outputs(model, dtype).items():
+                saved = archive[f"{dtype}/{name}"]
+                # 2.3's MLM decoder adds its bias after the product, 2.8's in it: float32 rounds them apart.
+                ulps = np.abs(value - saved) / np.spacing(np.abs(saved).astype(dtype))
+                if ulps.max() > (0 if dtype == "float64" else 2):
+                    raise SystemExit(f"PaddleNLP 2.3 computes another {dtype} {name} than paddlenlp.npz holds")
+    print(f"wrote {OUT}/paddlenlp2-*/; PaddleNLP 2.3 computes from them what paddlenlp.npz holds (float64: exactly)")
+
+
 def check(pythons: list[str]) -> None:
     """In bert_multi's Python: convert ``CHECKED`` to PaddleNLP directories, record the oracle's outputs on each
     source, and have each PaddleNLP Python load and run them (``check_child``)."""
@@ -229,4 +321,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["--check-child"]:
         check_child(Path(sys.argv[2]))
     else:
-        main_paddlenlp3() if sys.argv[1:] == ["--paddlenlp3"] else main()
+        {"--paddlenlp3": main_paddlenlp3, "--paddlenlp2": main_paddlenlp2}.get("".join(sys.argv[1:2]), main)()

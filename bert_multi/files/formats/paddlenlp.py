@@ -1,5 +1,6 @@
 """PaddleNLP's BERTs (``save_pretrained``: ``config.json`` and ``model_state.pdparams``; with
-``safe_serialization=True``, PaddleNLP 3's ``model.safetensors``; either in shards beside an index), read
+``safe_serialization=True``, PaddleNLP 3's ``model.safetensors``; either in shards beside an index; PaddleNLP
+2.0 to 2.4's ``model_config.json``, the arguments the model was built with, beside its weights), read
 without Paddle. PaddleNLP's ``bert-base-uncased``, ``bert-base-chinese``, ``bert-wwm-chinese`` ... are
 Google's BERTs converted to it.
 
@@ -49,7 +50,21 @@ WEIGHTS_FILE, SAFETENSORS_FILE = "model_state.pdparams", "model.safetensors"
 # Each weight file, or the index of its shards, in the order PaddleNLP's from_pretrained looks for them.
 WEIGHT_FILES = [SAFETENSORS_FILE + INDEX_SUFFIX, SAFETENSORS_FILE, WEIGHTS_FILE + INDEX_SUFFIX, WEIGHTS_FILE]
 PADDLENLP_FORMAT = "np"  # a safetensors file's metadata format when PaddleNLP wrote its own layout
-OLD_CONFIG_FILE = "model_config.json"  # PaddleNLP before 2.5: its own layout, which is not read
+OLD_CONFIG_FILE = "model_config.json"  # PaddleNLP 2.0 to 2.4's: the arguments each model was built with
+# PaddleNLP 2.0 to 2.4's BertModel(...) arguments in order, with their defaults, which its model_config.json leaves
+# out where a model was built without them (vocab_size had none before 2.3; fuse came in 2.3).
+OLD_ARGUMENTS: dict[str, Any] = {
+    **{"vocab_size": None, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12},
+    **{
+        "intermediate_size": 3072,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+    },
+    **{"max_position_embeddings": 512, "type_vocab_size": 16, "initializer_range": 0.02, "pad_token_id": 0},
+    **{"pool_act": "tanh", "fuse": False},
+}
+OLD_LAYER_NORM_EPS = 1e-12  # what each version's init_weights sets on every LayerNorm, whatever the arguments
 # (PaddleNLP's name without "bert.", transformers'): {i} is a block, {p} weight or bias. The word, position
 # and token type embeddings, the pooler, the NSP head and a task's classifier have transformers' names.
 NAMES: list[tuple[str, str]] = [
@@ -95,15 +110,56 @@ def transformers_name(name: str) -> tuple[str, bool]:
     return renamed(name), LINEAR_WEIGHT.search(name) is not None
 
 
-def read_directory(path: Path) -> Raw:
-    """A PaddleNLP BERT directory as canonical weights and the config its ``config.json`` asks for."""
-    if not is_regular_file(path / CONFIG_FILE):
+def read_old_config(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """PaddleNLP 2.0 to 2.4's ``model_config.json`` as the ``config.json`` that 2.5 on writes of the same model:
+    the arguments its ``BertModel`` was built with (the file's top level for a ``BertModel``; for a model
+    built on one, the argument whose ``init_class`` is ``BertModel``), those given by position named, those
+    left out at their defaults, and the top's ``init_class`` as its ``architectures``; and which were left out."""
+    top = read_config(path, "PaddleNLP 2 config")
+
+    def is_bert(value: object) -> bool:
+        return isinstance(value, dict) and value.get("init_class") == "BertModel"
+
+    arguments = top.get("init_args", [])
+    if not isinstance(arguments, list) or not isinstance(top.get("init_class"), str):
+        raise WeightsError(f"{path}: expected an init_class (text) and its init_args (a list), as PaddleNLP 2 saves")
+    base = top if is_bert(top) else next((value for value in [*arguments, *top.values()] if is_bert(value)), None)
+    if base is None:
         raise WeightsError(
-            f"{path}: holds {WEIGHTS_FILE} but no {CONFIG_FILE}; PaddleNLP before 2.5 wrote {OLD_CONFIG_FILE} "
-            f"in a layout of its own, which bert_multi does not read: load the model in PaddleNLP and "
-            "save_pretrained it again"
+            f"{path}: no argument of its {top['init_class']!r:.80} is a BertModel's (init_class 'BertModel'); "
+            "bert_multi reads PaddleNLP's BERT"
         )
-    hf = read_config(path / CONFIG_FILE, "PaddleNLP config")
+    positional = base.get("init_args", [])
+    if not isinstance(positional, list) or len(positional) > len(OLD_ARGUMENTS):
+        raise WeightsError(f"{path}: the BertModel's init_args are not a list of at most {len(OLD_ARGUMENTS)} values")
+    named = dict(zip(OLD_ARGUMENTS, positional))
+    keywords = {key: value for key, value in base.items() if key not in ("init_args", "init_class")}
+    for key in keywords:
+        if key not in OLD_ARGUMENTS:
+            raise WeightsError(f"{path}: the BertModel's argument {key!r:.80} is not one PaddleNLP 2's BertModel takes")
+        if key in named:
+            raise WeightsError(f"{path}: the BertModel's argument {key!r:.80} is given both by position and by name")
+    fields = {**OLD_ARGUMENTS, **named, **keywords}
+    if fields["vocab_size"] is None:
+        raise WeightsError(f"{path}: the BertModel's arguments give no vocab_size, which PaddleNLP 2.0 to 2.2 require")
+    defaulted = [key for key in OLD_ARGUMENTS if key not in named and key not in keywords]
+    return {**fields, "layer_norm_eps": OLD_LAYER_NORM_EPS, "architectures": [top["init_class"]]}, defaulted
+
+
+def read_directory(path: Path) -> Raw:
+    """A PaddleNLP BERT directory as canonical weights and the config its ``config.json`` (PaddleNLP 2.0 to 2.4:
+    ``model_config.json``) asks for."""
+    config_file, defaulted = path / CONFIG_FILE, list[str]()
+    if not os.path.lexists(config_file) and os.path.lexists(path / OLD_CONFIG_FILE):
+        config_file = path / OLD_CONFIG_FILE
+        hf, defaulted = read_old_config(config_file)
+    elif not is_regular_file(config_file):
+        raise WeightsError(
+            f"{path}: holds {WEIGHTS_FILE} but no {CONFIG_FILE} (PaddleNLP 2.5 on) or {OLD_CONFIG_FILE} (2.0 to 2.4): "
+            "save_pretrained writes one beside it"
+        )
+    else:
+        hf = read_config(config_file, "PaddleNLP config")
     if hf.get("fuse") is True:  # its names pack q, k and v, and only a GPU computes it: nothing here checks it
         raise WeightsError(
             f"{path}: {CONFIG_FILE} has fuse true: PaddleNLP's fused encoder layers (Paddle's "
@@ -119,15 +175,18 @@ def read_directory(path: Path) -> Raw:
     own, kinds, file_names = torch_names(path / source, arrays, dtypes, transformers_name)
     notes: list[str] = []
     config, canonical, canonical_dtypes = from_transformers_names(
-        path / source, path / CONFIG_FILE, own, kinds, hf, notes, file_names
+        path / source, config_file, own, kinds, hf, notes, file_names
     )
     what = source if kind == source else f"the shards {source} names"
     bits = sum(dtype == "bfloat16" for dtype in dtypes.values())
     notes[:0] = [
-        f"read {what} and {CONFIG_FILE} (PaddleNLP's BERT: its names turned to transformers', Paddle's (in, out) "
+        f"read {what} and {config_file.name} (PaddleNLP's BERT: its names turned to transformers', Paddle's (in, out) "
         "Linear weights transposed)",
         *([f"read {bits} bfloat16 arrays from the uint16 bits Paddle saves them as"] if bits else []),
     ]
+    if defaulted:
+        left_out = ", ".join(f"{key}={OLD_ARGUMENTS[key]!r}" for key in defaulted)
+        notes.insert(1, f"{OLD_CONFIG_FILE} leaves out the BertModel's {left_out}: PaddleNLP 2's defaults")
     settings = {key: hf[key] for key in SHARED_SETTINGS if key in hf}
     return Raw(FORMAT.kind, None, canonical, canonical_dtypes, notes, config=config, settings=settings)
 
@@ -251,7 +310,8 @@ class ModelDirectory(CheckpointFormat):
     kind = "paddlenlp-dir"
     framework_option = "paddlenlp"
     description = (
-        f"PaddleNLP BERT directory ({CONFIG_FILE} + {WEIGHTS_FILE} or {SAFETENSORS_FILE}, as save_pretrained writes it)"
+        f"PaddleNLP BERT directory ({CONFIG_FILE} + {WEIGHTS_FILE} or {SAFETENSORS_FILE}, as save_pretrained "
+        f"writes it; PaddleNLP 2.0 to 2.4's {OLD_CONFIG_FILE} + {WEIGHTS_FILE})"
     )
     directory = True
 
