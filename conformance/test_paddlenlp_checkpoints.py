@@ -145,6 +145,24 @@ def test_paddlenlp_2s_defaults_are_its_own():
         load_checkpoint(HERE / "paddlenlp2-model")
 
 
+def test_paddlenlp_2s_download_cache_reads_as_the_model_it_holds(tmp_path):
+    """from_pretrained of a model PaddleNLP 2 names left its weights under their URL's name beside the
+    model_config.json of its arguments; the folder reads as the model, whatever path names it. A folder whose
+    weights are not named after it is no cache of PaddleNLP's, and is refused."""
+    cache = HERE / "paddlenlp2-cache" / "bert-toy"
+    checkpoint, saved = load_checkpoint(cache), load_checkpoint(PADDLENLP2)
+    assert (checkpoint.info.format, checkpoint.config) == ("paddlenlp-dir", saved.config)
+    assert all(np.array_equal(checkpoint.weights[name], saved.weights[name]) for name in saved.weights)
+    assert checkpoint.info.notes[0].startswith("read bert-toy.pdparams (PaddleNLP 2's download cache")
+    assert load_checkpoint(cache / ".." / "bert-toy").config == saved.config
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for file in cache.iterdir():
+        (renamed / file.name).write_bytes(file.read_bytes())
+    with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
+        load_checkpoint(renamed)
+
+
 def test_a_paddlenlp_directory_without_its_config_names_both_kinds(tmp_path):
     (tmp_path / "model_state.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
     with pytest.raises(
@@ -227,7 +245,9 @@ def test_paddlenlps_weights_file_alone_says_it_is_paddlenlps_and_what_to_name(tm
     (tmp_path / "bert-base-uncased.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
     with pytest.raises(WeightsError, match="look like PaddleNLP's BERT") as raised:
         load_checkpoint(tmp_path / "bert-base-uncased.pdparams", num_heads=2)
-    assert "name the directory holding the file and its config.json" in str(raised.value)
+    assert "name the directory holding the file and its config.json, or PaddleNLP 2's model_config.json" in str(
+        raised.value
+    )
     assert "HuggingFace" not in str(raised.value)
 
 

@@ -53,9 +53,9 @@ def _family(names: set[str]) -> str:
     if any(re.match(r"(\w+\.)?encoder\.layers\.\d+\.self_attn\.q_proj\.", name) for name in names):
         return (
             " (they look like PaddleNLP's BERT: the original BERT in Paddle's names and layouts; name the directory "
-            "holding the file and its config.json, as PaddleNLP's save_pretrained writes them, read as one; a file "
-            "of PaddleNLP's download cache has no config.json beside it: load it with from_pretrained and "
-            "save_pretrained it)"
+            "holding the file and its config.json, or PaddleNLP 2's model_config.json (which its download cache "
+            "holds beside the file too), read as one; where neither is beside it, load it with PaddleNLP's "
+            "from_pretrained and save_pretrained it)"
         )
     if any(re.match(r"(\w+\.)?embeddings\.word_embeddings\.", name) for name in names):
         return (

@@ -53,7 +53,10 @@ no more, so only its BERT's modules are imported, with what they import but BERT
   ``BertModel`` built with keywords;
 - ``paddlenlp2-classifier/``: a ``BertForSequenceClassification`` (3 classes), its ``BertModel`` of one block
   of four heads built with the first five arguments by position, ``hidden_act`` and the rest left out;
-- ``paddlenlp2-model/``: a bare ``BertModel`` with ``type_vocab_size`` left at PaddleNLP 2's default, 16.
+- ``paddlenlp2-model/``: a bare ``BertModel`` with ``type_vocab_size`` left at PaddleNLP 2's default, 16;
+- ``paddlenlp2-cache/bert-toy/``: what ``from_pretrained`` of a model PaddleNLP 2 names (as its ``bert-base-uncased``)
+  leaves in its download cache (``~/.paddlenlp/models/``): the weights under their URL's name,
+  ``bert-toy.pdparams``, and ``model_config.json`` (``download_as_a_built_in_model``).
 
 It checks that what PaddleNLP 2.3 computes from ``paddlenlp2-pretraining/`` is what ``paddlenlp.npz`` holds:
 the same model under the old config, to the last bit in float64, and in float32 within two units in the last
@@ -202,7 +205,9 @@ def paddlenlp2_transformers():
 
     stub("paddlenlp", root)
     stub("paddlenlp.utils", root / "utils")
-    stub("paddlenlp.utils.downloader", get_path_from_url=None, download_check=None, COMMUNITY_MODEL_PREFIX="")
+    stub(
+        "paddlenlp.utils.downloader", get_path_from_url=None, download_check=lambda *_: None, COMMUNITY_MODEL_PREFIX=""
+    )
     stub("paddlenlp.utils.env", MODEL_HOME=tempfile.mkdtemp())
     stub("paddlenlp.utils.log", logger=logging.getLogger("paddlenlp"))
     transformers = stub("paddlenlp.transformers", root / "transformers")
@@ -218,6 +223,31 @@ def paddlenlp2_transformers():
     from paddlenlp.transformers.bert import modeling
 
     return modeling
+
+
+def download_as_a_built_in_model(modeling, name: str, weights: Path) -> None:
+    """``BertForPretraining.from_pretrained(name)`` of a model PaddleNLP 2 names, as its built-in ``bert-base-uncased``
+    ...: its arguments in ``pretrained_init_configuration``, its weights downloaded (here, copied from ``weights``)
+    into ``MODEL_HOME/name/`` under their URL's name, and ``model_config.json`` written beside them."""
+    import shutil
+
+    from paddlenlp.transformers import model_utils
+
+    url = f"https://bj.bcebos.com/paddlenlp/models/transformers/{name}.pdparams"
+    modeling.BertPretrainedModel.pretrained_init_configuration[name] = {
+        **{key: SIZES[key] for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")},
+        **{"intermediate_size": SIZES["intermediate_size"], "hidden_act": "gelu", "hidden_dropout_prob": 0.1},
+        **{"attention_probs_dropout_prob": 0.1, "max_position_embeddings": SIZES["max_position_embeddings"]},
+        **{"type_vocab_size": 2, "initializer_range": 0.02, "pad_token_id": 0},
+    }  # as bert-base-uncased's entry lists them
+    modeling.BertPretrainedModel.pretrained_resource_files_map["model_state"][name] = url
+
+    def download(url: str, root: str) -> str:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        return str(shutil.copy(weights, Path(root) / url.split("/")[-1]))
+
+    model_utils.get_path_from_url, model_utils.MODEL_HOME = download, str(OUT / "paddlenlp2-cache")
+    modeling.BertForPretraining.from_pretrained(name)
 
 
 def main_paddlenlp2() -> None:
@@ -244,6 +274,7 @@ def main_paddlenlp2() -> None:
     )
     bare = {key: value for key, value in keywords.items() if key != "type_vocab_size"}
     randomized(modeling.BertModel(**bare), rng).save_pretrained(str(OUT / "paddlenlp2-model"))
+    download_as_a_built_in_model(modeling, "bert-toy", OUT / "paddlenlp2-pretraining" / "model_state.pdparams")
     with np.load(OUT / "paddlenlp.npz") as archive:
         for dtype in ("float64", "float32"):
             model = modeling.BertForPretraining.from_pretrained(str(OUT / "paddlenlp2-pretraining"))

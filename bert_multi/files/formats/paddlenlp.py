@@ -146,6 +146,12 @@ def read_old_config(path: Path) -> tuple[dict[str, Any], list[str]]:
     return {**fields, "layer_norm_eps": OLD_LAYER_NORM_EPS, "architectures": [top["init_class"]]}, defaulted
 
 
+def downloaded(path: Path) -> Path:
+    """The weights of the model ``path`` is PaddleNLP 2's download cache of (``~/.paddlenlp/models/bert-base-uncased/``:
+    ``bert-base-uncased.pdparams``, its URL's name, beside the ``model_config.json`` ``from_pretrained`` writes)."""
+    return path / f"{path.absolute().name}.pdparams"
+
+
 def read_directory(path: Path) -> Raw:
     """A PaddleNLP BERT directory as canonical weights and the config its ``config.json`` (PaddleNLP 2.0 to 2.4:
     ``model_config.json``) asks for."""
@@ -167,8 +173,10 @@ def read_directory(path: Path) -> Raw:
             "which bert_multi does not read; it reads the BertModel PaddleNLP builds with fuse false"
         )
     source = next((name for name in WEIGHT_FILES if os.path.lexists(path / name)), None)
+    if source is None and config_file.name == OLD_CONFIG_FILE and os.path.lexists(downloaded(path)):
+        source = downloaded(path).name
     if source is None:
-        raise WeightsError(f"{path}: a PaddleNLP {CONFIG_FILE} but no weights: expected one of {WEIGHT_FILES}")
+        raise WeightsError(f"{path}: a PaddleNLP {config_file.name} but no weights: expected one of {WEIGHT_FILES}")
     kind = source.removesuffix(INDEX_SUFFIX)  # the file, or the file an index names shards of
     read = _read_safetensors if kind == SAFETENSORS_FILE else _read_pdparams
     arrays, dtypes = read(path / source) if kind == source else read_shards(path / source, read)
@@ -178,6 +186,9 @@ def read_directory(path: Path) -> Raw:
         path / source, config_file, own, kinds, hf, notes, file_names
     )
     what = source if kind == source else f"the shards {source} names"
+    what += (
+        " (PaddleNLP 2's download cache: the weights under their URL's name)" if source == downloaded(path).name else ""
+    )
     bits = sum(dtype == "bfloat16" for dtype in dtypes.values())
     notes[:0] = [
         f"read {what} and {config_file.name} (PaddleNLP's BERT: its names turned to transformers', Paddle's (in, out) "
@@ -212,8 +223,9 @@ def _read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
 def written_by_paddlenlp(path: Path) -> bool:
     """Whether ``path`` is a directory PaddleNLP wrote: a ``config.json`` recording ``paddlenlp_version`` (2.8
     and 3.0 write it, null or a version), which transformers' never does; or, whatever its config, PaddleNLP's
-    weights file and none of transformers' (a directory holding both, under transformers' config, is
-    transformers'). Never raises: a config that does not read is the reader's to refuse."""
+    weights file (or PaddleNLP 2's download cache's, beside its ``model_config.json``) and none of transformers'
+    (a directory holding both, under transformers' config, is transformers'). Never raises: a config that does
+    not read is the reader's to refuse."""
     if not is_directory(path):
         return False
     try:
@@ -222,6 +234,7 @@ def written_by_paddlenlp(path: Path) -> bool:
     except WeightsError:
         pass
     paddle_weights = any(os.path.lexists(path / name) for name in (WEIGHTS_FILE, WEIGHTS_FILE + INDEX_SUFFIX))
+    paddle_weights |= os.path.lexists(path / OLD_CONFIG_FILE) and os.path.lexists(downloaded(path))
     return paddle_weights and not any(os.path.lexists(path / name) for name in TRANSFORMERS_WEIGHT_FILES)
 
 
@@ -311,7 +324,7 @@ class ModelDirectory(CheckpointFormat):
     framework_option = "paddlenlp"
     description = (
         f"PaddleNLP BERT directory ({CONFIG_FILE} + {WEIGHTS_FILE} or {SAFETENSORS_FILE}, as save_pretrained "
-        f"writes it; PaddleNLP 2.0 to 2.4's {OLD_CONFIG_FILE} + {WEIGHTS_FILE})"
+        f"writes it; PaddleNLP 2.0 to 2.4's {OLD_CONFIG_FILE} + {WEIGHTS_FILE}, or NAME.pdparams in its download cache)"
     )
     directory = True
 
