@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 import bert_multi.torch as bt  # noqa: E402
 from bert_multi.torch.backend import SkipInitialisers  # noqa: E402
+from bert_multi.torch.model import DotProductAttention, FusedDotProductAttention  # noqa: E402
 
 CONFIG = BERTConfig(vocab_size=37, num_hiddens=16, ffn_num_hiddens=24, num_heads=4, num_blks=2, dropout=0.3, max_len=12)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to PyTorch here")
@@ -66,6 +67,46 @@ def test_chapter_code_runs_unchanged_with_lazy_layers():
     X, Y = torch.ones((2, 4, 100)), torch.ones((2, 6, 100))
     assert attention(X, Y, Y, torch.tensor([3, 2])).shape == (2, 4, 100)
     assert bt.PositionWiseFFN(4, 8)(torch.ones((2, 3, 4))).shape == (2, 3, 8)
+
+
+class Calls(torch.overrides.TorchFunctionMode):
+    """Inside it, every torch function called, and what it returned: (name, result)."""
+
+    def __enter__(self):
+        super().__enter__()
+        self.calls = []
+        return self.calls
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        self.calls.append((getattr(func, "__name__", str(func)), result))
+        return result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_attention_is_d2ls_and_copies_no_query(dtype):
+    """Every row as d2l's written-out attention computes it; a row of valid_len 0 attending to every key
+    alike, as d2l's -1e6 makes it, even where the scores are 1e12 (-1e30 outweighs them and they round away
+    beside it; any score under 2**46 does in float64). Beside the kernel, nothing the size of the queries is
+    computed: the mask is all the work (a copy of the queries was, once, in every block)."""
+    generator = torch.Generator().manual_seed(0)
+    B, h, T, d = 3, 2, 5, 16
+    queries, keys, values = (torch.randn(B, h, T, d, generator=generator, dtype=dtype) for _ in range(3))
+    for valid_lens in (torch.tensor([0, 3, 5]), torch.tensor([[0, 1, 2, 5, 0], [5, 5, 0, 3, 1], [4, 4, 4, 4, 4]])):
+        with torch.no_grad(), Calls() as calls:
+            fused = FusedDotProductAttention(0.0).eval()(queries, keys, values, valid_lens)
+        written = DotProductAttention(0.0).eval()(
+            *(x.reshape(B * h, T, d) for x in (queries, keys, values)), valid_lens.repeat_interleave(h, dim=0)
+        )
+        torch.testing.assert_close(fused, written.reshape(B, h, T, d))
+        big = [name for name, out in calls if isinstance(out, torch.Tensor) and out.numel() >= queries.numel()]
+        assert big == ["scaled_dot_product_attention"], calls
+        # Scores of about 1e12, beyond what d2l's -1e6 masks in a row that keeps some keys.
+        huge = FusedDotProductAttention(0.0).eval()(queries * 1e6, keys * 1e6, values, valid_lens)
+        empty = (valid_lens == 0) if valid_lens.dim() == 2 else (valid_lens == 0)[:, None].expand(B, T)
+        uniform = values.mean(dim=2, keepdim=True).expand(B, h, T, d)
+        assert empty.any()
+        torch.testing.assert_close(huge.transpose(1, 2)[empty], uniform.transpose(1, 2)[empty])
 
 
 def test_a_d2l_checkpoint_loads_strictly_and_through_the_canonical_format(tmp_path):

@@ -94,6 +94,14 @@ class DotProductAttention(nn.Module):
         return torch.bmm(self.dropout(self.attention_weights), values)
 
 
+# What the fused attention adds to a masked key's score. d2l scores a masked key -1e6, so a row of valid_len 0
+# attends to every key alike; a mask that keeps no key (boolean, or -inf) is NaN or zeros in a fused kernel.
+# -1e30 is so far below any score that the score rounds away in the sum (any under 2**75 in float32, under
+# 2**46 in float64): a masked key's weight is 0, and a row of valid_len 0 scores every key the same. (The
+# dtype's minimum would overflow to -inf in a kernel that scales the scores.)
+MASKED_SCORE = -1e30
+
+
 class FusedDotProductAttention(nn.Module):
     """``DotProductAttention``'s function through PyTorch's fused ``scaled_dot_product_attention``
     (``attention="sdpa"``): the scores are never materialised, so ``attention_weights`` is None.
@@ -112,15 +120,9 @@ class FusedDotProductAttention(nn.Module):
         if valid_lens is not None:
             per_query = valid_lens.shape[-1] if valid_lens.dim() == 2 else 1
             lens = valid_lens.reshape(queries.shape[0], -1, per_query, 1)  # (B, 1 or h, 1 or T_q, 1)
-            keep = torch.arange(keys.shape[2], device=keys.device) < lens  # True: the key takes part
-            # d2l scores a masked key -1e6, so a row of valid_len 0 attends to every key alike; a mask that
-            # keeps no key is NaN or zeros in a fused kernel. Such a row keeps every key, and a zero query
-            # scores them all 0: the same uniform weights.
-            empty = lens == 0
-            queries = queries.masked_fill(empty, 0)
-            # Added to the scores, in their dtype: the kernels take it as it is (a boolean mask is converted).
-            mask = torch.zeros(keep.shape, dtype=queries.dtype, device=keys.device)
-            mask.masked_fill_(~(keep | empty), torch.finfo(queries.dtype).min)
+            masked = torch.arange(keys.shape[2], device=keys.device) >= lens  # True: the key is left out
+            # Added to the scores, in their dtype, as the kernels take it (a boolean mask is converted).
+            mask = masked.to(queries.dtype).mul_(MASKED_SCORE)
         dropout = self.dropout.p if self.training else 0.0
         return nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
 
