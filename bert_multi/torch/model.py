@@ -122,6 +122,8 @@ class FusedDotProductAttention(nn.Module):
             lens = valid_lens.reshape(queries.shape[0], -1, per_query, 1)  # (B, 1 or h, 1 or T_q, 1)
             masked = torch.arange(keys.shape[2], device=keys.device) >= lens  # True: the key is left out
             # Added to the scores, in their dtype, as the kernels take it (a boolean mask is converted).
+            # Framework difference: JAX's function takes a boolean mask, so there a row of valid_len 0 keeps
+            # every key and its query is zeroed, which XLA fuses; here that zeroing would copy the queries.
             mask = masked.to(queries.dtype).mul_(MASKED_SCORE)
         dropout = self.dropout.p if self.training else 0.0
         return nn.functional.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
