@@ -183,6 +183,14 @@ def test_names_of_another_family_say_which_it_looks_like(tmp_path):
     assert "name the directory holding the file and its config.json" in str(raised.value)
     assert "The file has ['bert.embeddings.word_embeddings.weight']" in str(raised.value)
     assert "encoder.token_embedding.weight" in str(raised.value)  # next to what a d2l BERT has
+    # As PyTorch Lightning saves a LightningModule holding a BertForPreTraining as its attribute ``model``.
+    torch.save({"model.bert.embeddings.word_embeddings.weight": torch.zeros(3, 2)}, tmp_path / "lightning.pt")
+    with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT.*under 'model.'"):
+        load_checkpoint(tmp_path / "lightning.pt", num_heads=1)
+    q_proj = "bert.encoder.layers.0.self_attn.q_proj.weight"
+    torch.save({f"module.classifier.{q_proj}": torch.zeros(2, 2)}, tmp_path / "paddlenlp.pt")
+    with pytest.raises(WeightsError, match="look like PaddleNLP's BERT.*under 'classifier.'"):  # module. is stripped
+        load_checkpoint(tmp_path / "paddlenlp.pt", num_heads=1)
 
 
 def test_gluonnlps_names_with_a_tensor_of_no_bert_layer_or_without_a_segment_embedding_are_refused(tmp_path):

@@ -48,19 +48,40 @@ def _head_choices(semantics: Semantics) -> Iterator[tuple[str, ...]]:
             yield heads
 
 
+def _under(names: set[str], marker: str) -> str | None:
+    """The prefix under which one of ``names`` has the name ``marker`` (a pattern, after an optional ``bert.``)
+    begins: '' for none, None where no name has it."""
+    for name in sorted(names):
+        if found := re.match(rf"((?:\w+\.)*?)(?:bert\.)?{marker}", name):
+            return found[1]
+    return None
+
+
+def _wrapped(prefix: str) -> str:
+    """What a message says of a prefix no library writes (a LightningModule's attribute: ``model.``)."""
+    if not prefix:
+        return ""
+    return (
+        f"; its names are under {prefix!r}, as a wrapper's (a LightningModule's attribute) are, which the library "
+        "does not load: save them without it"
+    )
+
+
 def _family(names: set[str]) -> str:
     """Which other model family a set of tensor names looks like, if any, as a clause for a message."""
-    if any(re.match(r"(\w+\.)?encoder\.layers\.\d+\.self_attn\.q_proj\.", name) for name in names):
+    prefix = _under(names, r"encoder\.layers\.\d+\.self_attn\.q_proj\.")
+    if prefix is not None:
         return (
             " (they look like PaddleNLP's BERT: the original BERT in Paddle's names and layouts; name the directory "
             "holding the file and its config.json, or PaddleNLP 2's model_config.json (which its download cache "
             "holds beside the file too), read as one; where neither is beside it, load it with PaddleNLP's "
-            "from_pretrained and save_pretrained it)"
+            f"from_pretrained and save_pretrained it{_wrapped(prefix)})"
         )
-    if any(re.match(r"(\w+\.)?embeddings\.word_embeddings\.", name) for name in names):
+    prefix = _under(names, r"embeddings\.word_embeddings\.")
+    if prefix is not None:
         return (
-            " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers "
-            "differ from d2l's; name the directory holding the file and its config.json, read as one)"
+            " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers differ "
+            f"from d2l's; name the directory holding the file and its config.json, read as one{_wrapped(prefix)})"
         )
     if any(name.startswith("encoder.transformer_cells.") for name in names):  # BERT's are read (formats/gluon.py)
         return (
