@@ -107,7 +107,7 @@ def test_a_paddlenlp_bert_converts_to_a_directory_transformers_loads(tmp_path):
     assert mismatches(computed, "float64") == []
 
 
-# PaddleNLP 2.3's save_pretrained: model_config.json, the arguments each model was built with (2.0 to 2.4).
+# PaddleNLP 2.3's save_pretrained: model_config.json, the arguments each model was built with (2.0 to 2.4.2).
 PADDLENLP2 = HERE / "paddlenlp2-pretraining"
 
 
@@ -166,7 +166,7 @@ def test_paddlenlp_2s_download_cache_reads_as_the_model_it_holds(tmp_path):
 def test_a_paddlenlp_directory_without_its_config_names_both_kinds(tmp_path):
     (tmp_path / "model_state.pdparams").write_bytes((PRETRAINING / "model_state.pdparams").read_bytes())
     with pytest.raises(
-        WeightsError, match="no config.json \\(PaddleNLP 2.5 on\\) or model_config.json \\(2.0 to 2.4\\)"
+        WeightsError, match="no config.json \\(PaddleNLP 2.4.3 on\\) or model_config.json \\(2.0 to 2.4.2\\)"
     ):
         load_checkpoint(tmp_path)
 

@@ -40,7 +40,7 @@ and saves it again, as a user upgrading does:
 It then checks that what PaddleNLP 3 computes from ``paddlenlp3-safetensors/`` is what ``paddlenlp.npz``
 holds, to the last bit in both dtypes (as it was for 3.0.0b4), so the tests hold these files to it too.
 
-With ``--paddlenlp2``, in PaddleNLP 2.3 (2.0 to 2.4 saved ``model_config.json``: the arguments each model was
+With ``--paddlenlp2``, in PaddleNLP 2.3 (2.0 to 2.4.2 saved ``model_config.json``: the arguments each model was
 built with, a derived model's base ``BertModel`` among them, as ``init_args`` and keywords, those left out at
 their defaults). PaddleNLP 2.3 imports ``paddle.fluid``, which Paddle 2.6 (the oldest for Python 3.11) has
 no more, so only its BERT's modules are imported, with what they import but BERT never uses stubbed

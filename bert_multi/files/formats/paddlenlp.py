@@ -1,6 +1,6 @@
 """PaddleNLP's BERTs (``save_pretrained``: ``config.json`` and ``model_state.pdparams``; with
 ``safe_serialization=True``, PaddleNLP 3's ``model.safetensors``; either in shards beside an index; PaddleNLP
-2.0 to 2.4's ``model_config.json``, the arguments the model was built with, beside its weights), read
+2.0 to 2.4.2's ``model_config.json``, the arguments the model was built with, beside its weights), read
 without Paddle. PaddleNLP's ``bert-base-uncased``, ``bert-base-chinese``, ``bert-wwm-chinese`` ... are
 Google's BERTs converted to it.
 
@@ -50,8 +50,8 @@ WEIGHTS_FILE, SAFETENSORS_FILE = "model_state.pdparams", "model.safetensors"
 # Each weight file, or the index of its shards, in the order PaddleNLP's from_pretrained looks for them.
 WEIGHT_FILES = [SAFETENSORS_FILE + INDEX_SUFFIX, SAFETENSORS_FILE, WEIGHTS_FILE + INDEX_SUFFIX, WEIGHTS_FILE]
 PADDLENLP_FORMAT = "np"  # a safetensors file's metadata format when PaddleNLP wrote its own layout
-OLD_CONFIG_FILE = "model_config.json"  # PaddleNLP 2.0 to 2.4's: the arguments each model was built with
-# PaddleNLP 2.0 to 2.4's BertModel(...) arguments in order, with their defaults, which its model_config.json leaves
+OLD_CONFIG_FILE = "model_config.json"  # PaddleNLP 2.0 to 2.4.2's: the arguments each model was built with
+# PaddleNLP 2.0 to 2.4.2's BertModel(...) arguments in order, with their defaults, which its model_config.json leaves
 # out where a model was built without them (vocab_size had none before 2.3; fuse came in 2.3).
 OLD_ARGUMENTS: dict[str, Any] = {
     **{"vocab_size": None, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12},
@@ -111,7 +111,7 @@ def transformers_name(name: str) -> tuple[str, bool]:
 
 
 def read_old_config(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """PaddleNLP 2.0 to 2.4's ``model_config.json`` as the ``config.json`` that 2.5 on writes of the same model:
+    """PaddleNLP 2.0 to 2.4.2's ``model_config.json`` as the ``config.json`` that 2.4.3 on writes of the same model:
     the arguments its ``BertModel`` was built with (the file's top level for a ``BertModel``; for a model
     built on one, the argument whose ``init_class`` is ``BertModel``), those given by position named, those
     left out at their defaults, and the top's ``init_class`` as its ``architectures``; and which were left out."""
@@ -153,7 +153,7 @@ def downloaded(path: Path) -> Path:
 
 
 def read_directory(path: Path) -> Raw:
-    """A PaddleNLP BERT directory as canonical weights and the config its ``config.json`` (PaddleNLP 2.0 to 2.4:
+    """A PaddleNLP BERT directory as canonical weights and the config its ``config.json`` (PaddleNLP 2.0 to 2.4.2:
     ``model_config.json``) asks for."""
     config_file, defaulted = path / CONFIG_FILE, list[str]()
     if not os.path.lexists(config_file) and os.path.lexists(path / OLD_CONFIG_FILE):
@@ -161,8 +161,8 @@ def read_directory(path: Path) -> Raw:
         hf, defaulted = read_old_config(config_file)
     elif not is_regular_file(config_file):
         raise WeightsError(
-            f"{path}: holds {WEIGHTS_FILE} but no {CONFIG_FILE} (PaddleNLP 2.5 on) or {OLD_CONFIG_FILE} (2.0 to 2.4): "
-            "save_pretrained writes one beside it"
+            f"{path}: holds {WEIGHTS_FILE} but no {CONFIG_FILE} (PaddleNLP 2.4.3 on) or {OLD_CONFIG_FILE} "
+            "(2.0 to 2.4.2): save_pretrained writes one beside it"
         )
     else:
         hf = read_config(config_file, "PaddleNLP config")
@@ -324,7 +324,8 @@ class ModelDirectory(CheckpointFormat):
     framework_option = "paddlenlp"
     description = (
         f"PaddleNLP BERT directory ({CONFIG_FILE} + {WEIGHTS_FILE} or {SAFETENSORS_FILE}, as save_pretrained "
-        f"writes it; PaddleNLP 2.0 to 2.4's {OLD_CONFIG_FILE} + {WEIGHTS_FILE}, or NAME.pdparams in its download cache)"
+        f"writes it; PaddleNLP 2.0 to 2.4.2's {OLD_CONFIG_FILE} + {WEIGHTS_FILE}, or NAME.pdparams in its download "
+        "cache)"
     )
     directory = True
 
