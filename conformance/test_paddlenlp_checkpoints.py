@@ -95,11 +95,16 @@ def test_a_bare_model_and_a_fine_tuned_classifier_read_as_their_encoders(name, h
 
 
 @runs_here("transformers")
-def test_a_paddlenlp_bert_converts_to_a_directory_transformers_loads(tmp_path):
+@pytest.mark.parametrize(
+    "source",
+    ["paddlenlp-pretraining", "paddlenlp2-pretraining", "paddlenlp2-cache/bert-toy"],
+    ids=["2.8", "2.3", "cache"],
+)
+def test_a_paddlenlp_bert_converts_to_a_directory_transformers_loads(tmp_path, source):
     import torch
     import transformers
 
-    convert(PRETRAINING, tmp_path / "hf", framework="huggingface")
+    convert(HERE / source, tmp_path / "hf", framework="huggingface")
     model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").double().eval()
     computed = pretraining_outputs(model, INPUTS)
     with torch.no_grad():
