@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..files.formats.huggingface import TASK_HEADS
+from ..files.formats.transformers_names import TASK_HEADS
 from ..spec.inputs import ModelInputs
 from ..torch.user import WrappedModel
 from .backend import attention_mask

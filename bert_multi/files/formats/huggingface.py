@@ -3,9 +3,9 @@
 A HuggingFace BERT is a directory holding ``config.json`` and its weights, ``model.safetensors`` or (older)
 ``pytorch_model.bin``, or, saved by transformers' TensorFlow and Flax classes (gone since transformers 5),
 ``tf_model.h5`` or ``flax_model.msgpack``. Its config says every size, the number of heads included, so
-nothing needs stating. Names map to the canonical ones by one table (``NAMES``); buffers such as
-``position_ids`` and the decoder weight tied to the word embeddings are ignored by name (the tie is
-checked). safetensors is parsed by ``safetensors.py``, every size checked against the file before anything
+nothing needs stating. Names map to the canonical ones by one table (``transformers_names.py``); buffers
+such as ``position_ids`` and the decoder weight tied to the word embeddings are ignored by name (the tie
+is checked). safetensors is parsed by ``safetensors.py``, every size checked against the file before anything
 is read; ``pytorch_model.bin`` goes to torch with ``weights_only=True``; ``tf_model.h5`` is parsed by
 ``hdf5.py`` and ``flax_model.msgpack`` by ``flax.py``, their names turned into those transformers' PyTorch
 classes give. Google's TensorFlow checkpoints use the same names and config (``tensorflow.py``).
@@ -40,13 +40,13 @@ from .base import (
     no_key,
     task_head_left_out,
     translated,
-    weight_and_bias,
 )
 from .flax import read_tree
 from .hdf5 import read_hdf5
 from .hub_cache import another_librarys, is_cache_folder, snapshot
 from .safetensors import read_metadata, read_safetensors, write_safetensors
 from .shards import INDEX_SUFFIX, read_shards
+from .transformers_names import BIAS, DECODER_BIAS, NAMES, canonical_arrays
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 # pytorch-pretrained-bert (transformers' name until mid-2019) named the config as Google did.
@@ -62,30 +62,6 @@ WEIGHT_FILES = (
     FLAX_FILE,
 )
 MAX_CONFIG_BYTES = 1 << 20
-
-# (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
-# weight or bias.
-NAMES: list[tuple[str, str]] = [
-    ("embeddings.word_embeddings.weight", "encoder.token_embedding.weight"),
-    ("embeddings.position_embeddings.weight", "encoder.pos_embedding"),  # (P, H) there, (1, P, H) here
-    ("embeddings.token_type_embeddings.weight", "encoder.segment_embedding.weight"),
-    ("embeddings.LayerNorm.{p}", "encoder.embedding_norm.{p}"),
-    ("encoder.layer.{i}.attention.self.query.{p}", "encoder.blks.{i}.attention.W_q.{p}"),
-    ("encoder.layer.{i}.attention.self.key.{p}", "encoder.blks.{i}.attention.W_k.{p}"),
-    ("encoder.layer.{i}.attention.self.value.{p}", "encoder.blks.{i}.attention.W_v.{p}"),
-    ("encoder.layer.{i}.attention.output.dense.{p}", "encoder.blks.{i}.attention.W_o.{p}"),
-    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "encoder.blks.{i}.addnorm1.ln.{p}"),
-    ("encoder.layer.{i}.intermediate.dense.{p}", "encoder.blks.{i}.ffn.dense1.{p}"),
-    ("encoder.layer.{i}.output.dense.{p}", "encoder.blks.{i}.ffn.dense2.{p}"),
-    ("encoder.layer.{i}.output.LayerNorm.{p}", "encoder.blks.{i}.addnorm2.ln.{p}"),
-    ("pooler.dense.{p}", "hidden.0.{p}"),
-    ("cls.predictions.transform.dense.{p}", "mlm.mlp.0.{p}"),
-    ("cls.predictions.transform.LayerNorm.{p}", "mlm.mlp.2.{p}"),
-    ("cls.predictions.bias", "mlm.mlp.3.bias"),
-    ("cls.predictions.decoder.weight", "mlm.mlp.3.weight"),  # only when not tied to the word embeddings
-    ("cls.seq_relationship.{p}", "nsp.output.{p}"),
-]
-
 
 # The transformers class holding exactly each set of heads: all but BertModel hold a BertModel as ``bert``.
 CLASSES = {
@@ -110,12 +86,6 @@ SIZE_FIELDS = {
 # (Flax) and an embedding's table (Flax's embedding, Keras's embeddings) are their weights. Keras's LayerNorm
 # gamma and beta are read as TensorFlow-era names (canonical_name).
 LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "embeddings": "weight"}
-# Buffers, not weights.
-IGNORED = (r"(bert\.)?embeddings\.position_ids",)
-# transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
-# classifier; ForQuestionAnswering: qa_outputs): a BERT fine-tuned is read with its head left out, and said.
-TASK_HEADS = ("classifier", "qa_outputs")
-DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
 # hidden_act -> semantics.activation: HuggingFace's "gelu" is the erf form, its tanh forms have 3 names.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
@@ -163,12 +133,6 @@ def _semantics(hf: dict[str, Any], tied: bool) -> Semantics:
     return dataclasses.replace(
         PRESETS["bert"], activation=ACTIVATIONS[act], layer_norm_eps=eps, mlm_decoder="tied" if tied else "own"
     )
-
-
-def canonical_name(name: str) -> str | None:
-    """The canonical name of a transformers BERT's tensor (with or without ``bert.``), or None."""
-    bare = name.removeprefix("bert.")
-    return translated(weight_and_bias(bare), NAMES)  # TensorFlow-era names: a LayerNorm's gamma and beta
 
 
 def read_directory(
@@ -265,37 +229,7 @@ def from_transformers_names(
     read from ``source``, where the file names them otherwise, by ``file_names``) and its config (``hf``,
     read from ``config_file``). A task head is left out, and ``notes`` says so; a decoder equal to the word
     embeddings is the tie."""
-    file_names = file_names or {}
-    decoder = own.get("cls.predictions.decoder.weight")
-    embedding = own.get("bert.embeddings.word_embeddings.weight", own.get("embeddings.word_embeddings.weight"))
-    tied = decoder is None or (embedding is not None and np.array_equal(decoder, embedding))
-    if decoder is not None and tied:
-        del own["cls.predictions.decoder.weight"]  # the same numbers as the word embeddings, saved twice
-    if DECODER_BIAS in own:  # the bias the decoder really adds; transformers may also keep its twin
-        own[BIAS] = own.pop(DECODER_BIAS)
-        dtypes[BIAS] = dtypes[DECODER_BIAS]
-    arrays, kinds, unknown, task_head = {}, {}, [], []
-    named: dict[str, str] = {}  # canonical name -> the file's name for it
-    for name, array in own.items():
-        canonical = canonical_name(name)
-        if canonical is None:
-            if any(re.fullmatch(rf"{head}\.(weight|bias)", name) for head in TASK_HEADS):
-                task_head.append(name)
-            elif not any(re.fullmatch(pattern, name) for pattern in IGNORED):
-                unknown.append(file_names.get(name, name))
-            continue
-        if canonical in named:  # gamma beside weight, or a name with and without "bert.": which is meant?
-            raise WeightsError(
-                f"{source}: {named[canonical]!r} and {file_names.get(name, name)!r} are both {canonical}"
-            )
-        named[canonical] = file_names.get(name, name)
-        arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
-        kinds[canonical] = dtypes[name]
-    if unknown:
-        raise WeightsError(
-            f"{source.parent}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
-            + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        )
+    arrays, kinds, tied, task_head = canonical_arrays(source, own, dtypes, file_names)
     if task_head:
         notes.append(left_out(hf, task_head))
     heads = tuple(

@@ -39,7 +39,8 @@ from .base import (
     some,
     task_head_left_out,
 )
-from .huggingface import canonical_name, from_transformers_names, read_config
+from .huggingface import from_transformers_names, read_config
+from .transformers_names import canonical_name
 
 CONFIG_FILE, INDEX_SUFFIX, LATEST_FILE = "bert_config.json", ".index", "checkpoint"
 TABLE_MAGIC = 0xDB4775248B80FB57  # the last 8 bytes of a LevelDB table

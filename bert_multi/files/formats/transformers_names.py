@@ -1,0 +1,86 @@
+"""transformers' BERT tensor names and the canonical ones: one table (``NAMES``), read both ways, and a BERT's
+tensors under transformers' names turned canonical (``canonical_arrays``), whatever file holds them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import WeightsError
+from .base import translated, weight_and_bias
+
+# (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
+# weight or bias.
+NAMES: list[tuple[str, str]] = [
+    ("embeddings.word_embeddings.weight", "encoder.token_embedding.weight"),
+    ("embeddings.position_embeddings.weight", "encoder.pos_embedding"),  # (P, H) there, (1, P, H) here
+    ("embeddings.token_type_embeddings.weight", "encoder.segment_embedding.weight"),
+    ("embeddings.LayerNorm.{p}", "encoder.embedding_norm.{p}"),
+    ("encoder.layer.{i}.attention.self.query.{p}", "encoder.blks.{i}.attention.W_q.{p}"),
+    ("encoder.layer.{i}.attention.self.key.{p}", "encoder.blks.{i}.attention.W_k.{p}"),
+    ("encoder.layer.{i}.attention.self.value.{p}", "encoder.blks.{i}.attention.W_v.{p}"),
+    ("encoder.layer.{i}.attention.output.dense.{p}", "encoder.blks.{i}.attention.W_o.{p}"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "encoder.blks.{i}.addnorm1.ln.{p}"),
+    ("encoder.layer.{i}.intermediate.dense.{p}", "encoder.blks.{i}.ffn.dense1.{p}"),
+    ("encoder.layer.{i}.output.dense.{p}", "encoder.blks.{i}.ffn.dense2.{p}"),
+    ("encoder.layer.{i}.output.LayerNorm.{p}", "encoder.blks.{i}.addnorm2.ln.{p}"),
+    ("pooler.dense.{p}", "hidden.0.{p}"),
+    ("cls.predictions.transform.dense.{p}", "mlm.mlp.0.{p}"),
+    ("cls.predictions.transform.LayerNorm.{p}", "mlm.mlp.2.{p}"),
+    ("cls.predictions.bias", "mlm.mlp.3.bias"),
+    ("cls.predictions.decoder.weight", "mlm.mlp.3.weight"),  # only when not tied to the word embeddings
+    ("cls.seq_relationship.{p}", "nsp.output.{p}"),
+]
+
+# Buffers, not weights.
+IGNORED = (r"(bert\.)?embeddings\.position_ids",)
+# transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
+# classifier; ForQuestionAnswering: qa_outputs): a BERT fine-tuned is read with its head left out, and said.
+TASK_HEADS = ("classifier", "qa_outputs")
+DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
+
+
+def canonical_name(name: str) -> str | None:
+    """The canonical name of a transformers BERT's tensor (with or without ``bert.``), or None."""
+    bare = name.removeprefix("bert.")
+    return translated(weight_and_bias(bare), NAMES)  # TensorFlow-era names: a LayerNorm's gamma and beta
+
+
+def canonical_arrays(
+    where: Path, own: dict[str, np.ndarray], dtypes: dict[str, str], file_names: dict[str, str] | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, str], bool, list[str]]:
+    """(canonical arrays, their own dtypes, whether the MLM decoder is the word embeddings, the task head's
+    names) of a BERT's tensors under transformers' names (``own``; where the file names them otherwise, by
+    ``file_names``), read from ``where``. A decoder equal to the word embeddings is the tie."""
+    file_names = file_names or {}
+    decoder = own.get("cls.predictions.decoder.weight")
+    embedding = own.get("bert.embeddings.word_embeddings.weight", own.get("embeddings.word_embeddings.weight"))
+    tied = decoder is None or (embedding is not None and np.array_equal(decoder, embedding))
+    if decoder is not None and tied:
+        del own["cls.predictions.decoder.weight"]  # the same numbers as the word embeddings, saved twice
+    if DECODER_BIAS in own:  # the bias the decoder really adds; transformers may also keep its twin
+        own[BIAS] = own.pop(DECODER_BIAS)
+        dtypes[BIAS] = dtypes[DECODER_BIAS]
+    arrays, kinds, unknown, task_head = {}, {}, [], []
+    named: dict[str, str] = {}  # canonical name -> the file's name for it
+    for name, array in own.items():
+        canonical = canonical_name(name)
+        if canonical is None:
+            if any(re.fullmatch(rf"{head}\.(weight|bias)", name) for head in TASK_HEADS):
+                task_head.append(name)
+            elif not any(re.fullmatch(pattern, name) for pattern in IGNORED):
+                unknown.append(file_names.get(name, name))
+            continue
+        if canonical in named:  # gamma beside weight, or a name with and without "bert.": which is meant?
+            raise WeightsError(f"{where}: {named[canonical]!r} and {file_names.get(name, name)!r} are both {canonical}")
+        named[canonical] = file_names.get(name, name)
+        arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
+        kinds[canonical] = dtypes[name]
+    if unknown:
+        raise WeightsError(
+            f"{where}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
+            + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        )
+    return arrays, kinds, tied, task_head
