@@ -1390,7 +1390,29 @@ def hostile_checkpoints() -> dict[str, tuple[bytes, str]]:
     state = torch_state()
     state["encoder.token_embedding.weight"] = torch.zeros((0, 2**40))
     cases["a PyTorch embedding of 0 x 2**40"] = (torch_bytes(state), "holds no values")
+    transformers = transformers_state()
+    cases["a transformers state_dict short of a layer"] = (
+        torch_bytes({name: array for name, array in transformers.items() if "layer.0.output.dense" not in name}),
+        "but it lacks ['encoder.layer.0.output.dense.weight', 'encoder.layer.0.output.dense.bias']",
+    )
+    untied = {
+        **transformers,
+        "cls.predictions.decoder.weight": transformers["bert.embeddings.word_embeddings.weight"] + 1,
+    }
+    cases["a transformers state_dict of an untied decoder"] = (torch_bytes(untied), "not its word embeddings")
     return cases
+
+
+def transformers_state() -> dict:
+    """``huggingface_files()``' BERT as transformers' state_dict: its names, as torch tensors."""
+    import torch
+
+    from bert_multi.files.formats.safetensors import read_safetensors
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "model.safetensors").write_bytes(huggingface_files()["model.safetensors"])
+        arrays, _ = read_safetensors(Path(directory) / "model.safetensors")
+    return {name: torch.from_numpy(array.copy()) for name, array in arrays.items()}
 
 
 def reply_bytes() -> bytes:
@@ -1611,7 +1633,11 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     if loader == "checkpoint":
         gluonnlp = [(TF_CHECKPOINT.parent / f"gluonnlp-{name}.params").read_bytes() for name in ("bert", "classifier")]
         paddle = (PADDLE_FIXTURES / "d2l-0.17.6-paddle.pdparams").read_bytes()
-        return [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp], [*generic, mutate_a_shape]
+        transformers = torch_bytes(transformers_state())  # read as the original BERT: refused as not d2l's
+        return [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp, transformers], [
+            *generic,
+            mutate_a_shape,
+        ]
     if loader == "cache":
         return [cache_entry_bytes()], generic
     if loader == "reply":

@@ -15,6 +15,7 @@ import bert_multi as bm
 from bert_multi import InputError, WeightsError, backends
 from bert_multi.engine.cases import CASES
 from bert_multi.engine.compare import compare_arrays, tolerance_for
+from bert_multi.errors import StatementsMissing
 from bert_multi.files.formats.safetensors import read_safetensors, write_safetensors
 
 AVAILABLE = [name for name, status in backends().items() if status.available]
@@ -313,6 +314,62 @@ def test_a_fine_tuned_berts_task_head_is_left_out_and_said(kind, head, heads, tm
     for name, value in reference.items():
         comparison = compare_arrays(name, got[name], value, tolerance_for("float64", "cpu"))
         assert comparison.passed, comparison.describe()
+
+
+# A transformers model's state_dict saved alone (torch.save), as training scripts do: (id, its class, how it
+# was wrapped when saved).
+STATE_DICTS = [
+    ("pretraining", "BertForPreTraining", ""),
+    ("bare-model", "BertModel", ""),
+    ("classifier", "BertForSequenceClassification", ""),
+    ("data-parallel", "BertForPreTraining", "module."),
+]
+
+
+@pytest.mark.parametrize("name, kind, prefix", STATE_DICTS, ids=[spec[0] for spec in STATE_DICTS])
+def test_a_transformers_state_dict_without_its_config_reads_once_its_heads_are_stated(tmp_path, name, kind, prefix):
+    """The shapes say the sizes, never the heads: stated, the file computes what transformers does with its
+    defaults (GELU's erf form, eps 1e-12), which a note says it assumed."""
+    if "torch" not in AVAILABLE:
+        pytest.skip("transformers needs torch")
+    import torch
+
+    model, _ = hf_model((name, dict(hidden_size=8, num_attention_heads=4), kind, "safetensors"), tmp_path)
+    torch.save({prefix + key: value for key, value in model.state_dict().items()}, tmp_path / "bert.pt")
+    with pytest.raises(StatementsMissing, match="state num_heads= to read it"):
+        bm.load_checkpoint(tmp_path / "bert.pt")
+    checkpoint = bm.load_checkpoint(tmp_path / "bert.pt", num_heads=4)
+    assert checkpoint.config.semantics.name == "bert"
+    assert any(note.startswith("read as a transformers BERT's state_dict") for note in checkpoint.info.notes)
+    assert any(note.startswith("left out") for note in checkpoint.info.notes) == (kind.endswith("Classification"))
+    batch = next(case for case in CASES if case.name == "mixed_valid_lens").batch(checkpoint.config, seed=3)
+    reference = hf_outputs(model, batch)
+    out = bm.load_backend("numpy").build(checkpoint.config, checkpoint.weights)(**batch, intermediates=True)
+    got = {"encoded": out.encoded, "pooler": out.intermediates.get("pooler"), "mlm": out.mlm, "nsp": out.nsp}
+    assert set(reference) == {"encoded", *checkpoint.config.heads} - ({"nsp"} if kind == "BertModel" else set())
+    for output, value in reference.items():
+        comparison = compare_arrays(output, got[output], value, tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
+
+
+def test_an_untied_or_unknown_transformers_state_dict_without_its_config_is_refused(tmp_path):
+    """Only config.json says a decoder of its own is meant (tie_word_embeddings false); a layer BERT has not
+    is never read past."""
+    if "torch" not in AVAILABLE:
+        pytest.skip("transformers needs torch")
+    import torch
+
+    spec = ("untied", dict(hidden_size=8, num_attention_heads=4, tie_word_embeddings=False), "BertForPreTraining", "")
+    model, _ = hf_model(spec, tmp_path)
+    torch.save(model.state_dict(), tmp_path / "bert.pt")
+    with pytest.raises(WeightsError, match="MLM decoder is not its word embeddings.*name the directory holding"):
+        bm.load_checkpoint(tmp_path / "bert.pt", num_heads=4)
+    # A tensor of a layer BERT has not (transformers' relative positions) is named, not read past.
+    state = {**model.state_dict(), "bert.encoder.layer.0.attention.self.distance_embedding.weight": torch.zeros(3, 2)}
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
+    torch.save(state, tmp_path / "relative.pt")
+    with pytest.raises(WeightsError, match="tensors of no BERT layer bert_multi knows: .*distance_embedding"):
+        bm.load_checkpoint(tmp_path / "relative.pt", num_heads=4)
 
 
 @pytest.mark.parametrize("architecture", ["DistilBert", "Roberta", "relabelled"])

@@ -44,6 +44,7 @@ from .formats import (
     sniff,
 )
 from .formats.base import control_character, some
+from .formats.transformers_names import WORD_EMBEDDINGS, read_state_dict
 from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns
 
 
@@ -158,6 +159,8 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None) -> R
     raw.dtypes = {name: raw.dtypes.get(name, array.dtype.name) for name, array in raw.arrays.items()}
     if raw.config is None:
         _strip_prefix(raw.arrays, raw.dtypes, raw.notes)
+        if raw.framework == "torch" and any(WORD_EMBEDDINGS.fullmatch(name) for name in raw.arrays):
+            read_state_dict(path, raw)
     return raw
 
 

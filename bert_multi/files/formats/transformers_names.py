@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import WeightsError
-from .base import translated, weight_and_bias
+from .base import Raw, some, task_head_left_out, translated, weight_and_bias
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
 # weight or bias.
@@ -84,3 +84,46 @@ def canonical_arrays(
             + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         )
     return arrays, kinds, tied, task_head
+
+
+# A transformers BERT's word embeddings under its own name: what marks a state_dict as one.
+WORD_EMBEDDINGS = re.compile(r"(bert\.)?embeddings\.word_embeddings\.weight")
+
+
+def read_state_dict(path: Path, raw: Raw) -> None:
+    """``raw``, a PyTorch file holding a transformers BERT's state_dict and no config (``torch.save(model.
+    state_dict())``), under the canonical names, which tell the sizes but not the heads (stated) nor what
+    no tensor shows: transformers' defaults, GELU's erf form and LayerNorm eps 1e-12 (the "bert" preset's),
+    said in a note."""
+    arrays, kinds, tied, task_head = canonical_arrays(path, raw.arrays, raw.dtypes)
+    missing = [translated(name, NAMES, reverse=True) for name in _encoder_names(arrays) if name not in arrays]
+    if missing:
+        raise WeightsError(
+            f"{path}: its names are a transformers BERT's, but it lacks {some(missing)} (under 'bert.' in a model "
+            "with heads); a BERT's state_dict holds every one"
+        )
+    if not tied:
+        raise WeightsError(
+            f"{path}: a transformers BERT whose MLM decoder is not its word embeddings (tie_word_embeddings "
+            "false), which only its config.json says: name the directory holding the file and its config.json"
+        )
+    raw.arrays, raw.dtypes = arrays, kinds
+    if task_head:
+        raw.notes.append(task_head_left_out(task_head, "the task head"))
+    raw.notes.append(
+        "read as a transformers BERT's state_dict, its names turned to the canonical ones; with no config.json "
+        "beside it, it computes with transformers' defaults for what no tensor shows (GELU's erf form, LayerNorm "
+        "eps 1e-12): a BERT configured otherwise is read from its directory, the file beside its config.json"
+    )
+
+
+def _encoder_names(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The canonical names of the embeddings and of every encoder block up to the last that ``arrays`` has a
+    tensor of: what any BERT's state_dict holds."""
+    blocks = [int(found[1]) for name in arrays if (found := re.match(r"encoder\.blks\.(\d+)\.", name))]
+    names = []
+    for _, canonical in NAMES:
+        if canonical.startswith("encoder."):
+            for i in range(max(blocks, default=0) + 1) if "{i}" in canonical else [0]:
+                names += [canonical.format(i=i, p=p) for p in (("weight", "bias") if "{p}" in canonical else [""])]
+    return list(dict.fromkeys(names))
