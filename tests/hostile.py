@@ -1400,6 +1400,8 @@ def hostile_checkpoints() -> dict[str, tuple[bytes, str]]:
         "cls.predictions.decoder.weight": transformers["bert.embeddings.word_embeddings.weight"] + 1,
     }
     cases["a transformers state_dict of an untied decoder"] = (torch_bytes(untied), "not its word embeddings")
+    far = {**transformers, "bert.encoder.layer.1099511627776.output.dense.bias": torch.zeros(4)}  # block 2**40
+    cases["a transformers state_dict naming block 2**40"] = (torch_bytes(far), "'encoder.layer.1.attention.self")
     return cases
 
 

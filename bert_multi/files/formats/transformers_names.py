@@ -3,13 +3,14 @@ tensors under transformers' names turned canonical (``canonical_arrays``), whate
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import WeightsError
-from .base import Raw, some, task_head_left_out, translated, weight_and_bias
+from .base import SHOWN, Raw, task_head_left_out, translated, weight_and_bias
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
 # weight or bias.
@@ -96,11 +97,12 @@ def read_state_dict(path: Path, raw: Raw) -> None:
     no tensor shows: transformers' defaults, GELU's erf form and LayerNorm eps 1e-12 (the "bert" preset's),
     said in a note."""
     arrays, kinds, tied, task_head = canonical_arrays(path, raw.arrays, raw.dtypes)
-    missing = [translated(name, NAMES, reverse=True) for name in _encoder_names(arrays) if name not in arrays]
+    missing = [translated(name, NAMES, reverse=True) for name in _lacking(arrays)]
     if missing:
+        shown = f"{missing[:SHOWN]}{' and more' if len(missing) > SHOWN else ''}"
         raise WeightsError(
-            f"{path}: its names are a transformers BERT's, but it lacks {some(missing)} (under 'bert.' in a model "
-            "with heads); a BERT's state_dict holds every one"
+            f"{path}: its names are a transformers BERT's, but it lacks {shown} (under 'bert.' in a model with "
+            "heads); a BERT's state_dict holds every one"
         )
     if not tied:
         raise WeightsError(
@@ -117,13 +119,19 @@ def read_state_dict(path: Path, raw: Raw) -> None:
     )
 
 
-def _encoder_names(arrays: dict[str, np.ndarray]) -> list[str]:
-    """The canonical names of the embeddings and of every encoder block up to the last that ``arrays`` has a
-    tensor of: what any BERT's state_dict holds."""
+def _lacking(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The canonical names that ``arrays`` lacks of the embeddings and of every encoder block up to the last it
+    has a tensor of (what any BERT's state_dict holds), block by block until more than ``SHOWN`` are found. A
+    block's index in a name sizes no work: every block checked before the last is whole in ``arrays``."""
     blocks = [int(found[1]) for name in arrays if (found := re.match(r"encoder\.blks\.(\d+)\.", name))]
-    names = []
-    for _, canonical in NAMES:
-        if canonical.startswith("encoder."):
-            for i in range(max(blocks, default=0) + 1) if "{i}" in canonical else [0]:
-                names += [canonical.format(i=i, p=p) for p in (("weight", "bias") if "{p}" in canonical else [""])]
-    return list(dict.fromkeys(names))
+    layer = [canonical for _, canonical in NAMES if canonical.startswith("encoder.blks.")]
+    embeddings = [canonical for _, canonical in NAMES if canonical.startswith("encoder.") and canonical not in layer]
+    lacking: list[str] = []
+    for patterns, i in itertools.chain([(embeddings, 0)], ((layer, i) for i in range(max(blocks, default=0) + 1))):
+        for canonical in patterns:
+            for p in ("weight", "bias") if "{p}" in canonical else [""]:
+                if canonical.format(i=i, p=p) not in arrays:
+                    lacking.append(canonical.format(i=i, p=p))
+        if len(lacking) > SHOWN:
+            break
+    return lacking
