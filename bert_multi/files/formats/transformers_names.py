@@ -122,7 +122,7 @@ def read_state_dict(path: Path, raw: Raw) -> None:
 def _lacking(arrays: dict[str, np.ndarray]) -> list[str]:
     """The canonical names that ``arrays`` lacks of the embeddings and of every encoder block up to the last it
     has a tensor of (what any BERT's state_dict holds), block by block until more than ``SHOWN`` are found. A
-    block's index in a name sizes no work: every block checked before the last is whole in ``arrays``."""
+    block's index in a name sizes no work: a block checked is whole in ``arrays`` or adds to what is found."""
     blocks = [int(found[1]) for name in arrays if (found := re.match(r"encoder\.blks\.(\d+)\.", name))]
     layer = [canonical for _, canonical in NAMES if canonical.startswith("encoder.blks.")]
     embeddings = [canonical for _, canonical in NAMES if canonical.startswith("encoder.") and canonical not in layer]
