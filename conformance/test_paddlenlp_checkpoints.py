@@ -166,6 +166,12 @@ def test_paddlenlp_2s_download_cache_reads_as_the_model_it_holds(tmp_path):
         (renamed / file.name).write_bytes(file.read_bytes())
     with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
         load_checkpoint(renamed)
+    # A directory that happens to share its weights file's name is no cache: its config.json is read as saved.
+    named_so = tmp_path / "model_state"
+    named_so.mkdir()
+    for file in PRETRAINING.iterdir():
+        (named_so / file.name).write_bytes(file.read_bytes())
+    assert "download cache" not in load_checkpoint(named_so).info.notes[0]
 
 
 def test_a_paddlenlp_directory_without_its_config_names_both_kinds(tmp_path):

@@ -478,7 +478,7 @@ def hostile_paddlenlp2_configs() -> dict[str, tuple[bytes, str]]:
         "fifteen by position": (changed(init_args=list(range(15))), "not a list of at most 14 values"),
         "no vocabulary size": (changed(vocab_size=None), "give no vocab_size"),
         "a size as a string": (changed(hidden_size="8"), "hidden_size is '8'"),
-        "fused layers": (changed(fuse=True), "has fuse true"),
+        "fused layers": (changed(fuse=True), "model_config.json has fuse true"),
         "no class": (json.dumps(bert | {"init_class": None}).encode(), "expected an init_class (text)"),
         "not JSON": (b"{", "not valid JSON"),
     }

@@ -168,12 +168,13 @@ def read_directory(path: Path) -> Raw:
         hf = read_config(config_file, "PaddleNLP config")
     if hf.get("fuse") is True:  # its names pack q, k and v, and only a GPU computes it: nothing here checks it
         raise WeightsError(
-            f"{path}: {CONFIG_FILE} has fuse true: PaddleNLP's fused encoder layers (Paddle's "
+            f"{path}: {config_file.name} has fuse true: PaddleNLP's fused encoder layers (Paddle's "
             "FusedTransformerEncoderLayer, which computes on a GPU only: q, k and v packed in one qkv_weight), "
             "which bert_multi does not read; it reads the BertModel PaddleNLP builds with fuse false"
         )
     source = next((name for name in WEIGHT_FILES if os.path.lexists(path / name)), None)
-    if source is None and config_file.name == OLD_CONFIG_FILE and os.path.lexists(downloaded(path)):
+    cache = source is None and config_file.name == OLD_CONFIG_FILE and os.path.lexists(downloaded(path))
+    if cache:
         source = downloaded(path).name
     if source is None:
         raise WeightsError(f"{path}: a PaddleNLP {config_file.name} but no weights: expected one of {WEIGHT_FILES}")
@@ -186,9 +187,7 @@ def read_directory(path: Path) -> Raw:
         path / source, config_file, own, kinds, hf, notes, file_names
     )
     what = source if kind == source else f"the shards {source} names"
-    what += (
-        " (PaddleNLP 2's download cache: the weights under their URL's name)" if source == downloaded(path).name else ""
-    )
+    what += " (PaddleNLP 2's download cache: the weights under their URL's name)" if cache else ""
     bits = sum(dtype == "bfloat16" for dtype in dtypes.values())
     notes[:0] = [
         f"read {what} and {config_file.name} (PaddleNLP's BERT: its names turned to transformers', Paddle's (in, out) "
