@@ -888,14 +888,22 @@ def huggingface_files() -> dict[str, bytes]:
 SHARD_INDEX = "model.safetensors.index.json"
 
 
+def huggingface_arrays() -> dict[str, np.ndarray]:
+    """``huggingface_files()``' model.safetensors, read: transformers' names and arrays."""
+    from bert_multi.files.formats.safetensors import read_safetensors
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "model.safetensors").write_bytes(huggingface_files()["model.safetensors"])
+        return read_safetensors(Path(directory) / "model.safetensors")[0]
+
+
 def sharded_files() -> dict[str, bytes]:
     """``huggingface_files()``' model in two safetensors shards, their index, and its config.json."""
-    from bert_multi.files.formats.safetensors import read_safetensors, write_safetensors
+    from bert_multi.files.formats.safetensors import write_safetensors
 
     if SHARD_INDEX not in _HF_FILES:
+        arrays = huggingface_arrays()
         with tempfile.TemporaryDirectory() as directory:
-            (Path(directory) / "whole.safetensors").write_bytes(huggingface_files()["model.safetensors"])
-            arrays, _ = read_safetensors(Path(directory) / "whole.safetensors")
             halves = {name: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, name in enumerate(arrays)}
             for shard in sorted(set(halves.values())):
                 part = {name: array for name, array in arrays.items() if halves[name] == shard}
@@ -1409,12 +1417,7 @@ def transformers_state() -> dict:
     """``huggingface_files()``' BERT as transformers' state_dict: its names, as torch tensors."""
     import torch
 
-    from bert_multi.files.formats.safetensors import read_safetensors
-
-    with tempfile.TemporaryDirectory() as directory:
-        (Path(directory) / "model.safetensors").write_bytes(huggingface_files()["model.safetensors"])
-        arrays, _ = read_safetensors(Path(directory) / "model.safetensors")
-    return {name: torch.from_numpy(array.copy()) for name, array in arrays.items()}
+    return {name: torch.from_numpy(array.copy()) for name, array in huggingface_arrays().items()}
 
 
 def reply_bytes() -> bytes:

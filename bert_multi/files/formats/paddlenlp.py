@@ -54,15 +54,20 @@ OLD_CONFIG_FILE = "model_config.json"  # PaddleNLP 2.0 to 2.4.2's: the arguments
 # PaddleNLP 2.0 to 2.4.2's BertModel(...) arguments in order, with their defaults, which its model_config.json leaves
 # out where a model was built without them (vocab_size had none before 2.3; fuse came in 2.3).
 OLD_ARGUMENTS: dict[str, Any] = {
-    **{"vocab_size": None, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12},
-    **{
-        "intermediate_size": 3072,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.1,
-        "attention_probs_dropout_prob": 0.1,
-    },
-    **{"max_position_embeddings": 512, "type_vocab_size": 16, "initializer_range": 0.02, "pad_token_id": 0},
-    **{"pool_act": "tanh", "fuse": False},
+    "vocab_size": None,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 16,
+    "initializer_range": 0.02,
+    "pad_token_id": 0,
+    "pool_act": "tanh",
+    "fuse": False,
 }
 OLD_LAYER_NORM_EPS = 1e-12  # what each version's init_weights sets on every LayerNorm, whatever the arguments
 # (PaddleNLP's name without "bert.", transformers'): {i} is a block, {p} weight or bias. The word, position
