@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import WeightsError
-from .base import SHOWN, Raw, task_head_left_out, translated, weight_and_bias
+from .base import SHOWN, Raw, some, task_head_left_out, translated, weight_and_bias
 
 # (HuggingFace name without the "bert." prefix, canonical name), read both ways: {i} is a block, {p}
 # weight or bias.
@@ -80,10 +80,7 @@ def canonical_arrays(
         arrays[canonical] = array[None] if canonical == "encoder.pos_embedding" and array.ndim == 2 else array
         kinds[canonical] = dtypes[name]
     if unknown:
-        raise WeightsError(
-            f"{where}: tensors of no BERT layer bert_multi knows: {unknown[:5]}"
-            + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        )
+        raise WeightsError(f"{where}: tensors of no BERT layer bert_multi knows: {some(unknown)}")
     return arrays, kinds, tied, task_head
 
 
