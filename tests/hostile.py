@@ -1639,7 +1639,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         gluonnlp = [(TF_CHECKPOINT.parent / f"gluonnlp-{name}.params").read_bytes() for name in ("bert", "classifier")]
         paddle = (PADDLE_FIXTURES / "d2l-0.17.6-paddle.pdparams").read_bytes()
         transformers = torch_bytes(transformers_state())  # read as the original BERT: refused as not d2l's
-        return [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp, transformers], [
+        lightning = (TF_CHECKPOINT.parent / "lightning-d2l.ckpt").read_bytes()  # a dict: refused, naming its key
+        return [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp, transformers, lightning], [
             *generic,
             mutate_a_shape,
         ]

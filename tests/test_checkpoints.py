@@ -186,12 +186,49 @@ def test_names_of_another_family_say_which_it_looks_like(tmp_path):
     assert "word_embeddings" not in str(raised.value)
     # As PyTorch Lightning saves a LightningModule holding a BertForPreTraining as its attribute ``model``.
     torch.save({"model.bert.embeddings.word_embeddings.weight": torch.zeros(3, 2)}, tmp_path / "lightning.pt")
-    with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT.*under 'model.'"):
+    with pytest.raises(
+        WeightsError, match="look like a HuggingFace transformers BERT.*under 'model.'.*--prefix model."
+    ):
         load_checkpoint(tmp_path / "lightning.pt", num_heads=1)
     q_proj = "bert.encoder.layers.0.self_attn.q_proj.weight"
     torch.save({f"module.classifier.{q_proj}": torch.zeros(2, 2)}, tmp_path / "paddlenlp.pt")
     with pytest.raises(WeightsError, match="look like PaddleNLP's BERT.*under 'classifier.'"):  # module. is stripped
         load_checkpoint(tmp_path / "paddlenlp.pt", num_heads=1)
+
+
+@pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
+def test_a_stated_prefix_reads_the_model_under_it_and_lists_the_wrappers_other_tensors(tmp_path):
+    import torch
+
+    config = small()
+    weights = random_weights(config, seed=3)
+    wrapper = {f"net.{name}": torch.from_numpy(array) for name, array in weights.items()}
+    wrapper["loss.weight"] = torch.ones(13)  # a weighted loss beside the model, as a LightningModule holds it
+    torch.save(wrapper, tmp_path / "wrapper.pt")
+    with pytest.raises(WeightsError, match="look like a d2l BERT; its names are under 'net.'.*--prefix net."):
+        load_checkpoint(tmp_path / "wrapper.pt", num_heads=2, preset="d2l")
+    read = load_checkpoint(tmp_path / "wrapper.pt", num_heads=2, preset="d2l", prefix="net")
+    assert read.info.notes == [
+        "read the tensors under the prefix 'net.' without it, leaving out the wrapper's ['loss.weight']"
+    ]
+    assert read.info.ignored == []
+    assert all(np.array_equal(read.weights[name], array) for name, array in weights.items())
+    assert inspect_checkpoint(tmp_path / "wrapper.pt", prefix="net.").sizes["vocab_size"] == 13
+    with pytest.raises(
+        WeightsError, match=r"no tensor name begins with 'model.'; the file's names begin with \['loss.', 'net.'\]"
+    ):
+        load_checkpoint(tmp_path / "wrapper.pt", num_heads=2, prefix="model.")
+    save_weights(tmp_path / "w.npz", config, weights)
+    with pytest.raises(WeightsError, match="names its tensors as its model does; prefix='net.' applies"):
+        load_checkpoint(tmp_path / "w.npz", prefix="net.")
+
+
+@pytest.mark.parametrize("prefix", ["", ".", "net..blk", "net\n"])
+def test_a_prefix_that_names_no_attribute_is_refused_before_any_file_is_read(tmp_path, prefix):
+    with pytest.raises(bert_multi.UsageError, match="expected the attribute path the model's tensors are under"):
+        load_checkpoint(tmp_path / "absent.pt", num_heads=2, prefix=prefix)
+    with pytest.raises(bert_multi.UsageError, match="expected the attribute path"):
+        inspect_checkpoint(tmp_path / "absent.pt", prefix=prefix)
 
 
 def test_gluonnlps_names_with_a_tensor_of_no_bert_layer_or_without_a_segment_embedding_are_refused(tmp_path):
@@ -268,6 +305,8 @@ def test_convert_states_what_the_file_cannot_tell_and_compare_reads_any_format(t
     assert sorted(p.name for p in (tmp_path / "bert.small").iterdir()) == ["pretrained.params", "vocab.json"]
     assert main(["conform", "--config", "tiny", "--num-heads", "2"]) == 2
     assert "--num-heads: these describe a checkpoint file" in capsys.readouterr().err
+    assert main(["conform", "--config", "tiny", "--key", "state_dict", "--prefix", "model."]) == 2
+    assert "--key, --prefix: these describe a checkpoint file" in capsys.readouterr().err
 
 
 # --- d2l pretrained-model directories and zips are hostile until checked --------------------------------

@@ -114,7 +114,7 @@ def model_and_weights(
     ``per_dtype``, a built-in config's weights come as a function of the dtype (``WeightsSource``), so a
     conformance run holds one dtype's at a time."""
     if spec in CONFIGS:
-        stated = [option for option in ("num_heads", "d2l_version", "cast", "key") if getattr(args, option)]
+        stated = [option for option in ("num_heads", "d2l_version", "cast", "key", "prefix") if getattr(args, option)]
         if stated:
             options = ", ".join("--" + option.replace("_", "-") for option in stated)
             raise UsageError(f"{options}: these describe a checkpoint file, not the built-in config {spec!r}")
@@ -129,11 +129,17 @@ def model_and_weights(
 
 
 def load_as_stated(args: argparse.Namespace, path: str, preset: str | None) -> Checkpoint:
-    """A checkpoint in any format, with the statements of --num-heads, --preset/--d2l-version, --cast, --key;
-    what was done to read it is said."""
+    """A checkpoint in any format, with the statements of --num-heads, --preset/--d2l-version, --cast, --key,
+    --prefix; what was done to read it is said."""
     try:
         checkpoint = load_checkpoint(
-            path, num_heads=args.num_heads, preset=preset, d2l_version=args.d2l_version, dtype=args.cast, key=args.key
+            path,
+            num_heads=args.num_heads,
+            preset=preset,
+            d2l_version=args.d2l_version,
+            dtype=args.cast,
+            key=args.key,
+            prefix=args.prefix,
         )
     except StatementsMissing as missing:  # in this interface's spelling: flags
         raise UsageError(missing.for_command_line()) from None
@@ -144,6 +150,7 @@ def load_as_stated(args: argparse.Namespace, path: str, preset: str | None) -> C
     return checkpoint
 
 
+PREFIX_HELP = "the attribute of a wrapper (a LightningModule) whose tensors are the model's, e.g. model."
 MAX_INPUT_BYTES = 1 << 30  # what an inputs .npz may expand to
 
 
@@ -350,3 +357,4 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, preset: bool = True)
         "--cast", choices=SUPPORTED_DTYPES, help="cast the weights to this dtype (float16/bfloat16 files need it)"
     )
     parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict, e.g. model")
+    parser.add_argument("--prefix", help=PREFIX_HELP)

@@ -7,7 +7,7 @@ import json
 
 from ..files.checkpoints import inspect_checkpoint
 from ..safe_files import replace_text
-from .common import check_output
+from .common import PREFIX_HELP, check_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -23,13 +23,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "TensorFlow BERT directory",
     )
     parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict")
+    parser.add_argument("--prefix", help=PREFIX_HELP)
     parser.add_argument("--json", metavar="PATH", help="write the description as JSON")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.json, "--json")
-    info = inspect_checkpoint(args.path, key=args.key)
+    info = inspect_checkpoint(args.path, key=args.key, prefix=args.prefix)
     print(info.describe())
     if args.json:
         replace_text(args.json, json.dumps(info.to_json(), indent=1))

@@ -148,7 +148,19 @@ class Checkpoint:
 # --- Reading a file's tensors under its own names ----------------------------------------------------
 
 
-def _read(path: Path, key: str | None, own: CheckpointFormat | None = None) -> Raw:
+def checked_prefix(prefix: str | None) -> str | None:
+    """A stated prefix as the names begin with it (``model`` and ``model.`` alike), or a ``UsageError``."""
+    if prefix is None:
+        return None
+    stem = prefix.removesuffix(".")
+    if not stem or control_character(stem) or any(not part for part in stem.split(".")):
+        raise UsageError(
+            f"prefix={prefix!r}: expected the attribute path the model's tensors are under, such as 'model.'"
+        )
+    return stem + "."
+
+
+def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, prefix: str | None = None) -> Raw:
     raw = (own or sniff(path)).read(path, key)
     for name in raw.arrays:
         if bad := control_character(name):
@@ -157,11 +169,32 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None) -> R
                 "which no framework writes in a name"
             )
     raw.dtypes = {name: raw.dtypes.get(name, array.dtype.name) for name, array in raw.arrays.items()}
+    if prefix is not None:
+        _take_prefix(path, raw, prefix)
     if raw.config is None:
         _strip_prefix(raw.arrays, raw.dtypes, raw.notes)
         if raw.framework == "torch" and any(WORD_EMBEDDINGS.fullmatch(name) for name in raw.arrays):
             read_state_dict(path, raw)
     return raw
+
+
+def _take_prefix(path: Path, raw: Raw, prefix: str) -> None:
+    """Only the tensors under the stated ``prefix`` (a wrapper's attribute: a LightningModule's ``model.``),
+    named without it; the wrapper's others are left out, said in a note."""
+    if raw.config is not None:
+        raise WeightsError(
+            f"{path}: a {DESCRIPTIONS[raw.format]} names its tensors as its model does; prefix={prefix!r} applies to "
+            "a file that holds a model under a wrapper's attribute"
+        )
+    under = [name for name in raw.arrays if name.startswith(prefix)]
+    if not under:
+        tops = sorted({name.split(".")[0] + "." for name in raw.arrays})
+        raise WeightsError(f"{path}: no tensor name begins with {prefix!r}; the file's names begin with {some(tops)}")
+    others = [name for name in raw.arrays if not name.startswith(prefix)]
+    raw.arrays = {name.removeprefix(prefix): raw.arrays[name] for name in under}
+    raw.dtypes = {name.removeprefix(prefix): raw.dtypes[name] for name in under}
+    left_out = f", leaving out the wrapper's {some(others)}" if others else ""
+    raw.notes.append(f"read the tensors under the prefix {prefix!r} without it{left_out}")
 
 
 def _file_tensors(raw: Raw) -> list[Tensor]:
@@ -200,11 +233,13 @@ def _describe(path: Path, raw: Raw) -> tuple[CheckpointInfo, Layout | None]:
     return info, layout
 
 
-def inspect_checkpoint(path: str | Path, key: str | None = None) -> CheckpointInfo:
+def inspect_checkpoint(path: str | Path, key: str | None = None, prefix: str | None = None) -> CheckpointInfo:
     """What the file at ``path`` is: its format, tensors, the sizes and generations they imply, and what
-    it cannot tell. ``key`` picks the state_dict out of a PyTorch wrapper dict."""
+    it cannot tell. ``key`` picks the state_dict out of a PyTorch wrapper dict, ``prefix`` the model's
+    tensors out of a wrapper's."""
     path = Path(path)
-    return _describe(path, _read(path, key))[0]
+    prefix = checked_prefix(prefix)
+    return _describe(path, _read(path, key, prefix=prefix))[0]
 
 
 # --- Loading: the file plus what was stated ---------------------------------------------------------
@@ -298,6 +333,7 @@ def load_checkpoint(
     d2l_version: str | None = None,
     dtype: object = None,
     key: str | None = None,
+    prefix: str | None = None,
     framework: str | None = None,
 ) -> Checkpoint:
     """A checkpoint in any format bert_multi reads (``FORMATS``), as a config and canonical weights.
@@ -305,17 +341,19 @@ def load_checkpoint(
     The sizes come from the file; what it cannot reveal is stated: ``num_heads``, and ``preset`` or
     ``d2l_version`` when the tensors fit more than one generation (a canonical file records both).
     A ``config`` states everything at once. ``dtype`` casts the weights explicitly (half-precision files
-    need it); ``key`` names the entry of a PyTorch wrapper dict that holds the state_dict. A ``module.``
+    need it); ``key`` names the entry of a PyTorch wrapper dict that holds the state_dict, and ``prefix``
+    the attribute of a wrapper (a LightningModule) whose tensors are the model's. A ``module.``
     prefix is stripped and a task head is ignored, each said in ``info.notes``. ``framework`` (a backend
     with a format of its own, ``FRAMEWORK_FORMATS``) refuses other files, naming the reader they need.
     """
     path = Path(path)
     dtype = None if dtype is None else normalize_dtype(dtype)
     semantics = _statement(preset, d2l_version)
+    prefix = checked_prefix(prefix)
     own = sniff(path)
     if framework is not None and own is not ZIP:  # a zip's framework is that of the file inside
         _check_framework(path, own.kind, own.framework_of(path), framework)
-    raw = _read(path, key, own)
+    raw = _read(path, key, own, prefix)
     if framework is not None and own is ZIP:
         _check_framework(path, raw.format, raw.framework, framework)
     if raw.config is not None:

@@ -63,7 +63,7 @@ def _wrapped(prefix: str) -> str:
         return ""
     return (
         f"; its names are under {prefix!r}, as a wrapper's (a LightningModule's attribute) are, which the library "
-        "does not load: save them without it"
+        f"does not load: state it, prefix={prefix!r} (--prefix {prefix})"
     )
 
 
@@ -90,6 +90,9 @@ def _family(names: set[str]) -> str:
         )
     if "encoder.embedding.weight" in names or any(name.startswith("decoder.") for name in names):
         return " (they look like d2l's Transformer for machine translation, not its BERT)"
+    prefix = _under(names, r"encoder\.token_embedding\.")
+    if prefix:
+        return f" (they look like a d2l BERT{_wrapped(prefix)})"
     return ""
 
 
