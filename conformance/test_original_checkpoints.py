@@ -50,6 +50,7 @@ def recorded_encoding(framework: str) -> tuple[dict, np.ndarray]:
 HAPPY = [
     ("state_dict.pt", "torch", ("pooler", "mlm", "nsp"), [], {}),
     ("dataparallel.pt", "torch", ("pooler", "mlm", "nsp"), ["stripped the prefix 'module.'"], {}),
+    ("compiled.pt", "torch", ("pooler", "mlm", "nsp"), ["stripped the prefix '_orig_mod.'"], {}),
     ("wrapped.pt", "torch", ("pooler", "mlm", "nsp"), ["under the key 'model'"], {"key": "model"}),
     ("classifier.pt", "torch", ("pooler",), [], {}),
     ("pretrained-torch", "d2l-dir", ("pooler", "mlm", "nsp"), [], {}),

@@ -223,6 +223,22 @@ def test_a_stated_prefix_reads_the_model_under_it_and_lists_the_wrappers_other_t
         load_checkpoint(tmp_path / "w.npz", prefix="net.")
 
 
+@pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
+@pytest.mark.parametrize("wrappers", [("module.", "_orig_mod."), ("_orig_mod.", "module."), ("net.", "_orig_mod.")])
+def test_the_prefixes_of_pytorchs_wrappers_are_stripped_in_either_nesting_and_said(tmp_path, wrappers):
+    import torch
+
+    config = small()
+    weights = random_weights(config, seed=4)
+    outer = "".join(wrappers)  # nn.DataParallel(torch.compile(net)) saves 'module._orig_mod.encoder...'
+    torch.save({outer + name: torch.from_numpy(array) for name, array in weights.items()}, tmp_path / "wrapped.pt")
+    stated = {"prefix": "net."} if wrappers[0] == "net." else {}
+    read = load_checkpoint(tmp_path / "wrapped.pt", num_heads=2, preset="d2l", **stated)
+    said = [note.split(" from every name")[0] for note in read.info.notes if note.startswith("stripped")]
+    assert said == [f"stripped the prefix {prefix!r}" for prefix in wrappers if prefix != "net."]
+    assert all(np.array_equal(read.weights[name], array) for name, array in weights.items())
+
+
 @pytest.mark.parametrize("prefix", ["", ".", "net..blk", "net\n"])
 def test_a_prefix_that_names_no_attribute_is_refused_before_any_file_is_read(tmp_path, prefix):
     with pytest.raises(bert_multi.UsageError, match="expected the attribute path the model's tensors are under"):

@@ -172,7 +172,7 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
     if prefix is not None:
         _take_prefix(path, raw, prefix)
     if raw.config is None:
-        _strip_prefix(raw.arrays, raw.dtypes, raw.notes)
+        _strip_wrappers(raw.arrays, raw.dtypes, raw.notes)
         if raw.framework == "torch" and any(WORD_EMBEDDINGS.fullmatch(name) for name in raw.arrays):
             read_state_dict(path, raw)
     return raw
@@ -245,13 +245,20 @@ def inspect_checkpoint(path: str | Path, key: str | None = None, prefix: str | N
 # --- Loading: the file plus what was stated ---------------------------------------------------------
 
 
-def _strip_prefix(arrays: dict[str, np.ndarray], dtypes: dict[str, str], notes: list[str]) -> None:
-    """``nn.DataParallel``/``DistributedDataParallel`` save every name under ``module.``: unambiguous."""
-    if arrays and all(name.startswith("module.") for name in arrays):
+# The prefix PyTorch's own wrappers put before every name of the model they hold: unambiguous, so stripped.
+WRAPPER_PREFIXES = {
+    "module.": "a model wrapped in nn.DataParallel or DistributedDataParallel",
+    "_orig_mod.": "a model compiled with torch.compile",
+}
+
+
+def _strip_wrappers(arrays: dict[str, np.ndarray], dtypes: dict[str, str], notes: list[str]) -> None:
+    """Every wrapper's prefix, in whichever order the wrappers were nested, each said in a note."""
+    while arrays and (prefix := next((p for p in WRAPPER_PREFIXES if all(n.startswith(p) for n in arrays)), None)):
         for name in list(arrays):
-            arrays[name.removeprefix("module.")] = arrays.pop(name)
-            dtypes[name.removeprefix("module.")] = dtypes.pop(name)
-        notes.append("stripped the prefix 'module.' from every name (a model wrapped in nn.DataParallel)")
+            arrays[name.removeprefix(prefix)] = arrays.pop(name)
+            dtypes[name.removeprefix(prefix)] = dtypes.pop(name)
+        notes.append(f"stripped the prefix {prefix!r} from every name ({WRAPPER_PREFIXES[prefix]})")
 
 
 def _cast(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, str], dtype: str | None) -> dict:
@@ -342,9 +349,10 @@ def load_checkpoint(
     ``d2l_version`` when the tensors fit more than one generation (a canonical file records both).
     A ``config`` states everything at once. ``dtype`` casts the weights explicitly (half-precision files
     need it); ``key`` names the entry of a PyTorch wrapper dict that holds the state_dict, and ``prefix``
-    the attribute of a wrapper (a LightningModule) whose tensors are the model's. A ``module.``
-    prefix is stripped and a task head is ignored, each said in ``info.notes``. ``framework`` (a backend
-    with a format of its own, ``FRAMEWORK_FORMATS``) refuses other files, naming the reader they need.
+    the attribute of a wrapper (a LightningModule) whose tensors are the model's. The prefixes of
+    PyTorch's own wrappers (``module.``, ``_orig_mod.``) are stripped and a task head is ignored, each said
+    in ``info.notes``. ``framework`` (a backend with a format of its own, ``FRAMEWORK_FORMATS``) refuses
+    other files, naming the reader they need.
     """
     path = Path(path)
     dtype = None if dtype is None else normalize_dtype(dtype)

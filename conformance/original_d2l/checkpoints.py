@@ -37,6 +37,7 @@ TORCH_FILES = {
     "module.pt": "torch.save(net): the whole module pickled",
     "wrapped.pt": "torch.save({'model': net.state_dict(), 'epoch': 3})",
     "dataparallel.pt": "torch.save(nn.DataParallel(net).state_dict()): every name under 'module.'",
+    "compiled.pt": "torch.save(torch.compile(net).state_dict()): every name under '_orig_mod.'",
     "classifier.pt": "the fine-tuning section's BERTClassifier(net): encoder, hidden, output",
     "half.pt": "torch.save({k: v.half() ...}): float16",
     "bfloat16.pt": "torch.save({k: v.bfloat16() ...}): bfloat16",
@@ -87,6 +88,7 @@ def write_torch() -> None:
     torch.save(net, OUT / "module.pt")
     torch.save({"model": state, "epoch": 3}, OUT / "wrapped.pt")
     torch.save(nn.DataParallel(net).state_dict(), OUT / "dataparallel.pt")
+    torch.save(torch.compile(net).state_dict(), OUT / "compiled.pt")
     torch.save({name: value.half() for name, value in state.items()}, OUT / "half.pt")
     torch.save({name: value.bfloat16() for name, value in state.items()}, OUT / "bfloat16.pt")
 
