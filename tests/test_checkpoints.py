@@ -3,6 +3,7 @@
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -442,6 +443,56 @@ def test_what_a_file_fits_is_said_in_its_own_frameworks_terms(tmp_path):
         "d2l-0.12 (d2l 0.12 - 0.15's computation, ported: d2l published that generation for MXNet only)" in said["jax"]
     )
     assert "(MXNet)" not in said["jax"]
+
+
+def test_a_training_runs_output_names_the_checkpoints_it_holds_in_the_order_of_their_steps(tmp_path):
+    config = small(preset="bert", heads=("pooler", "mlm", "nsp"))
+    run = tmp_path / "run"  # as transformers' Trainer leaves its output_dir: a checkpoint-N per save
+    for step in (10, 2, 4):
+        save_checkpoint(run / f"checkpoint-{step}", config, random_weights(config, seed=step), framework="huggingface")
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (run / "runs").mkdir()  # its TensorBoard logs: no checkpoint
+    (run / "README.md").write_text("")
+    expected = re.escape(
+        "it holds ['checkpoint-2/', 'checkpoint-4/', 'checkpoint-10/'], which bert_multi reads: name one"
+    )
+    with pytest.raises(WeightsError, match=expected):
+        load_checkpoint(run)
+    assert load_checkpoint(run / "checkpoint-10").config.num_blks == config.num_blks
+    logs = tmp_path / "checkpoints"  # as PyTorch Lightning's ModelCheckpoint leaves its files
+    logs.mkdir()
+    for name in ("last.ckpt", "epoch=0-step=2.ckpt", "notes.txt"):
+        (logs / name).write_bytes(b"")
+    with pytest.raises(WeightsError, match=re.escape("it holds ['epoch=0-step=2.ckpt', 'last.ckpt']")):
+        inspect_checkpoint(logs)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
+        load_checkpoint(tmp_path / "empty")
+
+
+def test_a_directory_of_many_entries_is_looked_through_for_checkpoints_only_so_far(tmp_path, monkeypatch):
+    from bert_multi.files import formats
+
+    for number in range(formats.LISTED + 40):
+        (tmp_path / f"entry-{number}").mkdir()
+    looked_at = []
+    monkeypatch.setattr(formats, "is_directory", lambda path: looked_at.append(path) or path.is_dir())
+    with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
+        load_checkpoint(tmp_path)
+    assert len([path for path in looked_at if path.parent == tmp_path]) == formats.LISTED
+
+
+@pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
+def test_an_optimizers_state_is_said_to_be_one(tmp_path):
+    import torch
+
+    dense = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(dense.parameters())
+    dense(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    torch.save(optimizer.state_dict(), tmp_path / "optimizer.pt")  # what transformers' Trainer saves beside the model
+    with pytest.raises(WeightsError, match=r"keys \['state', 'param_groups'\], not a state_dict; it is an optimizer's"):
+        load_checkpoint(tmp_path / "optimizer.pt", num_heads=2)
 
 
 @pytest.mark.parametrize("name", ["config.json", "bert_config.json", "pretrained.params", "snapshots"])

@@ -329,6 +329,8 @@ def _find_state_dict(path: str | os.PathLike, loaded: object, key: str | None) -
         where = (
             f"the state_dict is under {holders}: pass key={holders[0]!r} (--key {holders[0]})"
             if holders
+            else "it is an optimizer's state (torch.optim's), not a model's"
+            if {"state", "param_groups"} <= set(loaded)
             else "none of its entries is a state_dict (a dict of name -> tensor)"
         )
         raise WeightsError(f"{path}: the file holds a dict with the keys {keys[:8]}, not a state_dict; {where}")

@@ -3,13 +3,16 @@ path asks for when writing (``for_output``), and each format's reading, writing 
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
 import zipfile
 from pathlib import Path
 
 from ...errors import UsageError, WeightsError
 from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
 from . import d2l, flax, gluon, huggingface, keras_hub, npz, paddle, paddlenlp, pytorch, tensorflow, tf_objects
-from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, some
+from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, is_regular_file, some
 
 # d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read,
 # by --framework's name when it is written).
@@ -52,6 +55,12 @@ def sniff(path: Path) -> CheckpointFormat:
         for own in FORMATS:
             if own.directory and own.recognizes(Probe(path, b"", ())):
                 return own
+        if held := _held_inside(path):
+            raise WeightsError(
+                f"{path}: is a directory of no format bert_multi reads, but it holds {some(held)}, which bert_multi "
+                "reads: name one (a training run's output holds a checkpoint per save: transformers' Trainer's "
+                "checkpoint-N/, PyTorch Lightning's .ckpt files)"
+            )
         needs = "; ".join(own.description for own in FORMATS if own.directory)
         raise WeightsError(f"{path}: is a directory, but none bert_multi reads, which are: {needs}")
     problem = None
@@ -71,6 +80,29 @@ def sniff(path: Path) -> CheckpointFormat:
 
 
 huggingface.FORMAT.sniff = sniff  # a hub cache's snapshot may hold another library's model
+
+
+LISTED = 256  # the entries of a directory looked at for checkpoints inside it: bounded, whatever it holds
+RUN_SUFFIXES = (".ckpt",)  # PyTorch Lightning's checkpoints: torch.save files under a suffix of their own
+
+
+def _held_inside(path: Path) -> list[str]:
+    """The checkpoints among the first ``LISTED`` entries of a directory: the directories a format reads
+    and the files of a run's checkpoint suffix, in natural order (checkpoint-2 before checkpoint-10). A
+    library's file beside the rest of its directory is not one: the directory is read whole or not at all."""
+    held = []
+    try:
+        with os.scandir(path) as entries:
+            for entry in itertools.islice(entries, LISTED):
+                inner = Path(entry.path)
+                if is_directory(inner):
+                    if any(own.directory and own.recognizes(Probe(inner, b"", ())) for own in FORMATS):
+                        held.append(f"{entry.name}/")
+                elif inner.suffix.lower() in RUN_SUFFIXES and is_regular_file(inner):
+                    held.append(entry.name)
+    except OSError:  # unreadable: the message lists the formats instead
+        return []
+    return sorted(held, key=lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)])
 
 
 def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
