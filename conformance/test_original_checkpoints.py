@@ -98,6 +98,26 @@ def test_each_original_file_loads_to_the_numbers_it_holds_and_computes_what_d2l_
         assert comparison.passed, comparison.describe()
 
 
+@needs("torch")
+def test_a_state_dict_saved_as_safetensors_reads_as_the_same_weights(tmp_path):
+    """A d2l user's ``safetensors.torch.save_file(net.state_dict(), ...)``: PyTorch's names and layouts in a
+    file of no framework's, read as the canonical ones; PyTorch's own reader names the one that reads it."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    import torch
+
+    import bert_multi.torch
+
+    safetensors_torch.save_file(
+        torch.load(FILES / "state_dict.pt", weights_only=True), str(tmp_path / "bert.safetensors")
+    )
+    checkpoint = load_checkpoint(tmp_path / "bert.safetensors", **STATED)
+    assert (checkpoint.info.format, checkpoint.info.framework) == ("safetensors", None)
+    assert all(array.tobytes() == STORED[tensor].tobytes() for tensor, array in checkpoint.weights.items())
+    assert len(checkpoint.weights) == len(STORED)
+    with pytest.raises(WeightsError, match="this is a safetensors file .*, not a PyTorch checkpoint: read it with"):
+        bert_multi.torch.load_checkpoint(tmp_path / "bert.safetensors", **STATED)
+
+
 sys.path.insert(0, str(HERE))
 from generate import RELEASES  # noqa: E402
 

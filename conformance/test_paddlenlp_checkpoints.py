@@ -398,3 +398,12 @@ def test_a_bert_of_paddles_fused_layers_is_refused_by_name():
     assert "bert.encoder.0.fused_attn.qkv_weight" in read_pdparams(directory / "model_state.pdparams")[0]
     with pytest.raises(WeightsError, match="has fuse true: PaddleNLP's fused encoder layers"):
         load_checkpoint(directory)
+
+
+def test_paddlenlp_3s_safetensors_alone_is_named_as_paddlenlps_not_read_as_transformers(tmp_path):
+    """Its embeddings are named as transformers names them, but not its blocks, nor is its layout
+    transformers': the file alone says whose it is and to name its directory, read as one."""
+    (tmp_path / "bert.safetensors").write_bytes((HERE / "paddlenlp3-safetensors" / "model.safetensors").read_bytes())
+    for path in (tmp_path / "bert.safetensors", HERE / "paddlenlp3-safetensors" / "model.safetensors"):
+        with pytest.raises(WeightsError, match="look like PaddleNLP's BERT.*name the directory holding the file"):
+            load_checkpoint(path, num_heads=2)

@@ -149,6 +149,15 @@ def _safetensors(path: str) -> object:
     return read_safetensors(path)
 
 
+def _safetensors_file(path: str) -> object:
+    """A safetensors file alone (named so), as a checkpoint: a transformers BERT's tensors or a d2l one's."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "bert.safetensors").symlink_to(Path(path).absolute())
+        return load_checkpoint(Path(directory) / "bert.safetensors", num_heads=2, preset="d2l")
+
+
 def _huggingface_config(path: str) -> object:
     """A HuggingFace directory whose config.json is (a link to) the file at ``path``, beside valid weights."""
     from bert_multi.files.formats.huggingface import read_directory
@@ -251,6 +260,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "corpus": _corpus,
     "state": _training_state,
     "safetensors": _safetensors,
+    "safetensorsfile": _safetensors_file,
     "hfconfig": _huggingface_config,
     "hfflax": _fixture_with(HF_FLAX, "flax_model.msgpack", dtype="float32"),  # cast where it is bfloat16
     "hfh5": _fixture_with(HF_TF, "tf_model.h5", dtype="float32"),
@@ -277,7 +287,19 @@ LOADERS: dict[str, Callable[[str], object]] = {
 }
 # The error each reader promises for a malformed file (the inputs reader: InputError, the default).
 WEIGHT_READERS = (
-    *("map", "vocab", "d2lzip", "state", "safetensors", "hfconfig", "hfflax", "hfh5", "tfindex", "weights"),
+    *(
+        "map",
+        "vocab",
+        "d2lzip",
+        "state",
+        "safetensors",
+        "safetensorsfile",
+        "hfconfig",
+        "hfflax",
+        "hfh5",
+        "tfindex",
+        "weights",
+    ),
     *(
         "hfindex",
         "kerashub",
@@ -883,6 +905,15 @@ def huggingface_files() -> dict[str, bytes]:
             for name in ("config.json", "model.safetensors"):
                 _HF_FILES[name] = (Path(directory) / "hf" / name).read_bytes()
     return _HF_FILES
+
+
+def d2l_safetensors_bytes() -> bytes:
+    """A d2l BERT's tensors in a safetensors file (``safetensors.torch.save_file(net.state_dict())``)."""
+    from bert_multi.files.formats.safetensors import write_safetensors
+
+    with tempfile.TemporaryDirectory() as directory:
+        write_safetensors(Path(directory) / "bert.safetensors", random_weights(CONFIG), {"format": "pt"})
+        return (Path(directory) / "bert.safetensors").read_bytes()
 
 
 SHARD_INDEX = "model.safetensors.index.json"
@@ -1624,6 +1655,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     if loader == "hfflax":
         untied = TF_CHECKPOINT.parent / "flax-untied-bfloat16" / "flax_model.msgpack"
         return [(HF_FLAX / "flax_model.msgpack").read_bytes(), untied.read_bytes()], generic
+    if loader == "safetensorsfile":  # a d2l BERT's, and a transformers one's (its names read, then refused as no d2l)
+        return [huggingface_files()["model.safetensors"], d2l_safetensors_bytes()], generic
     if loader in ("safetensors", "hfconfig"):
         return [huggingface_files()["model.safetensors" if loader == "safetensors" else "config.json"]], generic
     if loader == "weights":

@@ -54,7 +54,7 @@ READERS = {
     "torch": "torch",
     "mxnet": "mxnet",
 }
-REPRODUCERS = {"mxnet": "params"}  # which set of reproducers a reader is given
+REPRODUCERS = {"mxnet": "params", "safetensorsfile": "safetensors"}  # which set of reproducers a reader is given
 # `make test` runs this file in both environments: each fuzzes a reader for half of its 4 s, from a seed
 # of its own (NumPy's major version is added), so that the two halves search different files.
 FUZZ_SECONDS = float(os.environ.get("BERT_MULTI_FUZZ_SECONDS", "2"))

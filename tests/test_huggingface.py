@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 import struct
 
 import numpy as np
@@ -339,9 +340,14 @@ def test_a_transformers_state_dict_without_its_config_reads_once_its_heads_are_s
     with pytest.raises(StatementsMissing, match="state num_heads= to read it"):
         bm.load_checkpoint(tmp_path / "bert.pt")
     checkpoint = bm.load_checkpoint(tmp_path / "bert.pt", num_heads=4)
+    assert any(note.startswith("left out") for note in checkpoint.info.notes) == (kind.endswith("Classification"))
+    assert_computes_as_transformers(checkpoint, model, kind)
+
+
+def assert_computes_as_transformers(checkpoint, model, kind: str) -> None:
+    """A transformers model's state_dict read alone computes what the model computes, in float64, as said."""
     assert checkpoint.config.semantics.name == "bert"
     assert any(note.startswith("read as a transformers BERT's state_dict") for note in checkpoint.info.notes)
-    assert any(note.startswith("left out") for note in checkpoint.info.notes) == (kind.endswith("Classification"))
     batch = next(case for case in CASES if case.name == "mixed_valid_lens").batch(checkpoint.config, seed=3)
     reference = hf_outputs(model, batch)
     out = bm.load_backend("numpy").build(checkpoint.config, checkpoint.weights)(**batch, intermediates=True)
@@ -350,6 +356,33 @@ def test_a_transformers_state_dict_without_its_config_reads_once_its_heads_are_s
     for output, value in reference.items():
         comparison = compare_arrays(output, got[output], value, tolerance_for("float64", "cpu"))
         assert comparison.passed, comparison.describe()
+
+
+@pytest.mark.parametrize("writer", ["save_model", "save_pretrained", "save_file"])
+def test_a_transformers_safetensors_file_alone_reads_as_its_state_dict(tmp_path, writer):
+    """safetensors' own save_model (which keeps one name of each shared tensor), save_file of a state_dict
+    cloned (save_file refuses tensors that share memory), and save_pretrained's model.safetensors taken out of
+    its directory. Inside that directory, the file names the directory, whose config it has."""
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    if "torch" not in AVAILABLE:
+        pytest.skip("transformers needs torch")
+    spec = ("alone", dict(hidden_size=8, num_attention_heads=4), "BertForPreTraining", "safetensors")
+    model, directory = hf_model(spec, tmp_path)
+    path = tmp_path / "bert.safetensors"
+    if writer == "save_model":
+        safetensors_torch.save_model(model, str(path))
+    elif writer == "save_file":
+        # save_file refuses tensors that share memory: cloned, the tied decoder is saved twice, as equal numbers
+        safetensors_torch.save_file({name: value.clone() for name, value in model.state_dict().items()}, str(path))
+    else:
+        shutil.copy(directory / "model.safetensors", path)
+    with pytest.raises(WeightsError, match=f"in the directory of their config: name the directory, {directory}"):
+        bm.load_checkpoint(directory / "model.safetensors", num_heads=4)
+    with pytest.raises(StatementsMissing, match="state num_heads= to read it"):
+        bm.load_checkpoint(path)
+    checkpoint = bm.load_checkpoint(path, num_heads=4)
+    assert (checkpoint.info.format, checkpoint.info.framework) == ("safetensors", None)
+    assert_computes_as_transformers(checkpoint, model, "BertForPreTraining")
 
 
 def test_an_untied_or_unknown_transformers_state_dict_without_its_config_is_refused(tmp_path):

@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "path",
-        help="a .npz, .pt/.pth, .params, .msgpack, a d2l pretrained-model directory or zip, a HuggingFace BERT "
+        help="a .npz, .pt/.pth, .params, .msgpack, .safetensors, a d2l pretrained-model directory or zip, a HuggingFace BERT "
         "directory (model.safetensors, pytorch_model.bin, tf_model.h5 or flax_model.msgpack), or Google's "
         "TensorFlow BERT directory",
     )

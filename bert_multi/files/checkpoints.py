@@ -44,7 +44,7 @@ from .formats import (
     sniff,
 )
 from .formats.base import control_character, some
-from .formats.transformers_names import WORD_EMBEDDINGS, read_state_dict
+from .formats.transformers_names import is_transformers_state_dict, read_state_dict
 from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns
 
 
@@ -161,7 +161,8 @@ def checked_prefix(prefix: str | None) -> str | None:
 
 
 def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, prefix: str | None = None) -> Raw:
-    raw = (own or sniff(path)).read(path, key)
+    own = own or sniff(path)
+    raw = own.read(path, key)
     for name in raw.arrays:
         if bad := control_character(name):
             raise WeightsError(
@@ -173,7 +174,12 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
         _take_prefix(path, raw, prefix)
     if raw.config is None:
         _strip_wrappers(raw.arrays, raw.dtypes, raw.notes)
-        if raw.framework == "torch" and any(WORD_EMBEDDINGS.fullmatch(name) for name in raw.arrays):
+        if own.holds_transformers_names and is_transformers_state_dict(raw.arrays):
+            if huggingface.is_model_directory(path.parent):  # alone, it would compute with defaults, not its config
+                raise WeightsError(
+                    f"{path}: a transformers BERT's weights, in the directory of their config: name the directory, "
+                    f"{path.parent}, read as one"
+                )
             read_state_dict(path, raw)
     return raw
 

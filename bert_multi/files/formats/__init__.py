@@ -11,7 +11,20 @@ from pathlib import Path
 
 from ...errors import UsageError, WeightsError
 from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
-from . import d2l, flax, gluon, huggingface, keras_hub, npz, paddle, paddlenlp, pytorch, tensorflow, tf_objects
+from . import (
+    d2l,
+    flax,
+    gluon,
+    huggingface,
+    keras_hub,
+    npz,
+    paddle,
+    paddlenlp,
+    pytorch,
+    safetensors,
+    tensorflow,
+    tf_objects,
+)
 from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, is_regular_file, some
 
 # d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read,
@@ -25,6 +38,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     gluon.FORMAT,
     paddle.FORMAT,  # after PyTorch's: any other pickle is tried as Paddle's
     flax.FORMAT,
+    safetensors.FORMAT,
     paddlenlp.FORMAT,
     huggingface.FORMAT,
     keras_hub.FORMAT,

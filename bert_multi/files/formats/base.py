@@ -68,6 +68,7 @@ class CheckpointFormat:
     zip_marker: str | None = None  # a zip-based format: what a zip would hold to be one, for messages
     d2l_published = False  # a file that d2l's pretrained-model directories hold (MXNet's, PyTorch's, Paddle's)
     d2l_file = PARAMS_FILE  # its name there
+    holds_transformers_names = False  # may hold a transformers BERT's state_dict alone, read as one if so
 
     def recognizes(self, probe: Probe) -> bool:
         """Whether the file (or directory) is one of this format."""

@@ -22,6 +22,7 @@ class StateDict(FrameworkFile):
     framework = BACKEND
     suffixes = (".pt", ".pth")
     zip_marker = "a PyTorch checkpoint (no data.pkl)"
+    holds_transformers_names = True
 
     def recognizes(self, probe: Probe) -> bool:
         return is_legacy(probe.head) or any(name.endswith("/data.pkl") or name == "data.pkl" for name in probe.members)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +85,18 @@ def canonical_arrays(
     return arrays, kinds, tied, task_head
 
 
-# A transformers BERT's word embeddings under its own name: what marks a state_dict as one.
+# A transformers BERT's word embeddings under its own name: what marks a state_dict as one, unless its blocks
+# are named as PaddleNLP's BERT names them, whose embeddings share the name.
 WORD_EMBEDDINGS = re.compile(r"(bert\.)?embeddings\.word_embeddings\.weight")
+PADDLENLP_BLOCK = re.compile(r"(bert\.)?encoder\.layers\.\d+\.")
+
+
+def is_transformers_state_dict(names: Iterable[str]) -> bool:
+    """Whether tensors of these names are a transformers BERT's state_dict (a PaddleNLP one's are not)."""
+    names = list(names)
+    return any(WORD_EMBEDDINGS.fullmatch(name) for name in names) and not any(
+        PADDLENLP_BLOCK.match(name) for name in names
+    )
 
 
 def read_state_dict(path: Path, raw: Raw) -> None:
