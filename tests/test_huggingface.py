@@ -378,6 +378,13 @@ def test_a_transformers_safetensors_file_alone_reads_as_its_state_dict(tmp_path,
         shutil.copy(directory / "model.safetensors", path)
     with pytest.raises(WeightsError, match=f"in the directory of their config: name the directory, {directory}"):
         bm.load_checkpoint(directory / "model.safetensors", num_heads=4)
+    if writer == "save_model":  # a file of the user's own beside a directory's files is not its weights
+        shutil.copy(path, directory / "fine-tuned.safetensors")
+        assert bm.load_checkpoint(directory / "fine-tuned.safetensors", num_heads=4).info.format == "safetensors"
+        model.save_pretrained(tmp_path / "sharded", max_shard_size="4KB")
+        shard = sorted((tmp_path / "sharded").glob("model-*-of-*.safetensors"))[0]
+        with pytest.raises(WeightsError, match="in the directory of their config: name the directory"):
+            bm.load_checkpoint(shard, num_heads=4)
     with pytest.raises(StatementsMissing, match="state num_heads= to read it"):
         bm.load_checkpoint(path)
     checkpoint = bm.load_checkpoint(path, num_heads=4)

@@ -175,7 +175,7 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
     if raw.config is None:
         _strip_wrappers(raw.arrays, raw.dtypes, raw.notes)
         if own.holds_transformers_names and is_transformers_state_dict(raw.arrays):
-            if huggingface.is_model_directory(path.parent):  # alone, it would compute with defaults, not its config
+            if huggingface.in_its_directory(path):  # alone, it would compute with defaults, not with its config
                 raise WeightsError(
                     f"{path}: a transformers BERT's weights, in the directory of their config: name the directory, "
                     f"{path.parent}, read as one"

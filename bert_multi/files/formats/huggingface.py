@@ -99,6 +99,13 @@ def is_model_directory(path: Path) -> bool:
     )
 
 
+def in_its_directory(path: Path) -> bool:
+    """Whether ``path`` is the weights, or a shard of them, of the HuggingFace directory it is in: read alone,
+    they would lose what its config says."""
+    shard = re.fullmatch(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)", path.name)
+    return (path.name in (SAFETENSORS_FILE, TORCH_FILE) or shard is not None) and is_model_directory(path.parent)
+
+
 # --- Directories ------------------------------------------------------------------------------------------
 
 
