@@ -148,7 +148,7 @@ class Checkpoint:
 # --- Reading a file's tensors under its own names ----------------------------------------------------
 
 
-def checked_prefix(prefix: str | None) -> str | None:
+def _checked_prefix(prefix: str | None) -> str | None:
     """A stated prefix as the names begin with it (``model`` and ``model.`` alike), or a ``UsageError``."""
     if prefix is None:
         return None
@@ -244,7 +244,7 @@ def inspect_checkpoint(path: str | Path, key: str | None = None, prefix: str | N
     it cannot tell. ``key`` picks the state_dict out of a PyTorch wrapper dict, ``prefix`` the model's
     tensors out of a wrapper's."""
     path = Path(path)
-    prefix = checked_prefix(prefix)
+    prefix = _checked_prefix(prefix)
     return _describe(path, _read(path, key, prefix=prefix))[0]
 
 
@@ -363,7 +363,7 @@ def load_checkpoint(
     path = Path(path)
     dtype = None if dtype is None else normalize_dtype(dtype)
     semantics = _statement(preset, d2l_version)
-    prefix = checked_prefix(prefix)
+    prefix = _checked_prefix(prefix)
     own = sniff(path)
     if framework is not None and own is not ZIP:  # a zip's framework is that of the file inside
         _check_framework(path, own.kind, own.framework_of(path), framework)
