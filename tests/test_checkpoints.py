@@ -483,6 +483,23 @@ def test_a_directory_of_many_entries_is_looked_through_for_checkpoints_only_so_f
 
 
 @pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
+@pytest.mark.parametrize("how", ["trace", "script"])
+def test_a_torchscript_archive_is_refused_as_a_program_without_advice_to_unpickle(tmp_path, how):
+    """torch.load's own refusal of it advises weights_only=False: never to be done with a file of unknown origin."""
+    import torch
+
+    dense = torch.nn.Linear(3, 2)
+    program = torch.jit.trace(dense, torch.ones(1, 3)) if how == "trace" else torch.jit.script(dense)
+    program.save(str(tmp_path / "dense.pt"))
+    with pytest.raises(WeightsError, match="a TorchScript archive .*Load it with torch.jit.load") as raised:
+        load_checkpoint(tmp_path / "dense.pt", num_heads=1)
+    assert "weights_only" not in str(raised.value)
+    torch.save(program.state_dict(), tmp_path / "state.pt")  # what the message says to do: a state_dict, read
+    with pytest.raises(WeightsError, match="its tensor names are not those of a d2l BERT"):
+        load_checkpoint(tmp_path / "state.pt", num_heads=1)
+
+
+@pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
 def test_an_optimizers_state_is_said_to_be_one(tmp_path):
     import torch
 
