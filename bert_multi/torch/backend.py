@@ -256,16 +256,9 @@ def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
             f"{path}: not a readable PyTorch state_dict checkpoint: it looks like {describe_format(head)}"
         )
     try:
-        records = zipfile.ZipFile(file).infolist()
+        declared = sum(info.file_size for info in zipfile.ZipFile(file).infolist())
     except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
         raise WeightsError(f"{path}: not a readable PyTorch state_dict checkpoint: {reason(error)}") from None
-    if any(record.filename.endswith("/constants.pkl") for record in records):  # what marks TorchScript's archives
-        raise WeightsError(
-            f"{path}: a TorchScript archive (torch.jit.save, or a traced or scripted module's save), not a state_dict: "
-            "its weights are part of a program, which bert_multi never loads. Load it with torch.jit.load in code "
-            "you trust, then save module.state_dict()"
-        )
-    declared = sum(record.file_size for record in records)
     if declared > file_size(file):
         raise WeightsError(
             f"{path}: not a readable PyTorch state_dict checkpoint: its records declare {declared} bytes, "
