@@ -259,13 +259,7 @@ def train_data_parallel(
     progress = spawn.SimpleQueue()
     inputs = handout(spawn, arguments, workers)
 
-    # Framework difference: MXNet's engine is a scheduler and key-value servers besides the workers. A
-    # process whose DMLC_ROLE is scheduler or server takes that role when it imports mxnet, and exits
-    # when the workers are done; torch.distributed needs only the workers.
-    helpers = [
-        subprocess.Popen([sys.executable, "-c", "import mxnet"], env={**os.environ, **dmlc, "DMLC_ROLE": role})
-        for role in ("scheduler", "server")
-    ]
+    helpers: list[subprocess.Popen] = []
     try:
         with tempfile.TemporaryDirectory() as out:
             # OMP_NUM_THREADS must be set before a worker imports MXNet, so the workers inherit it.
@@ -275,6 +269,15 @@ def train_data_parallel(
                 ]
                 for process in processes:
                     process.start()
+            # Framework difference: MXNet's engine is a scheduler and key-value servers besides the workers. A
+            # process whose DMLC_ROLE is scheduler or server takes that role when it imports mxnet, and exits
+            # when the workers are done; torch.distributed needs only the workers. They start after the
+            # workers, which find them when they join: a script that starts workers from its top level fails
+            # in each worker at its first start, before it has helpers that would outlive it when it is stopped.
+            helpers.extend(
+                subprocess.Popen([sys.executable, "-c", "import mxnet"], env={**os.environ, **dmlc, "DMLC_ROLE": role})
+                for role in ("scheduler", "server")
+            )
             watch_workers(processes, progress, on_step)
             return load_run(out, "mxnet")
     except BaseException:
