@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_multi import WeightsError, load_checkpoint
+from bert_multi import WeightsError, convert, load_checkpoint
 from bert_multi.backend.registry import load_backend
 from bert_multi.cli import main
 from bert_multi.engine.compare import compare_arrays, tolerance_for
+from conftest import pretraining_outputs, runs_here
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
 with np.load(HERE / "lightning.npz", allow_pickle=False) as archive:
@@ -74,3 +75,19 @@ def test_the_command_line_converts_one_to_a_file_of_the_same_weights(tmp_path, c
     converted = load_checkpoint(target)
     assert converted.config == read.config
     assert all(np.array_equal(converted.weights[name], array) for name, array in read.weights.items())
+
+
+@runs_here("transformers")
+def test_the_transformers_bert_of_a_lightning_run_converts_to_a_directory_transformers_loads(tmp_path):
+    """Brought out of the run: a directory transformers' own from_pretrained loads, computing what the trained
+    model computed."""
+    import transformers
+
+    path = HERE / "lightning-transformers.ckpt"
+    convert(path, tmp_path / "hf", key="state_dict", prefix="model.", num_heads=2, framework="huggingface")
+    model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf", attn_implementation="eager")
+    computed = pretraining_outputs(model.double().eval(), saved("inputs"))
+    assert computed.keys() == saved("transformers").keys()
+    for name, theirs in saved("transformers").items():
+        comparison = compare_arrays(name, computed[name], theirs, tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
