@@ -208,6 +208,9 @@ def test_a_stated_prefix_reads_the_model_under_it_and_lists_the_wrappers_other_t
     torch.save(wrapper, tmp_path / "wrapper.pt")
     with pytest.raises(WeightsError, match="look like a d2l BERT; its names are under 'net.'.*--prefix net."):
         load_checkpoint(tmp_path / "wrapper.pt", num_heads=2, preset="d2l")
+    torch.save({f"bert.{name}": torch.from_numpy(array) for name, array in weights.items()}, tmp_path / "bert.pt")
+    with pytest.raises(WeightsError, match="look like a d2l BERT; its names are under 'bert.'.*--prefix bert."):
+        load_checkpoint(tmp_path / "bert.pt", num_heads=2, preset="d2l")  # d2l's names have no bert. of their own
     read = load_checkpoint(tmp_path / "wrapper.pt", num_heads=2, preset="d2l", prefix="net")
     assert read.info.notes == [
         "read the tensors under the prefix 'net.' without it, leaving out the wrapper's ['loss.weight']"

@@ -48,11 +48,11 @@ def _head_choices(semantics: Semantics) -> Iterator[tuple[str, ...]]:
             yield heads
 
 
-def _under(names: set[str], marker: str) -> str | None:
-    """The prefix under which one of ``names`` has the name ``marker`` (a pattern, after an optional ``bert.``)
-    begins: '' for none, None where no name has it."""
+def _under(names: set[str], marker: str, own_prefix: str = r"bert\.") -> str | None:
+    """The prefix under which one of ``names`` has the name ``marker`` (a pattern, after the family's own
+    optional ``own_prefix``) begins: '' for none, None where no name has it."""
     for name in sorted(names):
-        if found := re.match(rf"((?:\w+\.)*?)(?:bert\.)?{marker}", name):
+        if found := re.match(rf"((?:\w+\.)*?)(?:{own_prefix})?{marker}", name):
             return found[1]
     return None
 
@@ -90,7 +90,7 @@ def _family(names: set[str]) -> str:
         )
     if "encoder.embedding.weight" in names or any(name.startswith("decoder.") for name in names):
         return " (they look like d2l's Transformer for machine translation, not its BERT)"
-    prefix = _under(names, r"encoder\.token_embedding\.")
+    prefix = _under(names, r"encoder\.token_embedding\.", own_prefix="")  # d2l's names have no "bert." of their own
     if prefix:
         return f" (they look like a d2l BERT{_wrapped(prefix)})"
     return ""
