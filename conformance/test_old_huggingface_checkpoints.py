@@ -10,6 +10,7 @@ bert_multi reads them all, without TensorFlow, h5py or JAX, and converts them to
 5 loads.
 """
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -218,6 +219,25 @@ def test_a_safetensors_file_of_tensorflow_or_flax_names_reads_as_the_same_model(
         expected(framework, "torch" if framework == "tf" else "flax-pretraining"),
         "float64",
     )
+
+
+@pytest.mark.parametrize("framework, twin", [("tf", TF_PRETRAINING), ("flax", PRETRAINING)], ids=["tf", "flax"])
+def test_such_a_safetensors_file_alone_reads_as_the_same_model_once_its_heads_are_stated(tmp_path, framework, twin):
+    """Out of its directory, the metadata still says whose names; what only config.json says is transformers'
+    defaults, which this model has. In its directory, the file names the directory instead."""
+    (tmp_path / "bert.safetensors").write_bytes((HERE / f"{framework}-safetensors" / "model.safetensors").read_bytes())
+    checkpoint = load_checkpoint(tmp_path / "bert.safetensors", num_heads=2)
+    whose = {"tf": "TensorFlow", "flax": "Flax"}[framework]
+    assert (
+        checkpoint.info.notes[0]
+        == f"read {whose}'s names as transformers' PyTorch classes' ({whose}'s kernels transposed)"
+    )
+    same = load_checkpoint(twin)
+    assert checkpoint.config == dataclasses.replace(same.config, dropout=checkpoint.config.dropout)
+    assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
+    assert checkpoint.weights.keys() == same.weights.keys()
+    with pytest.raises(WeightsError, match="in the directory of their config: name the directory"):
+        load_checkpoint(HERE / f"{framework}-safetensors" / "model.safetensors", num_heads=2)
 
 
 # --- pytorch-pretrained-bert (2018): bert_config.json, torch.save's legacy format, gamma and beta -----------------

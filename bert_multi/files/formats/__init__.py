@@ -21,7 +21,6 @@ from . import (
     paddle,
     paddlenlp,
     pytorch,
-    safetensors,
     tensorflow,
     tf_objects,
 )
@@ -38,7 +37,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     gluon.FORMAT,
     paddle.FORMAT,  # after PyTorch's: any other pickle is tried as Paddle's
     flax.FORMAT,
-    safetensors.FORMAT,
+    huggingface.ALONE,
     paddlenlp.FORMAT,
     huggingface.FORMAT,
     keras_hub.FORMAT,

@@ -1,6 +1,5 @@
 """safetensors files (a HuggingFace directory's ``model.safetensors``), parsed and written without the
-safetensors package: every header entry is checked against the bytes really there before any tensor is read.
-A file alone is a checkpoint format of its own (``FORMAT``): a model's tensors under its own names."""
+safetensors package: every header entry is checked against the bytes really there before any tensor is read."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import numpy as np
 from ...errors import WeightsError
 from ...safe_files import atomic_path, check_shape, file_size, open_regular, reason
 from ...spec.weight_file import c_ordered_bytes
-from .base import MAX_TENSORS, CheckpointFormat, Probe, Raw, no_key
+from .base import MAX_TENSORS
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for its JSON header
 MAX_NDIM = 32  # NumPy's limit
@@ -152,25 +151,3 @@ def write_safetensors(path: str | Path, arrays: dict[str, np.ndarray], metadata:
         for array in arrays.values():
             for piece in c_ordered_bytes(array, array.dtype.newbyteorder("<")):
                 out.write(piece)
-
-
-class SafetensorsFile(CheckpointFormat):
-    """A safetensors file alone, its tensors under their model's names: saved by ``safetensors.torch.save_file``
-    or ``save_model``, or a HuggingFace directory's ``model.safetensors`` taken out of it. No framework's own
-    file, so its names are read as the canonical ones, a transformers BERT's as such."""
-
-    kind = "safetensors"
-    description = "safetensors file (a model's tensors alone, as safetensors' save_file writes them)"
-    holds_transformers_names = True
-
-    def recognizes(self, probe: Probe) -> bool:
-        # Named so, it is read as one: that reader says precisely what is wrong with a file that is not.
-        return probe.path.suffix.lower() == ".safetensors"
-
-    def read(self, path: Path, key: str | None) -> Raw:
-        no_key(path, key)
-        arrays, dtypes = read_safetensors(path)
-        return Raw(self.kind, None, arrays, dtypes, [])
-
-
-FORMAT = SafetensorsFile()
