@@ -243,6 +243,22 @@ def test_the_prefixes_of_pytorchs_wrappers_are_stripped_in_either_nesting_and_sa
     assert all(np.array_equal(read.weights[name], array) for name, array in weights.items())
 
 
+@pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")
+def test_a_name_under_the_wrappers_prefix_twice_never_takes_the_place_of_another(tmp_path):
+    """'module.module.x' and 'module.x' stripped are 'module.x' and 'x': whichever the file holds first."""
+    import torch
+
+    config = small()
+    weights = random_weights(config, seed=5)
+    first = "encoder.token_embedding.weight"
+    state = {f"module.module.{first}": torch.zeros(weights[first].shape)}  # before the real one, in the file
+    state.update({f"module.{name}": torch.from_numpy(array) for name, array in weights.items()})
+    torch.save(state, tmp_path / "twice.pt")
+    read = load_checkpoint(tmp_path / "twice.pt", num_heads=2, preset="d2l")
+    assert all(np.array_equal(read.weights[name], array) for name, array in weights.items())
+    assert read.info.ignored == [f"module.{first}"]
+
+
 @pytest.mark.parametrize("prefix", ["", ".", "net..blk", "net\n"])
 def test_a_prefix_that_names_no_attribute_is_refused_before_any_file_is_read(tmp_path, prefix):
     with pytest.raises(bert_multi.UsageError, match="expected the attribute path the model's tensors are under"):

@@ -261,9 +261,12 @@ WRAPPER_PREFIXES = {
 def _strip_wrappers(arrays: dict[str, np.ndarray], dtypes: dict[str, str], notes: list[str]) -> None:
     """Every wrapper's prefix, in whichever order the wrappers were nested, each said in a note."""
     while arrays and (prefix := next((p for p in WRAPPER_PREFIXES if all(n.startswith(p) for n in arrays)), None)):
-        for name in list(arrays):
-            arrays[name.removeprefix(prefix)] = arrays.pop(name)
-            dtypes[name.removeprefix(prefix)] = dtypes.pop(name)
+        # Renamed all at once: one by one, 'module.module.x' would take the place of 'module.x' before it moved.
+        stripped = {name.removeprefix(prefix): (array, dtypes[name]) for name, array in arrays.items()}
+        arrays.clear()
+        dtypes.clear()
+        for name, (array, dtype) in stripped.items():
+            arrays[name], dtypes[name] = array, dtype
         notes.append(f"stripped the prefix {prefix!r} from every name ({WRAPPER_PREFIXES[prefix]})")
 
 
