@@ -65,9 +65,8 @@ def sniff(path: Path) -> CheckpointFormat:
         if own.names_checkpoint(path):
             return own
     if is_directory(path):
-        for own in FORMATS:
-            if own.directory and own.recognizes(Probe(path, b"", ())):
-                return own
+        if found := _directory_format(path):
+            return found
         if held := _held_inside(path):
             raise WeightsError(
                 f"{path}: is a directory of no format bert_multi reads, but it holds {some(held)}, which bert_multi "
@@ -95,6 +94,11 @@ def sniff(path: Path) -> CheckpointFormat:
 huggingface.FORMAT.sniff = sniff  # a hub cache's snapshot may hold another library's model
 
 
+def _directory_format(path: Path) -> CheckpointFormat | None:
+    """The directory format that recognizes the directory at ``path``, if any."""
+    return next((own for own in FORMATS if own.directory and own.recognizes(Probe(path, b"", ()))), None)
+
+
 LISTED = 256  # the entries of a directory looked at for checkpoints inside it: bounded, whatever it holds
 RUN_SUFFIXES = (".ckpt",)  # PyTorch Lightning's checkpoints: torch.save files under a suffix of their own
 
@@ -109,7 +113,7 @@ def _held_inside(path: Path) -> list[str]:
             for entry in itertools.islice(entries, LISTED):
                 inner = Path(entry.path)
                 if is_directory(inner):
-                    if any(own.directory and own.recognizes(Probe(inner, b"", ())) for own in FORMATS):
+                    if _directory_format(inner):
                         held.append(f"{entry.name}/")
                 elif inner.suffix.lower() in RUN_SUFFIXES and is_regular_file(inner):
                     held.append(entry.name)
