@@ -165,7 +165,7 @@ def read_directory(
         names = read_metadata(path / source).get("format", "pt")
     if names in TO_TORCH_NAMES:
         own, dtypes, file_names = torch_names(path / source, own, dtypes, TO_TORCH_NAMES[names])
-    framework = {"tf": "TensorFlow", "keras": "TensorFlow", "flax": "Flax"}.get(names)
+    framework = NAMED_BY.get(names)
     what = source if kind == source else f"the shards {source} names"
     notes = [f"read {what} and {config_file.name}" + (f" ({framework}'s kernels transposed)" if framework else "")]
     config, arrays, kinds = from_transformers_names(path / source, config_file, own, dtypes, hf, notes, file_names)
@@ -192,6 +192,8 @@ def keras_name(name: str, scopes: int) -> tuple[str, bool]:
     return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
 
 
+# Whose names each of them is, for notes.
+NAMED_BY = {"tf": "TensorFlow", "keras": "TensorFlow", "flax": "Flax"}
 # Each framework's names of a transformers BERT read as its PyTorch classes': in model.safetensors (its metadata's
 # format: tf, flax), tf_model.h5 (keras) and flax_model.msgpack (flax).
 TO_TORCH_NAMES: dict[str, Callable[[str], tuple[str, bool]]] = {
@@ -456,7 +458,7 @@ class WeightsAlone(CheckpointFormat):
         notes = []
         if names in TO_TORCH_NAMES:
             arrays, dtypes, _ = torch_names(path, arrays, dtypes, TO_TORCH_NAMES[names])
-            whose = {"tf": "TensorFlow", "flax": "Flax"}[names]
+            whose = NAMED_BY[names]
             notes.append(f"read {whose}'s names as transformers' PyTorch classes' ({whose}'s kernels transposed)")
         return Raw(self.kind, None, arrays, dtypes, notes)
 

@@ -100,8 +100,8 @@ def is_transformers_state_dict(names: Iterable[str]) -> bool:
 
 
 def read_state_dict(path: Path, raw: Raw) -> None:
-    """``raw``, a PyTorch file holding a transformers BERT's state_dict and no config (``torch.save(model.
-    state_dict())``), under the canonical names, which tell the sizes but not the heads (stated) nor what
+    """``raw``, a file holding a transformers BERT's state_dict and no config (``torch.save(model.state_dict())``,
+    a safetensors file alone), under the canonical names, which tell the sizes but not the heads (stated) nor what
     no tensor shows: transformers' defaults, GELU's erf form and LayerNorm eps 1e-12 (the "bert" preset's),
     said in a note."""
     arrays, kinds, tied, task_head = canonical_arrays(path, raw.arrays, raw.dtypes)
