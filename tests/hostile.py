@@ -48,6 +48,8 @@ KERAS_HUB = TF_CHECKPOINT.parent / "keras-hub-backbone"  # a BertBackbone preset
 PADDLENLP = TF_CHECKPOINT.parent / "paddlenlp-pretraining"  # a BertForPretraining, saved by PaddleNLP 2.8
 PADDLENLP2 = TF_CHECKPOINT.parent / "paddlenlp2-pretraining"  # the same, saved by PaddleNLP 2.3: model_config.json
 PADDLENLP3 = TF_CHECKPOINT.parent / "paddlenlp3-bfloat16"  # the same, cast to bfloat16 by PaddleNLP 3: safetensors
+FLAX_STATE = TF_CHECKPOINT.parent / "flax-train-state" / "checkpoint_2"  # a TrainState, by flax.training (0.12)
+ORBAX = TF_CHECKPOINT.parent / "orbax-train-state" / "checkpoint_2"  # the same TrainState, by Orbax 0.12
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -274,6 +276,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "tf2index": _fixture_with(TF2_SAVED, "variables/variables.index"),
     "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
+    "orbax": _fixture_with(ORBAX, "_METADATA"),  # never read: named, with what its metadata lists
     "weights": _load_weights,
     "params": _read_params,
     "flax": _read_flax,
@@ -298,6 +301,7 @@ WEIGHT_READERS = (
         "hfflax",
         "hfh5",
         "tfindex",
+        "orbax",
         "weights",
     ),
     *(
@@ -442,6 +446,42 @@ def hostile_flax() -> dict[str, tuple[bytes, str]]:
         "a list at the top": (b"\x91\x01", "does not start with a MessagePack map"),
         "empty file": (b"", "does not start with a MessagePack map"),
         "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with a MessagePack map"),
+        # Beside the parameters, as a TrainState holds its step and optimizer state: passed over, unread.
+        "beside the parameters, 2**32 - 1 entries": (
+            b"\x82\xa1s\xdf\xff\xff\xff\xff\xa6params\x81\xa1w" + leaf,
+            "claims 4294967295 entries",
+        ),
+        "beside the parameters, a bin longer than the file": (b"\x82\xa1s\xc6\x7f\xff\xff\xff", "needs 2147483647"),
+        "beside the parameters, nested 40 deep": (
+            b"\x82\xa1s" + b"\x81\xa1a" * 40 + b"\x00\xa6params\x81\xa1w" + leaf,
+            "nested over 16 levels",
+        ),
+        "beside the parameters, a marker MessagePack never uses": (b"\x82\xa1s\xc1\xa6params", "marker 0xC1"),
+        "beside the parameters, 200,000 nils": (
+            b"\x82\xa1s\xdd" + (200_000).to_bytes(4, "big") + b"\xc0" * 200_000 + b"\xa6params\x81\xa1w" + leaf,
+            "over 100000 MessagePack items",
+        ),
+    }
+
+
+def hostile_orbax_metadata() -> dict[str, tuple[bytes, str]]:
+    """An Orbax checkpoint's _METADATA, changed: only read to list the leaves it names in the refusal."""
+    leaf = {"key_metadata": [{"key": "params", "key_type": 2}], "value_metadata": {}}
+    return {
+        "nested 200,000 deep": (b"[" * 200_000, "not the metadata Orbax writes"),
+        "a list": (b"[]", "not the metadata Orbax writes"),
+        "no tree_metadata": (b"{}", "not the metadata Orbax writes"),
+        "a leaf without its keys": (json.dumps({"tree_metadata": {"a": {}}}).encode(), "key_metadata"),
+        "keys that are not objects": (
+            json.dumps({"tree_metadata": {"a": {"key_metadata": [1]}}}).encode(),
+            "not the metadata Orbax writes",
+        ),
+        "a key that would write a line of its own": (
+            json.dumps({"tree_metadata": {"a": {**leaf, "key_metadata": [{"key": "a\nb"}]}}}).encode(),
+            "control character \\n",
+        ),
+        "not UTF-8": (b'{"tree_metadata": {"\xff": 1}}', "not the metadata Orbax writes"),
+        "17 MiB": (b" " * (17 << 20), "over 16777216 bytes"),
     }
 
 
@@ -1509,6 +1549,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "tf2index": hostile_tf2_indexes,
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
+    "orbax": hostile_orbax_metadata,
     "weights": hostile_weights,
     "params": hostile_params,
     "flax": hostile_flax,
@@ -1682,7 +1723,9 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     if loader == "reply":
         return [reply_bytes()], [*generic, mutate_inside_zip, mutate_npy_header]
     if loader == "flax":
-        return [flax_bytes(), flax_bytes("float64", 1, wrapped=True)], generic
+        return [flax_bytes(), flax_bytes("float64", 1, wrapped=True), FLAX_STATE.read_bytes()], generic
+    if loader == "orbax":
+        return [(ORBAX / "_METADATA").read_bytes()], generic
     if loader == "paddlenlp":
         return [(PADDLENLP / "model_state.pdparams").read_bytes()], generic
     if loader == "paddlenlp2config":

@@ -40,6 +40,7 @@ READERS = {
     "tf2index": None,
     "tf2data": None,
     "tfindex": None,
+    "orbax": None,
     "weights": None,
     "params": None,
     "flax": None,

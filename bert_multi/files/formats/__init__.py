@@ -18,13 +18,24 @@ from . import (
     huggingface,
     keras_hub,
     npz,
+    orbax,
     paddle,
     paddlenlp,
     pytorch,
     tensorflow,
     tf_objects,
 )
-from .base import PARAMS_FILE, VOCAB_FILE, CheckpointFormat, Probe, Raw, is_directory, is_regular_file, some
+from .base import (
+    PARAMS_FILE,
+    VOCAB_FILE,
+    CheckpointFormat,
+    Probe,
+    Raw,
+    is_directory,
+    is_regular_file,
+    natural_order,
+    some,
+)
 
 # d2l's directory holds a framework's file, whose format this registry tells (sniffed when it is read,
 # by --framework's name when it is written).
@@ -64,6 +75,8 @@ def sniff(path: Path) -> CheckpointFormat:
     for own in FORMATS:
         if own.names_checkpoint(path):
             return own
+    if told := orbax.refusal(path):  # recognized, not read: it says how to make it a file bert_multi reads
+        raise WeightsError(told)
     if is_directory(path):
         if found := _directory_format(path):
             return found
@@ -71,7 +84,7 @@ def sniff(path: Path) -> CheckpointFormat:
             raise WeightsError(
                 f"{path}: is a directory of no format bert_multi reads, but it holds {some(held)}, which bert_multi "
                 "reads: name one (a training run's output holds a checkpoint per save: transformers' Trainer's "
-                "checkpoint-N/, PyTorch Lightning's .ckpt files)"
+                "checkpoint-N/, PyTorch Lightning's .ckpt files, flax.training.checkpoints' checkpoint_N files)"
             )
         needs = "; ".join(own.description for own in FORMATS if own.directory)
         raise WeightsError(f"{path}: is a directory, but none bert_multi reads, which are: {needs}")
@@ -100,12 +113,14 @@ def _directory_format(path: Path) -> CheckpointFormat | None:
 
 
 LISTED = 256  # the entries of a directory looked at for checkpoints inside it: bounded, whatever it holds
-RUN_SUFFIXES = (".ckpt",)  # PyTorch Lightning's checkpoints: torch.save files under a suffix of their own
+# A training run's checkpoint files, by the names their tools give them: PyTorch Lightning's (torch.save files
+# under a suffix of their own) and flax.training.checkpoints' before Orbax (checkpoint_N, Flax's own file).
+RUN_FILES = re.compile(r".+\.ckpt|checkpoint_\d+", re.IGNORECASE)
 
 
 def _held_inside(path: Path) -> list[str]:
     """The checkpoints among the first ``LISTED`` entries of a directory: the directories a format reads
-    and the files of a run's checkpoint suffix, in natural order (checkpoint-2 before checkpoint-10). A
+    and the files a run's checkpoints are named as, in natural order (checkpoint-2 before checkpoint-10). A
     library's file beside the rest of its directory is not one: the directory is read whole or not at all."""
     held = []
     try:
@@ -115,11 +130,11 @@ def _held_inside(path: Path) -> list[str]:
                 if is_directory(inner):
                     if _directory_format(inner):
                         held.append(f"{entry.name}/")
-                elif inner.suffix.lower() in RUN_SUFFIXES and is_regular_file(inner):
+                elif RUN_FILES.fullmatch(entry.name) and is_regular_file(inner):
                     held.append(entry.name)
     except OSError:  # unreadable: the message lists the formats instead
         return []
-    return sorted(held, key=lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)])
+    return natural_order(held)
 
 
 def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:

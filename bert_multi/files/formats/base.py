@@ -120,6 +120,11 @@ def some(names: list[Any] | set[str]) -> str:
     return f"{names[:SHOWN]}{more}"
 
 
+def natural_order(names: list[str]) -> list[str]:
+    """``names`` sorted as people count: a run's checkpoint-2 before its checkpoint-10."""
+    return sorted(names, key=lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)])
+
+
 def task_head_left_out(names: list[str], what: str) -> str:
     """The note for a fine-tuning head read past (``what``: whose head it is), the same from every format."""
     return (

@@ -8,8 +8,11 @@ and writes exactly the bytes ``to_bytes`` writes for the same tree (a test compa
 files move between environments with or without JAX.
 
 The tree is the JAX backend's (``bert_multi/jax/model.py``): ``encoder/blks_0/attention/W_q/kernel``,
-dotted here as ``encoder.blks_0.attention.W_q.kernel`` (``NAME_RULES``). A file may hold the tree, or
-the variables dict around it (``{"params": tree}``). Framework difference: Flax's dense kernels are
+dotted here as ``encoder.blks_0.attention.W_q.kernel`` (``NAME_RULES``). A file may hold the tree, the
+variables dict around it (``{"params": tree}``), or a training state around that (what
+``flax.training.checkpoints.save_checkpoint`` wrote before Flax moved to Orbax: a ``TrainState``'s
+``step``, ``params`` and ``opt_state``), whose parameters are read and the rest passed over unread.
+Framework difference: Flax's dense kernels are
 (in, out), torch's and Gluon's weights (out, in); the reader turns them to (out, in) and the writer
 back.
 """
@@ -29,7 +32,7 @@ from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, describe_format, file_size, open_regular, replace_file
 from ...spec.config import BERTConfig
-from .base import FrameworkFile, Probe, control_character, no_key
+from .base import MAX_TENSORS, FrameworkFile, Probe, control_character, no_key
 
 # (regex, replacement) rules, applied in turn, from canonical names to the Flax tree's dotted paths: a
 # list of submodules is blks_0, blks_1 (a Sequential's mlp.2 is mlp_2), the pooler is one Dense
@@ -64,6 +67,11 @@ SIZED = {
 }
 FIXEXT = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
 UINTS = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q"}
+# What a training state holds beside its parameters (a step, a learning rate): nil, false, true, and the
+# floats and signed ints by the bytes that follow each marker; fixints are below 0x80 and from 0xE0.
+SCALARS = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+PARAMS = "params"  # the variables dict's, and a TrainState's, key for the parameter tree
+MAX_PASSED = MAX_TENSORS  # items passed over unread: a TrainState holds a few for each parameter (and Adam moment)
 
 
 def transposed(name: str) -> bool:
@@ -77,6 +85,7 @@ class _Parser:
     def __init__(self, data: bytes, path: str | os.PathLike) -> None:
         self.data, self.at, self.path = memoryview(data), 0, path
         self.dtypes: dict[str, str] = {}  # each array's own dtype: a bfloat16 one is read widened to float32
+        self.passed = 0  # items passed over unread, bounded by MAX_PASSED
 
     def fail(self, message: str) -> WeightsError:
         return WeightsError(f"{self.path}: not a readable Flax .msgpack checkpoint: {message} (at byte {self.at})")
@@ -120,20 +129,62 @@ class _Parser:
             raise self.fail(f"{what} holds the text {text!r:.200}, with the control character {bad}")
         return text
 
-    def tree(self, path: tuple[str, ...], found: dict[str, np.ndarray]) -> None:
-        """The map at ``path``: its arrays into ``found`` under dotted paths."""
+    def entries(self, what: str, kind: str, count: int) -> int:
+        """How many items a map or array of ``count`` entries holds, refused beyond what the bytes left hold."""
+        items = 2 * count if kind == "map" else count
+        if items > len(self.data) - self.at:  # each item takes at least a byte
+            raise self.fail(f"{what} claims {count} entries, more than the file's remaining bytes can hold")
+        return items
+
+    def keys(self) -> list[str]:
+        """The top-level map's keys, read past everything else; the parser left where it started."""
+        start = self.at
+        kind, count = self.header("the top level")
+        if kind != "map":
+            raise self.fail(f"the top level is a MessagePack {kind}, not a map of parameters")
+        keys = []
+        for _ in range(self.entries("the top level", kind, count) // 2):
+            keys.append(self.text("a key of the top level"))
+            self.skip(keys[-1], 1)
+        self.at = start
+        return keys
+
+    def skip(self, what: str, depth: int) -> None:
+        """Past the next item, unread, whatever MessagePack it is (a TrainState's step and optimizer state)."""
+        if depth > MAX_DEPTH:
+            raise self.fail(f"{what} is nested over {MAX_DEPTH} levels deep")
+        self.passed += 1
+        if self.passed > MAX_PASSED:
+            raise self.fail(f"it holds over {MAX_PASSED} MessagePack items; a training state holds far fewer")
+        marker = self.number(">B", what)
+        if marker < 0x80 or marker >= 0xE0 or marker in SCALARS:
+            self.take(SCALARS.get(marker, 0), what)
+            return
+        self.at -= 1
+        kind, length = self.header(what)
+        if kind in ("map", "array"):
+            for _ in range(self.entries(what, kind, length)):
+                self.skip(what, depth + 1)
+        elif kind != "int":
+            self.take(length + (kind == "ext"), what)  # an extension's type byte follows its length
+
+    def tree(self, path: tuple[str, ...], found: dict[str, np.ndarray], only: str | None = None) -> None:
+        """The map at ``path``: its arrays into ``found`` under dotted paths (of its entries, ``only`` that one,
+        the others passed over unread)."""
         what = ".".join(path) or "the top level"
         if len(path) > MAX_DEPTH:
             raise self.fail(f"{what} is nested over {MAX_DEPTH} levels deep")
         kind, count = self.header(what)
         if kind != "map":
             raise self.fail(f"{what} is a MessagePack {kind}, not a map of parameters")
-        if count > (len(self.data) - self.at) // 2:  # each entry takes at least two bytes
-            raise self.fail(f"{what} claims {count} entries, more than the file's remaining bytes can hold")
+        self.entries(what, kind, count)
         for _ in range(count):
             key = self.text(f"a key of {what}")
             if key == "__msgpack_chunked_array__":
                 raise self.fail(f"{what} is a chunked array (over 1 GiB), which is not read")
+            if only is not None and key != only:
+                self.skip(key, len(path) + 1)
+                continue
             start = self.at
             marker = self.number(">B", f"{what}.{key}")
             self.at = start
@@ -191,20 +242,30 @@ def read_tree(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str,
     """Every array of a Flax ``.msgpack`` file under its dotted path (below a top-level ``params``), as
     stored: kernels (in, out); and each one's own dtype (bfloat16 arrays arrive widened to float32).
     Anything malformed is a ``WeightsError`` naming the file and the entry."""
+    found, dtypes, _ = _read(path)
+    return found, dtypes
+
+
+def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """``read_tree``'s arrays and dtypes, and the top-level entries passed over beside ``params`` (a
+    training state's ``step`` and ``opt_state``)."""
     with open_regular(path, "Flax .msgpack checkpoint", WeightsError) as file:
         data = file.read(file_size(file))
     parser = _Parser(data, path)
     if not data or data[0] not in FIXMAP and data[0] not in (0xDE, 0xDF):
         raise parser.fail(f"it does not start with a MessagePack map; it looks like {describe_format(data[:8])}")
+    keys = parser.keys()
+    # A training state: only its parameters are a model's (an optimizer's state has their names too).
+    only = PARAMS if PARAMS in keys and len(keys) > 1 else None
     found: dict[str, np.ndarray] = {}
-    parser.tree((), found)
+    parser.tree((), found, only)
     if parser.at != len(data):
         raise parser.fail(f"{len(data) - parser.at} unexpected bytes follow the parameter tree")
     dtypes = parser.dtypes
-    if found and all(name.startswith("params.") for name in found):
-        found = {name.removeprefix("params."): array for name, array in found.items()}
-        dtypes = {name.removeprefix("params."): dtype for name, dtype in dtypes.items()}
-    return found, dtypes
+    if found and all(name.startswith(f"{PARAMS}.") for name in found):
+        found = {name.removeprefix(f"{PARAMS}."): array for name, array in found.items()}
+        dtypes = {name.removeprefix(f"{PARAMS}."): dtype for name, dtype in dtypes.items()}
+    return found, dtypes, [key for key in keys if only is not None and key != only]
 
 
 def read_checkpoint(
@@ -214,9 +275,11 @@ def read_checkpoint(
     with the kernels turned to (out, in), their own dtypes (a bfloat16 one is refused later unless a cast
     is asked for), and notes."""
     no_key(Path(path), key)
-    stored, dtypes = read_tree(path)
+    stored, dtypes, passed = _read(path)
     arrays = {name: contiguous_transpose(a) if transposed(name) else a for name, a in stored.items()}
     notes = ["Flax's (in, out) kernels read as (out, in) weights"] if any(map(transposed, stored)) else []
+    if passed:
+        notes.insert(0, f"read the tree under {PARAMS!r} and left out the entries beside it: {passed}")
     return arrays, dtypes, notes
 
 
@@ -305,7 +368,8 @@ class ParameterTree(FrameworkFile):
 
     def recognizes(self, probe: Probe) -> bool:
         first = probe.head[:1]
-        starts = probe.head[1:].startswith((b"\xa6params", b"\xa7encode"))
+        # The tree, its variables dict, or a TrainState as flax.training.checkpoints saved it (checkpoint_N).
+        starts = probe.head[1:].startswith((b"\xa6params", b"\xa7encode", b"\xa4step"))
         return probe.path.suffix.lower() == ".msgpack" or (first != b"" and first[0] in FIXMAP and starts)
 
     def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
