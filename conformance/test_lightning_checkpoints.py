@@ -1,8 +1,9 @@
 """BERTs trained with PyTorch Lightning 2.6 and saved as its checkpoints (``conformance/original_bert/
 lightning_bert.py`` wrote them; this suite only reads them): transformers' ``BertForPreTraining`` held as
 ``self.model``, and d2l 1.0.3's own ``BERTModel`` held as ``self.net``, each after two Adam steps. The
-state_dict is under the checkpoint's key ``state_dict`` and every name under the module's attribute; once
-both are stated, the float64 oracle computes from each file what the trained model computed in float64."""
+state_dict is under the checkpoint's key ``state_dict`` and every name under the module's attribute, which
+the first read names together; once both are stated, the float64 oracle computes from each file what the
+trained model computed in float64."""
 
 from pathlib import Path
 
@@ -52,10 +53,15 @@ def test_a_lightning_checkpoint_computes_what_the_trained_model_computed(kind):
 
 
 @pytest.mark.parametrize("kind", MODELS)
-def test_each_read_names_what_the_next_must_state(kind):
+def test_the_first_read_names_both_the_key_and_the_prefix_and_each_later_one_what_is_left(kind):
     prefix, statements = MODELS[kind]
     path = HERE / f"lightning-{kind}.ckpt"
-    with pytest.raises(WeightsError, match=r"the state_dict is under \['state_dict'\]: pass key='state_dict'"):
+    with pytest.raises(
+        WeightsError,
+        match=f"the state_dict is under \\['state_dict'\\], its BERT's names under '{prefix}' \\(a wrapper's "
+        f"attribute: a LightningModule's\\): pass key='state_dict', prefix='{prefix}' "
+        f"\\(--key state_dict --prefix {prefix}\\)$",
+    ):
         load_checkpoint(path, num_heads=2, **statements)
     with pytest.raises(WeightsError, match=f"under '{prefix}'.*state it, prefix='{prefix}' \\(--prefix {prefix}\\)"):
         load_checkpoint(path, key="state_dict", num_heads=2, **statements)

@@ -43,9 +43,9 @@ from .formats import (
     of_framework,
     sniff,
 )
-from .formats.base import control_character, some
+from .formats.base import StateDictInside, control_character, some
 from .formats.transformers_names import is_transformers_state_dict, read_state_dict
-from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns
+from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns, wrapper_prefix
 
 
 def _reader(framework: str | None) -> str:
@@ -162,7 +162,10 @@ def _checked_prefix(prefix: str | None) -> str | None:
 
 def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, prefix: str | None = None) -> Raw:
     own = own or sniff(path)
-    raw = own.read(path, key)
+    try:
+        raw = own.read(path, key)
+    except StateDictInside as inside:  # its names say the prefix to state with the key, in the same message
+        raise WeightsError(inside.telling(wrapper_prefix(set(inside.names)))) from None
     for name in raw.arrays:
         if bad := control_character(name):
             raise WeightsError(

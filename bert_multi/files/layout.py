@@ -57,6 +57,20 @@ def _under(names: set[str], marker: str, own_prefix: str = r"bert\.") -> str | N
     return None
 
 
+# Where each family's names begin, after its own optional prefix (``bert.``): a PaddleNLP BERT's, a
+# transformers one's, d2l's (whose names have no prefix of their own).
+FAMILY_MARKERS = (
+    (r"encoder\.layers\.\d+\.self_attn\.q_proj\.", r"bert\."),
+    (r"embeddings\.word_embeddings\.", r"bert\."),
+    (r"encoder\.token_embedding\.", ""),
+)
+
+
+def wrapper_prefix(names: set[str]) -> str:
+    """The prefix a wrapper's attribute puts before a BERT's ``names`` (a LightningModule's ``net.``), or ''."""
+    return next((prefix for marker, own in FAMILY_MARKERS if (prefix := _under(names, marker, own))), "")
+
+
 def _wrapped(prefix: str) -> str:
     """What a message says of a prefix no library writes (a LightningModule's attribute: ``model.``)."""
     if not prefix:

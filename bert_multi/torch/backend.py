@@ -37,6 +37,7 @@ from ..cache import cache_for, described
 from ..errors import CannotRunHere, WeightsError
 from ..files import checkpoints
 from ..files.checkpoints import Checkpoint
+from ..files.formats.base import state_dict_in
 from ..files.formats.torch_legacy import check_legacy, is_legacy
 from ..safe_files import ZIP_MAGIC, atomic_path, describe_format, file_size, open_regular, reason
 from ..spec.config import BERTConfig
@@ -311,30 +312,8 @@ def _is_state_dict(value: object) -> TypeGuard[dict[str, torch.Tensor]]:
     return isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values())
 
 
-def _find_state_dict(path: str | os.PathLike, loaded: object, key: str | None) -> tuple[dict, list[str]]:
-    """The state_dict in what ``torch.load`` returned: the object itself, or, with ``key``, the entry of
-    a wrapper such as ``{'model': net.state_dict(), 'epoch': 3}``; and a note saying which was used."""
-    if key is not None:
-        if not isinstance(loaded, dict) or key not in loaded:
-            keys = sorted(map(str, loaded)) if isinstance(loaded, dict) else []
-            raise WeightsError(f"{path}: key {key!r} asked for, but the file's top-level keys are {keys[:8]}")
-        if not _is_state_dict(loaded[key]):
-            raise WeightsError(f"{path}: the entry {key!r} is not a state_dict (a dict of name -> tensor)")
-        return loaded[key], [f"read the state_dict under the key {key!r}"]
-    if _is_state_dict(loaded):
-        return loaded, []
-    if isinstance(loaded, dict):
-        holders = [str(k) for k, value in loaded.items() if _is_state_dict(value)]
-        keys = [str(k) for k in loaded]
-        where = (
-            f"the state_dict is under {holders}: pass key={holders[0]!r} (--key {holders[0]})"
-            if holders
-            else "it is an optimizer's state (torch.optim's), not a model's"
-            if {"state", "param_groups"} <= set(loaded)
-            else "none of its entries is a state_dict (a dict of name -> tensor)"
-        )
-        raise WeightsError(f"{path}: the file holds a dict with the keys {keys[:8]}, not a state_dict; {where}")
-    raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(loaded).__name__}")
+def _state_dict_or_none(value: object) -> dict[str, torch.Tensor] | None:
+    return value if _is_state_dict(value) else None
 
 
 def read_checkpoint(
@@ -359,7 +338,7 @@ def read_checkpoint(
             raise WeightsError(
                 f"{path}: not a readable PyTorch state_dict checkpoint: {_load_failure(error)}"
             ) from None
-    state, notes = _find_state_dict(path, loaded, key)
+    state, notes = state_dict_in(path, loaded, key, _state_dict_or_none)
     views = _distinct_views(path, state, size)
     copies: dict[tuple, np.ndarray] = {}  # a view saved under two names (tied weights) is copied once
     arrays = {}

@@ -152,6 +152,56 @@ def weight_and_bias(name: str) -> str:
     return re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
 
 
+class StateDictInside(WeightsError):
+    """A file whose state_dict is an entry of a dict around it (a training run's checkpoint), read without
+    the key: its names (``names``) tell the reader of them the prefix a wrapper put before them, which
+    ``telling`` adds, so that one message says all there is to state."""
+
+    def __init__(self, path: object, keys: list[str], holders: list[str], names: list[str]) -> None:
+        self.path, self.keys, self.holders, self.names = path, keys, holders, names
+        super().__init__(self.telling())
+
+    def telling(self, prefix: str = "") -> str:
+        key = self.holders[0]
+        under = f", its BERT's names under {prefix!r} (a wrapper's attribute: a LightningModule's)" if prefix else ""
+        python, line = f"key={key!r}", f"--key {key}"
+        if prefix:
+            python, line = f"{python}, prefix={prefix!r}", f"{line} --prefix {prefix}"
+        return (
+            f"{self.path}: the file holds a dict with the keys {some(self.keys)}, not a state_dict; the state_dict "
+            f"is under {self.holders}{under}: pass {python} ({line})"
+        )
+
+
+def state_dict_in(
+    path: object, top: object, key: str | None, tensors: Callable[[object], dict[str, Any] | None]
+) -> tuple[dict[str, Any], list[str]]:
+    """The state_dict in what a pickle held (``top``): the object itself or, with ``key``, the entry of a dict
+    around it (``{'model': net.state_dict(), 'epoch': 3}``), and a note saying which. ``tensors``: a value's
+    names -> tensors, or None where it is no state_dict."""
+    if key is not None:
+        if not isinstance(top, dict) or key not in top:
+            keys = list(map(str, top)) if isinstance(top, dict) else []
+            raise WeightsError(f"{path}: key {key!r} asked for, but the file's top-level keys are {some(keys)}")
+        if (found := tensors(top[key])) is None:
+            raise WeightsError(f"{path}: the entry {key!r} is not a state_dict (a dict of name -> tensor)")
+        return found, [f"read the state_dict under the key {key!r}"]
+    if (found := tensors(top)) is not None:
+        return found, []
+    if not isinstance(top, dict):
+        raise WeightsError(f"{path}: expected a state_dict (a dict of name -> tensor), got {type(top).__name__}")
+    keys = list(map(str, top))
+    holding = {str(name): found for name, value in top.items() if (found := tensors(value)) is not None}
+    if holding:
+        raise StateDictInside(path, keys, list(holding), list(map(str, next(iter(holding.values())))))
+    why = (
+        "it is an optimizer's state (torch.optim's), not a model's"
+        if {"state", "param_groups"} <= set(top)
+        else "none of its entries is a state_dict (a dict of name -> tensor)"
+    )
+    raise WeightsError(f"{path}: the file holds a dict with the keys {some(keys)}, not a state_dict; {why}")
+
+
 def no_key(path: Path, key: str | None) -> None:
     """Refuse ``key`` for a format that has no wrapper dict to pick from."""
     if key is not None:

@@ -38,7 +38,7 @@ from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, file_size, open_regular, reason, replace_file
 from ...spec.config import BERTConfig
-from .base import MAX_TENSORS, PADDLE_PARAMS_FILE, CheckpointFormat, Probe, Raw, some
+from .base import MAX_TENSORS, PADDLE_PARAMS_FILE, CheckpointFormat, Probe, Raw, state_dict_in
 
 NAMES_TABLE = "StructuredToParameterName@@"  # each name's Paddle-internal name, which nothing here needs
 SLICED = "UnpackBigParamInfor@@"  # protocols 2 and 3 cut a tensor over 1 GiB into slices: no BERT has one
@@ -292,25 +292,7 @@ def _entries(machine: _Machine, top: object, key: str | None) -> tuple[dict[str,
         raise machine.fail("it holds no tensors (paddle.save of an empty dict)")
     if SLICED in top:
         raise machine.fail(f"it cuts tensors over 1 GiB into slices ({SLICED}), which no BERT has")
-    if key is not None:
-        if key not in top:
-            raise WeightsError(
-                f"{machine.path}: key {key!r} asked for, but the file's top-level keys are {some(list(map(str, top)))}"
-            )
-        if (found := tensors(top[key])) is None:
-            raise WeightsError(f"{machine.path}: the entry {key!r} is not a state_dict (a dict of name -> array)")
-        return found, [f"read the state_dict under the key {key!r}"]
-    if (found := tensors(top)) is not None:
-        return found, []
-    holders = [str(name) for name, value in top.items() if tensors(value) is not None]
-    where = (
-        f"the state_dict is under {holders}: pass key={holders[0]!r} (--key {holders[0]})"
-        if holders
-        else "none of its entries is a state_dict (a dict of name -> array)"
-    )
-    raise WeightsError(
-        f"{machine.path}: the file holds a dict with the keys {some(list(map(str, top)))}, not a state_dict; {where}"
-    )
+    return state_dict_in(machine.path, top, key, tensors)
 
 
 def _materialise(machine: _Machine, file: BinaryIO, name: str, spec: _Array) -> np.ndarray:
