@@ -484,6 +484,13 @@ def test_a_training_runs_output_names_the_checkpoints_it_holds_in_the_order_of_t
         (logs / name).write_bytes(b"")
     with pytest.raises(WeightsError, match=re.escape("it holds ['epoch=0-step=2.ckpt', 'last.ckpt']")):
         inspect_checkpoint(logs)
+    state = tmp_path / "checkpoint_3"  # as accelerate's save_state leaves a step: the model beside the rest
+    state.mkdir()
+    for name in ("model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
+        (state / name).write_bytes(b"")
+    expected = "it holds ['model.safetensors'], which bert_multi reads: name one"
+    with pytest.raises(WeightsError, match=re.escape(expected)):
+        inspect_checkpoint(state)
     (tmp_path / "empty").mkdir()
     with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
         load_checkpoint(tmp_path / "empty")
@@ -539,5 +546,5 @@ def test_a_directory_member_linking_to_a_name_too_long_is_a_weights_error(tmp_pa
     (tmp_path / "model" / name).symlink_to(tmp_path / ("x" * 300))
     (tmp_path / "model" / "model.safetensors").write_bytes(b"")
     (tmp_path / "model" / "refs").mkdir()
-    with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
+    with pytest.raises(WeightsError, match="is a directory of no format bert_multi reads, but it holds"):
         load_checkpoint(tmp_path / "model")

@@ -75,16 +75,17 @@ def sniff(path: Path) -> CheckpointFormat:
     for own in FORMATS:
         if own.names_checkpoint(path):
             return own
+    if is_directory(path) and (found := _directory_format(path)):
+        return found
     if told := orbax.refusal(path):  # recognized, not read: it says how to make it a file bert_multi reads
         raise WeightsError(told)
     if is_directory(path):
-        if found := _directory_format(path):
-            return found
         if held := _held_inside(path):
             raise WeightsError(
                 f"{path}: is a directory of no format bert_multi reads, but it holds {some(held)}, which bert_multi "
                 "reads: name one (a training run's output holds a checkpoint per save: transformers' Trainer's "
-                "checkpoint-N/, PyTorch Lightning's .ckpt files, flax.training.checkpoints' checkpoint_N files)"
+                "checkpoint-N/, PyTorch Lightning's .ckpt files, flax.training.checkpoints' checkpoint_N files; "
+                "accelerate's save_state a model.safetensors beside its optimizer's)"
             )
         needs = "; ".join(own.description for own in FORMATS if own.directory)
         raise WeightsError(f"{path}: is a directory, but none bert_multi reads, which are: {needs}")
@@ -114,8 +115,9 @@ def _directory_format(path: Path) -> CheckpointFormat | None:
 
 LISTED = 256  # the entries of a directory looked at for checkpoints inside it: bounded, whatever it holds
 # A training run's checkpoint files, by the names their tools give them: PyTorch Lightning's (torch.save files
-# under a suffix of their own) and flax.training.checkpoints' before Orbax (checkpoint_N, Flax's own file).
-RUN_FILES = re.compile(r".+\.ckpt|checkpoint_\d+", re.IGNORECASE)
+# under a suffix of their own), flax.training.checkpoints' from before Orbax (checkpoint_N, Flax's own file),
+# and the model's file of accelerate's save_state (model.safetensors, or pytorch_model.bin; _1 for a second).
+RUN_FILES = re.compile(r".+\.ckpt|checkpoint_\d+|(model|pytorch_model)(_\d+)?\.(safetensors|bin)", re.IGNORECASE)
 
 
 def _held_inside(path: Path) -> list[str]:
