@@ -19,6 +19,7 @@ back.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import struct
@@ -80,22 +81,40 @@ def transposed(name: str) -> bool:
 
 
 class _Parser:
-    """MessagePack from ``data``, refusing any length beyond the bytes that remain."""
+    """MessagePack read from ``file`` (``size`` bytes) as it is parsed, refusing any length beyond the bytes
+    that remain: the arrays kept are read straight into their own memory, and what is passed over (an
+    optimizer's state) is sought past, never read."""
 
-    def __init__(self, data: bytes, path: str | os.PathLike) -> None:
-        self.data, self.at, self.path = memoryview(data), 0, path
+    def __init__(self, file: io.BufferedReader, size: int, path: str | os.PathLike) -> None:
+        self.file, self.size, self.at, self.path = file, size, 0, path
         self.dtypes: dict[str, str] = {}  # each array's own dtype: a bfloat16 one is read widened to float32
         self.passed = 0  # items passed over unread, bounded by MAX_PASSED
 
     def fail(self, message: str) -> WeightsError:
         return WeightsError(f"{self.path}: not a readable Flax .msgpack checkpoint: {message} (at byte {self.at})")
 
-    def take(self, count: int, what: str) -> memoryview:
-        if count > len(self.data) - self.at:
-            raise self.fail(f"{what} needs {count} bytes, but only {len(self.data) - self.at} remain")
-        chunk = self.data[self.at : self.at + count]
+    def need(self, count: int, what: str) -> None:
+        if count > self.size - self.at:
+            raise self.fail(f"{what} needs {count} bytes, but only {self.size - self.at} remain")
+
+    def seek(self, at: int) -> None:
+        self.file.seek(at)
+        self.at = at
+
+    def take(self, count: int, what: str) -> bytes:
+        self.need(count, what)
+        chunk = self.file.read(count)
+        if len(chunk) != count:
+            raise self.fail(f"{what} ends early: the file changed while it was read")
         self.at += count
         return chunk
+
+    def take_into(self, array: np.ndarray, what: str) -> None:
+        """Fill ``array`` (C-contiguous, its size checked with ``need`` before it was made) from the file."""
+        flat = array.reshape(-1).view(np.uint8).data
+        if self.file.readinto(flat) != flat.nbytes:
+            raise self.fail(f"{what} ends early: the file changed while it was read")
+        self.at += flat.nbytes
 
     def number(self, fmt: str, what: str) -> int:
         return int(struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0])
@@ -132,7 +151,7 @@ class _Parser:
     def entries(self, what: str, kind: str, count: int) -> int:
         """How many items a map or array of ``count`` entries holds, refused beyond what the bytes left hold."""
         items = 2 * count if kind == "map" else count
-        if items > len(self.data) - self.at:  # each item takes at least a byte
+        if items > self.size - self.at:  # each item takes at least a byte
             raise self.fail(f"{what} claims {count} entries, more than the file's remaining bytes can hold")
         return items
 
@@ -146,7 +165,7 @@ class _Parser:
         for _ in range(self.entries("the top level", kind, count) // 2):
             keys.append(self.text("a key of the top level"))
             self.skip(keys[-1], 1)
-        self.at = start
+        self.seek(start)
         return keys
 
     def skip(self, what: str, depth: int) -> None:
@@ -158,15 +177,19 @@ class _Parser:
             raise self.fail(f"it holds over {MAX_PASSED} MessagePack items; a training state holds far fewer")
         marker = self.number(">B", what)
         if marker < 0x80 or marker >= 0xE0 or marker in SCALARS:
-            self.take(SCALARS.get(marker, 0), what)
+            self.pass_over(SCALARS.get(marker, 0), what)
             return
-        self.at -= 1
+        self.seek(self.at - 1)
         kind, length = self.header(what)
         if kind in ("map", "array"):
             for _ in range(self.entries(what, kind, length)):
                 self.skip(what, depth + 1)
         elif kind != "int":
-            self.take(length + (kind == "ext"), what)  # an extension's type byte follows its length
+            self.pass_over(length + (kind == "ext"), what)  # an extension's type byte follows its length
+
+    def pass_over(self, count: int, what: str) -> None:
+        self.need(count, what)
+        self.seek(self.at + count)
 
     def tree(self, path: tuple[str, ...], found: dict[str, np.ndarray], only: str | None = None) -> None:
         """The map at ``path``: its arrays into ``found`` under dotted paths (of its entries, ``only`` that one,
@@ -187,7 +210,7 @@ class _Parser:
                 continue
             start = self.at
             marker = self.number(">B", f"{what}.{key}")
-            self.at = start
+            self.seek(start)
             if marker in FIXMAP or marker in (0xDE, 0xDF):
                 self.tree((*path, key), found)
             else:
@@ -229,13 +252,15 @@ class _Parser:
         if kind != "bin" or count != math.prod(shape) * dtype.itemsize:
             raise self.fail(f"{name}'s data is a {kind} of {count} bytes; {dtype_name} {tuple(shape)} takes "
                             f"{math.prod(shape) * dtype.itemsize}")  # fmt: skip
-        array = np.frombuffer(self.take(count, f"{name}'s data"), dtype=dtype).reshape(shape)
+        self.need(count, f"{name}'s data")
+        array = np.empty(shape, dtype)
+        self.take_into(array, f"{name}'s data")
         if self.at != end:
             raise self.fail(f"{name}'s extension is {length} bytes, but its fields take {length + self.at - end}")
         self.dtypes[name] = dtype_name
         if dtype_name == "bfloat16":  # the upper half of a float32: widened exactly
             return (array.astype("<u4") << 16).view("<f4")
-        return array.astype(array.dtype.newbyteorder("="))
+        return array.astype(array.dtype.newbyteorder("="), copy=False)  # a copy only on a big-endian machine
 
 
 def read_tree(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -250,17 +275,18 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str
     """``read_tree``'s arrays and dtypes, and the top-level entries passed over beside ``params`` (a
     training state's ``step`` and ``opt_state``)."""
     with open_regular(path, "Flax .msgpack checkpoint", WeightsError) as file:
-        data = file.read(file_size(file))
-    parser = _Parser(data, path)
-    if not data or data[0] not in FIXMAP and data[0] not in (0xDE, 0xDF):
-        raise parser.fail(f"it does not start with a MessagePack map; it looks like {describe_format(data[:8])}")
-    keys = parser.keys()
-    # A training state: only its parameters are a model's (an optimizer's state has their names too).
-    only = PARAMS if PARAMS in keys and len(keys) > 1 else None
-    found: dict[str, np.ndarray] = {}
-    parser.tree((), found, only)
-    if parser.at != len(data):
-        raise parser.fail(f"{len(data) - parser.at} unexpected bytes follow the parameter tree")
+        parser = _Parser(file, file_size(file), path)
+        head = file.read(8)
+        parser.seek(0)
+        if not head or head[0] not in FIXMAP and head[0] not in (0xDE, 0xDF):
+            raise parser.fail(f"it does not start with a MessagePack map; it looks like {describe_format(head)}")
+        keys = parser.keys()
+        # A training state: only its parameters are a model's (an optimizer's state has their names too).
+        only = PARAMS if PARAMS in keys and len(keys) > 1 else None
+        found: dict[str, np.ndarray] = {}
+        parser.tree((), found, only)
+        if parser.at != parser.size:
+            raise parser.fail(f"{parser.size - parser.at} unexpected bytes follow the parameter tree")
     dtypes = parser.dtypes
     if found and all(name.startswith(f"{PARAMS}.") for name in found):
         found = {name.removeprefix(f"{PARAMS}."): array for name, array in found.items()}
@@ -276,8 +302,11 @@ def read_checkpoint(
     is asked for), and notes."""
     no_key(Path(path), key)
     stored, dtypes, passed = _read(path)
-    arrays = {name: contiguous_transpose(a) if transposed(name) else a for name, a in stored.items()}
     notes = ["Flax's (in, out) kernels read as (out, in) weights"] if any(map(transposed, stored)) else []
+    arrays = {}
+    for name in list(stored):  # each kernel given up as it is turned: one at a time in memory twice
+        array = stored.pop(name)
+        arrays[name] = contiguous_transpose(array) if transposed(name) else array
     if passed:
         notes.insert(0, f"read the tree under {PARAMS!r} and left out the entries beside it: {passed}")
     return arrays, dtypes, notes
