@@ -275,6 +275,17 @@ def test_a_checkpoint_in_the_legacy_format_loads_as_the_zip_one_does(tmp_path):
     )
 
 
+def test_a_tensor_that_is_its_whole_storage_is_lent_to_numpy_and_a_part_of_one_is_copied(tmp_path):
+    """Reading a file holds its tensors once: each whole storage is NumPy's array's memory, not copied; a
+    view of part of a storage (torch.save keeps all of it) is copied, so that the rest is not kept."""
+    big = torch.arange(1000, dtype=torch.float32)
+    torch.save({"whole": torch.ones(3, 4), "part": big[10:20], "tied": big[10:20]}, tmp_path / "state.pt")
+    arrays, _, _ = bt.read_checkpoint(tmp_path / "state.pt")
+    assert not arrays["whole"].flags.owndata and arrays["whole"].tolist() == [[1.0] * 4] * 3
+    assert arrays["part"].flags.owndata and arrays["part"].tolist() == list(range(10, 20))
+    assert arrays["tied"] is arrays["part"]  # one view, copied once
+
+
 def test_a_checkpoint_of_named_parameters_loads(tmp_path):
     """``torch.save(dict(model.named_parameters()))`` stores Parameters that require grad."""
     module = bt.build(CONFIG, random_weights(CONFIG, seed=3)).module

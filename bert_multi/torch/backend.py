@@ -276,9 +276,11 @@ def _to_numpy_checked(path: str | os.PathLike, name: str, tensor: torch.Tensor) 
         raise WeightsError(f"{path}: tensor {name!r} is {kind}; expected a dense tensor of values")
     if tensor.dtype == torch.bfloat16:
         tensor = tensor.float()
-    # detach: a saved nn.Parameter (named_parameters()) requires grad; copy: tensors may share storage.
+    # detach: a saved nn.Parameter (named_parameters()) requires grad. A tensor that is all of its storage
+    # lends that memory to NumPy; a view of part of one is copied, so as not to keep the rest alive.
+    whole = tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
     try:
-        return tensor.detach().numpy().copy()
+        return tensor.detach().numpy() if whole else tensor.detach().numpy().copy()
     except TypeError as error:  # a dtype NumPy has no equivalent of (complex32, float8, ...)
         raise WeightsError(
             f"{path}: tensor {name!r} has dtype {tensor.dtype}, which NumPy cannot hold ({error})"
