@@ -33,6 +33,7 @@ from bert_multi.engine.results import Target
 from bert_multi.files.formats.gluon import NAME_RULES
 from bert_multi.spec.config import HEADS
 from bert_multi.spec.semantics import PRESETS
+from conftest import runs_here
 
 AVAILABLE = {name for name, status in backends().items() if status.available}
 FRAMEWORKS = sorted(AVAILABLE & {"torch", "mxnet"})
@@ -548,3 +549,25 @@ def test_a_directory_member_linking_to_a_name_too_long_is_a_weights_error(tmp_pa
     (tmp_path / "model" / "refs").mkdir()
     with pytest.raises(WeightsError, match="is a directory of no format bert_multi reads, but it holds"):
         load_checkpoint(tmp_path / "model")
+
+
+@runs_here("mxnet")
+def test_a_gluon_trainers_saved_states_are_said_to_be_an_optimizers_pickle(tmp_path):
+    from mxnet import autograd, gluon, npx
+    from mxnet import np as mx_np
+
+    npx.set_np()
+    net = gluon.nn.Dense(2, in_units=2)
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.1})
+    with autograd.record():
+        loss = net(mx_np.ones((1, 2))).sum()
+    loss.backward()
+    trainer.step(1)
+    trainer.save_states(str(tmp_path / "trainer.states"))  # a pickle of MXNet's arrays: Paddle's reader parses it
+    expected = (
+        "a pickle of MXNet's objects (mxnet.ndarray.ndarray.NDArray), not paddle.save's state_dict: Gluon's "
+        "Trainer.save_states pickles an optimizer's state so; the model's weights are the .params file"
+    )
+    with pytest.raises(WeightsError, match=re.escape(expected)):
+        inspect_checkpoint(tmp_path / "trainer.states")

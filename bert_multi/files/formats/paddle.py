@@ -38,7 +38,7 @@ from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, file_size, open_regular, reason, replace_file
 from ...spec.config import BERTConfig
-from .base import MAX_TENSORS, PADDLE_PARAMS_FILE, CheckpointFormat, Probe, Raw, state_dict_in
+from .base import MAX_TENSORS, PADDLE_PARAMS_FILE, CheckpointFormat, Probe, Raw, StateDictInside, state_dict_in
 
 NAMES_TABLE = "StructuredToParameterName@@"  # each name's Paddle-internal name, which nothing here needs
 SLICED = "UnpackBigParamInfor@@"  # protocols 2 and 3 cut a tensor over 1 GiB into slices: no BERT has one
@@ -50,6 +50,14 @@ DTYPES = ("f2", "f4", "f8", "u2", "i1", "i2", "i4", "i8", "u1", "b1")
 LINEAR_WEIGHT = re.compile(r"(?<!_embedding)(?<!_embeddings)(?<!decoder)\.weight$")
 MAX_OPCODES = 1 << 22  # a BERT-large's state_dict takes 15,000; each opcode may push a value
 MAX_NDIM = 32
+# Another library's pickle that is no model's, by the module its objects are of: what it is, and what to read.
+FOREIGN = {
+    "mxnet": (
+        "MXNet",
+        "Gluon's Trainer.save_states pickles an optimizer's state so; the model's weights are the .params file "
+        "save_parameters writes, which bert_multi reads",
+    ),
+}
 MATERIALISED_FACTOR = 2  # what the arrays may take, as a multiple of the file (arrays may share bytes)
 MATERIALISED_SLACK = 1 << 20
 PROTOCOL = 4  # what paddle.save writes unless asked
@@ -134,9 +142,21 @@ class _Machine:
         self.stack: list[Any] = []
         self.marks: list[int] = []  # where each open mark is on the stack
         self.memo: dict[int, Any] = {}
+        self.foreign: str | None = None  # the first class the pickle names of a library in FOREIGN
 
     def fail(self, message: str) -> WeightsError:
-        return WeightsError(f"{self.path}: not a readable Paddle state_dict file (paddle.save): {message}")
+        return self.refused(
+            WeightsError(f"{self.path}: not a readable Paddle state_dict file (paddle.save): {message}")
+        )
+
+    def refused(self, error: WeightsError) -> WeightsError:
+        """``error``, or, for a pickle of another library's objects (``FOREIGN``), what it is instead."""
+        if self.foreign is None:
+            return error
+        library, what = FOREIGN[self.foreign.split(".")[0]]
+        return WeightsError(
+            f"{self.path}: a pickle of {library}'s objects ({self.foreign}), not paddle.save's state_dict: {what}"
+        )
 
     def pop(self) -> Any:
         if len(self.stack) <= (self.marks[-1] if self.marks else 0):
@@ -197,6 +217,8 @@ class _Machine:
         elif name in ("GLOBAL", "STACK_GLOBAL"):
             module_name = (arg,) if name == "GLOBAL" else (self.pop(), self.pop())[::-1]
             push(_Global(" ".join(module_name)) if all(isinstance(n, str) for n in module_name) else _Opaque("global"))
+            if isinstance(module_name[0], str) and module_name[0].split(".")[0] in FOREIGN:
+                self.foreign = self.foreign or ".".join(map(str, module_name))
         elif name == "REDUCE":
             arguments, call = self.pop(), self.pop()
             push(self.reduce(call, arguments))
@@ -340,7 +362,12 @@ def read_pdparams(
             raise
         except PARSE_ERRORS as error:
             raise machine.fail(f"its pickle does not parse: {reason(error)}") from None
-        entries, notes = _entries(machine, top, key)
+        try:
+            entries, notes = _entries(machine, top, key)
+        except StateDictInside:
+            raise
+        except WeightsError as error:
+            raise machine.refused(error) from None
         if len(entries) > MAX_TENSORS:
             raise machine.fail(f"{len(entries)} tensors; a BERT has hundreds")
         arrays: dict[str, np.ndarray] = {}
