@@ -7,6 +7,7 @@ own file; that code, run as the message gives it, makes a file that reads to the
 import contextlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +81,7 @@ def test_an_orbax_directory_is_named_with_the_code_that_makes_it_a_flax_file(cas
         assert "name one" in message
     else:
         assert "'params.encoder.blks_0.addnorm1.ln.bias'" in message
-        assert f"StandardCheckpointer().restore({os.path.abspath(restored)!r})" in message
+        assert f"checkpointer.restore({os.path.abspath(restored)!r}, restore_args=" in message
 
 
 def test_inspect_names_an_orbax_checkpoint_in_one_line(capsys):
@@ -90,20 +91,28 @@ def test_inspect_names_an_orbax_checkpoint_in_one_line(capsys):
 
 
 def _code_in(message: str) -> str:
-    """The Python the message gives, after its last colon."""
-    return message.rsplit("which bert_multi reads: ", 1)[1].replace("; ", "\n")
+    """The Python the message gives: all it says after its last colon."""
+    return message.rsplit("which bert_multi reads: ", 1)[1]
+
+
+def _saved_on_a_gpu(checkpoint: Path, copy: Path) -> Path:
+    """A copy of ``checkpoint`` whose arrays say, as a run on a GPU writes them, that they were on one."""
+    shutil.copytree(checkpoint, copy)
+    sharding = (copy / "_sharding").read_text()
+    assert '\\"device_str\\": \\"cpu:0\\"' in sharding
+    (copy / "_sharding").write_text(sharding.replace("cpu:0", "cuda:0"))
+    return copy
 
 
 @runs_here("jax")
-@pytest.mark.parametrize("path", [ORBAX_STATE, ORBAX_STEP])
-def test_the_code_the_message_gives_makes_a_flax_file_of_the_same_weights(path, tmp_path):
-    import flax.serialization
-    import orbax.checkpoint
-
+@pytest.mark.parametrize("which", ["flax.training's", "a manager's", "saved on a GPU"])
+def test_the_code_the_message_gives_makes_a_flax_file_of_the_same_weights(which, tmp_path):
+    path = {"flax.training's": ORBAX_STATE, "a manager's": ORBAX_STEP / "default"}.get(which)
+    path = path or _saved_on_a_gpu(ORBAX_STEP / "default", tmp_path / "gpu")
     with pytest.raises(WeightsError) as raised:
         load_checkpoint(path, **STATEMENTS)
     with contextlib.chdir(tmp_path):
-        exec(_code_in(str(raised.value)), {"orbax": orbax, "flax": flax})  # noqa: S102 - the message's own code
+        exec(_code_in(str(raised.value)), {})  # noqa: S102 - the message's own code, imports and all
     restored = load_checkpoint(tmp_path / "bert.msgpack", **STATEMENTS)
     legacy = load_checkpoint(LEGACY, **STATEMENTS)
     assert restored.config == legacy.config

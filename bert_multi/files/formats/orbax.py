@@ -6,7 +6,7 @@ An Orbax checkpoint is a directory: ``_METADATA`` (JSON) names every leaf of the
 arrays are zarr chunks, each compressed with zstd, in tensorstore's OCDBT key-value store (or in a zarr
 directory per array, without OCDBT). Reading them takes a zstd decoder and tensorstore's B-tree, neither of
 which the Python standard library has, so bert_multi says what the directory is, which leaves its metadata
-names, and the two lines of Orbax and Flax that turn it into Flax's own file, which bert_multi reads (a
+names, and the lines of Orbax and Flax that turn it into Flax's own file, which bert_multi reads (a
 ``TrainState`` included: its parameters are read, its step and optimizer state left out).
 
 A ``CheckpointManager`` saves each step as a directory (``_CHECKPOINT_METADATA``) holding one checkpoint per
@@ -111,10 +111,14 @@ def _tree(path: Path) -> list[str]:
 
 def _restore(path: Path) -> str:
     """The rest of the message: why bert_multi does not read it, and the code that makes it a Flax file."""
+    at = repr(os.path.abspath(path))
     return (
         ", which bert_multi does not read: Orbax keeps the arrays as zstd-compressed zarr chunks (in "
-        "tensorstore's OCDBT store, or a directory per array). Restore it with Orbax, in code you trust, and "
-        "save what it returns as Flax's own file, which bert_multi reads: "
-        f"state = orbax.checkpoint.StandardCheckpointer().restore({os.path.abspath(path)!r}); "
+        "tensorstore's OCDBT store, or a directory per array). Restore it with Orbax, in code you trust, as NumPy "
+        "arrays (restored as saved, a GPU's arrays need that GPU), and save them as Flax's own file, which "
+        "bert_multi reads: import jax, numpy, orbax.checkpoint, flax.serialization; "
+        f"checkpointer = orbax.checkpoint.PyTreeCheckpointer(); tree = checkpointer.metadata({at}).item_metadata.tree; "
+        f"state = checkpointer.restore({at}, restore_args=jax.tree.map(lambda _: "
+        "orbax.checkpoint.RestoreArgs(restore_type=numpy.ndarray), tree)); "
         "open('bert.msgpack', 'wb').write(flax.serialization.to_bytes(state))"
     )
