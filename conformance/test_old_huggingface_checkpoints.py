@@ -21,7 +21,7 @@ import pytest
 from bert_multi import WeightsError, convert, load_checkpoint
 from bert_multi.backend.registry import load_backend
 from bert_multi.engine.compare import compare_arrays, tolerance_for
-from bert_multi.files.formats.flax import pack_tree
+from bert_multi.files.formats.flax import nested, pack_tree, read_tree
 from conftest import pretraining_outputs, runs_here
 
 HERE = Path(__file__).parent / "original_bert" / "checkpoints"
@@ -119,9 +119,28 @@ def test_a_directory_with_safetensors_beside_flax_reads_safetensors_as_transform
     assert checkpoint.config.heads == ("pooler",)  # flax-model's, not flax_model.msgpack's three
 
 
-def test_the_file_alone_says_to_name_its_directory():
-    with pytest.raises(WeightsError, match="look like a HuggingFace transformers BERT.*name the directory holding"):
+def test_the_file_names_its_directory_and_out_of_it_reads_as_the_same_model(tmp_path):
+    """In its directory, flax_model.msgpack names the directory. Out of it (copied alone, the params a Flax
+    script saved with to_bytes, or a TrainState holding them beside Adam's moments), its names are read as
+    transformers' PyTorch classes', with transformers' defaults for what config.json says, which this model has."""
+    with pytest.raises(WeightsError, match="in the directory of their config: name the directory"):
         load_checkpoint(PRETRAINING / "flax_model.msgpack", num_heads=2)
+    same = load_checkpoint(PRETRAINING)
+    shutil.copyfile(PRETRAINING / "flax_model.msgpack", tmp_path / "params.msgpack")
+    tree = nested(read_tree(PRETRAINING / "flax_model.msgpack")[0])
+    zeros = nested(
+        {name: np.zeros_like(array) for name, array in read_tree(PRETRAINING / "flax_model.msgpack")[0].items()}
+    )
+    (tmp_path / "checkpoint_3").write_bytes(
+        pack_tree({"step": np.array(3), "params": tree, "opt_state": {"mu": zeros}})
+    )
+    for name in ("params.msgpack", "checkpoint_3"):
+        checkpoint = load_checkpoint(tmp_path / name, num_heads=2)
+        assert "read transformers' Flax names as its PyTorch classes'" in checkpoint.info.notes
+        assert checkpoint.config == dataclasses.replace(same.config, dropout=checkpoint.config.dropout)
+        assert checkpoint.weights.keys() == same.weights.keys()
+        assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
+    assert_computes(checkpoint.config, checkpoint.weights, expected("flax", "flax-pretraining"), "float64")
 
 
 def test_a_flax_tree_naming_one_tensor_twice_with_other_numbers_is_refused(tmp_path):

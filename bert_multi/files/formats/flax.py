@@ -33,7 +33,8 @@ from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, describe_format, file_size, open_regular, replace_file
 from ...spec.config import BERTConfig
-from .base import MAX_TENSORS, FrameworkFile, Probe, control_character, no_key
+from .base import MAX_TENSORS, FrameworkFile, Probe, Raw, control_character, no_key
+from .transformers_names import flax_name, is_transformers_state_dict
 
 # (regex, replacement) rules, applied in turn, from canonical names to the Flax tree's dotted paths: a
 # list of submodules is blks_0, blks_1 (a Sequential's mlp.2 is mlp_2), the pooler is one Dense
@@ -401,8 +402,20 @@ class ParameterTree(FrameworkFile):
         starts = probe.head[1:].startswith((b"\xa6params", b"\xa7encode", b"\xa4step"))
         return probe.path.suffix.lower() == ".msgpack" or (first != b"" and first[0] in FIXMAP and starts)
 
+    holds_transformers_names = True  # transformers 4's Flax BERT's params: its flax_model.msgpack, or to_bytes
+
     def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
         return read_checkpoint(path, key)  # framework-free: the format is plain MessagePack
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        raw = super().read(path, key)
+        renamed = {name: flax_name(name)[0] for name in raw.arrays}
+        if is_transformers_state_dict(renamed.values()):  # read as its PyTorch classes' state_dict is
+            raw.arrays = {renamed[name]: array for name, array in raw.arrays.items()}
+            raw.dtypes = {renamed[name]: dtype for name, dtype in raw.dtypes.items()}
+            raw.framework = None
+            raw.notes.append("read transformers' Flax names as its PyTorch classes'")
+        return raw
 
     def write(
         self,

@@ -46,7 +46,7 @@ from .hdf5 import read_hdf5
 from .hub_cache import another_librarys, is_cache_folder, snapshot
 from .safetensors import read_metadata, read_safetensors, write_safetensors
 from .shards import INDEX_SUFFIX, read_shards
-from .transformers_names import BIAS, DECODER_BIAS, NAMES, canonical_arrays
+from .transformers_names import BIAS, DECODER_BIAS, LEAVES, NAMES, canonical_arrays, flax_name
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 # pytorch-pretrained-bert (transformers' name until mid-2019) named the config as Google did.
@@ -82,10 +82,6 @@ SIZE_FIELDS = {
     "max_len": "max_position_embeddings",
 }
 
-# A Flax or Keras leaf's name -> PyTorch's: a Dense's kernel is its weight (transposed); a LayerNorm's scale
-# (Flax) and an embedding's table (Flax's embedding, Keras's embeddings) are their weights. Keras's LayerNorm
-# gamma and beta are read as TensorFlow-era names (canonical_name).
-LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "embeddings": "weight"}
 # hidden_act -> semantics.activation: HuggingFace's "gelu" is the erf form, its tanh forms have 3 names.
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
@@ -102,8 +98,9 @@ def is_model_directory(path: Path) -> bool:
 def in_its_directory(path: Path) -> bool:
     """Whether ``path`` is the weights, or a shard of them, of the HuggingFace directory it is in: read alone,
     they would lose what its config says."""
-    shard = re.fullmatch(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)", path.name)
-    return (path.name in (SAFETENSORS_FILE, TORCH_FILE) or shard is not None) and is_model_directory(path.parent)
+    shard = re.fullmatch(r"(model|pytorch_model|flax_model)-\d+-of-\d+\.(safetensors|bin|msgpack)", path.name)
+    own = path.name in (SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE) or shard is not None
+    return own and is_model_directory(path.parent)
 
 
 # --- Directories ------------------------------------------------------------------------------------------
@@ -175,12 +172,6 @@ def read_directory(
 def _read_torch(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     own, dtypes, _ = load_backend("torch").read_checkpoint(path)
     return own, dtypes
-
-
-def flax_name(name: str) -> tuple[str, bool]:
-    """(the PyTorch name of a leaf of a transformers Flax BERT's tree, dotted, whether it is a kernel)."""
-    stem, dot, leaf = name.rpartition(".")
-    return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
 
 
 def keras_name(name: str, scopes: int) -> tuple[str, bool]:

@@ -36,6 +36,18 @@ NAMES: list[tuple[str, str]] = [
     ("cls.seq_relationship.{p}", "nsp.output.{p}"),
 ]
 
+# A Flax or Keras leaf's name -> PyTorch's: a Dense's kernel is its weight (transposed); a LayerNorm's scale
+# (Flax) and an embedding's table (Flax's embedding, Keras's embeddings) are their weights. Keras's LayerNorm
+# gamma and beta are read as TensorFlow-era names (canonical_name).
+LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "embeddings": "weight"}
+
+
+def flax_name(name: str) -> tuple[str, bool]:
+    """(the PyTorch name of a leaf of a transformers Flax BERT's tree, dotted, whether it is a kernel)."""
+    stem, dot, leaf = name.rpartition(".")
+    return stem + dot + LEAVES.get(leaf, leaf), leaf == "kernel"
+
+
 # Buffers, not weights.
 IGNORED = (r"(bert\.)?embeddings\.position_ids",)
 # transformers' fine-tuning heads (its ForSequenceClassification, ForTokenClassification, ForMultipleChoice:
