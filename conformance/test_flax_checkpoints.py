@@ -138,3 +138,29 @@ def test_the_parameters_are_read_wherever_they_are_among_the_states_entries(tmp_
     assert not any(
         "left out" in note for note in load_checkpoint(tmp_path / "variables.msgpack", **STATEMENTS).info.notes
     )
+
+
+def test_a_pickled_tree_of_arrays_is_named_with_the_line_that_makes_it_a_flax_file(tmp_path):
+    """pickle.dump(jax.device_get(params)): NumPy's arrays in nested dicts, parsed and never unpickled."""
+    import pickle
+
+    from bert_multi.files.formats.flax import flax_tree
+
+    legacy = load_checkpoint(LEGACY, **STATEMENTS)
+    (tmp_path / "params.pkl").write_bytes(pickle.dumps({"params": flax_tree(legacy.config, legacy.weights)}))
+    with pytest.raises(WeightsError, match=r"it holds arrays in nested dicts, as a Flax model's parameters are"):
+        load_checkpoint(tmp_path / "params.pkl", **STATEMENTS)
+
+
+@runs_here("jax")
+def test_a_pickle_of_jaxs_arrays_or_flaxs_frozen_dict_is_named_for_what_it_is(tmp_path):
+    import pickle
+
+    import jax.numpy as jnp
+    from flax.core import freeze
+
+    params = {"dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.zeros(3)}}
+    for name, tree, whose in [("arrays", params, "JAX"), ("frozen", freeze(params), "Flax")]:
+        (tmp_path / f"{name}.pkl").write_bytes(pickle.dumps(tree))
+        with pytest.raises(WeightsError, match=rf"a pickle of {whose}'s objects \(.*\): pickle.dump of a Flax"):
+            inspect_checkpoint(tmp_path / f"{name}.pkl")
