@@ -48,7 +48,7 @@ def _head_choices(semantics: Semantics) -> Iterator[tuple[str, ...]]:
             yield heads
 
 
-def _under(names: set[str], marker: str, own_prefix: str = r"bert\.") -> str | None:
+def _under(names: set[str], marker: str, own_prefix: str) -> str | None:
     """The prefix under which one of ``names`` has the name ``marker`` (a pattern, after the family's own
     optional ``own_prefix``) begins: '' for none, None where no name has it."""
     for name in sorted(names):
@@ -57,13 +57,12 @@ def _under(names: set[str], marker: str, own_prefix: str = r"bert\.") -> str | N
     return None
 
 
-# Where each family's names begin, after its own optional prefix (``bert.``): a PaddleNLP BERT's, a
-# transformers one's, d2l's (whose names have no prefix of their own).
-FAMILY_MARKERS = (
-    (r"encoder\.layers\.\d+\.self_attn\.q_proj\.", r"bert\."),
-    (r"embeddings\.word_embeddings\.", r"bert\."),
-    (r"encoder\.token_embedding\.", ""),
-)
+# Where each family's names begin (a pattern), after its own optional prefix: a PaddleNLP BERT's and a
+# transformers one's after ``bert.``; d2l's, which have no prefix of their own.
+PADDLENLP_NAMES = (r"encoder\.layers\.\d+\.self_attn\.q_proj\.", r"bert\.")
+TRANSFORMERS_NAMES = (r"embeddings\.word_embeddings\.", r"bert\.")
+D2L_NAMES = (r"encoder\.token_embedding\.", "")
+FAMILY_MARKERS = (PADDLENLP_NAMES, TRANSFORMERS_NAMES, D2L_NAMES)
 
 
 def wrapper_prefix(names: set[str]) -> str:
@@ -83,7 +82,7 @@ def _wrapped(prefix: str) -> str:
 
 def _family(names: set[str]) -> str:
     """Which other model family a set of tensor names looks like, if any, as a clause for a message."""
-    prefix = _under(names, r"encoder\.layers\.\d+\.self_attn\.q_proj\.")
+    prefix = _under(names, *PADDLENLP_NAMES)
     if prefix is not None:
         return (
             " (they look like PaddleNLP's BERT: the original BERT in Paddle's names and layouts; name the directory "
@@ -91,7 +90,7 @@ def _family(names: set[str]) -> str:
             "holds beside the file too), read as one; where neither is beside it, load it with PaddleNLP's "
             f"from_pretrained and save_pretrained it{_wrapped(prefix)})"
         )
-    prefix = _under(names, r"embeddings\.word_embeddings\.")
+    prefix = _under(names, *TRANSFORMERS_NAMES)
     if prefix is not None:
         return (
             " (they look like a HuggingFace transformers BERT: the original BERT, whose names and layers differ "
@@ -104,7 +103,7 @@ def _family(names: set[str]) -> str:
         )
     if "encoder.embedding.weight" in names or any(name.startswith("decoder.") for name in names):
         return " (they look like d2l's Transformer for machine translation, not its BERT)"
-    prefix = _under(names, r"encoder\.token_embedding\.", own_prefix="")  # d2l's names have no "bert." of their own
+    prefix = _under(names, *D2L_NAMES)
     if prefix:
         return f" (they look like a d2l BERT{_wrapped(prefix)})"
     return ""

@@ -342,7 +342,7 @@ def read_checkpoint(
             ) from None
     state, notes = state_dict_in(path, loaded, key, _state_dict_or_none)
     views = _distinct_views(path, state, size)
-    copies: dict[tuple, np.ndarray] = {}  # a view saved under two names (tied weights) is copied once
+    copies: dict[tuple, np.ndarray] = {}  # a view saved under two names (tied weights) is read once
     arrays = {}
     for name, tensor in state.items():
         view = views[str(name)]

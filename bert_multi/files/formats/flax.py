@@ -12,9 +12,8 @@ dotted here as ``encoder.blks_0.attention.W_q.kernel`` (``NAME_RULES``). A file 
 variables dict around it (``{"params": tree}``), or a training state around that (what
 ``flax.training.checkpoints.save_checkpoint`` wrote before Flax moved to Orbax: a ``TrainState``'s
 ``step``, ``params`` and ``opt_state``), whose parameters are read and the rest passed over unread.
-Framework difference: Flax's dense kernels are
-(in, out), torch's and Gluon's weights (out, in); the reader turns them to (out, in) and the writer
-back.
+Framework difference: Flax's dense kernels are (in, out), torch's and Gluon's weights (out, in); the
+reader turns them to (out, in) and the writer back.
 """
 
 from __future__ import annotations
