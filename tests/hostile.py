@@ -1307,7 +1307,7 @@ def state_bytes(**changes: object) -> bytes:
     if "num_blks" in changes:
         state = state._replace(config=dataclasses.replace(CONFIG, num_blks=changes["num_blks"]))
     # Past the check that refuses to save a state a run could not resume from: the file is made to be bad.
-    with tempfile.TemporaryDirectory() as directory, mock.patch("bert_multi.training.state.check_optimizer_state"):
+    with tempfile.TemporaryDirectory() as directory, mock.patch("bert_multi.spec.training_state.check_optimizer_state"):
         return save_training_state(directory, state).read_bytes()
 
 
@@ -1714,7 +1714,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         paddle = (PADDLE_FIXTURES / "d2l-0.17.6-paddle.pdparams").read_bytes()
         transformers = torch_bytes(transformers_state())  # read as the original BERT: refused as not d2l's
         lightning = (TF_CHECKPOINT.parent / "lightning-d2l.ckpt").read_bytes()  # a dict: refused, naming its key
-        return [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp, transformers, lightning], [
+        corpus = [flax_bytes(), params_bytes(gluon_weights()), paddle, *gluonnlp, transformers, lightning]
+        return [*corpus, state_bytes()], [  # a pretraining run's state: its weights read
             *generic,
             mutate_a_shape,
         ]

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from bert_multi import BERTConfig, WeightsError
+from bert_multi import BERTConfig, WeightsError, load_checkpoint
 from bert_multi.backend.registry import not_in_process
 from bert_multi.safe_files import unnamed_file
 from bert_multi.training import STATE_FILE, load_training_state, run_pretraining
@@ -123,7 +123,15 @@ def test_the_command_line_saves_and_resumes(tmp_path, capsys):
     state = tmp_path / "state"
     assert main(["pretrain", *model, "--steps", "2", "--checkpoint-every", "1", "--checkpoint-dir", str(state),
                  "--out", str(tmp_path / "a.npz")]) == 0  # fmt: skip
-    assert load_training_state(state).step == 2
+    saved = load_training_state(state)
+    assert saved.step == 2
+    for path in (state, state / STATE_FILE):  # the run's directory, or its file, read as a checkpoint
+        checkpoint = load_checkpoint(path)
+        assert checkpoint.config == saved.config and checkpoint.info.notes == [
+            f"read the weights of bert-multi pretrain's training state at step 2; its optimizer's state "
+            f"({len(saved.optimizer)} arrays) left out"
+        ]
+        assert all(np.array_equal(checkpoint.weights[name], array) for name, array in saved.weights.items())
     again = ["--steps", "3", "--resume", str(state), "--checkpoint-every", "1"]
     assert main(["pretrain", *model, *again, "--out", str(tmp_path / "b.npz")]) == 0
     printed = capsys.readouterr().out
@@ -208,7 +216,7 @@ def rewritten(tmp_path, state, **changes):
 
     from bert_multi.training import TrainingState, save_training_state
 
-    with mock.patch("bert_multi.training.state.check_optimizer_state"):
+    with mock.patch("bert_multi.spec.training_state.check_optimizer_state"):
         save_training_state(tmp_path, TrainingState(**{**state._asdict(), **changes}))
     return tmp_path
 

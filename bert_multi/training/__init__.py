@@ -1,9 +1,11 @@
 """Pretraining, framework-free: d2l's data pipeline (``data``), the loop on any backend that can train
-(``loop``), the whole training state in one file (``state``), and what every framework's ``Pretrainer``
-shares (``trainer``): each framework fills in its loss, backward pass and optimizer step."""
+(``loop``), and what every framework's ``Pretrainer`` shares (``trainer``): each framework fills in its
+loss, backward pass and optimizer step. The whole training state in one file is the spec's
+(``bert_multi.spec.training_state``): a checkpoint reader reads it too."""
 
 from ..backend.contract import MIXED_PRECISIONS
 from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues, check_batch
+from ..spec.training_state import STATE_FILE, TrainingState, load_training_state, save_training_state
 from .data import (
     RESERVED_TOKENS,
     PretrainingData,
@@ -34,7 +36,6 @@ from .loop import (
     watch_workers,
     worker_environment,
 )
-from .state import STATE_FILE, TrainingState, load_training_state, save_training_state
 from .trainer import Trainer
 
 __all__ = [

@@ -22,9 +22,9 @@ from ..errors import UsageError, WorkerFailed
 from ..safe_files import replace_text, written_together
 from ..spec.config import HEADS, BERTConfig
 from ..spec.loss import MLM_NORMALIZATIONS, BatchTotals, LossValues
+from ..spec.training_state import TrainingState, load_training_state, save_training_state
 from ..spec.weight_file import load_weights, save_weights
 from .data import PretrainingData, shard
-from .state import TrainingState, load_training_state, save_training_state
 
 
 def free_address() -> str:

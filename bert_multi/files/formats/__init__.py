@@ -50,6 +50,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     flax.FORMAT,
     huggingface.ALONE,
     paddlenlp.FORMAT,
+    npz.RUN,
     huggingface.FORMAT,
     keras_hub.FORMAT,
     keras_hub.FILE,

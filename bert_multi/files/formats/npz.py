@@ -1,5 +1,8 @@
-"""bert_multi's own weight file (an ``.npz`` with a manifest, ``bert_multi.spec.weight_file``) as a
-checkpoint format: it records the whole config, so nothing needs stating."""
+"""bert_multi's own files as checkpoint formats: the weight file (an ``.npz`` with a manifest,
+``bert_multi.spec.weight_file``), which records the whole config, so nothing needs stating; and the
+training state ``bert-multi pretrain`` keeps (``--checkpoint-dir``: ``state.npz``,
+``bert_multi.spec.training_state``), the file or its directory, whose weights and config are read and its
+optimizer's state left out."""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from ...spec.config import BERTConfig
+from ...spec.training_state import STATE_FILE, is_training_state, read_training_state
 from ...spec.weight_file import MANIFEST_KEY, load_weights, save_weights
-from .base import CheckpointFormat, Probe, Raw, no_key
+from .base import CheckpointFormat, Probe, Raw, is_regular_file, no_key
 
 
 class CanonicalWeights(CheckpointFormat):
@@ -25,6 +29,8 @@ class CanonicalWeights(CheckpointFormat):
 
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
+        if is_training_state(path):  # a run's state.npz, or a copy of it: the same file format, another manifest
+            return _weights_of_state(self.kind, path)
         config, weights = load_weights(path)
         return Raw(self.kind, None, weights, {}, config=config)
 
@@ -40,4 +46,28 @@ class CanonicalWeights(CheckpointFormat):
         save_weights(path, config, weights)
 
 
+class PretrainingRun(CheckpointFormat):
+    kind = "pretrain-run"
+    description = "bert-multi pretrain's checkpoint directory (--checkpoint-dir: state.npz)"
+    directory = True
+
+    def recognizes(self, probe: Probe) -> bool:
+        return is_regular_file(probe.path / STATE_FILE)
+
+    def read(self, path: Path, key: str | None) -> Raw:
+        no_key(path, key)
+        return _weights_of_state(self.kind, path / STATE_FILE)
+
+
+def _weights_of_state(kind: str, path: Path) -> Raw:
+    """The weights and config of the training state at ``path``, its optimizer's state said to be left out."""
+    state = read_training_state(path)
+    note = (
+        f"read the weights of bert-multi pretrain's training state at step {state.step}; its optimizer's state "
+        f"({len(state.optimizer)} arrays) left out"
+    )
+    return Raw(kind, None, state.weights, {}, [note], config=state.config)
+
+
 FORMAT = CanonicalWeights()
+RUN = PretrainingRun()

@@ -11,10 +11,10 @@ import numpy as np
 
 from ..errors import WeightsError
 from ..safe_files import NpzReader, open_regular, size_field
-from ..spec.config import BERTConfig
-from ..spec.optimizer import adam_stepped, check_optimizer_state
-from ..spec.schema import validate_weights
-from ..spec.weight_file import MANIFEST_KEY, read_json_manifest, write_npz
+from .config import BERTConfig
+from .optimizer import adam_stepped, check_optimizer_state
+from .schema import validate_weights
+from .weight_file import MANIFEST_KEY, read_json_manifest, write_npz
 
 STATE_FILE = "state.npz"
 STATE_FORMAT = "bert_multi.training_state"
@@ -50,6 +50,24 @@ def load_training_state(directory: str | os.PathLike) -> TrainingState | None:
     path = Path(directory) / STATE_FILE
     if not os.path.lexists(path):  # there is none; a link to nothing is a broken state, not none
         return None
+    return read_training_state(path)
+
+
+def is_training_state(path: str | os.PathLike) -> bool:
+    """Whether the ``.npz`` at ``path`` says it is a training state (its manifest's format), read no further;
+    False for anything that cannot say so."""
+    try:
+        with open_regular(path, "training state", WeightsError) as file:
+            manifest = read_json_manifest(Path(path), NpzReader(file, Path(path), WeightsError), "training state")
+    except WeightsError:
+        return False
+    return manifest.get("format") == STATE_FORMAT
+
+
+def read_training_state(path: str | os.PathLike) -> TrainingState:
+    """The training state in the file at ``path`` (a run's ``state.npz``, or a copy of it), every part
+    checked; a ``WeightsError`` naming the file for anything else."""
+    path = Path(path)
     with open_regular(path, "training state", WeightsError) as file:
         archive = NpzReader(file, path, WeightsError)
         manifest = read_json_manifest(path, archive, "training state")
