@@ -189,7 +189,8 @@ def _fixture_with(fixture: Path, member: str, **options: object) -> Callable[[st
     return load
 
 
-def _keras_file(path: str) -> object:
+def _with_nothing_stated(path: str) -> object:
+    """A checkpoint that records all it needs (a .keras file, a zipped directory), loaded with nothing stated."""
     from bert_multi import load_checkpoint
 
     return load_checkpoint(path)
@@ -268,7 +269,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfh5": _fixture_with(HF_TF, "tf_model.h5", dtype="float32"),
     "hfindex": _shard_index,
     "kerashub": _fixture_with(KERAS_HUB, "model.weights.h5"),
-    "kerasfile": _keras_file,
+    "kerasfile": _with_nothing_stated,
     "kerasconfig": _fixture_with(KERAS_HUB, "config.json"),
     "paddlenlp": _fixture_with(PADDLENLP, "model_state.pdparams"),
     "paddlenlp3": _fixture_with(PADDLENLP3, "model.safetensors", dtype="float32"),
@@ -277,6 +278,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
     "orbax": _fixture_with(ORBAX, "_METADATA"),  # never read: named, with what its metadata lists
+    "zippeddir": _with_nothing_stated,  # a zip read as a checkpoint with nothing stated: Google's BERT zipped, say
     "weights": _load_weights,
     "params": _read_params,
     "flax": _read_flax,
@@ -302,6 +304,7 @@ WEIGHT_READERS = (
         "hfh5",
         "tfindex",
         "orbax",
+        "zippeddir",
         "weights",
     ),
     *(
@@ -461,6 +464,34 @@ def hostile_flax() -> dict[str, tuple[bytes, str]]:
             b"\x82\xa1s\xdd" + (200_000).to_bytes(4, "big") + b"\xc0" * 200_000 + b"\xa6params\x81\xa1w" + leaf,
             "over 100000 MessagePack items",
         ),
+    }
+
+
+def google_zip_bytes() -> bytes:
+    """Google's TensorFlow BERT directory (the fixture) zipped as Google publishes one: under its folder."""
+    return make_zip(
+        [(f"uncased_L-2_H-8/{path.name}", path.read_bytes()) for path in sorted(TF_CHECKPOINT.iterdir())],
+        zipfile.ZIP_DEFLATED,
+    )
+
+
+def hostile_zipped_directories() -> dict[str, tuple[bytes, str]]:
+    config = (TF_CHECKPOINT / "bert_config.json").read_bytes()
+    return {
+        "a name above the zip": (make_zip([("../bert_config.json", config)]), "a name outside the zip's own"),
+        "an absolute name": (make_zip([("/tmp/bert_config.json", config)]), "a name outside the zip's own"),
+        "a file where a folder is": (
+            make_zip([("a", b""), ("a/bert_config.json", config)]),
+            "a damaged zip archive",
+        ),
+        "1,001 files": (make_zip([("bert_config.json", config), *((str(i), b"") for i in range(1000))]), "1001 files"),
+        "zeros that expand beyond reason": (
+            make_zip(
+                [("bert_config.json", config), *((f"{i}", bytes(1 << 20)) for i in range(3))], zipfile.ZIP_DEFLATED
+            ),
+            "claim to expand to",
+        ),
+        "a config alone": (make_zip([("bert_config.json", config)]), "which is no checkpoint directory"),
     }
 
 
@@ -1376,7 +1407,7 @@ def hostile_keras_files() -> dict[str, tuple[bytes, str]]:
         "cut short": (whole[: len(whole) // 2], "zip"),
         "a bit of the weights flipped": (flipped, "its bytes do not match the zip's checksum"),
         "the weights' local header gone": (moved, "local header is not where the zip's directory says"),
-        "no weights": (make_zip([("config.json", json.dumps(config).encode())]), "neither"),
+        "no weights": (make_zip([("config.json", json.dumps(config).encode())]), "which is no checkpoint directory"),
         "config.json not JSON": (make_zip([("config.json", b"{"), ("model.weights.h5", weights)]), "not valid JSON"),
         "a RoBERTa's backbone": (
             keras(roberta),
@@ -1550,6 +1581,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "orbax": hostile_orbax_metadata,
+    "zippeddir": hostile_zipped_directories,
     "weights": hostile_weights,
     "params": hostile_params,
     "flax": hostile_flax,
@@ -1727,6 +1759,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True), FLAX_STATE.read_bytes()], generic
     if loader == "orbax":
         return [(ORBAX / "_METADATA").read_bytes()], generic
+    if loader == "zippeddir":
+        return [google_zip_bytes()], [*generic, mutate_inside_zip]
     if loader == "paddlenlp":
         return [(PADDLENLP / "model_state.pdparams").read_bytes()], generic
     if loader == "paddlenlp2config":

@@ -4,6 +4,8 @@
 import itertools
 import json
 import re
+import zipfile
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
@@ -571,3 +573,53 @@ def test_a_gluon_trainers_saved_states_are_said_to_be_an_optimizers_pickle(tmp_p
     )
     with pytest.raises(WeightsError, match=re.escape(expected)):
         inspect_checkpoint(tmp_path / "trainer.states")
+
+
+ORIGINAL_BERT = Path(__file__).parent.parent / "conformance" / "original_bert" / "checkpoints"
+
+
+def _zip(source: Path, target: Path, top: str) -> Path:
+    """``source``'s files in a zip, under ``top/`` (as Google's BERT zips hold their directory) or at its root."""
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(found for found in source.rglob("*") if found.is_file()):
+            archive.write(path, str(PurePosixPath(top, *path.relative_to(source).parts)))
+    return target
+
+
+@pytest.mark.parametrize(
+    "fixture, top",
+    [("pretrained", "uncased_L-2_H-8"), ("flax-pretraining", ""), ("keras-hub-backbone", "preset")],
+    ids=["Google's TensorFlow BERT", "a HuggingFace directory", "a KerasHub preset"],
+)
+def test_a_zipped_checkpoint_directory_reads_as_the_directory_it_holds(tmp_path, fixture, top):
+    directory = load_checkpoint(ORIGINAL_BERT / fixture)
+    zipped = load_checkpoint(_zip(ORIGINAL_BERT / fixture, tmp_path / "bert.zip", top))
+    assert zipped.info.notes[0].startswith(f"extracted the zip and read its {top + '/' if top else 'files'}: ")
+    assert zipped.info.notes[1:] == directory.info.notes and zipped.config == directory.config
+    assert zipped.weights.keys() == directory.weights.keys()
+    assert all(np.array_equal(array, directory.weights[name]) for name, array in zipped.weights.items())
+
+
+def test_a_zip_that_would_write_outside_itself_or_expand_beyond_reason_is_refused_before_extracting(tmp_path):
+    def made(name: str, members: list[tuple[str, bytes]]) -> Path:
+        with zipfile.ZipFile(tmp_path / name, "w", zipfile.ZIP_DEFLATED) as archive:
+            for member, data in members:
+                archive.writestr(member, data)
+        return tmp_path / name
+
+    refused = {
+        "a name above the zip": (made("up.zip", [("../config.json", b"{}")]), "a name outside the zip's own"),
+        "an absolute name": (made("abs.zip", [("/etc/config.json", b"{}")]), "a name outside the zip's own"),
+        "zeros that expand a thousand times": (
+            made("bomb.zip", [("config.json", b"{}"), *((f"{i}.bin", bytes(1 << 20)) for i in range(3))]),
+            "claim to expand to",
+        ),
+        "a config and nothing a directory reads": (
+            made("half.zip", [("x/bert_config.json", b"{}")]),
+            "a zip holding ['x/bert_config.json'], which is no checkpoint directory",
+        ),
+    }
+    for case, (path, message) in refused.items():
+        with pytest.raises(WeightsError, match=re.escape(message)):
+            load_checkpoint(path)
+        assert not (tmp_path / "config.json").exists(), case

@@ -41,6 +41,7 @@ READERS = {
     "tf2data": None,
     "tfindex": None,
     "orbax": None,
+    "zippeddir": None,
     "weights": None,
     "params": None,
     "flax": None,

@@ -24,6 +24,7 @@ from . import (
     pytorch,
     tensorflow,
     tf_objects,
+    zipped,
 )
 from .base import (
     PARAMS_FILE,
@@ -41,6 +42,10 @@ from .base import (
 # by --framework's name when it is written).
 DIRECTORY = d2l.Directory(lambda path: sniff(path), lambda framework: D2L_PUBLISHED[framework])
 ZIP = d2l.Zip(DIRECTORY)
+# Any other directory format's directory, zipped: its marker files (the registry's) say to extract it.
+ZIPPED = zipped.ZippedDirectory(
+    lambda: {name for own in FORMATS for name in own.marker_files}, lambda path: _directory_format(path)
+)
 # Every format, in the order a file is tried against them.
 FORMATS: tuple[CheckpointFormat, ...] = (
     npz.FORMAT,
@@ -58,6 +63,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     tensorflow.FORMAT,
     DIRECTORY,
     ZIP,
+    ZIPPED,
 )
 BY_KIND = {own.kind: own for own in FORMATS}
 DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people

@@ -69,6 +69,7 @@ class CheckpointFormat:
     d2l_published = False  # a file that d2l's pretrained-model directories hold (MXNet's, PyTorch's, Paddle's)
     d2l_file = PARAMS_FILE  # its name there
     holds_transformers_names = False  # may hold a transformers BERT's state_dict alone, read as one if so
+    marker_files: tuple[str, ...] = ()  # a directory format's: the names of files that mark one, in a zip
 
     def recognizes(self, probe: Probe) -> bool:
         """Whether the file (or directory) is one of this format."""

@@ -396,6 +396,7 @@ class ModelDirectory(CheckpointFormat):
         "flax_model.msgpack; or the hub cache's folder of one, models--org--name)"
     )
     directory = True
+    marker_files = (CONFIG_FILE, OLD_CONFIG_FILE)
 
     def recognizes(self, probe: Probe) -> bool:
         return is_directory(probe.path) and (is_model_directory(probe.path) or is_cache_folder(probe.path))

@@ -247,6 +247,7 @@ class Preset(CheckpointFormat):
     kind = "keras-hub"
     description = "KerasHub BERT preset (config.json + model.weights.h5, as save_to_preset writes it)"
     directory = True
+    marker_files = (CONFIG_FILE,)
 
     def recognizes(self, probe: Probe) -> bool:
         return is_directory(probe.path) and is_preset(probe.path)

@@ -50,6 +50,7 @@ class PretrainingRun(CheckpointFormat):
     kind = "pretrain-run"
     description = "bert-multi pretrain's checkpoint directory (--checkpoint-dir: state.npz)"
     directory = True
+    marker_files = (STATE_FILE,)
 
     def recognizes(self, probe: Probe) -> bool:
         return is_regular_file(probe.path / STATE_FILE)

@@ -332,6 +332,7 @@ class ModelDirectory(CheckpointFormat):
         "cache)"
     )
     directory = True
+    marker_files = (CONFIG_FILE, OLD_CONFIG_FILE)
 
     def recognizes(self, probe: Probe) -> bool:
         # A weights file that is a dangling link or no regular file is refused by name when read.

@@ -372,6 +372,7 @@ class GoogleDirectory(CheckpointFormat):
     kind = "tf-dir"
     description = "Google's TensorFlow BERT directory (bert_config.json + bert_model.ckpt.index and .data files)"
     directory = True
+    marker_files = (CONFIG_FILE,)
 
     def recognizes(self, probe: Probe) -> bool:
         return is_directory(probe.path) and is_checkpoint_directory(probe.path)

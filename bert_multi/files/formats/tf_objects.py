@@ -237,6 +237,7 @@ class ObjectCheckpoint(CheckpointFormat):
         "or a training run's ckpt-N.index and data)"
     )
     directory = True
+    marker_files = (SAVED_VARIABLES.with_suffix(INDEX_SUFFIX).name,)
 
     def recognizes(self, probe: Probe) -> bool:
         return saved_prefix(probe.path) is not None
