@@ -33,7 +33,8 @@ class ZippedDirectory(CheckpointFormat):
         self.directory_format = directory_format  # the registry's: the format that recognizes a directory
 
     def recognizes(self, probe: Probe) -> bool:
-        return any(PurePosixPath(name).name in self.markers() for name in probe.members)
+        markers = self.markers()
+        return any(PurePosixPath(name).name in markers for name in probe.members)
 
     def framework_of(self, path: Path) -> str | None:
         return None  # that of the directory inside, known once read
