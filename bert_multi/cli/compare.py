@@ -30,8 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "weights",
-        help="a checkpoint: canonical .npz, PyTorch .pt/.pth, Gluon .params, Flax .msgpack or a d2l "
-        "pretrained-model dir",
+        help="a checkpoint in any format bert_multi reads (as inspect describes it): canonical .npz, PyTorch "
+        ".pt/.pth, Gluon .params, Flax .msgpack, a d2l pretrained-model dir, a HuggingFace directory ...",
     )
     parser.add_argument(
         "--inputs",
