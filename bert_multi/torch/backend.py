@@ -247,7 +247,8 @@ def save_checkpoint(path: str | os.PathLike, config: BERTConfig, weights: dict[s
 def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
     """Refuse what ``torch.load`` would trust too far: sizes it allocates before reading, which are zip
     members' declared sizes in the format of PyTorch >= 1.6 and the storages' in the legacy one
-    (``torch_legacy``), adding up to more than the file holds; and any other format."""
+    (``torch_legacy``), adding up to more than the file holds; a TorchScript archive, which torch's own
+    refusal advises loading with weights_only=False; and any other format."""
     head = file.read(8)
     file.seek(0)
     if is_legacy(head):
@@ -257,9 +258,16 @@ def _check_archive(file: BinaryIO, path: str | os.PathLike) -> None:
             f"{path}: not a readable PyTorch state_dict checkpoint: it looks like {describe_format(head)}"
         )
     try:
-        declared = sum(info.file_size for info in zipfile.ZipFile(file).infolist())
+        records = zipfile.ZipFile(file).infolist()
     except Exception as error:  # noqa: BLE001 - zipfile raises many types on hostile input
         raise WeightsError(f"{path}: not a readable PyTorch state_dict checkpoint: {reason(error)}") from None
+    if any(info.filename.endswith("/constants.pkl") for info in records):  # a program's constants
+        raise WeightsError(
+            f"{path}: a TorchScript archive (torch.jit.save, or a traced or scripted module's save), not a "
+            "state_dict: its weights are part of a program, which bert_multi never loads. Load it with "
+            "torch.jit.load in code you trust, then save module.state_dict()"
+        )
+    declared = sum(info.file_size for info in records)
     if declared > file_size(file):
         raise WeightsError(
             f"{path}: not a readable PyTorch state_dict checkpoint: its records declare {declared} bytes, "

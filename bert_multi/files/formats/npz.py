@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import WeightsError
 from ...spec.config import BERTConfig
 from ...spec.training_state import STATE_FILE, is_training_state, read_training_state
 from ...spec.weight_file import MANIFEST_KEY, load_weights, save_weights
@@ -29,9 +30,12 @@ class CanonicalWeights(CheckpointFormat):
 
     def read(self, path: Path, key: str | None) -> Raw:
         no_key(path, key)
-        if is_training_state(path):  # a run's state.npz, or a copy of it: the same file format, another manifest
-            return _weights_of_state(self.kind, path)
-        config, weights = load_weights(path)
+        try:
+            config, weights = load_weights(path)
+        except WeightsError:
+            if is_training_state(path):  # a run's state.npz, or a copy: the same file format, another manifest
+                return _weights_of_state(self.kind, path)
+            raise
         return Raw(self.kind, None, weights, {}, config=config)
 
     def write(
