@@ -412,27 +412,80 @@ def test_an_untied_or_unknown_transformers_state_dict_without_its_config_is_refu
         bm.load_checkpoint(tmp_path / "relative.pt", num_heads=4)
 
 
-@pytest.mark.parametrize("architecture", ["DistilBert", "Roberta", "relabelled"])
-def test_a_model_of_another_architecture_is_named_as_such(tmp_path, architecture):
-    """transformers' own DistilBERT and RoBERTa, and a BERT whose config.json says it is a RoBERTa (RoBERTa's
-    weights have BERT's names, its positions another offset): each refused by its model_type, before any
-    tensor is read."""
-    if architecture == "relabelled":
-        directory_with_config(tmp_path, model_type="roberta")
-        model_type = "roberta"
-    else:
-        transformers = transformers_or_skip()
-        sizes = dict(vocab_size=19, max_position_embeddings=12)
-        if architecture == "DistilBert":
-            hf_config = transformers.DistilBertConfig(dim=8, n_layers=1, n_heads=2, hidden_dim=6, **sizes)
-        else:
-            hf_config = transformers.RobertaConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                                                   intermediate_size=6, **sizes)  # fmt: skip
-        getattr(transformers, f"{architecture}ForMaskedLM")(hf_config).save_pretrained(tmp_path / "hf")
-        model_type = hf_config.model_type
-    expected = f"config.json: model_type is {model_type!r}; bert_multi reads BERT (model_type 'bert')"
-    with pytest.raises(WeightsError, match=re.escape(expected)):
+# transformers' BERT-like models: (the class, its config's arguments beside the shared sizes, the name a
+# message gives it). Their weights are named as a BERT's, or nearly, under another prefix; each computes
+# another function, and none may be read as a BERT under a wrapper's prefix.
+RELATIVE_MODELS = [
+    ("roberta", "RobertaForMaskedLM", {}, "RoBERTa"),
+    ("xlm-roberta", "XLMRobertaForMaskedLM", {}, "XLM-RoBERTa"),
+    ("data2vec-text", "Data2VecTextForMaskedLM", {}, "data2vec-text"),
+    ("distilbert", "DistilBertForMaskedLM", dict(dim=8, n_layers=1, n_heads=2, hidden_dim=6), "DistilBERT"),
+    ("albert", "AlbertForPreTraining", dict(embedding_size=4), "ALBERT"),
+    ("electra", "ElectraForPreTraining", dict(embedding_size=4), "ELECTRA"),
+    ("ernie", "ErnieForPreTraining", dict(use_task_id=True), "ERNIE"),
+    ("megatron-bert", "MegatronBertForPreTraining", {}, "MegatronBERT"),
+    ("deberta-v2", "DebertaV2ForMaskedLM", {}, "DeBERTa-v2"),
+    ("mpnet", "MPNetForMaskedLM", {}, "MPNet"),
+]
+
+
+@pytest.mark.parametrize(
+    "model_type, architecture, arguments, name", RELATIVE_MODELS, ids=[m[0] for m in RELATIVE_MODELS]
+)
+def test_a_relative_of_bert_is_named_in_its_directory_alone_and_wrapped(
+    tmp_path, model_type, architecture, arguments, name
+):
+    """A relative built by transformers is named for what it is: its directory by config.json's model_type, its
+    state_dict alone and inside a Lightning checkpoint by its names, with no prefix suggested; a prefix stated,
+    transformers' own (base_model_prefix), is refused too."""
+    transformers = transformers_or_skip()
+    import torch
+
+    sizes = dict(vocab_size=19, max_position_embeddings=12)
+    if model_type != "distilbert":
+        sizes |= dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=6)
+    model = getattr(transformers, architecture)(transformers.AutoConfig.for_model(model_type, **sizes, **arguments))
+    model.save_pretrained(tmp_path / "hf")
+    said = f"transformers' [^(]*{re.escape(name)}[^(]* \\(.*\\), which bert_multi does not read as BERT"
+    with pytest.raises(WeightsError, match=f"model_type is {model.config.model_type!r}: {said}"):
         bm.load_checkpoint(tmp_path / "hf")
+    torch.save(model.state_dict(), tmp_path / "alone.pt")
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "run.ckpt")
+    for path, key, prefix in [
+        ("alone.pt", None, None),
+        ("alone.pt", None, model.base_model_prefix),
+        ("run.ckpt", None, None),
+        ("run.ckpt", "state_dict", f"model.{model.base_model_prefix}."),
+    ]:
+        with pytest.raises(WeightsError, match=said) as caught:
+            bm.inspect_checkpoint(tmp_path / path, key=key, prefix=prefix)
+        assert "prefix=" not in str(caught.value), caught.value
+
+
+def test_the_relatives_table_agrees_with_transformers_on_each_models_prefix():
+    """Each relative's prefix is the one transformers' model of that model_type puts before its encoder."""
+    transformers = transformers_or_skip()
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    from bert_multi.files.formats.transformers_names import RELATIVES
+
+    prefixes = {
+        model_type: getattr(transformers, MODEL_MAPPING_NAMES[model_type]).base_model_prefix for model_type in RELATIVES
+    }
+    assert prefixes == {model_type: relative.prefix for model_type, relative in RELATIVES.items()}
+
+
+def test_a_roberta_base_model_alone_is_refused_by_its_one_segment(tmp_path):
+    """RoBERTa's base model has BERT's very names; its releases' one segment (type_vocab_size 1) is what tells
+    them apart, where no config.json is beside the file."""
+    transformers = transformers_or_skip()
+    import torch
+
+    config = transformers.RobertaConfig(vocab_size=19, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=6, max_position_embeddings=14, type_vocab_size=1)  # fmt: skip
+    torch.save(transformers.RobertaModel(config).state_dict(), tmp_path / "roberta.pt")
+    with pytest.raises(WeightsError, match="segment embedding.* has 1 row; a BERT's has 2.*transformers' RoBERTa"):
+        bm.inspect_checkpoint(tmp_path / "roberta.pt")
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ from .formats import (
     sniff,
 )
 from .formats.base import StateDictInside, control_character, some
-from .formats.transformers_names import is_transformers_state_dict, read_state_dict
+from .formats.transformers_names import is_transformers_state_dict, read_state_dict, relative_of
 from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns, wrapper_prefix
 
 
@@ -165,6 +165,8 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
     try:
         raw = own.read(path, key)
     except StateDictInside as inside:  # its names say the prefix to state with the key, in the same message
+        if kin := relative_of(inside.names):  # whose prefix is no wrapper's
+            raise WeightsError(f"{path}: the state_dict under the key {inside.holders[0]!r} is {kin}") from None
         raise WeightsError(inside.telling(wrapper_prefix(set(inside.names)))) from None
     for name in raw.arrays:
         if bad := control_character(name):
@@ -199,6 +201,8 @@ def _take_prefix(path: Path, raw: Raw, prefix: str) -> None:
     if not under:
         tops = sorted({name.split(".")[0] + "." for name in raw.arrays})
         raise WeightsError(f"{path}: no tensor name begins with {prefix!r}; the file's names begin with {some(tops)}")
+    if kin := relative_of(under):  # RoBERTa's under 'roberta.' would read as a BERT's
+        raise WeightsError(f"{path}: the tensors under {prefix!r} are {kin}")
     others = [name for name in raw.arrays if not name.startswith(prefix)]
     raw.arrays = {name.removeprefix(prefix): raw.arrays[name] for name in under}
     raw.dtypes = {name.removeprefix(prefix): raw.dtypes[name] for name in under}

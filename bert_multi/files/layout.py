@@ -19,6 +19,7 @@ from ..spec.config import HEADS, BERTConfig
 from ..spec.semantics import PRESETS, Semantics, releases_of
 from .formats import of_framework
 from .formats.base import some
+from .formats.transformers_names import RELATIVES, described_relative, relative_of
 
 # The top-level modules of d2l's BERTModel; a file's other tensors belong to something else (a task head).
 MODEL_PARTS = ("encoder", "hidden", "mlm", "nsp")
@@ -82,6 +83,8 @@ def _wrapped(prefix: str) -> str:
 
 def _family(names: set[str]) -> str:
     """Which other model family a set of tensor names looks like, if any, as a clause for a message."""
+    if kin := relative_of(names):  # before BERT's own: a relative's prefix is no wrapper's
+        return f" (they are {kin})"
     prefix = _under(names, *PADDLENLP_NAMES)
     if prefix is not None:
         return (
@@ -159,6 +162,13 @@ def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) 
             )
 
     vocab_size, num_hiddens = shape("encoder.token_embedding.weight", 2)
+    segments = shape("encoder.segment_embedding.weight", 2)[0]
+    if segments != 2:  # the schema's count; a RoBERTa base model, one segment in its releases, has BERT's names
+        roberta = f" (one, as a RoBERTa's: {described_relative(RELATIVES['roberta'])})" if segments == 1 else ""
+        raise WeightsError(
+            f"{path}: its segment embedding, {expected['encoder.segment_embedding.weight']!r}, has {segments} "
+            f"row{'s' if segments > 1 else ''}; a BERT's has 2, for segments 0 and 1{roberta}"
+        )
     sizes = {
         "vocab_size": vocab_size,
         "num_hiddens": num_hiddens,

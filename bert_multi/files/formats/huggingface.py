@@ -46,7 +46,16 @@ from .hdf5 import read_hdf5
 from .hub_cache import another_librarys, is_cache_folder, snapshot
 from .safetensors import read_metadata, read_safetensors, write_safetensors
 from .shards import INDEX_SUFFIX, read_shards
-from .transformers_names import BIAS, DECODER_BIAS, LEAVES, NAMES, canonical_arrays, flax_name
+from .transformers_names import (
+    BIAS,
+    DECODER_BIAS,
+    LEAVES,
+    NAMES,
+    RELATIVES,
+    canonical_arrays,
+    described_relative,
+    flax_name,
+)
 
 CONFIG_FILE, SAFETENSORS_FILE, TORCH_FILE = "config.json", "model.safetensors", "pytorch_model.bin"
 # pytorch-pretrained-bert (transformers' name until mid-2019) named the config as Google did.
@@ -120,6 +129,8 @@ def read_config(path: Path, what: str = "HuggingFace config") -> dict[str, Any]:
         raise WeightsError(f"{path}: expected a JSON object of at most {MAX_CONFIG_BYTES} bytes")
     model_type = hf.get("model_type", "bert")
     if model_type != "bert":
+        if isinstance(model_type, str) and model_type in RELATIVES:
+            raise WeightsError(f"{path}: model_type is {model_type!r}: {described_relative(RELATIVES[model_type])}")
         raise WeightsError(f"{path}: model_type is {model_type!r:.80}; bert_multi reads BERT (model_type 'bert')")
     return hf
 

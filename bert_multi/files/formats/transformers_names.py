@@ -7,6 +7,7 @@ import itertools
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,6 +55,58 @@ IGNORED = (r"(bert\.)?embeddings\.position_ids",)
 # classifier; ForQuestionAnswering: qa_outputs): a BERT fine-tuned is read with its head left out, and said.
 TASK_HEADS = ("classifier", "qa_outputs")
 DECODER_BIAS, BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
+
+
+class Relative(NamedTuple):
+    """A model of transformers' named as BERT is, or nearly, that computes another function."""
+
+    name: str
+    prefix: str  # its base_model_prefix: where its models with heads put the encoder's names
+    differs: str  # how it computes otherwise than BERT, as a clause
+
+
+# transformers' BERT-like models by model_type (config.json's): a state_dict of one, alone, is named for what
+# it is, not read as a BERT under a wrapper's prefix (RoBERTa's names under "roberta." are BERT's).
+RELATIVES = {
+    "roberta": Relative("RoBERTa", "roberta", "its positions counted from the padding index + 1"),
+    "xlm-roberta": Relative("XLM-RoBERTa", "roberta", "a RoBERTa"),
+    "camembert": Relative("CamemBERT", "roberta", "a RoBERTa"),
+    "data2vec-text": Relative("data2vec-text", "data2vec_text", "a RoBERTa"),
+    "roberta-prelayernorm": Relative("RoBERTa-PreLayerNorm", "roberta_prelayernorm", "LayerNorm before each sublayer"),
+    "longformer": Relative("Longformer", "longformer", "a RoBERTa attending within a sliding window"),
+    "distilbert": Relative("DistilBERT", "distilbert", "no segment embedding and no pooler"),
+    "albert": Relative("ALBERT", "albert", "one block's weights shared by every block, narrower embeddings"),
+    "electra": Relative("ELECTRA", "electra", "its embeddings projected where narrower, a discriminator's head"),
+    "ernie": Relative("ERNIE", "ernie", "a task-type embedding too where its config sets use_task_id"),
+    "megatron-bert": Relative("MegatronBERT", "bert", "LayerNorm before each sublayer rather than after"),
+    "deberta": Relative("DeBERTa", "deberta", "attention with disentangled relative positions"),
+    "deberta-v2": Relative("DeBERTa-v2", "deberta", "attention with disentangled relative positions"),
+    "mpnet": Relative("MPNet", "mpnet", "a relative-position bias in attention"),
+    "layoutlm": Relative("LayoutLM", "layoutlm", "2-D positions of the words on a page"),
+    "big_bird": Relative("BigBird", "bert", "block-sparse attention"),
+}
+# Where a relative's names begin: its prefix (after a wrapper's, if any) before the embeddings, which BERT's
+# prefix "bert." is not; or MegatronBERT's layer of its own, a LayerNorm inside the attention.
+RELATIVE_EMBEDDINGS = re.compile(r"(?:\w+\.)*?(\w+)\.embeddings\.word_embeddings\.")
+MEGATRON_LAYER = re.compile(r"(?:\w+\.)*?encoder\.layer\.\d+\.attention\.ln\.")
+
+
+def relative_of(names: Iterable[str]) -> str | None:
+    """Which of BERT's relatives in transformers tensors of these names are, as a clause, or None."""
+    for name in names:
+        if MEGATRON_LAYER.match(name):
+            return described_relative(RELATIVES["megatron-bert"])
+        if (found := RELATIVE_EMBEDDINGS.match(name)) and found[1] != "bert":
+            kin = [relative for relative in RELATIVES.values() if relative.prefix == found[1]]
+            if kin:
+                return described_relative(*kin)
+    return None
+
+
+def described_relative(relative: Relative, *alike: Relative) -> str:
+    """A relative (and those named alike) for a message: what it is and how it differs from BERT."""
+    names = " or ".join([relative.name, *(other.name for other in alike)])
+    return f"transformers' {names} ({relative.differs}), which bert_multi does not read as BERT"
 
 
 def canonical_name(name: str) -> str | None:
@@ -116,6 +169,8 @@ def read_state_dict(path: Path, raw: Raw) -> None:
     a safetensors file alone), under the canonical names, which tell the sizes but not the heads (stated) nor what
     no tensor shows: transformers' defaults, GELU's erf form and LayerNorm eps 1e-12 (the "bert" preset's),
     said in a note."""
+    if kin := relative_of(raw.arrays):  # MegatronBERT's names are BERT's, but for its own LayerNorms
+        raise WeightsError(f"{path}: its tensors are {kin}")
     arrays, kinds, tied, task_head = canonical_arrays(path, raw.arrays, raw.dtypes)
     missing = [translated(name, NAMES, reverse=True) for name in _lacking(arrays)]
     if missing:
