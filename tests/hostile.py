@@ -50,6 +50,7 @@ PADDLENLP2 = TF_CHECKPOINT.parent / "paddlenlp2-pretraining"  # the same, saved 
 PADDLENLP3 = TF_CHECKPOINT.parent / "paddlenlp3-bfloat16"  # the same, cast to bfloat16 by PaddleNLP 3: safetensors
 FLAX_STATE = TF_CHECKPOINT.parent / "flax-train-state" / "checkpoint_2"  # a TrainState, by flax.training (0.12)
 ORBAX = TF_CHECKPOINT.parent / "orbax-train-state" / "checkpoint_2"  # the same TrainState, by Orbax 0.12
+DEEPSPEED = TF_CHECKPOINT.parent / "deepspeed-zero2"  # DeepSpeed 0.19's save_checkpoint, ZeRO stage 2
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -278,6 +279,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "tf2data": _fixture_with(TF2_SAVED, "variables/variables.data-00000-of-00001"),
     "tfindex": _tf_checkpoint,
     "orbax": _fixture_with(ORBAX, "_METADATA"),  # never read: named, with what its metadata lists
+    "deepspeed": _fixture_with(DEEPSPEED, "latest", num_heads=2),  # the tag of the save to read
     "zippeddir": _with_nothing_stated,  # a zip read as a checkpoint with nothing stated: Google's BERT zipped, say
     "weights": _load_weights,
     "params": _read_params,
@@ -304,6 +306,7 @@ WEIGHT_READERS = (
         "hfh5",
         "tfindex",
         "orbax",
+        "deepspeed",
         "zippeddir",
         "weights",
     ),
@@ -513,6 +516,21 @@ def hostile_orbax_metadata() -> dict[str, tuple[bytes, str]]:
         ),
         "not UTF-8": (b'{"tree_metadata": {"\xff": 1}}', "not the metadata Orbax writes"),
         "17 MiB": (b" " * (17 << 20), "over 16777216 bytes"),
+    }
+
+
+def hostile_deepspeed_latest() -> dict[str, tuple[bytes, str]]:
+    """A DeepSpeed run's latest, changed: the tag of the save to read, a folder's name beside it."""
+    expected = "expected the tag of DeepSpeed's last save"
+    return {
+        "empty": (b"", expected),
+        "the run's parent": (b"..", expected),
+        "a path out of the run": (b"../deepspeed-zero3/global_step2", expected),
+        "an absolute path": (b"/global_step2", expected),
+        "a control character": (b"global\x1bstep2", expected),
+        "not UTF-8": (b"global_step\xff", expected),
+        "1 MiB": (b"g" * (1 << 20), expected),
+        "a save the run lacks": (b"global_step3", "holds no folder of that name"),
     }
 
 
@@ -1581,6 +1599,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "hfindex": hostile_shard_indexes,
     "tfindex": hostile_tf_indexes,
     "orbax": hostile_orbax_metadata,
+    "deepspeed": hostile_deepspeed_latest,
     "zippeddir": hostile_zipped_directories,
     "weights": hostile_weights,
     "params": hostile_params,
@@ -1759,6 +1778,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [flax_bytes(), flax_bytes("float64", 1, wrapped=True), FLAX_STATE.read_bytes()], generic
     if loader == "orbax":
         return [(ORBAX / "_METADATA").read_bytes()], generic
+    if loader == "deepspeed":
+        return [(DEEPSPEED / "latest").read_bytes()], generic
     if loader == "zippeddir":
         return [google_zip_bytes()], [*generic, mutate_inside_zip]
     if loader == "paddlenlp":

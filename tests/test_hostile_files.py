@@ -54,6 +54,7 @@ READERS = {
     "reply": None,
     "cache": None,
     "torch": "torch",
+    "deepspeed": "torch",  # its save's model states are PyTorch's file
     "mxnet": "mxnet",
 }
 REPRODUCERS = {"mxnet": "params", "safetensorsfile": "safetensors"}  # which set of reproducers a reader is given

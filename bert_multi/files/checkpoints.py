@@ -29,6 +29,7 @@ from ..spec.config import BERTConfig
 from ..spec.schema import SUPPORTED_DTYPES, normalize_dtype, param_shapes, validate_weights
 from ..spec.semantics import PRESETS, Semantics, described, releases_of, semantics_for
 from .formats import (
+    BY_KIND,
     DESCRIPTIONS,
     DIRECTORY,
     DIRECTORY_FRAMEWORKS,
@@ -179,7 +180,8 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
         _take_prefix(path, raw, prefix)
     if raw.config is None:
         _strip_wrappers(raw.arrays, raw.dtypes, raw.notes)
-        if own.holds_transformers_names and is_transformers_state_dict(raw.arrays):
+        # The format that read the tensors says (a zip's directory's, not the zip's)
+        if BY_KIND[raw.format].holds_transformers_names and is_transformers_state_dict(raw.arrays):
             if huggingface.in_its_directory(path):  # alone, it would compute with defaults, not with its config
                 raise WeightsError(
                     f"{path}: a transformers BERT's weights, in the directory of their config: name the directory, "

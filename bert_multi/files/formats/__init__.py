@@ -13,6 +13,7 @@ from ...errors import UsageError, WeightsError
 from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
 from . import (
     d2l,
+    deepspeed,
     flax,
     gluon,
     huggingface,
@@ -61,6 +62,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     keras_hub.FILE,
     tf_objects.FORMAT,
     tensorflow.FORMAT,
+    deepspeed.FORMAT,  # after HuggingFace's: transformers' Trainer saves DeepSpeed's beside its own
     DIRECTORY,
     ZIP,
     ZIPPED,
