@@ -25,6 +25,7 @@ from . import (
     pytorch,
     tensorflow,
     tf_objects,
+    torch_distributed,
     zipped,
 )
 from .base import (
@@ -67,6 +68,9 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     ZIP,
     ZIPPED,
 )
+# Formats recognized and not read, after every format read: each says what a path is, and how to make it a file
+# bert_multi reads.
+NAMED_ONLY = (orbax.refusal, torch_distributed.refusal)
 BY_KIND = {own.kind: own for own in FORMATS}
 DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people
 FRAMEWORK_FORMATS = {own.kind: own for own in FORMATS if own.framework is not None}  # a framework's own file
@@ -86,8 +90,9 @@ def sniff(path: Path) -> CheckpointFormat:
             return own
     if is_directory(path) and (found := _directory_format(path)):
         return found
-    if told := orbax.refusal(path):  # recognized, not read: it says how to make it a file bert_multi reads
-        raise WeightsError(told)
+    for refusal in NAMED_ONLY:
+        if told := refusal(path):
+            raise WeightsError(told)
     if is_directory(path):
         if held := _held_inside(path):
             raise WeightsError(
