@@ -164,7 +164,7 @@ def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) 
     vocab_size, num_hiddens = shape("encoder.token_embedding.weight", 2)
     segments = shape("encoder.segment_embedding.weight", 2)[0]
     if segments != 2:  # the schema's count; a RoBERTa base model, one segment in its releases, has BERT's names
-        roberta = f" (one, as a RoBERTa's: {described_relative(RELATIVES['roberta'])})" if segments == 1 else ""
+        roberta = f" (one, as transformers' {described_relative(RELATIVES['roberta'])})" if segments == 1 else ""
         raise WeightsError(
             f"{path}: its segment embedding, {expected['encoder.segment_embedding.weight']!r}, has {segments} "
             f"row{'s' if segments > 1 else ''}; a BERT's has 2, for segments 0 and 1{roberta}"

@@ -95,18 +95,19 @@ def relative_of(names: Iterable[str]) -> str | None:
     """Which of BERT's relatives in transformers tensors of these names are, as a clause, or None."""
     for name in names:
         if MEGATRON_LAYER.match(name):
-            return described_relative(RELATIVES["megatron-bert"])
+            return "transformers' " + described_relative(RELATIVES["megatron-bert"])
         if (found := RELATIVE_EMBEDDINGS.match(name)) and found[1] != "bert":
             kin = [relative for relative in RELATIVES.values() if relative.prefix == found[1]]
             if kin:
-                return described_relative(*kin)
+                return "transformers' " + described_relative(*kin)
     return None
 
 
 def described_relative(relative: Relative, *alike: Relative) -> str:
-    """A relative (and those named alike) for a message: what it is and how it differs from BERT."""
+    """A relative (and those named alike) for a message: what it is and how it differs from BERT (PaddleNLP's
+    config.json names its ERNIE as transformers' does)."""
     names = " or ".join([relative.name, *(other.name for other in alike)])
-    return f"transformers' {names} ({relative.differs}), which bert_multi does not read as BERT"
+    return f"{names} ({relative.differs}), which bert_multi does not read as BERT"
 
 
 def canonical_name(name: str) -> str | None:
