@@ -118,6 +118,21 @@ def test_a_state_dict_saved_as_safetensors_reads_as_the_same_weights(tmp_path):
         bert_multi.torch.load_checkpoint(tmp_path / "bert.safetensors", **STATED)
 
 
+@needs("torch")
+@pytest.mark.parametrize("savez", ["savez", "savez_compressed"])
+def test_a_state_dict_saved_by_numpy_reads_as_the_same_weights(tmp_path, savez):
+    """A d2l user's ``np.savez(path, **{k: v.numpy() for k, v in net.state_dict().items()})``, no manifest: read
+    by its names, as the state_dict is."""
+    import torch
+
+    state = torch.load(FILES / "state_dict.pt", weights_only=True)
+    getattr(np, savez)(tmp_path / "bert.npz", **{name: tensor.numpy() for name, tensor in state.items()})
+    checkpoint = load_checkpoint(tmp_path / "bert.npz", **STATED)
+    assert (checkpoint.info.format, checkpoint.info.framework) == ("npz-arrays", None)
+    assert all(array.tobytes() == STORED[tensor].tobytes() for tensor, array in checkpoint.weights.items())
+    assert len(checkpoint.weights) == len(STORED)
+
+
 sys.path.insert(0, str(HERE))
 from generate import RELEASES  # noqa: E402
 

@@ -118,6 +118,20 @@ def _checkpoint(path: str) -> object:
     return load_checkpoint(path, num_heads=CONFIG.num_heads, preset="d2l")
 
 
+def _named_arrays(path: str) -> object:
+    """A file as an .npz of named arrays without a manifest (np.savez of a state_dict), by its suffix."""
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "weights.npz").symlink_to(Path(path).absolute())
+        return _checkpoint(str(Path(directory) / "weights.npz"))
+
+
+def named_arrays_bytes(compressed: bool = False) -> bytes:
+    """np.savez (or savez_compressed) of CONFIG's weights under their names, as a user carries them."""
+    buffer = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buffer, **random_weights(CONFIG, seed=0, dtype="float32"))
+    return buffer.getvalue()
+
+
 def _worker_reply(path: str) -> object:
     """An array file as a worker of another environment's reply, as its caller reads it."""
     from bert_multi.backend.channel import read_arrays
@@ -282,6 +296,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "deepspeed": _fixture_with(DEEPSPEED, "latest", num_heads=2),  # the tag of the save to read
     "zippeddir": _with_nothing_stated,  # a zip read as a checkpoint with nothing stated: Google's BERT zipped, say
     "weights": _load_weights,
+    "npzarrays": _named_arrays,
     "params": _read_params,
     "flax": _read_flax,
     "paddle": _read_pdparams,
@@ -309,6 +324,7 @@ WEIGHT_READERS = (
         "deepspeed",
         "zippeddir",
         "weights",
+        "npzarrays",
     ),
     *(
         "hfindex",
@@ -758,6 +774,23 @@ def deflated_bomb(name: str, declared: int) -> bytes:
 
 
 # --- The reproducers: each a file a loader must refuse, and the words its error must contain ------------
+
+
+def hostile_named_arrays() -> dict[str, tuple[bytes, str]]:
+    """An .npz of named arrays without a manifest, changed: read as a state_dict is."""
+    valid = named_arrays_bytes()
+    token = "encoder.token_embedding.weight.npy"
+    return {
+        "an object array": (replace_member(valid, token, npy_bytes(npy_header("|O", (2,)))), "Python objects"),
+        "a string array": (replace_member(valid, token, npy_bytes(npy_header("<U3", (2,)), b"\0" * 24)), "numbers"),
+        "a member that is not .npy": (make_zip(zip_members(valid) + [("notes.txt", b"hi")]), "is not a .npy array"),
+        "a zip bomb": (deflated_bomb(token, GIB3), "more than"),
+        "shape (2**40,) in a header": (
+            replace_member(valid, token, npy_bytes(npy_header("<f4", (2**40,)), b"\0" * 176)),
+            "header declares",
+        ),
+        "names of no BERT": (make_zip([("a.npy", npz_member(np.zeros(3, np.float32)))]), "not those of a d2l BERT"),
+    }
 
 
 def hostile_weights() -> dict[str, tuple[bytes, str]]:
@@ -1602,6 +1635,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "deepspeed": hostile_deepspeed_latest,
     "zippeddir": hostile_zipped_directories,
     "weights": hostile_weights,
+    "npzarrays": hostile_named_arrays,
     "params": hostile_params,
     "flax": hostile_flax,
     "paddle": hostile_paddle,
@@ -1772,6 +1806,12 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         ]
     if loader == "cache":
         return [cache_entry_bytes()], generic
+    if loader == "npzarrays":
+        return [named_arrays_bytes(), named_arrays_bytes(compressed=True)], [
+            *generic,
+            mutate_inside_zip,
+            mutate_npy_header,
+        ]
     if loader == "reply":
         return [reply_bytes()], [*generic, mutate_inside_zip, mutate_npy_header]
     if loader == "flax":

@@ -43,6 +43,7 @@ READERS = {
     "orbax": None,
     "zippeddir": None,
     "weights": None,
+    "npzarrays": None,
     "params": None,
     "flax": None,
     "paddle": None,

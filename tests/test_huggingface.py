@@ -392,6 +392,23 @@ def test_a_transformers_safetensors_file_alone_reads_as_its_state_dict(tmp_path,
     assert_computes_as_transformers(checkpoint, model, "BertForPreTraining")
 
 
+@pytest.mark.parametrize("savez", ["savez", "savez_compressed"])
+def test_a_transformers_state_dict_saved_by_numpy_reads_as_its_state_dict(tmp_path, savez):
+    """np.savez of a state_dict's arrays (no bert_multi manifest), as weights are carried between frameworks:
+    read by its names, as the state_dict is, and computing what transformers computes."""
+    if "torch" not in AVAILABLE:
+        pytest.skip("transformers needs torch")
+    spec = ("numpy", dict(hidden_size=8, num_attention_heads=4), "BertForPreTraining", "safetensors")
+    model, _ = hf_model(spec, tmp_path)
+    getattr(np, savez)(tmp_path / "bert.npz", **{name: value.numpy() for name, value in model.state_dict().items()})
+    with pytest.raises(StatementsMissing, match="state num_heads= to read it"):
+        bm.load_checkpoint(tmp_path / "bert.npz")
+    checkpoint = bm.load_checkpoint(tmp_path / "bert.npz", num_heads=4)
+    assert (checkpoint.info.format, checkpoint.config.semantics.name) == ("npz-arrays", "bert")
+    assert checkpoint.info.notes[0].startswith("read the .npz's arrays by their names, as a state_dict's")
+    assert_computes_as_transformers(checkpoint, model, "BertForPreTraining")
+
+
 def test_an_untied_or_unknown_transformers_state_dict_without_its_config_is_refused(tmp_path):
     """Only config.json says a decoder of its own is meant (tie_word_embeddings false); a layer BERT has not
     is never read past."""

@@ -18,10 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "path",
-        help="a .npz, .pt/.pth, .params, .msgpack, .safetensors, a d2l pretrained-model directory or zip, a "
-        "HuggingFace BERT directory (model.safetensors, pytorch_model.bin, tf_model.h5 or flax_model.msgpack), "
-        "Google's TensorFlow BERT directory, a training run's checkpoint (PyTorch Lightning's .ckpt, DeepSpeed's "
-        "directory, Flax's checkpoint_N, bert-multi pretrain's --checkpoint-dir), any of these directories zipped, "
+        help="a .npz (bert_multi's, or np.savez of a state_dict), .pt/.pth, .params, .msgpack, .safetensors, a d2l "
+        "pretrained-model directory or zip, a HuggingFace BERT directory (model.safetensors, "
+        "pytorch_model.bin, tf_model.h5 or flax_model.msgpack), Google's TensorFlow BERT directory, a "
+        "training run's checkpoint (PyTorch Lightning's .ckpt, DeepSpeed's directory, Flax's checkpoint_N, "
+        "bert-multi pretrain's --checkpoint-dir), any of these directories zipped, "
         "or any other format bert_multi reads (docs/checkpoints.md)",
     )
     parser.add_argument("--key", help="the entry of a PyTorch wrapper dict that holds the state_dict")

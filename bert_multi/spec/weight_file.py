@@ -118,7 +118,10 @@ def read_json_manifest(path: Path, archive: NpzReader, what: str) -> dict[str, A
     """The JSON object an archive stores as uint8 bytes under ``__manifest__``, size checked before it is
     read; anything else is a ``WeightsError`` saying the file is not a bert_multi ``what``."""
     if MANIFEST_KEY not in archive:
-        raise WeightsError(f"{path}: no {MANIFEST_KEY!r} entry; this is not a bert_multi {what}")
+        raise WeightsError(
+            f"{path}: no {MANIFEST_KEY!r} entry; this is not a bert_multi {what} (an .npz of named arrays alone, "
+            "np.savez of a state_dict, reads with load_checkpoint, which asks for what its names cannot tell)"
+        )
     header = archive.header(MANIFEST_KEY)
     if header.dtype != np.uint8 or len(header.shape) != 1 or header.nbytes > MAX_MANIFEST_BYTES:
         raise WeightsError(

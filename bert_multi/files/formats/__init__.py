@@ -50,6 +50,7 @@ ZIPPED = zipped.ZippedDirectory(
 )
 # Every format, in the order a file is tried against them.
 FORMATS: tuple[CheckpointFormat, ...] = (
+    npz.ARRAYS,  # before the canonical file's: an .npz without a manifest
     npz.FORMAT,
     pytorch.FORMAT,
     gluon.FORMAT,
