@@ -44,6 +44,25 @@ def test_flax_checkpoint_file_from_before_orbax_computes_what_the_trained_model_
         assert comparison.passed, comparison.describe()
 
 
+@pytest.mark.parametrize("separator, variables", [("/", False), ("/", True), (".", False)])
+def test_flax_parameters_saved_by_numpy_compute_what_the_trained_model_computed(tmp_path, separator, variables):
+    """``np.savez(path, **flax.traverse_util.flatten_dict(params, sep="/"))`` (the parameters, or the variables
+    dict around them), as a JAX user carries weights without Flax's own file: read as its tree."""
+    serialization = pytest.importorskip("flax.serialization", reason="Flax flattens the tree")
+    traverse_util = pytest.importorskip("flax.traverse_util", reason="Flax flattens the tree")
+    params = serialization.msgpack_restore(LEGACY.read_bytes())["params"]
+    tree = traverse_util.flatten_dict({"params": params} if variables else params, sep=separator)
+    np.savez(tmp_path / "bert.npz", **tree)
+    checkpoint = load_checkpoint(tmp_path / "bert.npz", **STATEMENTS)
+    assert checkpoint.info.format == "npz-arrays"
+    assert "Flax's (in, out) kernels read as (out, in) weights" in checkpoint.info.notes
+    inputs = {name: SAVED[name] for name in ("tokens", "segments", "valid_lens", "pred_positions")}
+    out = load_backend("numpy").build(checkpoint.config, checkpoint.weights, dtype="float64")(**inputs)
+    for name in ("encoded", "mlm", "nsp"):
+        comparison = compare_arrays(name, getattr(out, name), SAVED[name], tolerance_for("float64", "cpu"))
+        assert comparison.passed, comparison.describe()
+
+
 def test_a_run_directory_of_flax_checkpoint_files_names_them():
     with pytest.raises(WeightsError, match=r"holds \['checkpoint_2'\], which bert_multi reads: name one"):
         inspect_checkpoint(LEGACY.parent)

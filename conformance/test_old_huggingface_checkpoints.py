@@ -141,6 +141,13 @@ def test_the_file_names_its_directory_and_out_of_it_reads_as_the_same_model(tmp_
         assert checkpoint.weights.keys() == same.weights.keys()
         assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
     assert_computes(checkpoint.config, checkpoint.weights, expected("flax", "flax-pretraining"), "float64")
+    # Its tree flattened to paths joined by "/" (flax.traverse_util.flatten_dict's sep) and saved by np.savez.
+    flat = {name.replace(".", "/"): array for name, array in read_tree(PRETRAINING / "flax_model.msgpack")[0].items()}
+    np.savez(tmp_path / "params.npz", **flat)
+    checkpoint = load_checkpoint(tmp_path / "params.npz", num_heads=2)
+    assert "read transformers' Flax names as its PyTorch classes'" in checkpoint.info.notes
+    assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
+    assert checkpoint.weights.keys() == same.weights.keys()
 
 
 def test_a_flax_tree_naming_one_tensor_twice_with_other_numbers_is_refused(tmp_path):

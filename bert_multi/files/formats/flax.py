@@ -287,11 +287,53 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str
         parser.tree((), found, only)
         if parser.at != parser.size:
             raise parser.fail(f"{parser.size - parser.at} unexpected bytes follow the parameter tree")
-    dtypes = parser.dtypes
+    found, dtypes = _without_variables_key(found, parser.dtypes)
+    return found, dtypes, [key for key in keys if only is not None and key != only]
+
+
+def _without_variables_key(
+    found: dict[str, np.ndarray], dtypes: dict[str, str]
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A tree's paths without the variables dict's ``params.``, where every path has it."""
     if found and all(name.startswith(f"{PARAMS}.") for name in found):
         found = {name.removeprefix(f"{PARAMS}."): array for name, array in found.items()}
         dtypes = {name.removeprefix(f"{PARAMS}."): dtype for name, dtype in dtypes.items()}
-    return found, dtypes, [key for key in keys if only is not None and key != only]
+    return found, dtypes
+
+
+LEAF_NAMES = ("kernel", "scale", "embedding")  # what Flax's Dense, LayerNorm and Embed call their parameters
+
+
+def is_tree(names: list[str]) -> bool:
+    """Whether dotted paths are a Flax parameter tree's: its modules' own leaf names mark it."""
+    return any(name.rpartition(".")[2] in LEAF_NAMES for name in names)
+
+
+def turned(
+    stored: dict[str, np.ndarray], dtypes: dict[str, str], notes: list[str]
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """A Flax parameter tree's arrays under their dotted paths as a checkpoint reader returns them: without
+    ``params.``, the kernels turned to (out, in), said in a note."""
+    stored, dtypes = _without_variables_key(stored, dtypes)
+    if any(map(transposed, stored)):
+        notes = [*notes, "Flax's (in, out) kernels read as (out, in) weights"]
+    arrays = {}
+    for name in list(stored):  # each kernel given up as it is turned: one at a time in memory twice
+        array = stored.pop(name)
+        arrays[name] = contiguous_transpose(array) if transposed(name) else array
+    return arrays, dtypes, notes
+
+
+def with_pytorch_names(raw: Raw) -> Raw:
+    """``raw``, where its tree is transformers 4's Flax BERT's, under its PyTorch classes' names, as their
+    state_dict is read."""
+    renamed = {name: flax_name(name)[0] for name in raw.arrays}
+    if is_transformers_state_dict(renamed.values()):
+        raw.arrays = {renamed[name]: array for name, array in raw.arrays.items()}
+        raw.dtypes = {renamed[name]: dtype for name, dtype in raw.dtypes.items()}
+        raw.framework = None
+        raw.notes.append("read transformers' Flax names as its PyTorch classes'")
+    return raw
 
 
 def read_checkpoint(
@@ -302,14 +344,8 @@ def read_checkpoint(
     is asked for), and notes."""
     no_key(Path(path), key)
     stored, dtypes, passed = _read(path)
-    notes = ["Flax's (in, out) kernels read as (out, in) weights"] if any(map(transposed, stored)) else []
-    arrays = {}
-    for name in list(stored):  # each kernel given up as it is turned: one at a time in memory twice
-        array = stored.pop(name)
-        arrays[name] = contiguous_transpose(array) if transposed(name) else array
-    if passed:
-        notes.insert(0, f"read the tree under {PARAMS!r} and left out the entries beside it: {passed}")
-    return arrays, dtypes, notes
+    notes = [f"read the tree under {PARAMS!r} and left out the entries beside it: {passed}"] if passed else []
+    return turned(stored, dtypes, notes)
 
 
 def _pack_length(kind: str, length: int) -> bytes:
@@ -407,14 +443,7 @@ class ParameterTree(FrameworkFile):
         return read_checkpoint(path, key)  # framework-free: the format is plain MessagePack
 
     def read(self, path: Path, key: str | None) -> Raw:
-        raw = super().read(path, key)
-        renamed = {name: flax_name(name)[0] for name in raw.arrays}
-        if is_transformers_state_dict(renamed.values()):  # read as its PyTorch classes' state_dict is
-            raw.arrays = {renamed[name]: array for name, array in raw.arrays.items()}
-            raw.dtypes = {renamed[name]: dtype for name, dtype in raw.dtypes.items()}
-            raw.framework = None
-            raw.notes.append("read transformers' Flax names as its PyTorch classes'")
-        return raw
+        return with_pytorch_names(super().read(path, key))
 
     def write(
         self,

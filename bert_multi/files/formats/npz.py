@@ -18,6 +18,7 @@ from ...safe_files import NpzReader, file_size, open_regular
 from ...spec.config import BERTConfig
 from ...spec.training_state import STATE_FILE, is_training_state, read_training_state
 from ...spec.weight_file import MANIFEST_KEY, load_weights, save_weights
+from . import flax
 from .base import MAX_TENSORS, MAX_ZIP_RATIO, CheckpointFormat, Probe, Raw, is_regular_file, no_key
 
 NUMERIC = "fiub"  # the dtype kinds a state_dict holds: weights, and integer buffers (transformers' position_ids)
@@ -79,6 +80,12 @@ class NamedArrays(CheckpointFormat):
                 array = archive.read(name, header)
                 arrays[name], dtypes[name] = array.astype(array.dtype.newbyteorder("="), copy=False), header.dtype.name
         note = "read the .npz's arrays by their names, as a state_dict's: it has no bert_multi manifest, nor a config"
+        paths = {name.replace("/", "."): name for name in arrays}  # flax.traverse_util.flatten_dict(tree, sep="/")
+        if len(paths) == len(arrays) and flax.is_tree(list(paths)):
+            tree = {path: arrays.pop(name) for path, name in paths.items()}
+            kinds = {path: dtypes[name] for path, name in paths.items()}
+            raw = Raw(self.kind, flax.BACKEND, *flax.turned(tree, kinds, [f"{note}; its names a Flax tree's paths"]))
+            return flax.with_pytorch_names(raw)
         return Raw(self.kind, None, arrays, dtypes, [note])
 
 
