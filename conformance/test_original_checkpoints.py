@@ -133,6 +133,18 @@ def test_a_state_dict_saved_by_numpy_reads_as_the_same_weights(tmp_path, savez):
     assert len(checkpoint.weights) == len(STORED)
 
 
+def test_gluons_parameters_saved_by_numpy_read_as_the_same_weights(tmp_path):
+    """``np.savez(path, **{k: v.data().asnumpy() for k, v in net.collect_params().items()})`` of d2l's MXNet
+    BERT: Gluon's names (a LayerNorm's gamma and beta, the pooler's hidden.weight), read as its file is."""
+    from bert_multi.files.formats.gluon import read_params
+
+    np.savez(tmp_path / "bert.npz", **read_params(FILES / "model.params"))
+    checkpoint = load_checkpoint(tmp_path / "bert.npz", **STATED)
+    assert (checkpoint.info.format, checkpoint.info.framework) == ("npz-arrays", "mxnet")
+    assert all(array.tobytes() == STORED[tensor].tobytes() for tensor, array in checkpoint.weights.items())
+    assert len(checkpoint.weights) == len(STORED)
+
+
 sys.path.insert(0, str(HERE))
 from generate import RELEASES  # noqa: E402
 

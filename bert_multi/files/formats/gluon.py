@@ -242,6 +242,11 @@ def from_gluonnlp(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, s
     return Raw(FORMAT.kind, None, read, kinds, notes)
 
 
+def is_own(names: list[str]) -> bool:
+    """Whether a state's names are Gluon's: a LayerNorm's gamma and beta mark them (d2l's MXNet BERT's)."""
+    return any(name.endswith((".gamma", ".beta")) for name in names)
+
+
 BACKEND = "mxnet"  # whose own file it is
 
 

@@ -18,8 +18,9 @@ from ...safe_files import NpzReader, file_size, open_regular
 from ...spec.config import BERTConfig
 from ...spec.training_state import STATE_FILE, is_training_state, read_training_state
 from ...spec.weight_file import MANIFEST_KEY, load_weights, save_weights
-from . import flax
+from . import flax, gluon
 from .base import MAX_TENSORS, MAX_ZIP_RATIO, CheckpointFormat, Probe, Raw, is_regular_file, no_key
+from .transformers_names import is_transformers_state_dict
 
 NUMERIC = "fiub"  # the dtype kinds a state_dict holds: weights, and integer buffers (transformers' position_ids)
 
@@ -86,6 +87,8 @@ class NamedArrays(CheckpointFormat):
             kinds = {path: dtypes[name] for path, name in paths.items()}
             raw = Raw(self.kind, flax.BACKEND, *flax.turned(tree, kinds, [f"{note}; its names a Flax tree's paths"]))
             return flax.with_pytorch_names(raw)
+        if not is_transformers_state_dict(arrays) and gluon.is_own(list(arrays)):
+            return Raw(self.kind, gluon.FORMAT.framework, arrays, dtypes, [f"{note}; its names Gluon's"])
         return Raw(self.kind, None, arrays, dtypes, [note])
 
 
