@@ -553,6 +553,22 @@ def test_a_directory_member_linking_to_a_name_too_long_is_a_weights_error(tmp_pa
         load_checkpoint(tmp_path / "model")
 
 
+def test_np_save_of_weights_is_told_to_save_them_named_with_savez(tmp_path):
+    """np.save of a dict pickles it into an object array, and of one array keeps no name: each is refused with
+    the call that saves the weights as an .npz of named arrays, which is read (and holds what was saved)."""
+    config = small()
+    weights = random_weights(config, seed=4)
+    np.save(tmp_path / "dict.npy", weights)  # type: ignore[arg-type]
+    np.save(tmp_path / "one.npy", weights["encoder.token_embedding.weight"])
+    for name in ("dict.npy", "one.npy"):
+        with pytest.raises(WeightsError, match=re.escape("np.savez(path, **weights) saves each under its name")):
+            inspect_checkpoint(tmp_path / name)
+    np.savez(tmp_path / "named.npz", **weights)
+    read = load_checkpoint(tmp_path / "named.npz", num_heads=config.num_heads, preset="d2l")
+    assert read.weights.keys() == weights.keys()
+    assert all(np.array_equal(read.weights[name], array) for name, array in weights.items())
+
+
 @runs_here("mxnet")
 def test_a_gluon_trainers_saved_states_are_said_to_be_an_optimizers_pickle(tmp_path):
     from mxnet import autograd, gluon, npx

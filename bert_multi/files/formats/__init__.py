@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 from ...errors import UsageError, WeightsError
-from ...safe_files import ZIP_MAGIC, describe_format, open_regular, reason
+from ...safe_files import NPY_MAGIC, ZIP_MAGIC, describe_format, open_regular, reason
 from . import (
     d2l,
     deepspeed,
@@ -163,6 +163,11 @@ def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
             f"{describe_format(head)} of protocol {head[1] if len(head) > 1 else '?'}: bert_multi reads torch.save's "
             "pickles, whose sizes it checks before torch unpickles anything, and paddle.save's (protocols 2 to 4), "
             "which it parses without unpickling, and no other pickle"
+        )
+    if head.startswith(NPY_MAGIC):
+        return (
+            "a single NumPy .npy array (np.save), not named arrays: np.savez(path, **weights) saves each under its "
+            "name, which bert_multi reads (np.save of a dict pickles it, and bert_multi unpickles nothing)"
         )
     return f"{describe_format(head)}; expected one of: " + "; ".join(DESCRIPTIONS.values())
 
