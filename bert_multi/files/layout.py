@@ -19,6 +19,7 @@ from ..spec.config import HEADS, BERTConfig
 from ..spec.semantics import PRESETS, Semantics, releases_of
 from .formats import of_framework
 from .formats.base import some
+from .formats.peft import lora_clause
 from .formats.transformers_names import RELATIVES, described_relative, relative_of
 
 # The top-level modules of d2l's BERTModel; a file's other tensors belong to something else (a task head).
@@ -85,6 +86,8 @@ def _family(names: set[str]) -> str:
     """Which other model family a set of tensor names looks like, if any, as a clause for a message."""
     if kin := relative_of(names):  # before BERT's own: a relative's prefix is no wrapper's
         return f" (they are {kin})"
+    if lora := lora_clause(names):  # a PEFT model's prefix, base_model.model., is no wrapper's either
+        return f" ({lora})"
     prefix = _under(names, *PADDLENLP_NAMES)
     if prefix is not None:
         return (

@@ -22,6 +22,7 @@ from . import (
     orbax,
     paddle,
     paddlenlp,
+    peft,
     pytorch,
     tensorflow,
     tf_objects,
@@ -71,7 +72,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
 )
 # Formats recognized and not read, after every format read: each says what a path is, and how to make it a file
 # bert_multi reads.
-NAMED_ONLY = (orbax.refusal, torch_distributed.refusal)
+NAMED_ONLY = (orbax.refusal, torch_distributed.refusal, peft.refusal)
 BY_KIND = {own.kind: own for own in FORMATS}
 DESCRIPTIONS = {own.kind: own.description for own in FORMATS}  # what bert_multi reads and writes, for people
 FRAMEWORK_FORMATS = {own.kind: own for own in FORMATS if own.framework is not None}  # a framework's own file

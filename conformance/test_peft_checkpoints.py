@@ -1,0 +1,35 @@
+"""A BERT fine-tuned with PEFT 0.21's LoRA (``conformance/original_bert/peft_lora.py`` wrote the files; this
+suite only reads them): its adapter's directory, the adapter's file alone, and the PEFT model's whole
+state_dict. None is a model bert_multi reads; each is named, with PEFT's call that merges the adapter into
+its base and saves the whole (which the generator ran, from the message, and checked), and no wrapper's prefix
+is suggested for the PEFT model's ``base_model.model.``."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from bert_multi import WeightsError, inspect_checkpoint
+
+HERE = Path(__file__).parent / "original_bert" / "checkpoints"
+ADAPTER = HERE / "peft-adapter"
+
+
+def test_an_adapters_directory_is_named_with_pefts_call_that_merges_it():
+    expected = (
+        f"{ADAPTER}: is a PEFT adapter (adapter_config.json: low-rank matrices that fine-tune a model they leave "
+        "unchanged), not a model, which bert_multi does not merge: PEFT merges it into the model it adapts and "
+        "saves the whole, which bert_multi reads: "
+        f"peft.PeftModel.from_pretrained(base, {os.path.abspath(ADAPTER)!r}).merge_and_unload()"
+        ".save_pretrained('merged'), base being the model it adapts"
+    )
+    with pytest.raises(WeightsError, match=re.escape(expected)):
+        inspect_checkpoint(ADAPTER)
+
+
+@pytest.mark.parametrize("path", [ADAPTER / "adapter_model.safetensors", HERE / "peft-model.safetensors"])
+def test_loras_matrices_are_named_and_no_prefix_is_suggested(path):
+    with pytest.raises(WeightsError, match="they are a PEFT model's or adapter's: LoRA's lora_A and lora_B") as caught:
+        inspect_checkpoint(path)
+    assert "prefix=" not in str(caught.value) and "merge_and_unload()" in str(caught.value)
