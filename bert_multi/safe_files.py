@@ -54,8 +54,8 @@ def describe_format(head: bytes) -> str:
         return "a single NumPy .npy array"
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
         return (
-            "an HDF5 file (Keras's .h5 weights; transformers 4's tf_model.h5 and a KerasHub preset's "
-            "model.weights.h5 are read in their directory)"
+            "an HDF5 file (Keras's .h5 weights: transformers 4's TensorFlow BERT's are read alone too, a "
+            "KerasHub preset's model.weights.h5 in its directory)"
         )
     if head.startswith(ZIP_MAGIC):
         return "a zip archive (a NumPy .npz, a PyTorch checkpoint or a .keras file)"

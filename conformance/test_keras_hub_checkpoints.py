@@ -169,7 +169,7 @@ def test_a_weight_of_no_layer_it_knows_is_refused_by_its_path(tmp_path):
 
 
 def test_the_weights_file_alone_says_it_is_read_in_its_directory():
-    with pytest.raises(WeightsError, match="a KerasHub preset's model.weights.h5 are read in their directory"):
+    with pytest.raises(WeightsError, match="a KerasHub preset's model.weights.h5 in its directory"):
         load_checkpoint(BACKBONE / "model.weights.h5", num_heads=2)
 
 

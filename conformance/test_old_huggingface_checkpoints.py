@@ -198,9 +198,22 @@ def test_a_tf_classifier_is_read_as_its_bert_without_its_head():
     assert_computes(checkpoint.config, checkpoint.weights, expected("tf", "classifier"), "float64")
 
 
-def test_the_h5_file_alone_says_it_is_read_in_its_directory():
-    with pytest.raises(WeightsError, match=r"an HDF5 file \(Keras's .h5 weights; transformers 4's tf_model.h5 and"):
+def test_the_h5_file_names_its_directory_and_out_of_it_reads_as_the_same_model(tmp_path):
+    """In its directory, tf_model.h5 names the directory. Out of it (save_weights' file alone), its names are read
+    as transformers' PyTorch classes', with transformers' defaults for what config.json says, which this model has;
+    a Keras file of other names says where bert_multi reads it."""
+    with pytest.raises(WeightsError, match="in the directory of their config: name the directory"):
         load_checkpoint(TF_PRETRAINING / "tf_model.h5", num_heads=2)
+    same = load_checkpoint(TF_PRETRAINING)
+    shutil.copyfile(TF_PRETRAINING / "tf_model.h5", tmp_path / "bert.h5")
+    checkpoint = load_checkpoint(tmp_path / "bert.h5", num_heads=2)
+    assert checkpoint.info.format == "keras-h5"
+    assert checkpoint.config == dataclasses.replace(same.config, dropout=checkpoint.config.dropout)
+    assert checkpoint.weights.keys() == same.weights.keys()
+    assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
+    shutil.copyfile(HERE / "keras-hub-backbone" / "model.weights.h5", tmp_path / "backbone.h5")
+    with pytest.raises(WeightsError, match=r"a KerasHub preset's model.weights.h5 in its directory\), its names no"):
+        load_checkpoint(tmp_path / "backbone.h5", num_heads=2)
 
 
 def test_a_shared_weight_saved_twice_with_other_numbers_is_refused(tmp_path):

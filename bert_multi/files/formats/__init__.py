@@ -12,6 +12,7 @@ from pathlib import Path
 from ...errors import UsageError, WeightsError
 from ...safe_files import NPY_MAGIC, ZIP_MAGIC, describe_format, open_regular, reason
 from . import (
+    alone,
     d2l,
     deepspeed,
     flax,
@@ -57,7 +58,8 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     gluon.FORMAT,
     paddle.FORMAT,  # after PyTorch's: any other pickle is tried as Paddle's
     flax.FORMAT,
-    huggingface.ALONE,
+    alone.SAFETENSORS,
+    alone.KERAS,
     paddlenlp.FORMAT,
     npz.RUN,
     huggingface.FORMAT,

@@ -107,8 +107,10 @@ def is_model_directory(path: Path) -> bool:
 def in_its_directory(path: Path) -> bool:
     """Whether ``path`` is the weights, or a shard of them, of the HuggingFace directory it is in: read alone,
     they would lose what its config says."""
-    shard = re.fullmatch(r"(model|pytorch_model|flax_model)-\d+-of-\d+\.(safetensors|bin|msgpack)", path.name)
-    own = path.name in (SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE) or shard is not None
+    shard = re.fullmatch(
+        r"(model|pytorch_model|flax_model|tf_model)-\d+-of-\d+\.(safetensors|bin|msgpack|h5)", path.name
+    )
+    own = path.name in (SAFETENSORS_FILE, TORCH_FILE, FLAX_FILE, TF_FILE) or shard is not None
     return own and is_model_directory(path.parent)
 
 
@@ -438,32 +440,3 @@ class ModelDirectory(CheckpointFormat):
 
 
 FORMAT = ModelDirectory()
-
-
-class WeightsAlone(CheckpointFormat):
-    """A safetensors file alone, its tensors under their model's names: saved by ``safetensors.torch.save_file``
-    or ``save_model``, or a HuggingFace directory's ``model.safetensors`` taken out of it (transformers 4's
-    TensorFlow and Flax classes wrote their own names there, read as its PyTorch classes'). No framework's own
-    file, so its names are read as the canonical ones, a transformers BERT's as such."""
-
-    kind = "safetensors"
-    description = "safetensors file (a model's tensors alone, as safetensors' save_file writes them)"
-    holds_transformers_names = True
-
-    def recognizes(self, probe: Probe) -> bool:
-        # Named so, it is read as one: that reader says precisely what is wrong with a file that is not.
-        return probe.path.suffix.lower() == ".safetensors"
-
-    def read(self, path: Path, key: str | None) -> Raw:
-        no_key(path, key)
-        arrays, dtypes = read_safetensors(path)
-        names = read_metadata(path).get("format", "pt")
-        notes = []
-        if names in TO_TORCH_NAMES:
-            arrays, dtypes, _ = torch_names(path, arrays, dtypes, TO_TORCH_NAMES[names])
-            whose = NAMED_BY[names]
-            notes.append(f"read {whose}'s names as transformers' PyTorch classes' ({whose}'s kernels transposed)")
-        return Raw(self.kind, None, arrays, dtypes, notes)
-
-
-ALONE = WeightsAlone()
