@@ -64,7 +64,9 @@ def test_flax_parameters_saved_by_numpy_compute_what_the_trained_model_computed(
 
 
 def test_a_run_directory_of_flax_checkpoint_files_names_them():
-    with pytest.raises(WeightsError, match=r"holds \['checkpoint_2'\], which bert_multi reads: name one"):
+    with pytest.raises(
+        WeightsError, match=r"holds \['checkpoint_2'\], which bert_multi reads, or names with what to do: name one"
+    ):
         inspect_checkpoint(LEGACY.parent)
 
 

@@ -6,6 +6,7 @@ is suggested for the PEFT model's ``base_model.model.``."""
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,18 @@ def test_an_adapters_directory_is_named_with_pefts_call_that_merges_it():
     )
     with pytest.raises(WeightsError, match=re.escape(expected)):
         inspect_checkpoint(ADAPTER)
+
+
+def test_a_trainers_output_under_peft_names_its_adapter_checkpoints(tmp_path):
+    """transformers' Trainer saves a PEFT model's checkpoint-N/ as its adapter's directory: the run's output names
+    them, and each names the merge."""
+    for step in (4, 2):
+        shutil.copytree(ADAPTER, tmp_path / "output" / f"checkpoint-{step}")
+        (tmp_path / "output" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    with pytest.raises(WeightsError, match=re.escape("it holds ['checkpoint-2/', 'checkpoint-4/'], which bert_multi")):
+        inspect_checkpoint(tmp_path / "output")
+    with pytest.raises(WeightsError, match="is a PEFT adapter"):
+        inspect_checkpoint(tmp_path / "output" / "checkpoint-2")
 
 
 @pytest.mark.parametrize("path", [ADAPTER / "adapter_model.safetensors", HERE / "peft-model.safetensors"])

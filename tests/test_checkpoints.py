@@ -476,7 +476,8 @@ def test_a_training_runs_output_names_the_checkpoints_it_holds_in_the_order_of_t
     (run / "runs").mkdir()  # its TensorBoard logs: no checkpoint
     (run / "README.md").write_text("")
     expected = re.escape(
-        "it holds ['checkpoint-2/', 'checkpoint-4/', 'checkpoint-10/'], which bert_multi reads: name one"
+        "it holds ['checkpoint-2/', 'checkpoint-4/', 'checkpoint-10/'], which bert_multi reads, or names with what to "
+        "do: name one"
     )
     with pytest.raises(WeightsError, match=expected):
         load_checkpoint(run)
@@ -491,7 +492,7 @@ def test_a_training_runs_output_names_the_checkpoints_it_holds_in_the_order_of_t
     state.mkdir()
     for name in ("model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
         (state / name).write_bytes(b"")
-    expected = "it holds ['model.safetensors'], which bert_multi reads: name one"
+    expected = "it holds ['model.safetensors'], which bert_multi reads, or names with what to do: name one"
     with pytest.raises(WeightsError, match=re.escape(expected)):
         inspect_checkpoint(state)
     (tmp_path / "empty").mkdir()

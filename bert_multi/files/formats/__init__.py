@@ -101,9 +101,10 @@ def sniff(path: Path) -> CheckpointFormat:
         if held := _held_inside(path):
             raise WeightsError(
                 f"{path}: is a directory of no format bert_multi reads, but it holds {some(held)}, which bert_multi "
-                "reads: name one (a training run's output holds a checkpoint per save: transformers' Trainer's "
-                "checkpoint-N/, PyTorch Lightning's .ckpt files, flax.training.checkpoints' checkpoint_N files; "
-                "accelerate's save_state a model.safetensors beside its optimizer's)"
+                "reads, or names with what to do: name one (a training run's output holds a checkpoint per save: "
+                "transformers' Trainer's checkpoint-N/, a PEFT adapter's under PEFT, PyTorch Lightning's .ckpt files, "
+                "flax.training.checkpoints' checkpoint_N files; accelerate's save_state a model.safetensors beside "
+                "its optimizer's)"
             )
         needs = "; ".join(own.description for own in FORMATS if own.directory)
         raise WeightsError(f"{path}: is a directory, but none bert_multi reads, which are: {needs}")
@@ -148,7 +149,7 @@ def _held_inside(path: Path) -> list[str]:
             for entry in itertools.islice(entries, LISTED):
                 inner = Path(entry.path)
                 if is_directory(inner):
-                    if _directory_format(inner):
+                    if _directory_format(inner) or peft.refusal(inner):  # a Trainer's checkpoint-N/ under PEFT
                         held.append(f"{entry.name}/")
                 elif RUN_FILES.fullmatch(entry.name) and is_regular_file(inner):
                     held.append(entry.name)
