@@ -10,6 +10,7 @@ bert_multi reads them all, without TensorFlow, h5py or JAX, and converts them to
 5 loads.
 """
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -141,13 +142,22 @@ def test_the_file_names_its_directory_and_out_of_it_reads_as_the_same_model(tmp_
         assert checkpoint.weights.keys() == same.weights.keys()
         assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
     assert_computes(checkpoint.config, checkpoint.weights, expected("flax", "flax-pretraining"), "float64")
-    # Its tree flattened to paths joined by "/" (flax.traverse_util.flatten_dict's sep) and saved by np.savez.
-    flat = {name.replace(".", "/"): array for name, array in read_tree(PRETRAINING / "flax_model.msgpack")[0].items()}
-    np.savez(tmp_path / "params.npz", **flat)
-    checkpoint = load_checkpoint(tmp_path / "params.npz", num_heads=2)
-    assert "read transformers' Flax names as its PyTorch classes'" in checkpoint.info.notes
-    assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
-    assert checkpoint.weights.keys() == same.weights.keys()
+    # Its tree flattened to paths (flax.traverse_util.flatten_dict's) and saved by np.savez, joined by "/", or by
+    # safetensors' own writer, joined by "." (its safetensors.flax.save_file takes a flat dict so).
+    flat = read_tree(PRETRAINING / "flax_model.msgpack")[0]
+    np.savez(tmp_path / "params.npz", **{name.replace(".", "/"): array for name, array in flat.items()})
+    names = ["params.npz"]
+    with contextlib.suppress(ImportError):  # safetensors is in the first environment only
+        from safetensors.numpy import save_file
+
+        save_file(flat, str(tmp_path / "params.safetensors"))
+        names.append("params.safetensors")
+    for name in names:
+        checkpoint = load_checkpoint(tmp_path / name, num_heads=2)
+        assert "read the names as a Flax tree's paths (flatten_dict's)" in checkpoint.info.notes
+        assert "read transformers' Flax names as its PyTorch classes'" in checkpoint.info.notes
+        assert all(np.array_equal(array, same.weights[name]) for name, array in checkpoint.weights.items())
+        assert checkpoint.weights.keys() == same.weights.keys()
 
 
 def test_a_flax_tree_naming_one_tensor_twice_with_other_numbers_is_refused(tmp_path):

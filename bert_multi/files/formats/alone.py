@@ -8,14 +8,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ...errors import WeightsError
 from ...safe_files import describe_format
+from . import flax, gluon
 from .base import CheckpointFormat, Probe, Raw, no_key
 from .hdf5 import SIGNATURE as HDF5_SIGNATURE
 from .hdf5 import read_hdf5
 from .huggingface import NAMED_BY, TO_TORCH_NAMES, torch_names
 from .safetensors import read_metadata, read_safetensors
 from .transformers_names import is_transformers_state_dict
+
+
+def by_their_names(kind: str, arrays: dict[str, np.ndarray], dtypes: dict[str, str], notes: list[str]) -> Raw:
+    """Named arrays in a file of no framework's (an .npz, a safetensors file) as the framework whose names
+    they are would read them: a Flax tree's paths (``flatten_dict``'s, joined by "/" or ".") as Flax's own
+    file is read, Gluon's (a LayerNorm's gamma and beta) as Gluon's, any other as a state_dict's."""
+    paths = {name.replace("/", "."): name for name in arrays}  # flax.traverse_util.flatten_dict(tree, sep="/")
+    if len(paths) == len(arrays) and flax.is_tree(list(paths)):
+        tree = {path: arrays.pop(name) for path, name in paths.items()}
+        kinds = {path: dtypes[name] for path, name in paths.items()}
+        said = [*notes, "read the names as a Flax tree's paths (flatten_dict's)"]
+        return flax.with_pytorch_names(Raw(kind, flax.BACKEND, *flax.turned(tree, kinds, said)))
+    if not is_transformers_state_dict(arrays) and gluon.is_own(list(arrays)):
+        return Raw(kind, gluon.FORMAT.framework, arrays, dtypes, [*notes, "read the names as Gluon's"])
+    return Raw(kind, None, arrays, dtypes, notes)
 
 
 class WeightsAlone(CheckpointFormat):
@@ -36,12 +54,12 @@ class WeightsAlone(CheckpointFormat):
         no_key(path, key)
         arrays, dtypes = read_safetensors(path)
         names = read_metadata(path).get("format", "pt")
-        notes = []
         if names in TO_TORCH_NAMES:
             arrays, dtypes, _ = torch_names(path, arrays, dtypes, TO_TORCH_NAMES[names])
             whose = NAMED_BY[names]
-            notes.append(f"read {whose}'s names as transformers' PyTorch classes' ({whose}'s kernels transposed)")
-        return Raw(self.kind, None, arrays, dtypes, notes)
+            note = f"read {whose}'s names as transformers' PyTorch classes' ({whose}'s kernels transposed)"
+            return Raw(self.kind, None, arrays, dtypes, [note])
+        return by_their_names(self.kind, arrays, dtypes, [])
 
 
 class KerasWeightsAlone(WeightsAlone):

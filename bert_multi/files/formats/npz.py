@@ -18,9 +18,8 @@ from ...safe_files import NpzReader, file_size, open_regular
 from ...spec.config import BERTConfig
 from ...spec.training_state import STATE_FILE, is_training_state, read_training_state
 from ...spec.weight_file import MANIFEST_KEY, load_weights, save_weights
-from . import flax, gluon
+from .alone import by_their_names
 from .base import MAX_TENSORS, MAX_ZIP_RATIO, CheckpointFormat, Probe, Raw, is_regular_file, no_key
-from .transformers_names import is_transformers_state_dict
 
 NUMERIC = "fiub"  # the dtype kinds a state_dict holds: weights, and integer buffers (transformers' position_ids)
 
@@ -81,15 +80,7 @@ class NamedArrays(CheckpointFormat):
                 array = archive.read(name, header)
                 arrays[name], dtypes[name] = array.astype(array.dtype.newbyteorder("="), copy=False), header.dtype.name
         note = "read the .npz's arrays by their names, as a state_dict's: it has no bert_multi manifest, nor a config"
-        paths = {name.replace("/", "."): name for name in arrays}  # flax.traverse_util.flatten_dict(tree, sep="/")
-        if len(paths) == len(arrays) and flax.is_tree(list(paths)):
-            tree = {path: arrays.pop(name) for path, name in paths.items()}
-            kinds = {path: dtypes[name] for path, name in paths.items()}
-            raw = Raw(self.kind, flax.BACKEND, *flax.turned(tree, kinds, [f"{note}; its names a Flax tree's paths"]))
-            return flax.with_pytorch_names(raw)
-        if not is_transformers_state_dict(arrays) and gluon.is_own(list(arrays)):
-            return Raw(self.kind, gluon.FORMAT.framework, arrays, dtypes, [f"{note}; its names Gluon's"])
-        return Raw(self.kind, None, arrays, dtypes, [note])
+        return by_their_names(self.kind, arrays, dtypes, [note])
 
 
 def _holds_arrays_alone(path: Path) -> bool:
