@@ -121,7 +121,7 @@ def sniff(path: Path) -> CheckpointFormat:
     for own in FORMATS:
         if not own.directory and own.recognizes(Probe(path, head, members)):
             return own
-    raise WeightsError(f"{path}: {problem or _what_it_is(head, members)}")
+    raise WeightsError(f"{path}: {problem or _what_it_is(path, head, members)}")
 
 
 huggingface.FORMAT.sniff = sniff  # a hub cache's snapshot may hold another library's model
@@ -158,7 +158,9 @@ def _held_inside(path: Path) -> list[str]:
     return natural_order(held)
 
 
-def _what_it_is(head: bytes, members: tuple[str, ...]) -> str:
+def _what_it_is(path: Path, head: bytes, members: tuple[str, ...]) -> str:
+    if exported := pytorch.exported_program(path, members):
+        return exported
     if head.startswith(ZIP_MAGIC):
         markers = [own.zip_marker for own in FORMATS if own.zip_marker]
         return f"a zip archive, but neither {', '.join(markers[:-1])} nor {markers[-1]}; it holds {some(list(members))}"
