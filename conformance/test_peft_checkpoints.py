@@ -41,6 +41,18 @@ def test_a_trainers_output_under_peft_names_its_adapter_checkpoints(tmp_path):
         inspect_checkpoint(tmp_path / "output" / "checkpoint-2")
 
 
+def test_a_model_read_beside_its_adapter_says_the_adapter_is_not_merged(tmp_path):
+    """An adapter saved into its base model's directory: the model is read, and a note says what is not in it."""
+    shutil.copytree(HERE / "tf-safetensors", tmp_path / "model")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(ADAPTER / name, tmp_path / "model" / name)
+    info = inspect_checkpoint(tmp_path / "model")
+    assert info.format == "hf-dir"
+    assert info.notes[-1] == (
+        "read the model without the PEFT adapter beside it (adapter_config.json), which it does not merge"
+    )
+
+
 @pytest.mark.parametrize("path", [ADAPTER / "adapter_model.safetensors", HERE / "peft-model.safetensors"])
 def test_loras_matrices_are_named_and_no_prefix_is_suggested(path):
     with pytest.raises(WeightsError, match="they are a PEFT model's or adapter's: LoRA's lora_A and lora_B") as caught:

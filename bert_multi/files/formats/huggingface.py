@@ -44,6 +44,7 @@ from .base import (
 from .flax import read_tree
 from .hdf5 import read_hdf5
 from .hub_cache import another_librarys, is_cache_folder, snapshot
+from .peft import CONFIG as ADAPTER_CONFIG
 from .safetensors import read_metadata, read_safetensors, write_safetensors
 from .shards import INDEX_SUFFIX, read_shards
 from .transformers_names import (
@@ -425,6 +426,10 @@ class ModelDirectory(CheckpointFormat):
         config, arrays, dtypes, notes, settings = read_directory(path)
         if which:
             notes.insert(0, f"read the HuggingFace cache folder's snapshot {path.name[:12]} ({which})")
+        if is_regular_file(path / ADAPTER_CONFIG):  # PEFT saved an adapter beside the model it adapts
+            notes.append(
+                f"read the model without the PEFT adapter beside it ({ADAPTER_CONFIG}), which it does not merge"
+            )
         return Raw(self.kind, None, arrays, dtypes, notes, config=config, settings=settings)
 
     def write(
