@@ -180,7 +180,7 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
         _take_prefix(path, raw, prefix)
     if raw.config is None:
         _strip_wrappers(raw.arrays, raw.dtypes, raw.notes)
-        # The format that read the tensors says (a zip's directory's, not the zip's)
+        # Whether its names may be transformers': the format that read them says (a zip's directory's, not the zip's)
         if BY_KIND[raw.format].holds_transformers_names and is_transformers_state_dict(raw.arrays):
             if huggingface.in_its_directory(path):  # alone, it would compute with defaults, not with its config
                 raise WeightsError(

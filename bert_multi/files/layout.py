@@ -16,6 +16,7 @@ import numpy as np
 from ..backend.contract import framework_module, framework_names
 from ..errors import WeightsError
 from ..spec.config import HEADS, BERTConfig
+from ..spec.schema import SEGMENTS
 from ..spec.semantics import PRESETS, Semantics, releases_of
 from .formats import of_framework
 from .formats.base import some
@@ -166,11 +167,12 @@ def interpret(path: Path, framework: str | None, arrays: dict[str, np.ndarray]) 
 
     vocab_size, num_hiddens = shape("encoder.token_embedding.weight", 2)
     segments = shape("encoder.segment_embedding.weight", 2)[0]
-    if segments != 2:  # the schema's count; a RoBERTa base model, one segment in its releases, has BERT's names
+    if segments != SEGMENTS:  # a RoBERTa base model (one segment in its releases) has BERT's very names
         roberta = f" (one, as transformers' {described_relative(RELATIVES['roberta'])})" if segments == 1 else ""
         raise WeightsError(
             f"{path}: its segment embedding, {expected['encoder.segment_embedding.weight']!r}, has {segments} "
-            f"row{'s' if segments > 1 else ''}; a BERT's has 2, for segments 0 and 1{roberta}"
+            f"row{'s' if segments > 1 else ''}; a BERT's has {SEGMENTS}, one per segment id"
+            f"{roberta}"
         )
     sizes = {
         "vocab_size": vocab_size,

@@ -19,6 +19,7 @@ from ..errors import UsageError, WeightsError
 from .config import BERTConfig
 
 SUPPORTED_DTYPES = ("float32", "float64")
+SEGMENTS = 2  # the segment embedding's rows: sentence A and B (segment ids 0 and 1)
 
 # "tied_embedding": the token embedding when it is also the MLM decoder's weight (original BERT).
 Role = Literal["embedding", "tied_embedding", "dense_weight", "bias", "ln_gamma", "ln_beta"]
@@ -59,7 +60,7 @@ def iter_param_specs(config: BERTConfig) -> Iterator[tuple[str, ParamSpec]]:
         yield "encoder.pos_embedding", ParamSpec((1, config.max_len, H), "embedding")
     tied = semantics.mlm_decoder == "tied" and "mlm" in config.heads
     yield "encoder.token_embedding.weight", ParamSpec((V, H), "tied_embedding" if tied else "embedding")
-    yield "encoder.segment_embedding.weight", ParamSpec((2, H), "embedding")
+    yield "encoder.segment_embedding.weight", ParamSpec((SEGMENTS, H), "embedding")
     if semantics.embedding_norm:
         yield from layer_norm("encoder.embedding_norm")
     for i in range(config.num_blks):
