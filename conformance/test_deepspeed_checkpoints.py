@@ -58,6 +58,21 @@ def test_a_zero_stage_2_checkpoint_computes_what_the_trained_model_computed(tmp_
         assert comparison.passed, comparison.describe()
 
 
+def test_the_model_states_file_named_alone_says_its_key_and_its_directory():
+    """The save's mp_rank_00_model_states.pt named itself: a dict around the state_dict, whose key reads it (as
+    its directory does), and which says it is DeepSpeed's."""
+    states = ZERO2 / "global_step2" / "mp_rank_00_model_states.pt"
+    expected = (
+        "pass key='module' (--key module); it is DeepSpeed's model states: name its save's directory, "
+        f"{ZERO2 / 'global_step2'}, as DeepSpeed's checkpoint"
+    )
+    with pytest.raises(WeightsError, match=re.escape(expected)):
+        load_checkpoint(states, num_heads=2)
+    read, whole = load_checkpoint(states, key="module", num_heads=2), load_checkpoint(ZERO2, num_heads=2)
+    assert read.weights.keys() == whole.weights.keys()
+    assert all(np.array_equal(array, whole.weights[name]) for name, array in read.weights.items())
+
+
 def test_a_zero_stage_3_checkpoint_is_named_with_deepspeeds_command_that_gathers_it(tmp_path):
     """Its model's states hold empty tensors: refused before they are read, with DeepSpeed's module, or the
     script DeepSpeed copies beside latest where it is there."""

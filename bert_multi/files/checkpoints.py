@@ -39,6 +39,7 @@ from .formats import (
     CheckpointFormat,
     Probe,
     Raw,
+    deepspeed,
     for_output,
     huggingface,
     of_framework,
@@ -168,7 +169,8 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
     except StateDictInside as inside:  # its names say the prefix to state with the key, in the same message
         if kin := relative_of(inside.names):  # whose prefix is no wrapper's
             raise WeightsError(f"{path}: the state_dict under the key {inside.holders[0]!r} is {kin}") from None
-        raise WeightsError(inside.telling(wrapper_prefix(set(inside.names)))) from None
+        told = inside.telling(wrapper_prefix(set(inside.names))) + deepspeed.model_states(path, inside.keys)
+        raise WeightsError(told) from None
     for name in raw.arrays:
         if bad := control_character(name):
             raise WeightsError(

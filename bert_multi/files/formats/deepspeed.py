@@ -99,4 +99,12 @@ def _partitioned(path: Path, run: Path, tag: str) -> str:
     )
 
 
+def model_states(path: Path, keys: list[str]) -> str:
+    """What a dict's top-level ``keys`` add to the message naming its state_dict, where it is DeepSpeed's model
+    states (``ds_version`` beside ``module``): the directory that reads as DeepSpeed's checkpoint."""
+    if not {"module", "ds_version"} <= set(keys):
+        return ""
+    return f"; it is DeepSpeed's model states: name its save's directory, {path.parent}, as DeepSpeed's checkpoint"
+
+
 FORMAT = Checkpoint()
