@@ -39,7 +39,6 @@ from .formats import (
     CheckpointFormat,
     Probe,
     Raw,
-    deepspeed,
     for_output,
     huggingface,
     of_framework,
@@ -47,7 +46,7 @@ from .formats import (
 )
 from .formats.base import StateDictInside, control_character, some
 from .formats.transformers_names import is_transformers_state_dict, read_state_dict, relative_of
-from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, unknowns, wrapper_prefix
+from .layout import D2L_0_11_MAX_LEN, MODEL_PARTS, STATED_BY, Layout, interpret, told_inside, unknowns
 
 
 def _reader(framework: str | None) -> str:
@@ -166,11 +165,8 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
     own = own or sniff(path)
     try:
         raw = own.read(path, key)
-    except StateDictInside as inside:  # its names say the prefix to state with the key, in the same message
-        if kin := relative_of(inside.names):  # whose prefix is no wrapper's
-            raise WeightsError(f"{path}: the state_dict under the key {inside.holders[0]!r} is {kin}") from None
-        told = inside.telling(wrapper_prefix(set(inside.names))) + deepspeed.model_states(path, inside.keys)
-        raise WeightsError(told) from None
+    except StateDictInside as inside:
+        raise WeightsError(told_inside(path, inside)) from None
     for name in raw.arrays:
         if bad := control_character(name):
             raise WeightsError(
@@ -182,7 +178,7 @@ def _read(path: Path, key: str | None, own: CheckpointFormat | None = None, pref
         _take_prefix(path, raw, prefix)
     if raw.config is None:
         _strip_wrappers(raw.arrays, raw.dtypes, raw.notes)
-        # Whether its names may be transformers': the format that read them says (a zip's directory's, not the zip's)
+        # Whether transformers' names are read as such: the format that read the tensors says (a zip's, the one inside)
         if BY_KIND[raw.format].holds_transformers_names and is_transformers_state_dict(raw.arrays):
             if huggingface.in_its_directory(path):  # alone, it would compute with defaults, not with its config
                 raise WeightsError(

@@ -18,8 +18,8 @@ from ..errors import WeightsError
 from ..spec.config import HEADS, BERTConfig
 from ..spec.schema import SEGMENTS
 from ..spec.semantics import PRESETS, Semantics, releases_of
-from .formats import of_framework
-from .formats.base import some
+from .formats import deepspeed, of_framework
+from .formats.base import StateDictInside, some
 from .formats.peft import lora_clause
 from .formats.transformers_names import RELATIVES, described_relative, relative_of
 
@@ -71,6 +71,15 @@ FAMILY_MARKERS = (PADDLENLP_NAMES, TRANSFORMERS_NAMES, D2L_NAMES)
 def wrapper_prefix(names: set[str]) -> str:
     """The prefix a wrapper's attribute puts before a BERT's ``names`` (a LightningModule's ``net.``), or ''."""
     return next((prefix for marker, own in FAMILY_MARKERS if (prefix := _under(names, marker, own))), "")
+
+
+def told_inside(path: Path, inside: StateDictInside) -> str:
+    """What a file whose state_dict is an entry of a dict around it says: the key and, in one message, the prefix
+    its BERT's names are under; or the relative of BERT they are, whose prefix is no wrapper's. DeepSpeed's
+    model states also name the directory that reads as DeepSpeed's checkpoint."""
+    if kin := relative_of(inside.names):
+        return f"{path}: the state_dict under the key {inside.holders[0]!r} is {kin}"
+    return inside.telling(wrapper_prefix(set(inside.names))) + deepspeed.model_states(path, inside.keys)
 
 
 def _wrapped(prefix: str) -> str:
