@@ -502,14 +502,15 @@ def test_a_training_runs_output_names_the_checkpoints_it_holds_in_the_order_of_t
 
 def test_a_directory_of_many_entries_is_looked_through_for_checkpoints_only_so_far(tmp_path, monkeypatch):
     from bert_multi.files import formats
+    from bert_multi.files.formats.base import LISTED
 
-    for number in range(formats.LISTED + 40):
+    for number in range(LISTED + 40):
         (tmp_path / f"entry-{number}").mkdir()
     looked_at = []
     monkeypatch.setattr(formats, "is_directory", lambda path: looked_at.append(path) or path.is_dir())
     with pytest.raises(WeightsError, match="is a directory, but none bert_multi reads"):
         load_checkpoint(tmp_path)
-    assert len([path for path in looked_at if path.parent == tmp_path]) == formats.LISTED
+    assert len([path for path in looked_at if path.parent == tmp_path]) == LISTED
 
 
 @pytest.mark.skipif("torch" not in AVAILABLE, reason="needs the torch backend")

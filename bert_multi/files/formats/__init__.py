@@ -3,8 +3,6 @@ path asks for when writing (``for_output``), and each format's reading, writing 
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
 import zipfile
 from pathlib import Path
@@ -38,6 +36,7 @@ from .base import (
     Raw,
     is_directory,
     is_regular_file,
+    listed,
     natural_order,
     some,
 )
@@ -132,7 +131,6 @@ def _directory_format(path: Path) -> CheckpointFormat | None:
     return next((own for own in FORMATS if own.directory and own.recognizes(Probe(path, b"", ()))), None)
 
 
-LISTED = 256  # the entries of a directory looked at for checkpoints inside it: bounded, whatever it holds
 # A training run's checkpoint files, by the names their tools give them: PyTorch Lightning's (torch.save files
 # under a suffix of their own), flax.training.checkpoints' from before Orbax (checkpoint_N, Flax's own file),
 # and the model's file of accelerate's save_state (model.safetensors, or pytorch_model.bin; _1 for a second).
@@ -145,15 +143,14 @@ def _held_inside(path: Path) -> list[str]:
     library's file beside the rest of its directory is not one: the directory is read whole or not at all."""
     held = []
     try:
-        with os.scandir(path) as entries:
-            for entry in itertools.islice(entries, LISTED):
-                inner = Path(entry.path)
-                if is_directory(inner):
-                    if _directory_format(inner) or peft.refusal(inner):  # a Trainer's checkpoint-N/ under PEFT
-                        held.append(f"{entry.name}/")
-                elif RUN_FILES.fullmatch(entry.name) and is_regular_file(inner):
-                    held.append(entry.name)
-    except OSError:  # unreadable: the message lists the formats instead
+        for name in listed(path):  # unreadable: none, and the message lists the formats instead
+            inner = path / name
+            if is_directory(inner):
+                if _directory_format(inner) or peft.refusal(inner):  # a Trainer's checkpoint-N/ under PEFT
+                    held.append(f"{name}/")
+            elif RUN_FILES.fullmatch(name) and is_regular_file(inner):
+                held.append(name)
+    except OSError:
         return []
     return natural_order(held)
 

@@ -3,6 +3,7 @@ own names, writes one, and describes it to people. Each format is one module of 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -261,6 +262,18 @@ def stored_member(file: BinaryIO, member: zipfile.ZipInfo, path: Path) -> Member
     if checksum != member.CRC:
         raise WeightsError(f"{path}: {member.filename} is damaged: its bytes do not match the zip's checksum")
     return Member(member.filename, start, member.file_size)
+
+
+LISTED = 256  # the entries of a directory looked at for checkpoints inside it: bounded, whatever it holds
+
+
+def listed(path: Path) -> list[str]:
+    """The names of the first ``LISTED`` entries of the directory at ``path``; none where it cannot be read."""
+    try:
+        with os.scandir(path) as entries:
+            return [entry.name for entry in itertools.islice(entries, LISTED)]
+    except OSError:
+        return []
 
 
 def is_directory(path: Path) -> bool:

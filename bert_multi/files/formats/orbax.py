@@ -15,7 +15,6 @@ item (``default/`` for one); its root holds the steps. Each is named for what it
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -24,13 +23,12 @@ from pathlib import Path
 
 from ...errors import WeightsError
 from ...safe_files import file_size, open_regular, reason
-from .base import control_character, is_directory, is_regular_file, natural_order, some
+from .base import control_character, is_directory, is_regular_file, listed, natural_order, some
 
 METADATA = "_METADATA"  # a checkpoint's tree: each leaf's keys and kind
 STEP_METADATA = "_CHECKPOINT_METADATA"  # a CheckpointManager step's, or a checkpoint's own
 MANIFEST = "manifest.ocdbt"  # the key-value store's root
 MAX_METADATA_BYTES = 16 << 20  # BERT-base's TrainState's tree takes about 250 KB
-LISTED = 256  # the entries of a directory looked at for checkpoints inside it
 # Orbax leaves a save that never finished under a temporary name; it is no checkpoint.
 UNFINISHED = re.compile(r".*\.orbax-checkpoint-tmp(-\d+)?$")
 
@@ -69,11 +67,7 @@ def is_checkpoint(path: Path) -> bool:
 def _inside(path: Path, which: Callable[[Path], bool]) -> list[str]:
     """The directories among the first ``LISTED`` entries of ``path`` that ``which`` says are Orbax's, in
     natural order (step 2 before step 10)."""
-    try:
-        with os.scandir(path) as entries:
-            names = [entry.name for entry in itertools.islice(entries, LISTED) if not UNFINISHED.match(entry.name)]
-    except OSError:
-        return []
+    names = [name for name in listed(path) if not UNFINISHED.match(name)]
     held = [f"{name}/" for name in names if is_directory(path / name) and which(path / name)]
     return natural_order(held)
 

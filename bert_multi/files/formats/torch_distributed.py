@@ -9,16 +9,14 @@ unpickles nothing, so it says what the directory is, and the lines of torch's ow
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 from pathlib import Path
 
-from .base import is_directory, is_regular_file, natural_order, some
+from .base import is_directory, is_regular_file, listed, natural_order, some
 
 METADATA = ".metadata"  # the plan: which chunk of which tensor is where
 CHUNKS = re.compile(r"__\d+_\d+\.distcp")  # a rank's file of chunks
-LISTED = 256  # the entries of a directory looked at
 
 
 def refusal(path: Path) -> str | None:
@@ -38,7 +36,7 @@ def refusal(path: Path) -> str | None:
             f"from torch.distributed.checkpoint.format_utils import dcp_to_torch_save; dcp_to_torch_save({at}, "
             "'bert.pt')"
         )
-    held = natural_order([f"{name}/" for name in _entries(path) if is_checkpoint(path / name)])
+    held = natural_order([f"{name}/" for name in listed(path) if is_checkpoint(path / name)])
     if held:
         return (
             f"{path}: holds PyTorch distributed checkpoints, {some(held)}, which bert_multi does not read: name one, "
@@ -49,12 +47,4 @@ def refusal(path: Path) -> str | None:
 
 def is_checkpoint(path: Path) -> bool:
     """Whether ``path`` is one distributed checkpoint: its plan beside a file of chunks."""
-    return is_regular_file(path / METADATA) and any(CHUNKS.fullmatch(name) for name in _entries(path))
-
-
-def _entries(path: Path) -> list[str]:
-    try:
-        with os.scandir(path) as entries:
-            return [entry.name for entry in itertools.islice(entries, LISTED)]
-    except OSError:
-        return []
+    return is_regular_file(path / METADATA) and any(CHUNKS.fullmatch(name) for name in listed(path))
