@@ -175,6 +175,15 @@ def _safetensors_file(path: str) -> object:
         return load_checkpoint(Path(directory) / "bert.safetensors", num_heads=2, preset="d2l")
 
 
+def _keras_weights(path: str) -> object:
+    """A Keras .h5 alone (named so), as a checkpoint: what a transformers 4 TensorFlow BERT's save_weights writes."""
+    from bert_multi import load_checkpoint
+
+    with tempfile.TemporaryDirectory() as directory:
+        (Path(directory) / "bert.h5").symlink_to(Path(path).absolute())
+        return load_checkpoint(Path(directory) / "bert.h5", num_heads=2, dtype="float32")
+
+
 def _huggingface_config(path: str) -> object:
     """A HuggingFace directory whose config.json is (a link to) the file at ``path``, beside valid weights."""
     from bert_multi.files.formats.huggingface import read_directory
@@ -282,6 +291,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "hfconfig": _huggingface_config,
     "hfflax": _fixture_with(HF_FLAX, "flax_model.msgpack", dtype="float32"),  # cast where it is bfloat16
     "hfh5": _fixture_with(HF_TF, "tf_model.h5", dtype="float32"),
+    "h5alone": _keras_weights,
     "hfindex": _shard_index,
     "kerashub": _fixture_with(KERAS_HUB, "model.weights.h5"),
     "kerasfile": _with_nothing_stated,
@@ -319,6 +329,7 @@ WEIGHT_READERS = (
         "hfconfig",
         "hfflax",
         "hfh5",
+        "h5alone",
         "tfindex",
         "orbax",
         "deepspeed",
@@ -1218,7 +1229,7 @@ def hostile_hf_flax() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def hostile_hf_h5() -> dict[str, tuple[bytes, str]]:
+def hostile_hf_h5() -> dict[str, tuple[bytes, str | dict[str, str]]]:
     """Keras's tf_model.h5, its structure changed where a byte pattern finds it (h5py is not needed)."""
     valid = (HF_TF / "tf_model.h5").read_bytes()
     word = struct.pack("<QQ", 13, 8)  # the word embeddings' dataspace: (13, 8), the only such shape
@@ -1249,8 +1260,12 @@ def hostile_hf_h5() -> dict[str, tuple[bytes, str]]:
         "values inside another's": (changed(layout + 2, struct.pack("<Q", address + 4)), "overlap"),
         "integers": (changed(valid.index(b"\x11\x20\x1f\x00", at), b"\x10"), "type class 0"),
         "floats of 3 bytes": (changed(valid.index(b"\x11\x20\x1f\x00", at) + 4, b"\x03"), "floats of 3 bytes"),
-        "a Gluon .params file": (params_bytes(gluon_weights()), "does not start with HDF5's signature"),
-        "empty file": (b"", "does not start with HDF5's signature"),
+        # Alone, a file is read by what it holds, whatever its name: a Gluon file named .h5 is read as Gluon's.
+        "a Gluon .params file": (
+            params_bytes(gluon_weights()),
+            {"hfh5": "does not start with HDF5's signature", "h5alone": "state preset= or d2l_version="},
+        ),
+        "empty file": (b"", {"hfh5": "does not start with HDF5's signature", "h5alone": "not a format bert_multi"}),
         "two members named alike": (changed(heap_name, b"beta:0\0"), "appears twice"),
     }
 
@@ -1764,7 +1779,7 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [valid, classifier], generic
     if loader == "hfindex":
         return [sharded_files()[SHARD_INDEX]], generic
-    if loader == "hfh5":
+    if loader in ("hfh5", "h5alone"):
         return [(HF_TF / "tf_model.h5").read_bytes()], generic
     if loader == "kerashub":
         return [(KERAS_HUB / "model.weights.h5").read_bytes()], generic
