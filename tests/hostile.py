@@ -51,6 +51,7 @@ PADDLENLP3 = TF_CHECKPOINT.parent / "paddlenlp3-bfloat16"  # the same, cast to b
 FLAX_STATE = TF_CHECKPOINT.parent / "flax-train-state" / "checkpoint_2"  # a TrainState, by flax.training (0.12)
 ORBAX = TF_CHECKPOINT.parent / "orbax-train-state" / "checkpoint_2"  # the same TrainState, by Orbax 0.12
 DEEPSPEED = TF_CHECKPOINT.parent / "deepspeed-zero2"  # DeepSpeed 0.19's save_checkpoint, ZeRO stage 2
+EXPORTED = TF_CHECKPOINT.parent / "exported.pt2"  # transformers' BertForPreTraining by torch.export.save (2.13)
 CONFIG = BERTConfig(vocab_size=11, num_hiddens=4, ffn_num_hiddens=6, num_heads=2, num_blks=1, max_len=5)
 MEMORY_CAP_BYTES = 4 << 30  # torch and MXNet reserve about 1.2 GB of address space when imported
 GIB3 = 3 << 30
@@ -184,6 +185,12 @@ def _keras_weights(path: str) -> object:
         return load_checkpoint(Path(directory) / "bert.h5", num_heads=2, dtype="float32")
 
 
+def _exported_program(path: str) -> object:
+    from bert_multi import load_checkpoint
+
+    return load_checkpoint(path, num_heads=2)
+
+
 def _huggingface_config(path: str) -> object:
     """A HuggingFace directory whose config.json is (a link to) the file at ``path``, beside valid weights."""
     from bert_multi.files.formats.huggingface import read_directory
@@ -304,6 +311,7 @@ LOADERS: dict[str, Callable[[str], object]] = {
     "tfindex": _tf_checkpoint,
     "orbax": _fixture_with(ORBAX, "_METADATA"),  # never read: named, with what its metadata lists
     "deepspeed": _fixture_with(DEEPSPEED, "latest", num_heads=2),  # the tag of the save to read
+    "pt2": _exported_program,
     "zippeddir": _with_nothing_stated,  # a zip read as a checkpoint with nothing stated: Google's BERT zipped, say
     "weights": _load_weights,
     "npzarrays": _named_arrays,
@@ -333,6 +341,7 @@ WEIGHT_READERS = (
         "tfindex",
         "orbax",
         "deepspeed",
+        "pt2",
         "zippeddir",
         "weights",
         "npzarrays",
@@ -558,6 +567,73 @@ def hostile_deepspeed_latest() -> dict[str, tuple[bytes, str]]:
         "not UTF-8": (b"global_step\xff", expected),
         "1 MiB": (b"g" * (1 << 20), expected),
         "a save the run lacks": (b"global_step3", "holds no folder of that name"),
+    }
+
+
+EXPORTED_TABLE = "exported/data/weights/model_weights_config.json"
+
+
+def with_exported_table(edit: Callable[[dict], object], data: bytes | None = None) -> bytes:
+    """The exported program's archive (``data``, or the fixture's) with its table of weights edited in place."""
+    members = zip_members(data if data is not None else EXPORTED.read_bytes())
+    index = next(number for number, (name, _) in enumerate(members) if name == EXPORTED_TABLE)
+    table = json.loads(members[index][1])
+    edit(table["config"])
+    members[index] = (EXPORTED_TABLE, json.dumps(table).encode())
+    return make_zip(members)
+
+
+def hostile_exported_programs() -> dict[str, tuple[bytes, str]]:
+    """torch.export.save's archive of the fixture, its table of weights or its members changed."""
+    word = "bert.embeddings.word_embeddings.weight"  # (13, 8) float64, in a storage of its own with the decoder
+
+    def meta(**changed: object) -> Callable[[dict], object]:
+        return lambda table: table[word]["tensor_meta"].update(changed)
+
+    def sizes(*numbers: object) -> list[dict]:
+        return [{"as_int": number} for number in numbers]
+
+    members = zip_members(EXPORTED.read_bytes())
+    return {
+        "a tensor pickled": (with_exported_table(lambda table: table[word].update(use_pickle=True)), "as a pickle"),
+        "a file it lacks": (with_exported_table(lambda table: table[word].update(path_name="weight_99")), "holds no"),
+        "a file out of its folder": (
+            with_exported_table(lambda table: table[word].update(path_name="../models/model.json")),
+            "expected one of data/weights/",
+        ),
+        "more rows than its storage": (with_exported_table(meta(sizes=sizes(14, 8))), "reaches element"),
+        "an offset past its storage": (with_exported_table(meta(storage_offset={"as_int": 2**40})), "reaches element"),
+        "2**40 x 2**40 over one element": (
+            with_exported_table(meta(sizes=sizes(2**40, 2**40), strides=sizes(0, 0))),
+            "reaches element",
+        ),
+        "a size past 2**40": (with_exported_table(meta(sizes=sizes(2**41, 8))), "none symbolic"),
+        "a symbolic size": (with_exported_table(meta(sizes=[{"as_expr": "s0"}, {"as_int": 8}])), "none symbolic"),
+        "a negative stride": (with_exported_table(meta(strides=sizes(-8, 1))), "none symbolic"),
+        "strides fewer than sizes": (with_exported_table(meta(strides=sizes(1))), "1 strides"),
+        "a dtype it has no number for": (with_exported_table(meta(dtype=99)), "expected a strided tensor"),
+        "a sparse layout": (with_exported_table(meta(layout=1)), "expected a strided tensor"),
+        "no tensors": (with_exported_table(lambda table: table.clear()), "lists no tensors"),
+        "a table not JSON": (
+            make_zip([(name, b"{" if name == EXPORTED_TABLE else payload) for name, payload in members]),
+            "is not JSON",
+        ),
+        "a table nested 100,000 deep": (
+            make_zip([(name, b"[" * 100_000 if name == EXPORTED_TABLE else payload) for name, payload in members]),
+            "is not JSON",
+        ),
+        "big-endian": (
+            make_zip([(name, b"big" if name.endswith("/byteorder") else payload) for name, payload in members]),
+            "byte order",
+        ),
+        "two programs": (
+            make_zip([*members, (EXPORTED_TABLE.replace("model_", "other_"), b"{}")]),
+            "holds 2 programs' weights",
+        ),
+        "every member deflated, claiming 4 GiB": (
+            patch_zip(make_zip(members, zipfile.ZIP_DEFLATED), size=0xFFFFFFFF),
+            "claims",
+        ),
     }
 
 
@@ -1648,6 +1724,7 @@ HOSTILE: dict[str, Callable[[], dict[str, tuple[bytes, str]]]] = {
     "tfindex": hostile_tf_indexes,
     "orbax": hostile_orbax_metadata,
     "deepspeed": hostile_deepspeed_latest,
+    "pt2": hostile_exported_programs,
     "zippeddir": hostile_zipped_directories,
     "weights": hostile_weights,
     "npzarrays": hostile_named_arrays,
@@ -1760,6 +1837,23 @@ def mutate_a_shape(data: bytes, rng: random.Random, corpus: list[bytes]) -> byte
     return flax_file_of(weights)
 
 
+def mutate_exported_table(data: bytes, rng: random.Random, corpus: list[bytes]) -> bytes:
+    """Change one field of one tensor's entry in an exported program's table of weights to a random value."""
+
+    def edit(table: dict) -> None:
+        entry = table[rng.choice(sorted(table))]
+        target = entry["tensor_meta"] if rng.random() < 0.7 else entry
+        key = rng.choice(sorted(target))
+        if rng.random() < 0.2:
+            del target[key]
+        elif key in ("sizes", "strides") and rng.random() < 0.7:
+            target[key] = [{"as_int": rng.choice(SHAPES)} for _ in range(rng.randint(0, 3))]
+        else:
+            target[key] = rng.choice([*JSON_VALUES, {"as_int": rng.choice(SHAPES)}])
+
+    return with_exported_table(edit, data)
+
+
 def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
     """Valid files for ``loader`` and the mutations that suit them."""
     generic = [mutate_bytes, mutate_bytes]
@@ -1835,6 +1929,8 @@ def fuzz_corpus(loader: str) -> tuple[list[bytes], list[Callable]]:
         return [(ORBAX / "_METADATA").read_bytes()], generic
     if loader == "deepspeed":
         return [(DEEPSPEED / "latest").read_bytes()], generic
+    if loader == "pt2":
+        return [EXPORTED.read_bytes()], [*generic, mutate_inside_zip, mutate_exported_table]
     if loader == "zippeddir":
         return [google_zip_bytes()], [*generic, mutate_inside_zip]
     if loader == "paddlenlp":

@@ -13,6 +13,7 @@ from . import (
     alone,
     d2l,
     deepspeed,
+    exported,
     flax,
     gluon,
     huggingface,
@@ -54,6 +55,7 @@ FORMATS: tuple[CheckpointFormat, ...] = (
     npz.ARRAYS,  # before the canonical file's: an .npz without a manifest
     npz.FORMAT,
     pytorch.FORMAT,
+    exported.FORMAT,
     gluon.FORMAT,
     paddle.FORMAT,  # after PyTorch's: any other pickle is tried as Paddle's
     flax.FORMAT,
@@ -156,8 +158,8 @@ def _held_inside(path: Path) -> list[str]:
 
 
 def _what_it_is(path: Path, head: bytes, members: tuple[str, ...]) -> str:
-    if exported := pytorch.exported_program(path, members):
-        return exported
+    if older := exported.without_table(path, members):
+        return older
     if head.startswith(ZIP_MAGIC):
         markers = [own.zip_marker for own in FORMATS if own.zip_marker]
         return f"a zip archive, but neither {', '.join(markers[:-1])} nor {markers[-1]}; it holds {some(list(members))}"

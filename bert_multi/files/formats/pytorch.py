@@ -5,7 +5,6 @@ with ``weights_only=True`` once the file's sizes are checked; its names are the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +29,6 @@ class StateDict(FrameworkFile):
 
     def read_arrays(self, path: Path, key: str | None) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
         return load_backend(BACKEND).read_checkpoint(path, key)
-
-
-def exported_program(path: Path, members: tuple[str, ...]) -> str | None:
-    """What a zip of ``members`` is when ``torch.export.save`` wrote it (an ExportedProgram's archive: its
-    ``archive_format``, its graph, its weights apart), and how to make it a file bert_multi reads; else None."""
-    if not any(name.rpartition("/")[2] == "archive_format" for name in members):
-        return None
-    return (
-        "an ExportedProgram's archive (torch.export.save, .pt2): a traced graph and its weights, which bert_multi "
-        "does not read; torch saves its state_dict as one torch.save file, which bert_multi reads: "
-        f"torch.save(torch.export.load({os.path.abspath(path)!r}).state_dict, 'bert.pt')"
-    )
 
 
 FORMAT = StateDict()
