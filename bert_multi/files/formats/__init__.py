@@ -158,8 +158,8 @@ def _held_inside(path: Path) -> list[str]:
 
 
 def _what_it_is(path: Path, head: bytes, members: tuple[str, ...]) -> str:
-    if older := exported.without_table(path, members):
-        return older
+    if unread := exported.unread_archive(path, members):
+        return unread
     if head.startswith(ZIP_MAGIC):
         markers = [own.zip_marker for own in FORMATS if own.zip_marker]
         return f"a zip archive, but neither {', '.join(markers[:-1])} nor {markers[-1]}; it holds {some(list(members))}"

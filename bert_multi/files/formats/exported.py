@@ -31,6 +31,7 @@ MAX_CONFIG_BYTES = 64 << 20  # a BERT-large's table is about 2 MB
 DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32", 8: "float64",
           12: "bool", 13: "bfloat16"}  # fmt: skip
 STRIDED = 7  # torch.strided, the only layout of a weight saved as raw bytes
+AOTI_DIR = "/data/aotinductor/"  # an AOTInductor package's compiled models, one folder each
 
 
 def archive_root(members: tuple[str, ...]) -> str | None:
@@ -45,11 +46,19 @@ def weights_tables(members: tuple[str, ...], root: str) -> list[str]:
     return [name for name in members if name.startswith(root + WEIGHTS_DIR) and name.endswith(CONFIG_SUFFIX)]
 
 
-def without_table(path: Path, members: tuple[str, ...]) -> str | None:
-    """What a zip of ``members`` is when ``torch.export.save`` wrote it without a table of its weights (an older
-    torch pickled them), and how to make it a file bert_multi reads; else None."""
+def unread_archive(path: Path, members: tuple[str, ...]) -> str | None:
+    """What a zip of ``members`` is when torch wrote it as a ``.pt2`` archive bert_multi does not read (an
+    AOTInductor package; an ExportedProgram's without a table of its weights, which an older torch pickled), and
+    how to make a file bert_multi reads; else None."""
     if not any(name.rpartition("/")[2] == FORMAT_FILE for name in members):
         return None
+    if any(AOTI_DIR in name for name in members):
+        return (
+            "an AOTInductor package (torch._inductor.aoti_compile_and_package, .pt2): the model compiled to a shared "
+            "library, its weights inside it, which bert_multi does not read; where the model is, torch saves its "
+            "state_dict (torch.save(model.state_dict(), 'bert.pt')) or its ExportedProgram "
+            "(torch.export.save(torch.export.export(model, args), 'bert.pt2')), each of which bert_multi reads"
+        )
     return (
         "an ExportedProgram's archive (torch.export.save, .pt2) without torch.export's table of its weights "
         "(data/weights/model_weights_config.json), which bert_multi reads, its weights pickled as an older torch saved "
