@@ -33,6 +33,12 @@ def contiguous_transpose(array: np.ndarray, rows: int = 128) -> np.ndarray:
     return out
 
 
+def bfloat16_widened(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 numbers, given as their 16-bit patterns (``uint16``, little-endian), as float32, exactly: a
+    bfloat16 is the upper half of a float32. Files store bfloat16 so, and NumPy has no such dtype."""
+    return (bits.astype("<u4") << 16).view("<f4")
+
+
 def same_bits(given: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> bool:
     """Whether two sets of named arrays hold the same names, dtypes, shapes and bits: 0.0 is not -0.0,
     and a NaN is equal only to the same NaN."""

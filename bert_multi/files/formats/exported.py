@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import bfloat16_widened
 from ...errors import WeightsError
 from ...safe_files import open_regular
 from .base import MAX_TENSORS, MAX_ZIP_RATIO, CheckpointFormat, Probe, Raw, no_key, some, zip_errors
@@ -187,8 +188,8 @@ def _view(
                            f"{len(storage)} bytes ({elements} of {dtype})")  # fmt: skip
     flat = np.frombuffer(storage, "<u2" if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<"))
     array = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [stride * itemsize for stride in strides]).copy()
-    if dtype == "bfloat16":  # bfloat16 is the top half of a float32
-        return (array.astype("<u4") << 16).view("<f4").astype(np.float32)
+    if dtype == "bfloat16":
+        return bfloat16_widened(array).astype(np.float32)
     return array.astype(array.dtype.newbyteorder("="))
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ...arrays import contiguous_transpose
+from ...arrays import bfloat16_widened, contiguous_transpose
 from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, describe_format, file_size, open_regular, replace_file
@@ -258,8 +258,8 @@ class _Parser:
         if self.at != end:
             raise self.fail(f"{name}'s extension is {length} bytes, but its fields take {length + self.at - end}")
         self.dtypes[name] = dtype_name
-        if dtype_name == "bfloat16":  # the upper half of a float32: widened exactly
-            return (array.astype("<u4") << 16).view("<f4")
+        if dtype_name == "bfloat16":
+            return bfloat16_widened(array)
         return array.astype(array.dtype.newbyteorder("="), copy=False)  # a copy only on a big-endian machine
 
 

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ...arrays import contiguous_transpose
+from ...arrays import bfloat16_widened, contiguous_transpose
 from ...backend.contract import framework_names, prepare_weights
 from ...errors import WeightsError
 from ...safe_files import check_shape, file_size, open_regular, reason, replace_file
@@ -159,8 +159,8 @@ def bfloat16_from_bits(arrays: dict[str, np.ndarray], dtypes: dict[str, str]) ->
     bfloat16 to NumPy, which has none, as uint16, and saves it so (its own pickles, PaddleNLP's safetensors).
     The note saying so, if any was."""
     bits = [name for name, array in arrays.items() if array.dtype == np.uint16]
-    for name in bits:  # bfloat16's bits are the top half of a float32's
-        arrays[name] = (arrays[name].astype(np.uint32) << 16).view(np.float32)
+    for name in bits:  # Paddle saves bfloat16 as its bits
+        arrays[name] = bfloat16_widened(arrays[name]).astype(np.float32)
         dtypes[name] = "bfloat16"
     if not bits:
         return []

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ...arrays import bfloat16_widened
 from ...errors import WeightsError
 from ...safe_files import atomic_path, check_shape, file_size, open_regular, reason
 from ...spec.weight_file import c_ordered_bytes
@@ -49,8 +50,8 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str,
             dtype = np.dtype("<u2" if kind == "BF16" else SAFETENSORS_DTYPES[kind]).newbyteorder("<")
             file.seek(8 + header_size + begin)
             array = np.frombuffer(file.read(end - begin), dtype=dtype).reshape(shape)
-            if kind == "BF16":  # bfloat16 is the top half of a float32
-                array = (array.astype("<u4") << 16).view("<f4")
+            if kind == "BF16":
+                array = bfloat16_widened(array)
             arrays[name] = array.astype(array.dtype.newbyteorder("="))
             dtypes[name] = "bfloat16" if kind == "BF16" else dtype.name
     return arrays, dtypes

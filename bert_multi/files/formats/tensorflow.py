@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ...arrays import bfloat16_widened
 from ...errors import WeightsError
 from ...safe_files import check_shape, file_size, open_regular
 from .base import (
@@ -356,8 +357,8 @@ def read_tensors(prefix: Path, shards: int, entries: dict[str, Entry]) -> tuple[
                     )
                 file.seek(entry.offset)
                 array = np.frombuffer(file.read(entry.size), dtype=stored).reshape(entry.shape)
-                if entry.dtype == "bfloat16":  # bfloat16 is the top half of a float32
-                    array = (array.astype("<u4") << 16).view("<f4")
+                if entry.dtype == "bfloat16":
+                    array = bfloat16_widened(array)
                 arrays[name] = array.astype(array.dtype.newbyteorder("="))
                 dtypes[name] = entry.dtype
     return arrays, dtypes
