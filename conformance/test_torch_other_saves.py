@@ -83,3 +83,30 @@ def test_an_exported_program_of_d2ls_model_reads_as_its_state_dict_and_an_older_
     saved = load_checkpoint(tmp_path / "bert.pt", num_heads=2, preset="d2l")
     for name, array in direct.weights.items():
         np.testing.assert_array_equal(saved.weights[name], array, err_msg=name)
+
+
+def test_an_exported_program_in_bfloat16_reads_as_its_state_dict_cast_to_float32(tmp_path):
+    """torch saves bfloat16 as its raw bits (NumPy has no bfloat16): read, they widen exactly to what the
+    state_dict saved by torch.save reads to, once the cast is asked for."""
+    import torch
+
+    import bert_multi.torch.backend as bt
+    from bert_multi import BERTConfig, random_weights
+
+    config = BERTConfig(vocab_size=13, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=1, max_len=16)
+    model = bt.build(config, random_weights(config, seed=5)).module.eval().to(torch.bfloat16)
+    inputs = (torch.ones(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long), torch.tensor([5.0, 3.0]))
+    with warnings.catch_warnings():  # d2l keeps its attention weights as an attribute, which torch warns of
+        warnings.simplefilter("ignore", UserWarning)
+        torch.export.save(torch.export.export(model, inputs), tmp_path / "bert.pt2")
+    torch.save(model.state_dict(), tmp_path / "direct.pt")
+    with pytest.raises(WeightsError, match="bfloat16"):
+        load_checkpoint(tmp_path / "bert.pt2", num_heads=2, preset="d2l")
+    read, direct = (
+        load_checkpoint(tmp_path / name, num_heads=2, preset="d2l", dtype="float32")
+        for name in ("bert.pt2", "direct.pt")
+    )
+    assert {tensor.dtype for tensor in read.info.tensors} == {"bfloat16"}
+    assert read.weights.keys() == direct.weights.keys()
+    for name, array in direct.weights.items():
+        np.testing.assert_array_equal(read.weights[name], array, err_msg=name)
