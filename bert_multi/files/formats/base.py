@@ -222,14 +222,20 @@ def zip_errors(path: Path) -> Iterator[None]:
         raise WeightsError(f"{path}: a damaged zip archive: {reason(error)}") from None
 
 
-def extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:
-    """Copy one member out of the zip at ``path``, refusing one that claims to expand beyond reason."""
+def check_member(member: zipfile.ZipInfo, path: Path) -> None:
+    """Refuse a member of the zip at ``path`` that is encrypted or claims to expand beyond reason, before any of
+    it is read."""
     if member.flag_bits & 0x1:
         raise WeightsError(f"{path}: {member.filename} is encrypted")
     if member.file_size > MAX_ZIP_RATIO * member.compress_size + (1 << 20):
         raise WeightsError(
             f"{path}: {member.filename} claims to expand from {member.compress_size} to {member.file_size} bytes"
         )
+
+
+def extract(archive: zipfile.ZipFile, member: zipfile.ZipInfo, target: Path, path: Path) -> None:
+    """Copy one member out of the zip at ``path`` (``check_member``'s refusals first)."""
+    check_member(member, path)
     with archive.open(member) as source, open(target, "wb") as sink:
         shutil.copyfileobj(source, sink, 1 << 20)
 

@@ -22,7 +22,7 @@ import numpy as np
 from ...arrays import bfloat16_widened
 from ...errors import WeightsError
 from ...safe_files import open_regular
-from .base import MAX_TENSORS, MAX_ZIP_RATIO, CheckpointFormat, Probe, Raw, no_key, some, zip_errors
+from .base import MAX_TENSORS, CheckpointFormat, Probe, Raw, check_member, no_key, some, zip_errors
 
 FORMAT_FILE = "archive_format"
 WEIGHTS_DIR = "data/weights/"
@@ -129,8 +129,7 @@ def _member(path: Path, archive: zipfile.ZipFile, name: str, limit: int | None =
         raise WeightsError(f"{path}: the archive holds no {name}, which its table of weights names") from None
     if limit is not None and info.file_size > limit:
         raise WeightsError(f"{path}: {name} claims {info.file_size} bytes; expected at most {limit}")
-    if info.file_size > MAX_ZIP_RATIO * info.compress_size + (1 << 20):
-        raise WeightsError(f"{path}: {name} claims to expand from {info.compress_size} to {info.file_size} bytes")
+    check_member(info, path)
     with archive.open(info) as source:
         data = source.read(info.file_size + 1)
     if len(data) != info.file_size:
