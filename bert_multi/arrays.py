@@ -34,9 +34,9 @@ def contiguous_transpose(array: np.ndarray, rows: int = 128) -> np.ndarray:
 
 
 def bfloat16_widened(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 numbers, given as their 16-bit patterns (``uint16``, little-endian), as float32, exactly: a
+    """bfloat16 numbers, given as their 16-bit patterns (``uint16``), as a new float32 array, exactly: a
     bfloat16 is the upper half of a float32. Files store bfloat16 so, and NumPy has no such dtype."""
-    return (bits.astype("<u4") << 16).view("<f4")
+    return (bits.astype("<u4") << 16).view("<f4").astype(np.float32, copy=False)
 
 
 def same_bits(given: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> bool:

@@ -35,11 +35,16 @@ STRIDED = 7  # torch.strided, the only layout of a weight saved as raw bytes
 AOTI_DIR = "/data/aotinductor/"  # an AOTInductor package's compiled models, one folder each
 
 
+def _format_folders(members: tuple[str, ...]) -> list[str]:
+    """The folders of a zip's ``members`` that hold a ``.pt2`` archive's ``archive_format``."""
+    return [name[: -len(FORMAT_FILE)] for name in members if name.rpartition("/")[2] == FORMAT_FILE]
+
+
 def archive_root(members: tuple[str, ...]) -> str | None:
     """The folder ``torch.export.save`` put everything in (``bert/``, after the file), where ``members`` are
     such an archive's; else None."""
-    formats = [name[: -len(FORMAT_FILE)] for name in members if name.rpartition("/")[2] == FORMAT_FILE]
-    return formats[0] if len(formats) == 1 and formats[0].count("/") == 1 else None
+    folders = _format_folders(members)
+    return folders[0] if len(folders) == 1 and folders[0].count("/") == 1 else None
 
 
 def weights_tables(members: tuple[str, ...], root: str) -> list[str]:
@@ -51,7 +56,7 @@ def unread_archive(path: Path, members: tuple[str, ...]) -> str | None:
     """What a zip of ``members`` is when torch wrote it as a ``.pt2`` archive bert_multi does not read (an
     AOTInductor package; an ExportedProgram's without a table of its weights, which an older torch pickled), and
     how to make a file bert_multi reads; else None."""
-    if not any(name.rpartition("/")[2] == FORMAT_FILE for name in members):
+    if not _format_folders(members):
         return None
     if any(AOTI_DIR in name for name in members):
         return (
@@ -175,8 +180,8 @@ def _view(
 ) -> np.ndarray:
     """The tensor torch builds with ``as_strided`` over its storage, copied; every element it reaches checked to
     be inside the storage first."""
-    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-    elements = len(storage) // itemsize
+    stored = np.dtype("<u2") if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<")  # bfloat16's bits
+    itemsize, elements = stored.itemsize, len(storage) // stored.itemsize
     if 0 in sizes:
         return np.zeros(sizes, np.float32 if dtype == "bfloat16" else dtype)
     last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
@@ -185,11 +190,10 @@ def _view(
     if len(storage) % itemsize or last >= elements or math.prod(sizes) > elements:
         raise WeightsError(f"{path}: {name!r} of sizes {sizes} reaches element {last} of a storage of "
                            f"{len(storage)} bytes ({elements} of {dtype})")  # fmt: skip
-    flat = np.frombuffer(storage, "<u2" if dtype == "bfloat16" else np.dtype(dtype).newbyteorder("<"))
-    array = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [stride * itemsize for stride in strides]).copy()
-    if dtype == "bfloat16":
-        return bfloat16_widened(array).astype(np.float32)
-    return array.astype(array.dtype.newbyteorder("="))
+    flat = np.frombuffer(storage, stored)
+    view = np.lib.stride_tricks.as_strided(flat[offset:], sizes, [stride * itemsize for stride in strides])
+    # Either makes an array of its own, leaving the storage's bytes free to go.
+    return bfloat16_widened(view) if dtype == "bfloat16" else view.astype(stored.newbyteorder("="))
 
 
 FORMAT = ExportedProgram()

@@ -160,7 +160,7 @@ def bfloat16_from_bits(arrays: dict[str, np.ndarray], dtypes: dict[str, str]) ->
     The note saying so, if any was."""
     bits = [name for name, array in arrays.items() if array.dtype == np.uint16]
     for name in bits:  # Paddle saves bfloat16 as its bits
-        arrays[name] = bfloat16_widened(arrays[name]).astype(np.float32)
+        arrays[name] = bfloat16_widened(arrays[name])
         dtypes[name] = "bfloat16"
     if not bits:
         return []
