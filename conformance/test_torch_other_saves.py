@@ -47,22 +47,28 @@ def test_a_distributed_checkpoint_is_named_with_torchs_lines_that_make_it_one_fi
         np.testing.assert_array_equal(read.weights[name], array, err_msg=name)
 
 
-def test_an_exported_program_of_d2ls_model_reads_as_its_state_dict_and_an_older_archive_is_named(tmp_path, monkeypatch):
-    """d2l's BERTModel (the torch backend's module, d2l's names and module order), exported and saved by torch: its
-    archive reads to the weights its state_dict holds. Without torch.export's table of its weights (an older torch
-    pickled them) it is named, with torch's line that saves its state_dict, which reads to the same weights."""
+def export_d2l(directory, seed, num_blks, dtype=None):
+    """d2l's BERTModel (the torch backend's module, d2l's names and module order), exported and saved by torch as
+    ``directory/bert.pt2``, its state_dict by torch.save as ``directory/direct.pt``."""
     import torch
 
     import bert_multi.torch.backend as bt
     from bert_multi import BERTConfig, random_weights
 
-    config = BERTConfig(vocab_size=13, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=2, max_len=16)
-    model = bt.build(config, random_weights(config, seed=4)).module.eval()
+    config = BERTConfig(vocab_size=13, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=num_blks, max_len=16)
+    model = bt.build(config, random_weights(config, seed=seed)).module.eval().to(dtype)
     inputs = (torch.ones(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long), torch.tensor([5.0, 3.0]))
     with warnings.catch_warnings():  # d2l keeps its attention weights as an attribute, which torch warns of
         warnings.simplefilter("ignore", UserWarning)
-        torch.export.save(torch.export.export(model, inputs), tmp_path / "bert.pt2")
-    torch.save(model.state_dict(), tmp_path / "direct.pt")
+        torch.export.save(torch.export.export(model, inputs), directory / "bert.pt2")
+    torch.save(model.state_dict(), directory / "direct.pt")
+
+
+def test_an_exported_program_of_d2ls_model_reads_as_its_state_dict_and_an_older_archive_is_named(tmp_path, monkeypatch):
+    """d2l's BERTModel (the torch backend's module, d2l's names and module order), exported and saved by torch: its
+    archive reads to the weights its state_dict holds. Without torch.export's table of its weights (an older torch
+    pickled them) it is named, with torch's line that saves its state_dict, which reads to the same weights."""
+    export_d2l(tmp_path, seed=4, num_blks=2)
     read, direct = (load_checkpoint(tmp_path / name, num_heads=2, preset="d2l") for name in ("bert.pt2", "direct.pt"))
     assert read.info.format == "pt2" and read.info.notes[0] == "read the ExportedProgram's state_dict, not its graph"
     assert read.config == direct.config and read.weights.keys() == direct.weights.keys()
@@ -90,16 +96,7 @@ def test_an_exported_program_in_bfloat16_reads_as_its_state_dict_cast_to_float32
     state_dict saved by torch.save reads to, once the cast is asked for."""
     import torch
 
-    import bert_multi.torch.backend as bt
-    from bert_multi import BERTConfig, random_weights
-
-    config = BERTConfig(vocab_size=13, num_hiddens=8, ffn_num_hiddens=12, num_heads=2, num_blks=1, max_len=16)
-    model = bt.build(config, random_weights(config, seed=5)).module.eval().to(torch.bfloat16)
-    inputs = (torch.ones(2, 5, dtype=torch.long), torch.zeros(2, 5, dtype=torch.long), torch.tensor([5.0, 3.0]))
-    with warnings.catch_warnings():  # d2l keeps its attention weights as an attribute, which torch warns of
-        warnings.simplefilter("ignore", UserWarning)
-        torch.export.save(torch.export.export(model, inputs), tmp_path / "bert.pt2")
-    torch.save(model.state_dict(), tmp_path / "direct.pt")
+    export_d2l(tmp_path, seed=5, num_blks=1, dtype=torch.bfloat16)
     with pytest.raises(WeightsError, match="bfloat16"):
         load_checkpoint(tmp_path / "bert.pt2", num_heads=2, preset="d2l")
     read, direct = (
